@@ -1,0 +1,109 @@
+"""What a simulated training step produces: the timeline spans and the plan result.
+
+``Span`` is one interval of work on one GPU stream (a compute kernel, a collective, a pipeline
+send); a replay returns them in a ``Timeline`` that reports, traces and plots read. ``PlanResult``
+is the answer of ``commsim plan``; ``to_json()`` gives the keys documented in the README.
+
+    >>> Span(rank=0, stream="compute", name="F0.c0", kind="compute", start_s=0.0, end_s=1.0).duration_s
+    1.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SPAN_KINDS = ("compute", "collective", "p2p", "optimizer", "wait")
+"""Kinds of work a span can be."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Span:
+    """One interval of work on one rank's stream."""
+
+    rank: int
+    """Global rank of the GPU that ran it (the representative rank when folded)."""
+    stream: str
+    """Stream or queue it ran on: ``compute``, or a process group name such as ``tp``, ``dp``, ``pp``."""
+    name: str
+    """Label, e.g. ``F3.c0`` (forward of micro-batch 3, chunk 0) or ``AG(unit 5)``."""
+    kind: str
+    """One of ``SPAN_KINDS``."""
+    start_s: float
+    """Start time in seconds from the step's start."""
+    end_s: float
+    """End time in seconds from the step's start."""
+    size_bytes: float = 0.0
+    """Bytes moved (communication spans), else 0."""
+    group: str | None = None
+    """Process-group name for communication spans."""
+
+    @property
+    def duration_s(self) -> float:
+        """End minus start, in seconds."""
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breakdown:
+    """Where one step's time goes on the critical rank."""
+
+    compute_s: float
+    """Time the compute stream was busy."""
+    exposed_comm_s: dict[str, float]
+    """Per process group: time the compute stream waited on that group's communication."""
+    bubble_s: float
+    """Pipeline bubble: compute-stream idle time not explained by communication."""
+    optimizer_s: float = 0.0
+    """Optimizer step (and its parameter all-gather when not overlapped)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanResult:
+    """The prediction for one training step of a plan (``commsim plan --json``)."""
+
+    step_time_s: float
+    """Seconds per optimizer step (all micro-batches of the global batch)."""
+    tokens_per_s: float
+    """Global batch tokens / step time."""
+    tflops_per_gpu: float
+    """Model FLOPs per GPU per second / 1e12, FLOPs as named in ``flops_definition``."""
+    mfu: float
+    """tflops_per_gpu / the GPU's dense peak for the plan's precision."""
+    flops_definition: str
+    """How FLOPs were counted (e.g. "6N + attention, causal, no recompute")."""
+    memory_gib: dict[str, float]
+    """Peak memory per GPU by component (GiB = 2**30 B), with a ``total`` entry."""
+    fits_in_memory: bool
+    """Whether ``memory_gib['total']`` fits in the GPU's HBM."""
+    breakdown: Breakdown
+    """Compute, exposed communication per group and bubble on the critical rank."""
+    num_gpus: int = 0
+    """World size of the plan."""
+    num_simulated_ranks: int = 0
+    """Ranks actually simulated after folding symmetric ones."""
+    spans: tuple[Span, ...] = field(default=(), repr=False)
+    """The timeline (not part of the JSON)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further figures (e.g. micro-batch count, peak activation micro-batches)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of ``commsim plan --json`` (keys as in DESIGN.md)."""
+        return {
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "flops_definition": self.flops_definition,
+            "memory_gib": dict(self.memory_gib),
+            "fits_in_memory": self.fits_in_memory,
+            "breakdown": {
+                "compute_s": self.breakdown.compute_s,
+                "exposed_comm_s": dict(self.breakdown.exposed_comm_s),
+                "bubble_s": self.breakdown.bubble_s,
+                "optimizer_s": self.breakdown.optimizer_s,
+            },
+            "num_gpus": self.num_gpus,
+            "num_simulated_ranks": self.num_simulated_ranks,
+            **({"extra": dict(self.extra)} if self.extra else {}),
+        }
