@@ -1,0 +1,337 @@
+"""``commbench --compute``: measure GEMM and attention throughput, fit a compute calibration.
+
+Times ``torch.matmul`` over square and transformer-like (m, n, k) shapes, causal
+``scaled_dot_product_attention`` forward and backward over sequence lengths, and a large copy
+for the memory bandwidth, on the local device (CUDA events on a GPU, ``time.perf_counter`` on
+CPU). Like nccl-tests, each figure is the time of ``iters`` back-to-back calls divided by
+``iters``. The fitted curves (``sim.compute_calibration.fit_kernel``) go to a JSON file that
+``commsim plan --compute-calibration`` reads.
+
+    commbench --compute --device cuda --dtype bf16 --output compute_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from sim.compute_calibration import (
+    ComputeCalibration,
+    KernelFit,
+    fit_kernel,
+    save_compute_calibration,
+)
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+"""dtype names accepted by --dtype (fp8 uses torch._scaled_mm and needs a CUDA GPU with FP8)."""
+GPU_DEFAULTS: dict[str, Any] = {
+    "sizes": "512,1024,2048,4096,8192,16384",
+    "shapes": "8192x4096x4096,8192x12288x4096,8192x4096x16384,8192x28672x8192,8192x8192x28672",
+    "seq_lens": "512,1024,2048,4096,8192",
+    "heads": 16,
+    "head_dim": 128,
+    "iters": 20,
+    "warmup": 5,
+}
+CPU_DEFAULTS: dict[str, Any] = {
+    "sizes": "64,128,256",
+    "shapes": "256x128x64,128x512x128",
+    "seq_lens": "64,128,256",
+    "heads": 2,
+    "head_dim": 32,
+    "iters": 3,
+    "warmup": 1,
+}
+
+
+class UsageError(ValueError):
+    """Bad command-line input: one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``commbench --compute`` flags."""
+    parser = _Parser(prog="commbench --compute", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--dtype", default=None, help="bf16|fp16|fp32|fp8 (default bf16 on GPU)")
+    parser.add_argument("--sizes", default=None, help="square GEMM sizes, e.g. 1024,4096")
+    parser.add_argument("--shapes", default=None, help="GEMM shapes MxNxK, comma separated")
+    parser.add_argument("--seq-lens", default=None, help="attention sequence lengths")
+    parser.add_argument("--heads", type=int, default=None, help="attention heads")
+    parser.add_argument("--head-dim", type=int, default=None, help="attention head dimension")
+    parser.add_argument("--batch", type=int, default=1, help="attention batch size")
+    parser.add_argument("--no-attention", action="store_true", help="skip attention")
+    parser.add_argument("--iters", type=int, default=None, help="timed iterations per shape")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up iterations")
+    parser.add_argument("--gpu", default=None, help="catalogue GPU key to record (auto)")
+    parser.add_argument("--output", "-o", default=None, help="write the calibration JSON here")
+    return parser
+
+
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise UsageError(f"{flag}: expected positive integers, got {text!r}")
+    return values
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'MxNxK,MxNxK' -> [(m, n, k), ...]."""
+    shapes = []
+    for part in text.split(","):
+        dims = part.strip().lower().split("x")
+        if len(dims) != 3:
+            raise UsageError(f"--shapes: {part!r} is not MxNxK")
+        m, n, k = _ints("--shapes", ",".join(dims))
+        shapes.append((m, n, k))
+    return shapes
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto: cuda when available, else cpu; cuda without a GPU is a usage error."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def detect_gpu_key(device: torch.device) -> str:
+    """Catalogue key of the local device from its name ('' if unknown)."""
+    if device.type == "cpu":
+        return "cpu"
+    name = torch.cuda.get_device_name(device).upper()
+    for marker, key in (("H200", "h200"), ("H100 PCIE", "h100-pcie"), ("H100", "h100-sxm")):
+        if marker in name:
+            return key
+    if "A100" in name:
+        return "a100-sxm-40gb" if "40GB" in name else "a100-sxm-80gb"
+    return ""
+
+
+def time_per_call_s(
+    call: Callable[[], Any], *, iters: int, warmup: int, device: torch.device
+) -> float:
+    """Mean seconds per call over ``iters`` back-to-back calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+    begin = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return (time.perf_counter() - begin) / iters
+
+
+def _gemm_call(m: int, n: int, k: int, dtype: str, device: torch.device) -> Callable[[], Any]:
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(m, k, generator=generator).to(device)
+    b = torch.randn(n, k, generator=generator).to(device)
+    if dtype == "fp8":
+        if not hasattr(torch, "_scaled_mm") or device.type != "cuda":
+            raise UsageError("--dtype fp8 needs a CUDA GPU with FP8 support (torch._scaled_mm)")
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()
+        scale = torch.ones((), device=device)
+        out_dtype = torch.bfloat16
+        return lambda: torch._scaled_mm(a8, b8, scale_a=scale, scale_b=scale, out_dtype=out_dtype)
+    a16, b16 = a.to(TORCH_DTYPES[dtype]), b.to(TORCH_DTYPES[dtype]).t()
+    out = torch.empty(m, n, dtype=TORCH_DTYPES[dtype], device=device)
+    return lambda: torch.matmul(a16, b16, out=out)
+
+
+def measure_gemms(
+    shapes: Sequence[tuple[int, int, int]], dtype: str, device: torch.device, **timing: int
+) -> list[dict[str, Any]]:
+    """One sample per (m, n, k): 2mnk FLOPs and the mean seconds per matmul."""
+    samples = []
+    for m, n, k in shapes:
+        seconds = time_per_call_s(_gemm_call(m, n, k, dtype, device), device=device, **timing)
+        samples.append(
+            {
+                "kind": "gemm",
+                "dtype": dtype,
+                "dims": [m, n, k],
+                "flops": 2.0 * m * n * k,
+                "time_s": seconds,
+            }
+        )
+    return samples
+
+
+def measure_attention(
+    seq_lens: Sequence[int],
+    *,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    dtype: str,
+    device: torch.device,
+    **timing: int,
+) -> list[dict[str, Any]]:
+    """Causal SDPA forward and backward per sequence length (backward = fwd+bwd - fwd)."""
+    torch_dtype = TORCH_DTYPES["bf16" if dtype == "fp8" else dtype]
+    samples = []
+    for seq in seq_lens:
+        shape = (batch, heads, seq, head_dim)
+        q, k, v = (
+            torch.randn(shape, device=device, dtype=torch_dtype, requires_grad=True)
+            for _ in range(3)
+        )
+        grad = torch.randn(shape, device=device, dtype=torch_dtype)
+
+        def forward(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> Any:
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def forward_backward(
+            q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, grad: torch.Tensor = grad
+        ) -> Any:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return torch.autograd.grad(out, (q, k, v), grad)
+
+        forward_s = time_per_call_s(forward, device=device, **timing)
+        total_s = time_per_call_s(forward_backward, device=device, **timing)
+        flops = 4.0 * batch * heads * seq * seq * head_dim * 0.5
+        name = "bf16" if dtype == "fp8" else dtype
+        samples.append(
+            {
+                "kind": "attention_forward",
+                "dtype": name,
+                "dims": [seq, seq],
+                "flops": flops,
+                "time_s": forward_s,
+            }
+        )
+        samples.append(
+            {
+                "kind": "attention_backward",
+                "dtype": name,
+                "dims": [seq, seq],
+                "flops": 2.5 * flops,
+                "time_s": max(total_s - forward_s, 1e-9),
+            }
+        )
+    return samples
+
+
+def measure_memory_bandwidth(device: torch.device, **timing: int) -> float:
+    """Bytes per second of a large device-to-device copy (read + write)."""
+    num_bytes = (1 << 30) if device.type == "cuda" else (64 << 20)
+    source = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+    target = torch.empty_like(source)
+    seconds = time_per_call_s(lambda: target.copy_(source), device=device, **timing)
+    return 2.0 * num_bytes / seconds
+
+
+def fit_samples(samples: Sequence[dict[str, Any]]) -> dict[str, dict[str, KernelFit]]:
+    """dtype -> kind -> curve fitted to that group of samples."""
+    groups: dict[tuple[str, str], list[tuple[Sequence[float], float, float]]] = {}
+    for sample in samples:
+        key = (sample["dtype"], sample["kind"])
+        groups.setdefault(key, []).append((sample["dims"], sample["flops"], sample["time_s"]))
+    kernels: dict[str, dict[str, KernelFit]] = {}
+    for (dtype, kind), group in sorted(groups.items()):
+        kernels.setdefault(dtype, {})[kind] = fit_kernel(group)
+    return kernels
+
+
+def _print_table(
+    samples: Sequence[dict[str, Any]], kernels: dict[str, dict[str, KernelFit]]
+) -> None:
+    print(f"# {'kind':<19} {'dtype':>5} {'dims':>22} {'time(us)':>11} {'TFLOP/s':>9} {'fit':>9}")
+    for sample in samples:
+        fit = kernels[sample["dtype"]][sample["kind"]]
+        dims = "x".join(str(d) for d in sample["dims"])
+        rate = sample["flops"] / sample["time_s"] / 1e12
+        predicted = sample["flops"] / fit.time_s(sample["flops"], sample["dims"]) / 1e12
+        print(
+            f"  {sample['kind']:<19} {sample['dtype']:>5} {dims:>22} "
+            f"{sample['time_s'] * 1e6:>11.1f} {rate:>9.3f} {predicted:>9.3f}"
+        )
+    for dtype, kinds in kernels.items():
+        for kind, fit in kinds.items():
+            print(
+                f"# fit {kind} {dtype}: max {fit.max_flops_per_s / 1e12:.3f} TFLOP/s, "
+                f"dim_half {fit.dim_half:.1f}, latency {fit.latency_s * 1e6:.2f} us"
+            )
+
+
+def run(args: argparse.Namespace) -> ComputeCalibration:
+    """Measure, fit and (with --output) write the calibration; returns it."""
+    device = resolve_device(args.device)
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+    if dtype not in (*TORCH_DTYPES, "fp8"):
+        raise UsageError(f"--dtype {dtype!r} is not one of bf16, fp16, fp32, fp8")
+    timing = {
+        "iters": args.iters if args.iters is not None else int(defaults["iters"]),
+        "warmup": args.warmup if args.warmup is not None else int(defaults["warmup"]),
+    }
+    if timing["iters"] <= 0 or timing["warmup"] < 0:
+        raise UsageError(f"--iters must be > 0 and --warmup >= 0, got {timing}")
+    sizes = _ints("--sizes", args.sizes or str(defaults["sizes"]))
+    shapes = [(s, s, s) for s in sizes] + parse_shapes(args.shapes or str(defaults["shapes"]))
+    samples = measure_gemms(shapes, dtype, device, **timing)
+    if not args.no_attention:
+        samples += measure_attention(
+            _ints("--seq-lens", args.seq_lens or str(defaults["seq_lens"])),
+            batch=args.batch,
+            heads=args.heads or int(defaults["heads"]),
+            head_dim=args.head_dim or int(defaults["head_dim"]),
+            dtype=dtype,
+            device=device,
+            **timing,
+        )
+    kernels = fit_samples(samples)
+    _print_table(samples, kernels)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    calibration = ComputeCalibration(
+        device=name or device.type,
+        gpu=args.gpu if args.gpu is not None else detect_gpu_key(device),
+        kernels=kernels,
+        memory_bandwidth_bytes_per_s=measure_memory_bandwidth(device, **timing),
+        measurements=tuple(samples),
+    )
+    if args.output:
+        save_compute_calibration(calibration, args.output)
+        print(f"# wrote {args.output}")
+    return calibration
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``commbench --compute``; returns the exit code (2 on bad flags)."""
+    try:
+        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        run(args)
+    except UsageError as error:
+        print(f"commbench --compute: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"commbench --compute: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""The commbench command line: nccl-tests' flags parsed into one frozen ``BenchOptions``.
+
+Torch-free. Flags keep nccl-tests' letters and meanings (``-b/-e`` sizes with binary K/M/G
+suffixes, ``-f`` factor, ``-i`` step, ``-n`` iterations, ``-w`` warm-up, ``-c`` checks,
+``-d`` dtype, ``-o`` reduction, ``-r`` root, ``-a`` how times are combined across ranks);
+bad input raises ``ValueError`` with one line naming the flag, the value and what is valid.
+
+    >>> parse_options(["--ops", "all_gather", "-b", "1K", "-e", "4K"]).sizes()
+    [1024, 2048, 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from comm_bench.collectives import NCCL_TESTS_DTYPES, REDUCTIONS, get, parse_ops
+
+AVERAGE_MODES = {0: "rank0", 1: "mean", 2: "min", 3: "max"}
+"""``-a`` values: how per-rank times are combined (nccl-tests' ``--average``)."""
+
+BACKENDS = ("auto", "gloo", "nccl")
+"""``--backend`` values; ``auto`` is nccl with CUDA, else gloo."""
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchOptions:
+    """Everything one commbench run needs to know, validated."""
+
+    ops: tuple[str, ...] = ("all_reduce",)
+    """Collectives to measure, in order."""
+    min_bytes: int = 1 << 10
+    """Smallest size (``-b``)."""
+    max_bytes: int = 16 << 20
+    """Largest size (``-e``)."""
+    step_factor: int = 2
+    """Multiplicative step (``-f``); 1 means use ``step_bytes``."""
+    step_bytes: int = 1 << 20
+    """Additive step (``-i``), used when ``step_factor`` is 1."""
+    iters: int = 20
+    """Timed iterations per size and placement (``-n``)."""
+    warmup_iters: int = 5
+    """Untimed iterations before timing (``-w``)."""
+    check_iters: int = 1
+    """Correctness-check iterations after timing (``-c``); 0 disables checking."""
+    dtype: str = "float32"
+    """Element type (``-d``)."""
+    redop: str = "sum"
+    """Reduction for reducing ops (``-o``)."""
+    root: int = 0
+    """Root rank of broadcast and reduce (``-r``)."""
+    average: int = 1
+    """How times combine across ranks (``-a``): 0 rank 0, 1 mean, 2 min, 3 max."""
+    per_iter_columns: bool = False
+    """Print min/median/p99 columns after each ``#wrong`` (``-I 1``); the JSON always has them."""
+    nprocs: int | None = None
+    """Local ranks to spawn without a launcher (None: GPUs present, or 4 on CPU)."""
+    backend: str = "auto"
+    """torch.distributed backend."""
+    timeout_s: float = 120.0
+    """Seconds any one collective (or a stalled rank) may take before the run is stopped."""
+    output: Path | None = None
+    """JSON results file (CSV beside it); None: a timestamped file under results/commbench/."""
+
+    def sizes(self) -> list[int]:
+        """The requested sizes in bytes, nccl-tests' sweep from ``min_bytes`` to ``max_bytes``."""
+        sizes: list[int] = []
+        size = self.min_bytes
+        while size <= self.max_bytes:
+            sizes.append(size)
+            size = size * self.step_factor if self.step_factor > 1 else size + self.step_bytes
+        return sizes
+
+    def to_config(self) -> dict[str, Any]:
+        """The options as the JSON ``config`` section."""
+        config = asdict(self)
+        config["ops"] = list(self.ops)
+        config["output"] = None if self.output is None else str(self.output)
+        config["average"] = AVERAGE_MODES[self.average]
+        return config
+
+
+def parse_size(text: str) -> int:
+    """``"64"``, ``"1K"``, ``"16M"``, ``"2G"`` (binary units, as nccl-tests) to bytes."""
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise ValueError(f"bad size {text!r}; use an integer with an optional K, M, G or T suffix")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+
+
+def canonical_dtype(name: str) -> str:
+    """Our dtype name for ours or nccl-tests' (``float``, ``half``, ``double``...)."""
+    key = name.strip().lower()
+    if key not in NCCL_TESTS_DTYPES:
+        valid = ", ".join(sorted(NCCL_TESTS_DTYPES))
+        raise ValueError(f"unknown dtype {name!r} for -d; valid: {valid}")
+    return NCCL_TESTS_DTYPES[key]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ValueError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser (errors raise ``ValueError`` instead of exiting)."""
+    p = _Parser(
+        prog="commbench",
+        allow_abbrev=False,
+        description="Measure collectives through torch.distributed, reported like nccl-tests.",
+        epilog="commbench --compute ... runs the GEMM/attention compute benchmark instead.",
+    )
+    d = BenchOptions()
+    p.add_argument("--ops", default="all_reduce", help="ops, comma separated, or 'all'")
+    p.add_argument("-b", "--minbytes", default="1K", help="min size (K/M/G binary), default 1K")
+    p.add_argument("-e", "--maxbytes", default="16M", help="max size, default 16M")
+    p.add_argument("-f", "--stepfactor", type=int, default=d.step_factor, help="size factor")
+    p.add_argument("-i", "--stepbytes", default="1M", help="size step when -f is 1")
+    p.add_argument("-n", "--iters", type=int, default=d.iters, help="timed iterations")
+    p.add_argument("-w", "--warmup_iters", "--warmup-iters", type=int, default=d.warmup_iters)
+    p.add_argument("-c", "--check", type=int, default=d.check_iters, help="check iterations")
+    p.add_argument("-d", "--datatype", default=d.dtype, help="float32 (float), float16 (half), ...")
+    p.add_argument("-o", "--op", default=d.redop, help=f"reduction: {', '.join(REDUCTIONS)}")
+    p.add_argument("-r", "--root", type=int, default=d.root, help="root of broadcast/reduce")
+    p.add_argument("-a", "--average", type=int, default=d.average, help="0 rank0 1 mean 2 min 3 max")
+    p.add_argument("-I", "--per_iter_timing", type=int, default=0, help="1: min/median/p99 columns")
+    p.add_argument("--nprocs", type=int, default=None, help="local ranks when not under torchrun")
+    p.add_argument("--backend", default="auto", help="auto (nccl with CUDA, else gloo), gloo, nccl")
+    p.add_argument("-T", "--timeout", type=float, default=d.timeout_s, help="seconds, default 120")
+    p.add_argument("--output", type=Path, default=None, help="results JSON (CSV beside it)")
+    return p
+
+
+def parse_options(argv: Sequence[str]) -> BenchOptions:
+    """Parse and validate ``argv``; ``ValueError`` with one line on any bad value."""
+    args = build_parser().parse_args(list(argv))
+    options = BenchOptions(
+        ops=tuple(parse_ops(args.ops)),
+        min_bytes=parse_size(args.minbytes),
+        max_bytes=parse_size(args.maxbytes),
+        step_factor=args.stepfactor,
+        step_bytes=parse_size(args.stepbytes),
+        iters=args.iters,
+        warmup_iters=args.warmup_iters,
+        check_iters=args.check,
+        dtype=canonical_dtype(args.datatype),
+        redop=args.op.strip().lower(),
+        root=args.root,
+        average=args.average,
+        per_iter_columns=bool(args.per_iter_timing),
+        nprocs=args.nprocs,
+        backend=args.backend.strip().lower(),
+        timeout_s=args.timeout,
+        output=args.output,
+    )
+    validate(options)
+    return options
+
+
+def validate(o: BenchOptions) -> None:
+    """Raise ``ValueError`` naming the first flag whose value is out of range."""
+    checks = [
+        (o.min_bytes <= o.max_bytes, f"-b {o.min_bytes} is larger than -e {o.max_bytes}"),
+        (o.step_factor >= 1, f"-f must be >= 1, got {o.step_factor}"),
+        (o.step_factor > 1 or o.step_bytes > 0, f"-i must be > 0 when -f is 1, got {o.step_bytes}"),
+        (o.step_factor == 1 or o.min_bytes > 0, "-b must be > 0 with a multiplicative -f"),
+        (o.iters >= 1, f"-n must be >= 1, got {o.iters}"),
+        (o.warmup_iters >= 0, f"-w must be >= 0, got {o.warmup_iters}"),
+        (o.check_iters >= 0, f"-c must be >= 0, got {o.check_iters}"),
+        (o.redop in REDUCTIONS, f"unknown reduction -o {o.redop!r}; valid: {', '.join(REDUCTIONS)}"),
+        (o.root >= 0, f"-r must be >= 0, got {o.root}"),
+        (o.average in AVERAGE_MODES, f"-a must be 0, 1, 2 or 3, got {o.average}"),
+        (o.nprocs is None or o.nprocs >= 1, f"--nprocs must be >= 1, got {o.nprocs}"),
+        (o.backend in BACKENDS, f"unknown --backend {o.backend!r}; valid: {', '.join(BACKENDS)}"),
+        (o.timeout_s > 0, f"--timeout must be > 0 seconds, got {o.timeout_s}"),
+        (o.output is None or o.output.suffix == ".json", f"--output must end in .json: {o.output}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
+def validate_for_world(o: BenchOptions, world_size: int) -> None:
+    """Checks that need the world size: the root must be a rank when a rooted op is asked."""
+    rooted = [op for op in o.ops if get(op).rooted]
+    if rooted and o.root >= world_size:
+        raise ValueError(
+            f"-r {o.root} is not a rank of a {world_size}-rank world (needed by {', '.join(rooted)})"
+        )

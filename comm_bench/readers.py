@@ -1,0 +1,303 @@
+"""Read measured collectives into ``Record``s: commbench JSON/CSV, nccl-tests logs, busbw tables.
+
+Torch-free (the simulator's calibration uses it). Formats, detected from the content:
+
+- commbench ``commbench/1`` JSON and its CSV (columns ``records.FIELD_NAMES``);
+- nccl-tests text output (``all_reduce_perf`` logs, commbench's own stdout, the ``.txt`` tables):
+  every table row gives two records (out-of-place, in-place) with the numbers as printed. The op
+  comes from the log's ``# Collective test starting: <op>_perf`` marker, else from the file name
+  (``h100_8gpu_all_gather_ring.txt``: op all_gather, algo ring, world 8); the world size from the
+  ``#  Rank`` lines of the run's header (from ``# nThread``), else ``nranks N``, else ``<N>gpu`` in the file name. A table whose sizes
+  restart is split into blocks and each block's op is checked against its own columns (redop,
+  root, count x dtype x world vs size, busbw / algbw): a block that contradicts the declared op
+  is relabelled when exactly one op fits (with a warning, and no algo), and skipped with a
+  warning when several do (e.g. redop ``none`` rows appended to an all_reduce log fit both
+  all_gather and all_to_all);
+- busbw CSV tables (``op,num_nodes,gpus_per_node,size_bytes,busbw_gbps``): busbw as printed,
+  algbw and time derived with ``collectives``; dtype float32 (nccl-tests' default) and placement
+  from the file's comment (``in-place`` / ``out-of-place``; default out-of-place).
+
+    records = read_results("results/commbench/run.json")
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from comm_bench.collectives import NCCL_TESTS_DTYPES, OPS, canonical_op, dtype_bytes, get
+from comm_bench.records import FIELD_NAMES, SCHEMA, Record
+
+BUSBW_COLUMNS = ("op", "num_nodes", "gpus_per_node", "size_bytes", "busbw_gbps")
+"""Header of the published busbw tables."""
+
+_MARKER = re.compile(r"#\s*Collective test starting:\s*(\S+)")
+_RUN_START = re.compile(r"^#\s*nThread\b")
+_RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+)\s.*?\son\s+(\S+)")
+_NRANKS = re.compile(r"\bnranks\s+(\d+)")
+_FILE_WORLD = re.compile(r"(\d+)[-_]?gpus?(?![a-z])", re.IGNORECASE)
+_ALGOS = ("nvlstree", "nvls", "ring", "tree", "collnet", "pat")
+
+
+class UnknownFormatError(ValueError):
+    """The file is none of the formats this module reads."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Row:
+    """One parsed table line."""
+
+    tokens: tuple[str, ...]
+    """The whitespace-separated fields."""
+    size_bytes: int
+    """The size column."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Section:
+    """A run of rows under one header context (one marker, one world, one block of sizes)."""
+
+    declared_op: str | None
+    """The op the log or file name says."""
+    world_size: int | None
+    """Ranks, where the log or file name says."""
+    num_nodes: int
+    """Distinct hosts in the rank lines (1 when unknown)."""
+    rows: tuple[_Row, ...]
+    """The rows, sizes increasing."""
+
+
+def read_results(path: str | Path) -> list[Record]:
+    """Every record in ``path`` (any supported format; ValueError naming the file otherwise)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("{"):
+        return _read_json(text, path)
+    first = next((ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")), "")
+    header = tuple(col.strip() for col in first.split(","))
+    if header == FIELD_NAMES:
+        return _read_commbench_csv(text)
+    if header == BUSBW_COLUMNS:
+        return parse_busbw_csv(text)
+    records = parse_nccl_tests_text(text, name=path.name)
+    if not records:
+        raise UnknownFormatError(f"{path}: no commbench or nccl-tests results found")
+    return records
+
+
+def read_many(paths: Iterable[str | Path]) -> list[Record]:
+    """The records of several files, in order."""
+    return [record for path in paths for record in read_results(path)]
+
+
+def _read_json(text: str, path: Path) -> list[Record]:
+    document = json.loads(text)
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        found = document.get("schema") if isinstance(document, dict) else type(document).__name__
+        raise UnknownFormatError(f"{path}: schema {found!r} is not {SCHEMA!r}")
+    return [Record.from_dict(row) for row in document["results"]]
+
+
+def _csv_value(name: str, text: str) -> Any:
+    if text == "":
+        return None
+    if name in ("size_bytes", "count", "world_size", "num_nodes", "num_wrong", "root",
+                "num_iters"):
+        return int(text)
+    if name == "in_place":
+        return text.strip().lower() == "true"
+    if name in ("op", "dtype", "redop", "algo", "source"):
+        return text
+    return float(text)
+
+
+def _read_commbench_csv(text: str) -> list[Record]:
+    reader = csv.DictReader(io.StringIO(text))
+    records = []
+    for row in reader:
+        values = {name: _csv_value(name, row[name]) for name in FIELD_NAMES}
+        values["redop"] = values["redop"] or "none"
+        values["source"] = values["source"] or "measured"
+        records.append(Record.from_dict(values))
+    return records
+
+
+def parse_busbw_csv(text: str) -> list[Record]:
+    """Records of a published busbw table (see the module docstring for derived fields)."""
+    comments = " ".join(ln for ln in text.splitlines() if ln.startswith("#")).lower()
+    in_place = "in-place" in comments.replace("out-of-place", "")
+    rows = csv.DictReader(io.StringIO("\n".join(
+        ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))))
+    records = []
+    for row in rows:
+        op = canonical_op(row["op"])
+        num_nodes = int(row["num_nodes"])
+        world = num_nodes * int(row["gpus_per_node"])
+        size, busbw = int(row["size_bytes"]), float(row["busbw_gbps"])
+        definition = get(op)
+        algbw = busbw / definition.busbw_factor(world)
+        records.append(Record(
+            op=op, size_bytes=size,
+            count=size // dtype_bytes("float32") // (world if definition.sharded else 1),
+            dtype="float32", world_size=world, num_nodes=num_nodes, in_place=in_place,
+            time_us=size / (algbw * 1e9) * 1e6 if algbw > 0 else 0.0,
+            algbw_gbps=algbw, busbw_gbps=busbw,
+            redop="sum" if definition.reduces else "none",
+            root=0 if definition.rooted else -1, source="nccl-tests",
+        ))
+    return records
+
+
+def _file_hints(name: str) -> tuple[str | None, str | None, int | None]:
+    """(op, algo, world) that a file name such as ``h100_8gpu_all_gather_ring.txt`` states."""
+    stem = Path(name).stem.lower()
+    op = next((o for o in sorted(OPS, key=len, reverse=True) if o in stem), None)
+    if op is None:
+        compact = stem.replace("_", "")
+        aliases = {"allreduce": "all_reduce", "allgather": "all_gather",
+                   "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
+                   "sendrecv": "send_recv"}
+        op = next((v for k, v in aliases.items() if k in compact), None)
+    words = re.split(r"[_\-.]", stem)
+    algo = next((a for a in _ALGOS if a in words), None)
+    world = _FILE_WORLD.search(stem)
+    return op, algo, int(world.group(1)) if world else None
+
+
+def _is_row(tokens: list[str]) -> bool:
+    return (
+        len(tokens) in (13, 19)
+        and tokens[0].isdigit()
+        and tokens[1].isdigit()
+        and tokens[2] in NCCL_TESTS_DTYPES
+    )
+
+
+def _split_sections(text: str, file_op: str | None, file_world: int | None) -> list[_Section]:
+    """Rows grouped by marker and by restarts of the size sequence."""
+    sections: list[_Section] = []
+    marker_op: str | None = None
+    hosts: dict[int, str] = {}
+    nranks: int | None = None
+    rows: list[_Row] = []
+
+    def close() -> None:
+        if rows:
+            world = len(hosts) or nranks or file_world
+            sections.append(_Section(declared_op=marker_op or file_op, world_size=world,
+                                     num_nodes=len(set(hosts.values())) or 1, rows=tuple(rows)))
+            rows.clear()
+
+    for line in text.splitlines():
+        if marker := _MARKER.search(line):
+            close()
+            marker_op = canonical_op(marker.group(1))
+        elif _RUN_START.match(line):
+            close()
+            hosts, nranks = {}, None
+        elif rank := _RANK_LINE.match(line):
+            hosts[int(rank.group(1))] = rank.group(2)
+        elif (count := _NRANKS.search(line)) and not line.startswith("#"):
+            nranks = max(nranks or 0, int(count.group(1)))
+        elif not line.startswith("#") and _is_row(tokens := line.split()):
+            size = int(tokens[0])
+            if rows and size <= rows[-1].size_bytes:
+                close()
+            rows.append(_Row(tokens=tuple(tokens), size_bytes=size))
+    close()
+    return sections
+
+
+def _row_fits(op: str, row: _Row, world: int) -> bool:
+    """Whether a row's redop, root, count/size and busbw/algbw are those of ``op``."""
+    definition = get(op)
+    t = row.tokens
+    elem = dtype_bytes(NCCL_TESTS_DTYPES[t[2]])
+    if definition.reduces != (t[3] != "none") or definition.rooted != (int(t[4]) >= 0):
+        return False
+    if definition.size_from_count(int(t[1]), elem, world) != row.size_bytes:
+        return False
+    half = (len(t) - 5) // 2
+    for start in (5, 5 + half):
+        algbw, busbw = _number(t[start + 1]), _number(t[start + 2])
+        if algbw is not None and busbw is not None and algbw >= 1.0:
+            if abs(busbw - algbw * definition.busbw_factor(world)) > 0.02:
+                return False
+    return True
+
+
+def _resolve_op(section: _Section, world: int, where: str) -> str | None:
+    """The op of a block: the declared one if its columns agree, else the only one that fits."""
+    candidates = [op for op in OPS if all(_row_fits(op, row, world) for row in section.rows)]
+    declared = section.declared_op
+    if declared in candidates:
+        return declared
+    if len(candidates) == 1:
+        warnings.warn(f"{where}: columns are those of {candidates[0]}, not {declared}; "
+                      f"read as {candidates[0]} (algorithm unknown)", stacklevel=3)
+        return candidates[0]
+    why = f"fits {' or '.join(candidates)}" if candidates else "fits no op"
+    warnings.warn(f"{where}: declared {declared}, but the block {why}; skipped", stacklevel=3)
+    return None
+
+
+def _number(token: str) -> float | None:
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def _wrong(token: str) -> int | None:
+    return int(token) if token.isdigit() else None
+
+
+def _row_records(op: str, row: _Row, section: _Section, world: int, algo: str | None,
+                 source: str) -> list[Record]:
+    t = row.tokens
+    half = (len(t) - 5) // 2
+    records = []
+    for in_place, start in ((False, 5), (True, 5 + half)):
+        block = t[start : start + half]
+        time_us, algbw, busbw = (_number(v) for v in block[:3])
+        if time_us is None or algbw is None or busbw is None:
+            continue
+        extras = [_number(v) for v in block[4:7]] if half == 7 else [None, None, None]
+        definition = get(op)
+        records.append(Record(
+            op=op, size_bytes=row.size_bytes, count=int(t[1]), dtype=NCCL_TESTS_DTYPES[t[2]],
+            world_size=world, num_nodes=section.num_nodes, in_place=in_place,
+            time_us=time_us, algbw_gbps=algbw, busbw_gbps=busbw, num_wrong=_wrong(block[3]),
+            redop=t[3] if definition.reduces else "none", root=int(t[4]),
+            time_min_us=extras[0], time_median_us=extras[1], time_p99_us=extras[2],
+            algo=algo, source=source,
+        ))
+    return records
+
+
+def parse_nccl_tests_text(text: str, *, name: str = "") -> list[Record]:
+    """Records of an nccl-tests (or commbench stdout) text log; ``name`` supplies file hints."""
+    file_op, file_algo, file_world = _file_hints(name) if name else (None, None, None)
+    source = "measured" if "# commbench " in text else "nccl-tests"
+    records: list[Record] = []
+    for index, section in enumerate(_split_sections(text, file_op, file_world)):
+        where = f"{name or 'log'} block {index + 1} (sizes from {section.rows[0].size_bytes})"
+        if section.world_size is None:
+            warnings.warn(f"{where}: world size unknown (no Rank lines, nranks or <N>gpu in "
+                          "the file name); skipped", stacklevel=2)
+            continue
+        op = _resolve_op(section, section.world_size, where)
+        if op is None:
+            continue
+        algo = file_algo if op == file_op else None
+        for row in section.rows:
+            records.extend(_row_records(op, row, section, section.world_size, algo, source))
+    return records

@@ -1,0 +1,137 @@
+"""Activation memory a transformer layer keeps for its backward, and how many micro-batches stay.
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+arXiv:2205.05198, Sec. 4) count, per layer and 2-byte activations, sbh(34 + 5as/h) bytes:
+attention 11sbh + 5as^2b (QKV input 2, Q and K 4, V 2, projection input 2, dropout mask 1; softmax
+output 2as^2b, its dropout mask as^2b and output 2as^2b), MLP 19sbh (input 2, GeLU input 8,
+down-projection input 8, dropout mask 1) and two LayerNorm inputs 4sbh.
+Generalised here, term by term, to GQA (K and V are kd wide, not h), any ffn width f and gated
+MLPs (the 2f-wide up projection output 4sbf is stored for the activation backward, plus the 2sbf
+down-projection input), models without dropout (no masks, and the softmax output is reused by AV)
+and fused attention (FlashAttention keeps no s x s tensor, only fp32 row statistics, 4abs).
+Tensor parallelism splits the terms inside the column/row-parallel region (Q, K, V, the core, the
+projection input, the MLP hidden); sequence parallelism also splits the rest (norm inputs, QKV and
+MLP inputs, masks) by t. Context parallelism divides every token count by cp.
+
+    layer_activation_bytes(plan.model, 1, tp=8, sequence_parallel=True, recompute="selective")
+"""
+
+from __future__ import annotations
+
+from schedules.plan import ModelConfig
+
+ACTIVATION_BYTES = 2
+"""Bytes per stored activation element (bf16/fp16; FP8 training keeps bf16 activations too)."""
+
+
+def _attention_core_bytes(
+    model: ModelConfig, micro_batch_size: float, *, cp: int, flash_attention: bool
+) -> float:
+    """Stored outputs of QK^T/softmax/dropout for all heads (before TP sharding)."""
+    a, s, b = model.num_heads, model.seq_len, micro_batch_size
+    if flash_attention:
+        return 4.0 * a * (s / cp) * b  # fp32 log-sum-exp per query row
+    scores = a * (s / cp) * s * b  # each CP rank holds its s/cp queries against all s keys
+    return (5.0 if model.dropout else 2.0) * scores
+
+
+def _tp_split_bytes(model: ModelConfig, num_tokens: float) -> float:
+    """Terms inside the TP region: Q, K, V, projection input, MLP hidden (sharded by t)."""
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    q_k_v = ACTIVATION_BYTES * (h + 2 * kv)
+    projection_in = ACTIVATION_BYTES * h
+    mlp_hidden = ACTIVATION_BYTES * (3 * f if model.gated_mlp else 2 * f)
+    return num_tokens * (q_k_v + projection_in + mlp_hidden)
+
+
+def _sequence_split_bytes(model: ModelConfig, num_tokens: float) -> float:
+    """Terms outside the TP region: 2 norm inputs, QKV and MLP inputs, 2 dropout masks."""
+    h = model.hidden_size
+    inputs = ACTIVATION_BYTES * h * 4  # two norm inputs + QKV input + MLP input
+    masks = 2 * h if model.dropout else 0  # 1-byte masks after the projection and the MLP
+    return num_tokens * (inputs + masks)
+
+
+def layer_activation_bytes(
+    model: ModelConfig,
+    micro_batch_size: float,
+    *,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    flash_attention: bool = False,
+) -> float:
+    """Bytes one layer stores for one micro-batch on one GPU.
+
+    recompute none: everything (Korthikanti Table 2: sbh(10 + 24/t + 5as/(ht)) with TP,
+    sbh/t (34 + 5as/h) with TP+SP); selective: without the attention core (sbh(10 + 24/t), and
+    34sbh/t with SP); full: only the layer input, 2sbh (2sbh/t with SP, which keeps it sharded).
+    """
+    num_tokens = micro_batch_size * model.seq_len / cp
+    sp_divisor = tp if sequence_parallel else 1
+    if recompute == "full":
+        return ACTIVATION_BYTES * num_tokens * model.hidden_size / sp_divisor
+    outside = _sequence_split_bytes(model, num_tokens) / sp_divisor
+    inside = _tp_split_bytes(model, num_tokens) / tp
+    if recompute == "selective":
+        return outside + inside
+    if recompute == "none":
+        core = _attention_core_bytes(
+            model, micro_batch_size, cp=cp, flash_attention=flash_attention
+        )
+        return outside + inside + core / tp
+    raise ValueError(f"recompute={recompute!r} is not one of none, selective, full")
+
+
+def in_flight_microbatches(schedule: str, *, pp: int, stage: int, num_micro: int) -> int:
+    """Micro-batches whose activations pipeline rank ``stage`` holds at its peak (non-interleaved).
+
+    1F1B and ZB-H1 (same warm-up, Megatron): min(p - r, m), worst on rank 0; GPipe: all m.
+    """
+    if schedule in ("1f1b", "zb-h1"):
+        return min(pp - stage, num_micro)
+    if schedule == "gpipe":
+        return num_micro
+    raise ValueError(f"schedule={schedule!r} has no micro-batch count; use interleaved_in_flight")
+
+
+def interleaved_in_flight_chunks(*, pp: int, vpp: int, stage: int, num_micro: int) -> int:
+    """Model chunks (L/(p v) layers each) rank ``stage`` holds at its peak under interleaving.
+
+    Megatron warm-up W = 2(p - r - 1) + (v - 1)p forward chunks, plus the one of the first steady
+    step, capped at all m v chunks. On rank 0: pv + p - 1 chunks, i.e. L(1 + (p - 1)/(pv)) layers
+    (Korthikanti et al. 2022, Sec. 4.2.3).
+    """
+    warmup = 2 * (pp - stage - 1) + (vpp - 1) * pp
+    return min(warmup + 1, num_micro * vpp)
+
+
+def stored_layer_activations(
+    schedule: str, *, pp: int, vpp: int, stage: int, num_micro: int, num_layers: int
+) -> float:
+    """Layer-micro-batches of activations rank ``stage`` holds at its peak (x per-layer bytes)."""
+    layers_per_chunk = num_layers / (pp * vpp)
+    if schedule == "interleaved":
+        chunks = interleaved_in_flight_chunks(pp=pp, vpp=vpp, stage=stage, num_micro=num_micro)
+        return chunks * layers_per_chunk
+    micro = in_flight_microbatches(schedule, pp=pp, stage=stage, num_micro=num_micro)
+    return micro * layers_per_chunk * vpp
+
+
+def head_activation_bytes(
+    model: ModelConfig, micro_batch_size: float, *, tp: int, cp: int, sequence_parallel: bool
+) -> float:
+    """Last stage, per micro-batch: final-norm input (2sbh/t with SP) and LM-head input (2sbh).
+
+    Korthikanti et al. Sec. 4.3 count 4sbh/t for these with SP; Megatron gathers the LM-head
+    input over TP, so it is 2sbh unsharded here. The fp32 logits are counted as a transient.
+    """
+    tokens = micro_batch_size * model.seq_len / cp
+    norm_in = ACTIVATION_BYTES * tokens * model.hidden_size / (tp if sequence_parallel else 1)
+    return norm_in + ACTIVATION_BYTES * tokens * model.hidden_size
+
+
+def logits_bytes(model: ModelConfig, micro_batch_size: float, *, tp: int, cp: int) -> float:
+    """fp32 vocab-parallel logits of one micro-batch on one GPU: 4 b s V / (t cp)."""
+    return 4.0 * micro_batch_size * model.seq_len * model.vocab_size / (tp * cp)

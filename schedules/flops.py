@@ -1,0 +1,170 @@
+"""Floating-point operations of a transformer layer (forward, backward split, recompute) and a step.
+
+A matmul of (m x k) by (k x n) costs 2mnk FLOPs (one multiply-add = 2 FLOPs). Per layer and
+micro-batch of b sequences of s tokens (T = b s): QKV 2Th(h + 2kd), attention scores QK^T and
+attention over values AV 2bs^2h each, output projection 2Th^2, MLP 2Thf per matrix (3 gated, 2 not).
+Causal attention only needs half of the s x s products; ``causal=True`` halves QK^T and AV (what
+fused causal kernels actually compute); ``causal=False`` counts them whole, as Narayanan et al.
+(2021) and Korthikanti et al. (2022) do. Elementwise work (norms, softmax, activations) is not
+counted: it is memory-bound and sub-percent of the FLOPs.
+
+Backward = 2x forward: the input gradient (dX = dY W^T) and the weight gradient (dW = X^T dY) of
+every weight GEMM each cost one forward GEMM; the attention core has no weights, so its 2x lands
+entirely in the input-gradient part (dQ, dK from dS; dS, dV from dO). The split is what ZB-H1
+schedules need.
+
+    layer_flops(plan.model, micro_batch_size=1, recompute="selective").forward
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedules.plan import ModelConfig, Plan
+
+FLOPS_DEFINITION = (
+    "model FLOPs = 3 x forward matmul FLOPs (QKV, attention QK^T and AV {causal}, projection, "
+    "MLP, LM head; 2 FLOPs per multiply-add), no recomputation"
+)
+"""The definition used for MFU, formatted with the causal wording."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerFlops:
+    """FLOPs of one transformer layer for one micro-batch (on one GPU when sharded)."""
+
+    forward: float
+    """Forward pass."""
+    backward_input: float
+    """Backward input-gradient GEMMs plus the whole attention-core backward."""
+    backward_weight: float
+    """Backward weight-gradient GEMMs (deferred as 'W' in zero-bubble schedules)."""
+    recompute: float
+    """Extra forward before the backward: 0 (none), attention core (selective), forward (full)."""
+
+    @property
+    def backward(self) -> float:
+        """Whole backward, input plus weight gradients (2x forward)."""
+        return self.backward_input + self.backward_weight
+
+
+def gemm_flops(m: float, n: float, k: float) -> float:
+    """An (m x k) @ (k x n) matmul: 2mnk."""
+    return 2.0 * m * n * k
+
+
+def attention_linear_flops(model: ModelConfig, num_tokens: float) -> float:
+    """QKV projection 2Th(h + 2kd) plus output projection 2Th^2, for T tokens."""
+    h = model.hidden_size
+    return gemm_flops(num_tokens, h + 2 * model.kv_size, h) + gemm_flops(num_tokens, h, h)
+
+
+def mlp_flops(model: ModelConfig, num_tokens: float) -> float:
+    """MLP matmuls: 2Thf per matrix, 3 matrices gated (6Thf), 2 otherwise (4Thf)."""
+    num_matrices = 3 if model.gated_mlp else 2
+    return num_matrices * gemm_flops(num_tokens, model.ffn_hidden_size, model.hidden_size)
+
+
+def attention_core_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:
+    """QK^T and AV: 2 * 2bs^2h = 4bs^2h, halved when ``causal`` (only the lower triangle)."""
+    s, h = model.seq_len, model.hidden_size
+    full = 2 * gemm_flops(micro_batch_size * s, s, h)
+    return full / 2 if causal else full
+
+
+def layer_forward_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:
+    """One layer's forward: attention linears + attention core + MLP.
+
+    GPT with f = 4h and MHA: 24bsh^2 + 4bs^2h (non-causal), Narayanan et al. 2021, Sec. 5.1.
+    """
+    tokens = micro_batch_size * model.seq_len
+    return (
+        attention_linear_flops(model, tokens)
+        + attention_core_flops(model, micro_batch_size, causal=causal)
+        + mlp_flops(model, tokens)
+    )
+
+
+def recompute_flops(
+    model: ModelConfig, micro_batch_size: float, *, recompute: str, causal: bool
+) -> float:
+    """Extra forward FLOPs of activation recomputation for one layer.
+
+    full: the whole forward again; selective: only the attention core (QK^T, softmax, AV), the
+    part Korthikanti et al. 2022 (Sec. 5) recompute because its activations are O(s^2) while its
+    FLOPs are small; none: 0.
+    """
+    if recompute == "full":
+        return layer_forward_flops(model, micro_batch_size, causal=causal)
+    if recompute == "selective":
+        return attention_core_flops(model, micro_batch_size, causal=causal)
+    if recompute == "none":
+        return 0.0
+    raise ValueError(f"recompute={recompute!r} is not one of none, selective, full")
+
+
+def layer_flops(
+    model: ModelConfig,
+    micro_batch_size: float,
+    *,
+    recompute: str = "none",
+    causal: bool = True,
+    tp: int = 1,
+    cp: int = 1,
+) -> LayerFlops:
+    """Forward, backward (input/weight split) and recompute FLOPs of one layer on one GPU.
+
+    Every GEMM and the attention core are split evenly over the tp * cp GPUs of a layer (TP splits
+    heads and the MLP width, CP splits the query tokens with load-balanced causal chunks).
+    """
+    tokens = micro_batch_size * model.seq_len
+    weight_gemms = attention_linear_flops(model, tokens) + mlp_flops(model, tokens)
+    core = attention_core_flops(model, micro_batch_size, causal=causal)
+    shards = tp * cp
+    return LayerFlops(
+        forward=(weight_gemms + core) / shards,
+        backward_input=(weight_gemms + 2 * core) / shards,
+        backward_weight=weight_gemms / shards,
+        recompute=recompute_flops(model, micro_batch_size, recompute=recompute, causal=causal)
+        / shards,
+    )
+
+
+def logits_flops(model: ModelConfig, micro_batch_size: float) -> float:
+    """LM-head forward: 2bshV (backward is twice that)."""
+    return gemm_flops(micro_batch_size * model.seq_len, model.vocab_size, model.hidden_size)
+
+
+def model_flops_per_step(plan: Plan, *, causal: bool = True) -> tuple[float, str]:
+    """Model FLOPs of one optimizer step (whole cluster) and the definition string for MFU.
+
+    3 x forward (forward + 2x backward) of all layers and the LM head over the global batch,
+    without recomputation (recompute is hardware work, not model work: PaLM's MFU convention).
+    """
+    batch = plan.training.global_batch_size
+    model = plan.model
+    forward = model.num_layers * layer_forward_flops(model, batch, causal=causal)
+    forward += logits_flops(model, batch)
+    wording = "halved for causal masking" if causal else "counted whole (non-causal)"
+    return 3.0 * forward, FLOPS_DEFINITION.format(causal=wording)
+
+
+def hardware_flops_per_step(plan: Plan, *, causal: bool = True) -> float:
+    """FLOPs the GPUs execute per step: model FLOPs plus recomputation."""
+    model, parallel = plan.model, plan.parallel
+    batch = plan.training.global_batch_size
+    flops, _ = model_flops_per_step(plan, causal=causal)
+    extra = recompute_flops(model, batch, recompute=parallel.recompute, causal=causal)
+    return flops + model.num_layers * extra
+
+
+def narayanan_flops_per_iteration(
+    batch_size: float, seq_len: int, num_layers: int, hidden_size: int, vocab_size: int
+) -> float:
+    """Narayanan et al. 2021 eq. (3): F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
+
+    GPT with f = 4h, non-causal attention, full recomputation (4 forward passes per layer, 3 for
+    the LM head); what their Table 1 TFLOP/s figures count.
+    """
+    b, s, layers, h = batch_size, seq_len, num_layers, hidden_size
+    return 96 * b * s * layers * h**2 * (1 + s / (6 * h) + vocab_size / (16 * layers * h))

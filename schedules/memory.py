@@ -1,0 +1,183 @@
+"""Peak memory per GPU of a plan: weights, gradients, optimizer state, activations, buffers.
+
+Mixed-precision Adam (Rajbhandari et al. 2020, ZeRO, Sec. 3.1): 2 bytes of bf16/fp16 weights,
+2 bytes of gradients (4 for Megatron's fp32 main grads under ``distributed_optimizer``) and 12
+bytes of optimizer state (fp32 master weights, momentum, variance) per parameter: 16 bytes in all.
+Each data-parallel kind shards some of it over the D GPUs that hold replicas of the same weights
+(D = dp * cp: context-parallel ranks hold the same weights and join the gradient reduction):
+
+    ddp                     nothing sharded                         2 + 2 + 12       = 16
+    zero1                   optimizer state                         2 + 2 + 12/D
+    zero2                   optimizer state and gradients           2 + (2 + 12)/D
+    zero3, fsdp             everything                              (2 + 2 + 12)/D
+    hsdp                    everything, over the shard group S      (2 + 2 + 12)/S
+    distributed_optimizer   optimizer state (Megatron docs: 6+12/D) 2 + 4 + 12/D
+
+Activations: the per-layer bytes of ``schedules.activations`` times the layer-micro-batches the
+stage holds at its peak under its schedule, plus the last stage's head inputs. Transient buffers:
+FSDP/ZeRO-3 unsharded units in flight (2 layers' parameters and 1 layer's gradient), torch DDP's
+bucket copy of the gradients (``gradient_as_bucket_view=False``), DeepSpeed ZeRO-1/2 gradient
+buckets (``reduce_bucket_size`` elements, two when ``overlap_comm``) and the last stage's fp32
+logits. Not modelled: the CUDA context, NCCL buffers and allocator fragmentation (a few GiB).
+The worst pipeline stage (largest total) is reported.
+
+    memory = memory_per_gpu(plan, hbm_bytes=80e9)
+"""
+
+from __future__ import annotations
+
+from schedules.activations import (
+    head_activation_bytes,
+    layer_activation_bytes,
+    logits_bytes,
+    stored_layer_activations,
+)
+from schedules.messages import PARAM_BYTES, grad_bytes_per_param
+from schedules.params import layer_params_per_gpu, stage_params_per_gpu
+from schedules.plan import Plan, num_microbatches
+
+OPTIMIZER_BYTES_PER_PARAM = 12
+"""Adam: fp32 master weights, momentum and variance (ZeRO paper, Sec. 3.1: K = 12)."""
+COMPONENTS = ("weights", "gradients", "optimizer", "activations", "buffers", "logits")
+"""Keys of ``memory_per_gpu`` besides ``total``."""
+
+
+def replica_group_size(plan: Plan, *, gpus_per_node: int | None = None) -> int:
+    """GPUs a data-parallel kind shards its state over: dp * cp, or the HSDP shard group.
+
+    HSDP shards inside ``hsdp_shard_size`` GPUs (0: the GPUs of a node; ``gpus_per_node`` must be
+    given then, since schedules knows nothing about the hardware) and replicates across groups.
+    """
+    parallel = plan.parallel
+    group = parallel.dp * parallel.cp
+    if parallel.data_parallel != "hsdp":
+        return group
+    shard = parallel.hsdp_shard_size
+    if shard == 0:
+        if gpus_per_node is None:
+            raise ValueError("hsdp with hsdp_shard_size=0 needs gpus_per_node to size its groups")
+        shard = max(1, gpus_per_node // (parallel.tp * parallel.cp))
+    return min(shard * parallel.cp, group)
+
+
+def state_bytes_per_param(plan: Plan, *, gpus_per_node: int | None = None) -> dict[str, float]:
+    """Bytes per parameter of weights, gradients and optimizer state after sharding."""
+    kind = plan.parallel.data_parallel
+    shards = replica_group_size(plan, gpus_per_node=gpus_per_node)
+    grad = grad_bytes_per_param(kind)
+    sharded = {
+        "ddp": (),
+        "zero1": ("optimizer",),
+        "zero2": ("optimizer", "gradients"),
+        "zero3": ("optimizer", "gradients", "weights"),
+        "fsdp": ("optimizer", "gradients", "weights"),
+        "hsdp": ("optimizer", "gradients", "weights"),
+        "distributed_optimizer": ("optimizer",),
+    }[kind]
+    full = {"weights": PARAM_BYTES, "gradients": grad, "optimizer": OPTIMIZER_BYTES_PER_PARAM}
+    return {k: v / shards if k in sharded else float(v) for k, v in full.items()}
+
+
+def transient_buffer_bytes(plan: Plan, stage: int) -> float:
+    """Communication buffers alive at the peak, per the data-parallel kind's implementation."""
+    parallel = plan.parallel
+    kind = parallel.data_parallel
+    grad = grad_bytes_per_param(kind)
+    if kind in ("fsdp", "hsdp", "zero3"):
+        layer = layer_params_per_gpu(plan.model, parallel.tp)
+        if kind != "zero3" and not parallel.fsdp_reshard_after_forward:
+            # SHARD_GRAD_OP keeps the whole stage unsharded between forward and backward.
+            return stage_params_per_gpu(plan, stage) * PARAM_BYTES + layer * grad
+        return 2 * layer * PARAM_BYTES + layer * grad
+    if kind == "ddp":
+        if parallel.ddp_gradient_as_bucket_view:
+            return 0.0
+        return stage_params_per_gpu(plan, stage) * grad
+    if kind in ("zero1", "zero2"):
+        overlap = bool(parallel.zero_overlap_comm)  # DeepSpeed default: False for stages 1, 2
+        return (2 if overlap else 1) * parallel.zero_bucket_elems * grad
+    return 0.0
+
+
+def activation_bytes(plan: Plan, stage: int) -> float:
+    """Activations rank ``stage`` holds at its peak under the plan's schedule and recompute."""
+    model, parallel, training = plan.model, plan.parallel, plan.training
+    per_layer = layer_activation_bytes(
+        model,
+        training.micro_batch_size,
+        tp=parallel.tp,
+        cp=parallel.cp,
+        sequence_parallel=parallel.sequence_parallel,
+        recompute=parallel.recompute,
+        flash_attention=training.flash_attention,
+    )
+    num_micro = num_microbatches(plan)
+    stored = stored_layer_activations(
+        parallel.schedule,
+        pp=parallel.pp,
+        vpp=parallel.vpp,
+        stage=stage,
+        num_micro=num_micro,
+        num_layers=model.num_layers,
+    )
+    total = stored * per_layer
+    if stage == parallel.pp - 1:
+        head = head_activation_bytes(
+            model,
+            training.micro_batch_size,
+            tp=parallel.tp,
+            cp=parallel.cp,
+            sequence_parallel=parallel.sequence_parallel,
+        )
+        # The head's inputs live as long as their micro-batch: one at a time except under GPipe.
+        total += head * (num_micro if parallel.schedule == "gpipe" else 1)
+    return total
+
+
+def stage_memory_bytes(
+    plan: Plan, stage: int, *, gpus_per_node: int | None = None
+) -> dict[str, float]:
+    """Bytes per component (and ``total``) on one GPU of pipeline rank ``stage``."""
+    params = stage_params_per_gpu(plan, stage)
+    per_param = state_bytes_per_param(plan, gpus_per_node=gpus_per_node)
+    is_last = stage == plan.parallel.pp - 1
+    parallel = plan.parallel
+    memory = {
+        "weights": params * per_param["weights"],
+        "gradients": params * per_param["gradients"],
+        "optimizer": params * per_param["optimizer"],
+        "activations": activation_bytes(plan, stage),
+        "buffers": transient_buffer_bytes(plan, stage),
+        "logits": logits_bytes(
+            plan.model, plan.training.micro_batch_size, tp=parallel.tp, cp=parallel.cp
+        )
+        if is_last
+        else 0.0,
+    }
+    memory["total"] = sum(memory.values())
+    return memory
+
+
+def memory_per_gpu(
+    plan: Plan, *, hbm_bytes: float, gpus_per_node: int | None = None
+) -> dict[str, float]:
+    """Peak bytes per component (and ``total``) on the GPU of the worst pipeline stage.
+
+    ``plan`` must be resolved (``resolve_plan``). ``hbm_bytes`` is the GPU's memory; it does not
+    change the figures (a plan that does not fit is a result, see ``fits_in_memory``) and is
+    checked here so that a missing GPU spec fails early. ``gpus_per_node`` sizes HSDP groups.
+    """
+    if hbm_bytes <= 0:
+        raise ValueError(f"hbm_bytes must be > 0, got {hbm_bytes}")
+    stages = [
+        stage_memory_bytes(plan, stage, gpus_per_node=gpus_per_node)
+        for stage in range(plan.parallel.pp)
+    ]
+    worst = max(stages, key=lambda memory: memory["total"])
+    return dict(worst)
+
+
+def fits_in_memory(plan: Plan, *, hbm_bytes: float, gpus_per_node: int | None = None) -> bool:
+    """Whether the worst stage's peak fits in ``hbm_bytes`` of GPU memory."""
+    total = memory_per_gpu(plan, hbm_bytes=hbm_bytes, gpus_per_node=gpus_per_node)["total"]
+    return total <= hbm_bytes

@@ -1,0 +1,96 @@
+"""Message sizes of every collective a training step issues (nccl-tests size semantics).
+
+Sizes follow comm_bench.collectives: an all-reduce's buffer, an all-gather's *output* and a
+reduce-scatter's *input* buffer. So every TP collective of a layer is one b(s/cp)h activation
+tensor, whichever op moves it (Megatron ``layers.py``/``mappings.py``); a pipeline send is the
+layer output b(s/cp)h, divided by t when sequence parallel keeps it sharded; data parallelism
+reduces each GPU's gradient shard in the reduce dtype and gathers parameters in their dtype.
+
+    tp_message_bytes(plan.model, micro_batch_size=1)
+"""
+
+from __future__ import annotations
+
+from schedules.params import layer_params_per_gpu, stage_params_per_gpu
+from schedules.plan import ModelConfig, Plan
+
+PARAM_BYTES = 2
+"""Bytes per parameter in the training dtype (bf16/fp16; FP8 runs keep bf16 master weights)."""
+ACTIVATION_COMM_BYTES = 2
+"""Bytes per element of TP/PP activation traffic (bf16; TE's FP8 all-gather is off by default)."""
+
+
+def grad_bytes_per_param(data_parallel: str) -> int:
+    """Bytes of one gradient element as stored and reduced.
+
+    distributed_optimizer (Megatron): fp32 main grads, reduced in fp32 (Megatron forces
+    accumulate_allreduce_grads_in_fp32 for bf16); every other kind (torch DDP, FSDP with
+    MixedPrecision(reduce_dtype=bf16), DeepSpeed ZeRO with bf16): the parameter dtype, 2 bytes.
+    """
+    return 4 if data_parallel == "distributed_optimizer" else PARAM_BYTES
+
+
+def tp_message_bytes(model: ModelConfig, micro_batch_size: float, *, cp: int = 1) -> float:
+    """One TP all-reduce (no SP), all-gather output or reduce-scatter input (SP): 2 b (s/cp) h."""
+    return ACTIVATION_COMM_BYTES * micro_batch_size * model.seq_len / cp * model.hidden_size
+
+
+def tp_collectives_per_layer(sequence_parallel: bool) -> dict[str, dict[str, int]]:
+    """TP collectives per layer and micro-batch, each of ``tp_message_bytes``.
+
+    Without SP: 2 all-reduces forward (after the attention projection and the MLP down
+    projection) and 2 backward (the column-parallel input gradients). With SP: forward 2
+    all-gathers + 2 reduce-scatters; backward 4 all-gathers (2 gradient gathers for the
+    row-parallel layers, 2 re-gathers of the saved sharded inputs) + 2 reduce-scatters
+    (Megatron ``layers.py``; the textbook '2 AG + 2 RS' omits the re-gathers).
+    """
+    if sequence_parallel:
+        return {
+            "forward": {"all_gather": 2, "reduce_scatter": 2},
+            "backward": {"all_gather": 4, "reduce_scatter": 2},
+        }
+    return {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}
+
+
+def pp_message_bytes(
+    model: ModelConfig,
+    micro_batch_size: float,
+    *,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+) -> float:
+    """One pipeline send (activation forward or its gradient backward): [s/cp (/t if SP), b, h]."""
+    tokens = micro_batch_size * model.seq_len / cp / (tp if sequence_parallel else 1)
+    return ACTIVATION_COMM_BYTES * tokens * model.hidden_size
+
+
+def cp_kv_message_bytes(model: ModelConfig, micro_batch_size: float, *, tp: int, cp: int) -> float:
+    """One ring step of context-parallel attention: this rank's K and V, 2 * 2 b (s/cp) kd / t."""
+    tokens = micro_batch_size * model.seq_len / cp
+    return 2 * ACTIVATION_COMM_BYTES * tokens * model.kv_size / tp
+
+
+def dp_grad_bytes(plan: Plan, stage: int = 0) -> float:
+    """Gradient bytes one GPU of pipeline rank ``stage`` reduces per step over DP (reduce dtype).
+
+    The all-reduce buffer (ddp, zero1/2: DeepSpeed all-reduces whole buckets) or the
+    reduce-scatter input (fsdp, zero3, distributed_optimizer) of all its parameters.
+    """
+    return stage_params_per_gpu(plan, stage) * grad_bytes_per_param(plan.parallel.data_parallel)
+
+
+def dp_param_bytes(plan: Plan, stage: int = 0) -> float:
+    """Parameter bytes one GPU of pipeline rank ``stage`` all-gathers (output buffer size)."""
+    return stage_params_per_gpu(plan, stage) * PARAM_BYTES
+
+
+def fsdp_unit_param_bytes(plan: Plan) -> float:
+    """All-gather output of one FSDP/ZeRO-3 unit, one transformer layer on one TP rank."""
+    return layer_params_per_gpu(plan.model, plan.parallel.tp) * PARAM_BYTES
+
+
+def fsdp_unit_grad_bytes(plan: Plan) -> float:
+    """Reduce-scatter input of one FSDP/ZeRO-3 unit, one layer's gradient in the reduce dtype."""
+    per_param = grad_bytes_per_param(plan.parallel.data_parallel)
+    return layer_params_per_gpu(plan.model, plan.parallel.tp) * per_param

@@ -1,0 +1,115 @@
+"""Parameter counts of a dense decoder-only transformer, whole and per GPU under TP and PP.
+
+Counted exactly from the weight shapes (h hidden, a heads, k kv heads, d = h/a, f ffn, V vocab,
+s sequence, L layers): attention Q and O are h x h, K and V are h x kd (GQA); the MLP has 2 (GeLU)
+or 3 (SwiGLU) h x f matrices; each layer has 2 norms (h for RMSNorm, 2h for LayerNorm); biases
+when ``linear_bias``; a V x h word embedding, an s x h learned position embedding when asked,
+a final norm and an untied V x h LM head.
+
+    total_params(plan.model)
+"""
+
+from __future__ import annotations
+
+from schedules.plan import ModelConfig, Plan
+
+
+def attention_params(model: ModelConfig) -> int:
+    """Q, K, V and output projections: h*(h + 2kd) + h*h, plus biases (h + 2kd + h)."""
+    h, kv = model.hidden_size, model.kv_size
+    weights = h * (h + 2 * kv) + h * h
+    biases = (h + 2 * kv) + h if model.linear_bias else 0
+    return weights + biases
+
+
+def mlp_params(model: ModelConfig) -> int:
+    """MLP matrices: 3hf gated (gate, up, down) or 2hf, plus biases (2f + h gated, f + h not)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    num_in = 2 if model.gated_mlp else 1
+    weights = (num_in + 1) * h * f
+    biases = num_in * f + h if model.linear_bias else 0
+    return weights + biases
+
+
+def norm_params(model: ModelConfig) -> int:
+    """One normalisation layer: h (RMSNorm weight) or 2h (LayerNorm weight and bias)."""
+    return (2 if model.norm == "layernorm" else 1) * model.hidden_size
+
+
+def layer_params(model: ModelConfig) -> int:
+    """One transformer layer: attention + MLP + 2 norms.
+
+    For GPT (MHA, f = 4h, biases, LayerNorm) this is 12h^2 + 13h, the per-layer term of
+    Megatron's formula (Narayanan et al. 2021, Sec. 5.1).
+    """
+    return attention_params(model) + mlp_params(model) + 2 * norm_params(model)
+
+
+def embedding_params(model: ModelConfig) -> int:
+    """Input embeddings: V*h word embedding, plus s*h if position embeddings are learned."""
+    position = model.seq_len * model.hidden_size if model.position_embedding == "learned" else 0
+    return model.vocab_size * model.hidden_size + position
+
+
+def lm_head_params(model: ModelConfig) -> int:
+    """Output projection V*h, or 0 when tied to the word embedding."""
+    return 0 if model.tied_embeddings else model.vocab_size * model.hidden_size
+
+
+def total_params(model: ModelConfig) -> int:
+    """All parameters: L layers + embeddings + final norm + LM head (counted once when tied)."""
+    return (
+        model.num_layers * layer_params(model)
+        + embedding_params(model)
+        + norm_params(model)
+        + lm_head_params(model)
+    )
+
+
+def megatron_gpt_params(num_layers: int, hidden_size: int, vocab_size: int, seq_len: int) -> float:
+    """Megatron's GPT count P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)).
+
+    Narayanan et al. 2021 (arXiv:2104.04473), Sec. 5.1; it leaves out the final LayerNorm (2h),
+    so ``total_params`` of the same GPT is exactly this plus 2h.
+    """
+    layers, h = num_layers, hidden_size
+    return 12 * layers * h**2 * (1 + 13 / (12 * h) + (vocab_size + seq_len) / (12 * layers * h))
+
+
+def layer_params_per_gpu(model: ModelConfig, tp: int) -> float:
+    """One layer's parameters on one TP rank.
+
+    Column- and row-parallel weights and column-parallel biases are split t ways; the norms and
+    the row-parallel output biases (h each for the attention projection and the MLP down
+    projection) are replicated on every TP rank, as in Megatron.
+    """
+    replicated = 2 * norm_params(model) + (2 * model.hidden_size if model.linear_bias else 0)
+    return (layer_params(model) - replicated) / tp + replicated
+
+
+def layers_per_stage(plan: Plan) -> int:
+    """Transformer layers on one pipeline rank, L / p (all of its virtual chunks together)."""
+    return plan.model.num_layers // plan.parallel.pp
+
+
+def stage_params_per_gpu(plan: Plan, stage: int) -> float:
+    """Parameters held by one GPU of pipeline rank ``stage`` (TP-sharded, before DP sharding).
+
+    The first stage adds the vocab-parallel word embedding (V h / t) and the replicated learned
+    position embedding; the last adds the final norm and the LM head. With p > 1 and tied
+    embeddings Megatron keeps a copy of the word embedding on the last stage (its gradient is
+    all-reduced between the two), so the last stage holds V h / t either way.
+    """
+    model, parallel = plan.model, plan.parallel
+    p, t = parallel.pp, parallel.tp
+    if not 0 <= stage < p:
+        raise ValueError(f"pipeline stage {stage} is outside 0..{p - 1} (pp={p})")
+    vocab_shard = model.vocab_size * model.hidden_size / t
+    count = layers_per_stage(plan) * layer_params_per_gpu(model, t)
+    if stage == 0:
+        count += vocab_shard + embedding_params(model) - model.vocab_size * model.hidden_size
+    if stage == p - 1:
+        count += norm_params(model)
+        if not model.tied_embeddings or p > 1:
+            count += vocab_shard
+    return count

@@ -1,0 +1,402 @@
+"""The plan file: a model, a cluster, a parallel layout and a batch, loaded strictly and validated.
+
+A plan says *what* is trained (a dense decoder-only transformer), *where* (a cluster preset or
+file, resolved later by ``topologies.config.load_cluster``), *how* it is split (TP, CP, PP, DP,
+the pipeline schedule, the data-parallel kind and its framework knobs) and *with which batch*.
+Unknown keys are errors; every value is type-checked; ``resolve_plan`` checks that the degrees fit
+the world size and the model, printing every value involved.
+
+    plan = resolve_plan(load_plan("plan.yaml"), world_size=256)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from schedules import plan_checks
+
+MLP_ACTIVATIONS = {"gelu": False, "relu": False, "swiglu": True, "geglu": True}
+"""Known MLP activations and whether each is gated (three matrices instead of two)."""
+POSITION_EMBEDDINGS = ("rope", "learned")
+NORMS = ("rmsnorm", "layernorm")
+SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
+RECOMPUTE_MODES = ("none", "selective", "full")
+DATA_PARALLEL_KINDS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "distributed_optimizer")
+PRECISIONS = ("bf16", "fp16", "fp8")
+FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not one of {', '.join(choices)}")
+
+
+def _check_positive(owner: object, section: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if value <= 0:
+            raise ValueError(f"{section}.{name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """A dense decoder-only transformer (GPT / Llama family)."""
+
+    name: str
+    """Label used in reports."""
+    num_layers: int
+    """Transformer layers L."""
+    hidden_size: int
+    """Model width h."""
+    num_heads: int
+    """Attention (query) heads a."""
+    ffn_hidden_size: int
+    """MLP inner width f (per matrix; a gated MLP has two f-wide input matrices)."""
+    vocab_size: int
+    """Vocabulary V (unpadded)."""
+    seq_len: int
+    """Sequence length s in tokens."""
+    num_kv_heads: int = 0
+    """Key/value heads (GQA when < num_heads); 0 in the file means num_heads."""
+    gated_mlp: bool = True
+    """SwiGLU-style MLP with 3 matrices (True) or a GeLU MLP with 2 (False)."""
+    tied_embeddings: bool = False
+    """Whether the LM head reuses the input embedding matrix."""
+    mlp_activation: str = ""
+    """gelu | relu | swiglu | geglu; empty means swiglu if gated_mlp else gelu."""
+    position_embedding: str = "rope"
+    """rope (no parameters) or learned (adds seq_len * hidden_size parameters)."""
+    norm: str = "rmsnorm"
+    """rmsnorm (h parameters per norm) or layernorm (2h: weight and bias)."""
+    linear_bias: bool = False
+    """Whether the linear layers have biases (GPT-2/3 and Megatron GPT: yes; Llama: no)."""
+    dropout: bool = False
+    """Whether dropout is on (stores masks: Korthikanti et al. count them; Llama trains without)."""
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            self,
+            "model",
+            ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len"),
+        )
+        if self.num_kv_heads < 0:
+            raise ValueError(f"model.num_kv_heads must be >= 0, got {self.num_kv_heads}")
+        if self.num_kv_heads == 0:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.mlp_activation:  # the activation, when named, decides gating
+            _check_choice("model.mlp_activation", self.mlp_activation, list(MLP_ACTIVATIONS))
+            object.__setattr__(self, "gated_mlp", MLP_ACTIVATIONS[self.mlp_activation])
+        _check_choice("model.position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
+        _check_choice("model.norm", self.norm, NORMS)
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} is not divisible by "
+                f"model.num_heads={self.num_heads}"
+            )
+        if self.num_kv_heads > self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_kv_heads={self.num_kv_heads} must divide "
+                f"model.num_heads={self.num_heads}"
+            )
+
+    @property
+    def activation(self) -> str:
+        """The MLP activation: ``mlp_activation``, or swiglu if gated else gelu."""
+        return self.mlp_activation or ("swiglu" if self.gated_mlp else "gelu")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, h / a."""
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the key (or value) projection, num_kv_heads * head_dim."""
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    """Where the plan runs, as written in the file (resolved by topologies.config.load_cluster)."""
+
+    node: str | dict[str, Any] | None = None
+    """A node preset name (e.g. dgx-h100) or a mapping describing a node."""
+    file: str | None = None
+    """A cluster YAML file instead of ``node`` (relative paths are relative to the plan file)."""
+    num_nodes: int = 1
+    """Number of nodes."""
+    fabric: str | None = None
+    """Inter-node fabric preset (e.g. ib-ndr); None for the node preset's default."""
+    oversubscription: float = 1.0
+    """Fat-tree oversubscription ratio (1.0 = non-blocking)."""
+
+    def __post_init__(self) -> None:
+        if (self.node is None) == (self.file is None):
+            raise ValueError(
+                f"cluster needs exactly one of 'node' or 'file', got node={self.node!r}, "
+                f"file={self.file!r}"
+            )
+        _check_positive(self, "cluster", ("num_nodes",))
+        if self.oversubscription < 1.0:
+            raise ValueError(
+                f"cluster.oversubscription must be >= 1.0, got {self.oversubscription}"
+            )
+
+    def source(self) -> str | dict[str, Any]:
+        """What to pass to ``topologies.config.load_cluster``: the file path or the mapping."""
+        if self.file is not None:
+            return self.file
+        mapping: dict[str, Any] = {"node": self.node, "num_nodes": self.num_nodes}
+        if self.fabric is not None:
+            mapping["fabric"] = self.fabric
+        if self.oversubscription != 1.0:
+            mapping["oversubscription"] = self.oversubscription
+        return mapping
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    """How the model is split, and the framework knobs that change the schedule (real defaults)."""
+
+    tp: int = 1
+    """Tensor-parallel degree t."""
+    pp: int = 1
+    """Pipeline-parallel degree p."""
+    cp: int = 1
+    """Context-parallel degree (sequence split across ranks for attention)."""
+    dp: int = 0
+    """Data-parallel degree; 0 means derived in resolve_plan as world / (tp * cp * pp)."""
+    vpp: int = 1
+    """Virtual pipeline chunks per rank v (> 1 only with the interleaved schedule)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: 1f1b | interleaved | gpipe | zb-h1."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (norms/dropout sharded over TP; AG/RS instead of AR)."""
+    recompute: str = "none"
+    """Activation recomputation: none | selective (attention core) | full (whole layer)."""
+    data_parallel: str = "ddp"
+    """ddp | zero1 | zero2 | zero3 | fsdp | hsdp | distributed_optimizer."""
+    ddp_bucket_mb: float = 25.0
+    """torch DDP bucket_cap_mb (MiB), default 25 (_DEFAULT_BUCKET_CAP_MB)."""
+    ddp_first_bucket_mb: float = 1.0
+    """torch DDP first-bucket cap after the rebuild in MiB (_DEFAULT_FIRST_BUCKET_BYTES = 1)."""
+    ddp_gradient_as_bucket_view: bool = False
+    """torch DDP gradient_as_bucket_view (default False: buckets are a second copy of the grads)."""
+    fsdp_backward_prefetch: str = "backward_pre"
+    """FSDP1 backward_prefetch: backward_pre | backward_post | none (default BACKWARD_PRE)."""
+    fsdp_forward_prefetch: bool = False
+    """FSDP1 forward_prefetch (default False)."""
+    fsdp_limit_all_gathers: bool = True
+    """FSDP1 limit_all_gathers: at most 2 unsharded units in flight (default True)."""
+    fsdp_reshard_after_forward: bool = True
+    """FULL_SHARD (True) or SHARD_GRAD_OP (False): free parameters after forward."""
+    hsdp_shard_size: int = 0
+    """HSDP shard-group size; 0 means the GPUs of one node (HYBRID_SHARD's intra-node group)."""
+    zero_bucket_elems: int = 500_000_000
+    """DeepSpeed reduce_bucket_size in elements (default 5e8)."""
+    zero_allgather_bucket_elems: int = 500_000_000
+    """DeepSpeed allgather_bucket_size in elements (default 5e8)."""
+    zero_overlap_comm: bool | None = None
+    """DeepSpeed overlap_comm; None means its default (True for stage 3, False for 1 and 2)."""
+    zero_prefetch_bucket_elems: int = 50_000_000
+    """DeepSpeed stage-3 prefetch_bucket_size in elements (default 5e7)."""
+    overlap_grad_reduce: bool = True
+    """Megatron --overlap-grad-reduce (DP reduction overlapped with the last backward)."""
+    overlap_param_gather: bool = False
+    """Megatron --overlap-param-gather (distributed optimizer only)."""
+    tp_comm_overlap: bool = False
+    """Megatron/TE --tp-comm-overlap (userbuffer AG/RS overlapped with GEMMs; needs SP)."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "parallel", ("tp", "pp", "cp", "vpp"))
+        if self.dp < 0:
+            raise ValueError(f"parallel.dp must be >= 0 (0 = derive), got {self.dp}")
+        _check_choice("parallel.schedule", self.schedule, SCHEDULES)
+        _check_choice("parallel.recompute", self.recompute, RECOMPUTE_MODES)
+        _check_choice("parallel.data_parallel", self.data_parallel, DATA_PARALLEL_KINDS)
+        _check_choice(
+            "parallel.fsdp_backward_prefetch", self.fsdp_backward_prefetch, FSDP_BACKWARD_PREFETCH
+        )
+        _check_positive(
+            self,
+            "parallel",
+            ("ddp_bucket_mb", "ddp_first_bucket_mb", "zero_bucket_elems"),
+        )
+        _check_positive(self, "parallel", ("zero_allgather_bucket_elems",))
+        if self.hsdp_shard_size < 0:
+            raise ValueError(f"parallel.hsdp_shard_size must be >= 0, got {self.hsdp_shard_size}")
+
+    @property
+    def model_parallel_size(self) -> int:
+        """GPUs holding one replica of the model: tp * cp * pp."""
+        return self.tp * self.cp * self.pp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    """The batch and the numeric precision of one optimizer step."""
+
+    micro_batch_size: int
+    """Sequences per micro-batch b (per data-parallel rank)."""
+    global_batch_size: int
+    """Sequences per optimizer step B."""
+    precision: str = "bf16"
+    """bf16 | fp16 (mixed precision, Adam) | fp8 (GEMMs in FP8, the rest bf16)."""
+    flash_attention: bool = True
+    """Fused attention kernel (no s x s scores stored); False stores them (Korthikanti et al.)."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "training", ("micro_batch_size", "global_batch_size"))
+        _check_choice("training.precision", self.precision, PRECISIONS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """One training configuration to simulate."""
+
+    model: ModelConfig
+    """The transformer."""
+    cluster: ClusterConfig
+    """Where it runs."""
+    parallel: ParallelConfig
+    """How it is split."""
+    training: TrainingConfig
+    """Batch and precision."""
+    name: str = ""
+    """Optional label."""
+    description: str = ""
+    """Optional free text."""
+    base_dir: str = field(default="", compare=False)
+    """Directory of the plan file (for relative cluster files); not a YAML key."""
+
+
+_SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "cluster": ClusterConfig,
+    "parallel": ParallelConfig,
+    "training": TrainingConfig,
+}
+_TOP_LEVEL_SCALARS = ("name", "description")
+
+
+def _convert(key: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against the field's type hint; ints are accepted where floats are."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    for option in options:
+        origin = typing.get_origin(option) or option
+        if origin is bool and isinstance(value, bool):
+            return value
+        if origin is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if origin is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if origin is str and isinstance(value, str):
+            return value
+        if origin is dict and isinstance(value, Mapping):
+            return dict(value)
+    if int in options and isinstance(value, float) and value.is_integer():
+        return int(value)
+    names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+    raise ValueError(f"{key} must be {names}, got {value!r} ({type(value).__name__})")
+
+
+def _build_section(cls: type, section: str, raw: Any) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"plan section '{section}' must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "base_dir"}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"unknown key '{section}.{unknown[0]}' in plan; valid keys: {', '.join(fields)}"
+        )
+    required = [
+        name
+        for name, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [name for name in required if name not in raw]
+    if missing:
+        raise ValueError(f"missing key '{section}.{missing[0]}' in plan (required: {required})")
+    kwargs = {k: _convert(f"{section}.{k}", v, hints[k]) for k, v in raw.items()}
+    return cls(**kwargs)
+
+
+def _check_mlp_keys(model: Any) -> None:
+    if not isinstance(model, Mapping) or "mlp_activation" not in model or "gated_mlp" not in model:
+        return
+    activation, gated = model["mlp_activation"], model["gated_mlp"]
+    if MLP_ACTIVATIONS.get(activation, gated) != gated:
+        raise ValueError(
+            f"model.mlp_activation={activation!r} contradicts model.gated_mlp={gated} "
+            f"(gated: {', '.join(a for a, g in MLP_ACTIVATIONS.items() if g)})"
+        )
+
+
+def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
+    """Read a plan from a YAML file path or a mapping; unknown or missing keys are ValueErrors."""
+    base_dir = ""
+    if isinstance(source, str | Path):
+        path = Path(source)
+        with path.open() as handle:
+            raw = yaml.safe_load(handle)
+        base_dir = str(path.resolve().parent)
+    else:
+        raw = source
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"a plan must be a mapping with sections {', '.join(_SECTIONS)}")
+    allowed = (*_SECTIONS, *_TOP_LEVEL_SCALARS)
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown key '{unknown[0]}' in plan; valid keys: {', '.join(allowed)}")
+    missing = [s for s in _SECTIONS if s not in raw and s != "parallel"]
+    if missing:
+        raise ValueError(f"missing section '{missing[0]}' in plan")
+    _check_mlp_keys(raw.get("model"))
+    sections = {s: _build_section(cls, s, raw.get(s, {})) for s, cls in _SECTIONS.items()}
+    scalars = {k: _convert(k, raw[k], str) for k in _TOP_LEVEL_SCALARS if k in raw}
+    return Plan(**sections, **scalars, base_dir=base_dir)
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as a mapping that ``load_plan`` reads back to an equal plan."""
+    out: dict[str, Any] = {s: dataclasses.asdict(getattr(plan, s)) for s in _SECTIONS}
+    out.update({k: getattr(plan, k) for k in _TOP_LEVEL_SCALARS if getattr(plan, k)})
+    return out
+
+
+def resolve_plan(plan: Plan, world_size: int) -> Plan:
+    """The plan with ``dp`` filled in, after checking every constraint against ``world_size``."""
+    if world_size <= 0:
+        raise ValueError(f"world size must be > 0, got {world_size}")
+    parallel = plan.parallel
+    dp = plan_checks.resolve_dp(parallel, world_size)
+    plan_checks.check_model_split(plan.model, parallel)
+    training = plan.training
+    per_step = training.micro_batch_size * dp
+    if training.global_batch_size % per_step:
+        raise ValueError(
+            f"training.global_batch_size={training.global_batch_size} is not divisible by "
+            f"micro_batch_size*dp = {training.micro_batch_size}*{dp} = {per_step}"
+        )
+    plan_checks.check_schedule(parallel, training.global_batch_size // per_step)
+    plan_checks.check_knobs(parallel, dp)
+    return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))
+
+
+def num_microbatches(plan: Plan) -> int:
+    """Micro-batches per optimizer step per pipeline, m = B / (b * dp); needs a resolved plan."""
+    dp = plan.parallel.dp
+    if dp <= 0:
+        raise ValueError("num_microbatches needs a resolved plan (parallel.dp > 0): resolve_plan")
+    return plan.training.global_batch_size // (plan.training.micro_batch_size * dp)

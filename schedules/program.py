@@ -1,0 +1,450 @@
+"""Per-rank programs: the ordered actions one GPU runs in a training step, with their dependencies.
+
+A ``Program`` is a tuple of actions of three kinds: ``Compute`` (on the rank's compute stream, in
+program order), ``Collective`` (on the FIFO of its process group, in program order; it starts once
+every member has issued it) and ``Transfer`` (a point-to-point send/recv, matched between the two
+ranks by its tag). ``deps`` are indices of earlier actions of the same program that must finish
+first: that is how streams wait on each other (CUDA events, blocking waits, issue points).
+
+This module holds the data types, the process-group layout (Megatron's tp-cp-dp-pp rank order),
+and the per-pass recipes of tensor/sequence parallelism (``tp_forward_steps`` /
+``tp_backward_steps``). The step programs (pipeline with DP sync, FSDP) are built from them in
+``schedules.step_program``.
+
+    steps = tp_forward_steps(forward_s=1e-3, num_layers=4, tp_bytes=8e6, sequence_parallel=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+GROUPS = ("tp", "cp", "dp", "hsdp", "pp")
+"""Process-group names used by programs (``pp`` for point-to-point transfers)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compute:
+    """Work on the rank's compute stream (kernels run one after another in program order)."""
+
+    name: str
+    """Label, e.g. ``F3.c0``."""
+    duration_s: float
+    """Busy time of the compute stream."""
+    deps: tuple[int, ...] = ()
+    """Earlier actions (indices in the program) that must finish before it starts."""
+    kind: str = "compute"
+    """``compute`` or ``optimizer`` (counted apart in the breakdown)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collective:
+    """A collective on one process group; same-group collectives run one at a time, in order."""
+
+    name: str
+    """Label, e.g. ``AR(bucket 2)``."""
+    group: str
+    """Process-group name (``tp``, ``cp``, ``dp``, ``hsdp``)."""
+    ranks: tuple[int, ...]
+    """Global ranks of the whole group (the communicator; timed on all of them)."""
+    op: str
+    """torch.distributed op name (comm_bench.collectives.OPS)."""
+    size_bytes: float
+    """Message size with nccl-tests' semantics."""
+    repeat: int = 1
+    """Back-to-back identical calls this action stands for (aggregated layers)."""
+    deps: tuple[int, ...] = ()
+    """Earlier actions that must finish before it is issued."""
+    phase: str = ""
+    """``optimizer`` for the post-step parameter gather (counted with the optimizer)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transfer:
+    """One point-to-point message; the sender and the receiver both list it with the same tag."""
+
+    name: str
+    """Label, e.g. ``send F3 -> 5``."""
+    src: int
+    """Sending global rank."""
+    dst: int
+    """Receiving global rank."""
+    tag: Hashable
+    """Identifies the message on both sides, e.g. ``("F", 3, 1)`` (kind, micro-batch, stage)."""
+    size_bytes: float
+    """Message size."""
+    deps: tuple[int, ...] = ()
+    """On the sender: what produces the data; on the receiver: when the receive is posted."""
+
+
+Action = Compute | Collective | Transfer
+"""Anything a program does."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Program:
+    """The ordered actions of one global rank for one training step."""
+
+    rank: int
+    """Global rank."""
+    actions: tuple[Action, ...]
+    """Actions; deps point to lower indices."""
+    stage: int = 0
+    """Pipeline rank (for reports and traces)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """Megatron's rank order tp-cp-dp-pp: tp varies fastest, then cp, then dp, then pp."""
+
+    tp: int = 1
+    """Tensor-parallel degree."""
+    cp: int = 1
+    """Context-parallel degree."""
+    dp: int = 1
+    """Data-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "cp", "dp", "pp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def world_size(self) -> int:
+        """tp * cp * dp * pp."""
+        return self.tp * self.cp * self.dp * self.pp
+
+    def rank(self, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        """Global rank of the given coordinates."""
+        return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Coordinates ``{"tp", "cp", "dp", "pp"}`` of a global rank."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
+        tp, rest = rank % self.tp, rank // self.tp
+        cp, rest = rest % self.cp, rest // self.cp
+        return {"tp": tp, "cp": cp, "dp": rest % self.dp, "pp": rest // self.dp}
+
+    def group(self, kind: str, rank: int, *, shard_size: int = 0) -> tuple[int, ...]:
+        """Ranks of ``rank``'s group: ``tp``, ``cp``, ``dp``, ``dpcp`` (DP x CP), ``pp``,
+        ``dp_shard`` / ``dp_replicate`` (HSDP split of DP into groups of ``shard_size``)."""
+        c = self.coords(rank)
+        if kind in ("tp", "cp", "dp", "pp"):
+            size = getattr(self, kind)
+            return tuple(self.rank(**{**c, kind: i}) for i in range(size))
+        if kind == "dpcp":
+            return tuple(
+                self.rank(**{**c, "dp": d, "cp": k}) for d in range(self.dp) for k in range(self.cp)
+            )
+        if kind in ("dp_shard", "dp_replicate"):
+            if shard_size < 1 or self.dp % shard_size:
+                raise ValueError(f"HSDP shard size {shard_size} must divide dp={self.dp}")
+            base, offset = divmod(c["dp"], shard_size)
+            members = (
+                [base * shard_size + i for i in range(shard_size)]
+                if kind == "dp_shard"
+                else [i * shard_size + offset for i in range(self.dp // shard_size)]
+            )
+            return tuple(self.rank(**{**c, "dp": d}) for d in members)
+        raise ValueError(f"unknown group kind {kind!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeStep:
+    """A stretch of compute-stream work inside a pass."""
+
+    name: str
+    """Label suffix, e.g. ``fwd`` or ``wgrad qkv``."""
+    duration_s: float
+    """Busy time."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommStep:
+    """A collective inside a pass, issued after the preceding compute step."""
+
+    name: str
+    """Label suffix, e.g. ``AR``."""
+    group: str
+    """Process-group name the collective runs on (``tp``, ``cp``)."""
+    op: str
+    """Collective op."""
+    size_bytes: float
+    """Message size (nccl-tests semantics)."""
+    repeat: int = 1
+    """Back-to-back identical calls (one per layer and occurrence)."""
+    overlap: bool = False
+    """False: the next compute step waits for it (critical path). True: it runs beside the
+    next compute step, and the one after that waits for it (async dgrad collectives)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MarkStep:
+    """A point inside a pass where something else is issued (e.g. a gradient bucket is ready)."""
+
+    index: int
+    """Which mark (e.g. the bucket number)."""
+
+
+Step = ComputeStep | CommStep | MarkStep
+"""One element of a pass recipe."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChunkWork:
+    """What one model chunk of one rank runs per micro-batch, as step recipes, plus its DP state."""
+
+    forward: tuple[Step, ...]
+    """Forward pass."""
+    backward: tuple[Step, ...]
+    """Full backward (input and weight gradients, recompute included)."""
+    backward_input: tuple[Step, ...] = ()
+    """Zero-bubble input-gradient pass (Bi)."""
+    backward_weight: tuple[Step, ...] = ()
+    """Zero-bubble weight-gradient pass (W)."""
+    grad_buckets_bytes: tuple[float, ...] = ()
+    """DP gradient buckets of this chunk in ready order (last layers first), reduce dtype."""
+    param_bytes: float = 0.0
+    """This chunk's parameter bytes (post-step all-gather output)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinearShares:
+    """Fractions of a layer's weight-gradient time spent in the column-parallel GEMMs."""
+
+    qkv: float = 0.0
+    """QKV projection share of the wgrad (also its dgrad share: same FLOPs)."""
+    fc1: float = 0.0
+    """MLP input projection(s) share of the wgrad."""
+
+
+def _drop_empty(steps: list[Step]) -> tuple[Step, ...]:
+    """Steps without zero-repeat collectives or zero-length compute."""
+    return tuple(
+        s
+        for s in steps
+        if (isinstance(s, CommStep) and s.repeat > 0)
+        or (isinstance(s, ComputeStep) and s.duration_s > 0)
+        or isinstance(s, MarkStep)
+    )
+
+
+def tp_forward_steps(
+    *,
+    forward_s: float,
+    num_layers: int,
+    tp_bytes: float,
+    tp: int = 2,
+    sequence_parallel: bool = False,
+    tp_comm_overlap: bool = False,
+    extra: tuple[Step, ...] = (),
+) -> tuple[Step, ...]:
+    """Forward of ``num_layers`` layers (each ``forward_s``) with their TP collectives.
+
+    Without SP: 2 all-reduces per layer; with SP: 2 all-gathers + 2 reduce-scatters, all on the
+    critical path (Megatron), or hidden behind the GEMMs under ``tp_comm_overlap`` (TE
+    userbuffers: the comm runs beside the layer compute, only the excess is exposed).
+    """
+    steps: list[Step] = []
+    if tp > 1:
+        ops = ("all_gather", "reduce_scatter") if sequence_parallel else ("all_reduce",)
+        per_op = 2 * num_layers
+        steps = [
+            CommStep(
+                name=op,
+                group="tp",
+                op=op,
+                size_bytes=tp_bytes,
+                repeat=per_op,
+                overlap=tp_comm_overlap,
+            )
+            for op in ops
+        ]
+    compute = ComputeStep(name="fwd", duration_s=forward_s * num_layers)
+    ordered = [*steps, compute] if tp_comm_overlap else [compute, *steps]
+    return _drop_empty([*ordered, *extra])
+
+
+def tp_backward_steps(
+    *,
+    backward_input_s: float,
+    backward_weight_s: float,
+    recompute_s: float,
+    num_layers: int,
+    tp_bytes: float,
+    shares: LinearShares,
+    tp: int = 2,
+    sequence_parallel: bool = False,
+    full_recompute: bool = False,
+    split: str = "",
+) -> tuple[Step, ...]:
+    """Backward of ``num_layers`` layers with TP collectives placed where Megatron puts them.
+
+    Full recompute first replays the forward (with its blocking TP collectives). Without SP the
+    two column-parallel dgrad all-reduces overlap their wgrad GEMMs; with SP the two row-parallel
+    gradient all-gathers block, and per column-parallel linear the input re-gather overlaps the
+    dgrad GEMM and the dgrad reduce-scatter overlaps the wgrad GEMM (4 AG + 2 RS per layer).
+    ``split="input"`` gives the zero-bubble Bi pass (no wgrad to hide behind: the dgrad
+    collectives block), ``split="weight"`` the W pass (wgrad GEMMs only).
+    """
+    n = num_layers
+    if split == "weight":
+        return _drop_empty([ComputeStep(name="wgrad", duration_s=backward_weight_s * n)])
+    steps: list[Step] = []
+    if recompute_s > 0:
+        steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
+        if full_recompute and tp > 1:
+            steps += tp_forward_steps(
+                forward_s=0.0,
+                num_layers=n,
+                tp_bytes=tp_bytes,
+                tp=tp,
+                sequence_parallel=sequence_parallel,
+            )
+    if tp == 1:
+        wgrad = 0.0 if split == "input" else backward_weight_s
+        steps.append(ComputeStep(name="bwd", duration_s=(backward_input_s + wgrad) * n))
+        return _drop_empty(steps)
+    if sequence_parallel:
+        steps.append(
+            CommStep(name="AG grad", group="tp", op="all_gather", size_bytes=tp_bytes, repeat=2 * n)
+        )
+    window = {
+        name: share * backward_weight_s * n
+        for name, share in (("qkv", shares.qkv), ("fc1", shares.fc1))
+    }
+    dgrad_rest = (
+        backward_input_s * n - sum(window.values()) if sequence_parallel else (backward_input_s * n)
+    )
+    wgrad_rest = backward_weight_s * n - sum(window.values())
+    if split == "input":
+        wgrad_rest = 0.0
+    steps.append(ComputeStep(name="bwd", duration_s=max(dgrad_rest, 0.0) + max(wgrad_rest, 0.0)))
+    reduce_op = "reduce_scatter" if sequence_parallel else "all_reduce"
+    for name, width in window.items():
+        if sequence_parallel:
+            steps += [
+                CommStep(
+                    name=f"AG input {name}",
+                    group="tp",
+                    op="all_gather",
+                    size_bytes=tp_bytes,
+                    repeat=n,
+                    overlap=True,
+                ),
+                ComputeStep(name=f"dgrad {name}", duration_s=width),
+            ]
+        steps.append(
+            CommStep(
+                name=f"{reduce_op} dgrad {name}",
+                group="tp",
+                op=reduce_op,
+                size_bytes=tp_bytes,
+                repeat=n,
+                overlap=split != "input",
+            )
+        )
+        if split != "input":
+            steps.append(ComputeStep(name=f"wgrad {name}", duration_s=width))
+    return _drop_empty(steps)
+
+
+@dataclass(slots=True)
+class ProgramBuilder:
+    """Appends actions and tracks what the compute stream must wait for next (builder state)."""
+
+    rank: int
+    """Global rank being built."""
+    groups: dict[str, tuple[int, ...]]
+    """Process-group ranks by name (``tp``, ``cp``, ``dp``, ...)."""
+    actions: list[Action] = field(default_factory=list)
+    """Actions so far."""
+    last_compute: int | None = None
+    """Index of the latest compute action."""
+
+    def add(self, action: Action) -> int:
+        """Append an action; returns its index."""
+        self.actions.append(action)
+        index = len(self.actions) - 1
+        if isinstance(action, Compute):
+            self.last_compute = index
+        return index
+
+    def after_compute(self, *extra: int) -> tuple[int, ...]:
+        """Deps for something issued now: the latest compute plus ``extra``."""
+        base = () if self.last_compute is None else (self.last_compute,)
+        return tuple(sorted({*base, *extra}))
+
+    def collective(
+        self,
+        name: str,
+        group: str,
+        op: str,
+        size_bytes: float,
+        *,
+        deps: tuple[int, ...],
+        repeat: int = 1,
+        phase: str = "",
+    ) -> int | None:
+        """Add a collective on a named group; ``None`` (nothing added) for a one-rank group."""
+        ranks = self.groups.get(group, ())
+        if len(ranks) < 2 or repeat < 1 or size_bytes <= 0:
+            return None
+        return self.add(
+            Collective(
+                name=name,
+                group=group,
+                ranks=ranks,
+                op=op,
+                size_bytes=size_bytes,
+                repeat=repeat,
+                deps=deps,
+                phase=phase,
+            )
+        )
+
+    def run_steps(
+        self,
+        label: str,
+        steps: tuple[Step, ...],
+        deps: tuple[int, ...] = (),
+        on_mark: Callable[[int], list[int]] | None = None,
+    ) -> list[int]:
+        """Append a pass recipe; returns the collectives the next compute must still wait for.
+
+        ``deps`` gate the pass's first compute and any collective before it. At a ``MarkStep``
+        ``on_mark(index)`` issues what is due there and returns what the next compute waits for.
+        """
+        waits, lead = list(deps), list(deps)
+        hidden: list[int] = []
+        for step in steps:
+            if isinstance(step, ComputeStep):
+                self.add(
+                    Compute(
+                        name=f"{label} {step.name}",
+                        duration_s=step.duration_s,
+                        deps=tuple(sorted(set(waits))),
+                    )
+                )
+                waits, hidden, lead = hidden, [], []
+            elif isinstance(step, CommStep):
+                issued = self.collective(
+                    f"{label} {step.name}",
+                    step.group,
+                    step.op,
+                    step.size_bytes,
+                    repeat=step.repeat,
+                    deps=self.after_compute(*lead),
+                )
+                if issued is not None:
+                    (hidden if step.overlap else waits).append(issued)
+            elif on_mark is not None:
+                waits += on_mark(step.index)
+        return sorted({*waits, *hidden})
+
+    def program(self, stage: int = 0) -> Program:
+        """The finished program."""
+        return Program(rank=self.rank, actions=tuple(self.actions), stage=stage)

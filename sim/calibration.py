@@ -1,0 +1,404 @@
+"""Network-model parameters per (op, algorithm, scope): defaults, lookup with fallback, JSON.
+
+A ``Calibration`` holds ``CommParams`` (base latency, per-step latencies, an efficiency curve
+over size) fitted from measurements by least squares (``fit_calibration``). They are PARAMETERS of the analytical and flow models, never a table of
+measured times. Scope is ``intra`` (the group sits on one node) or ``inter``. A missing
+(op, algo, scope) falls back, and says so: the same algorithm's fit for another op in the scope,
+then the scope's machine parameters (base latency, efficiency curve) with the algorithm's own
+default step latencies, then the uncalibrated defaults.
+
+    cal = load_calibration("results/localhost/calibration.json"); params, how = cal.lookup(
+        "all_gather", "ring", "intra")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from comm_bench.collectives import OPS, time_from_busbw_s
+from comm_bench.records import Record
+from sim.algorithms import choose_algorithm, layout_of
+from sim.analytical import ALGORITHMS, CommParams, CostTerms, Layout, cost_terms
+from topologies.topology import Topology
+
+SCHEMA = "commsim-calibration/1"
+"""Schema tag of calibration files."""
+
+SCOPES = ("intra", "inter")
+"""Group scopes: all ranks on one node, or spread over several."""
+
+# Uncalibrated defaults. Bandwidths come from the topology's *effective* link rates (NCCL's own
+# budget, e.g. 370.8 GB/s for NVLink4), so a large message reaches efficiency 1.0 of them. The
+# latencies are NCCL's tuning tables (reference §3.2, LL protocol): baseLat 6.6 us (ring),
+# 6.8 us (tree), 0 (NVLS); the hop latencies of the topology already hold hwLat, so the
+# per-step software latency on top is the remainder: NVLS 25 us (NVLink) / 18 us (NET) minus
+# the hops, tree NET 5.0 - 2.7 us. The efficiency ramp is half-way at 64 KiB (LL -> Simple).
+DEFAULT_PARAMS: dict[str, CommParams] = {
+    "ring": CommParams(
+        base_latency_s=6.6e-6, intra_step_latency_s=0.0, inter_step_latency_s=0.0,
+        efficiency_max=1.0, half_size_bytes=65536.0,
+    ),
+    "tree": CommParams(
+        base_latency_s=6.8e-6, intra_step_latency_s=0.0, inter_step_latency_s=2.3e-6,
+        efficiency_max=1.0, half_size_bytes=65536.0,
+    ),
+    "nvls": CommParams(
+        base_latency_s=0.0, intra_step_latency_s=24.4e-6, inter_step_latency_s=15.3e-6,
+        efficiency_max=0.85, half_size_bytes=65536.0,
+    ),
+    "hierarchical": CommParams(
+        base_latency_s=6.6e-6, intra_step_latency_s=0.0, inter_step_latency_s=0.0,
+        efficiency_max=1.0, half_size_bytes=65536.0,
+    ),
+    "direct": CommParams(
+        base_latency_s=6.6e-6, intra_step_latency_s=0.0, inter_step_latency_s=0.0,
+        efficiency_max=1.0, half_size_bytes=65536.0,
+    ),
+}  # fmt: skip
+"""Uncalibrated parameters per algorithm (same for every op and scope)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FitQuality:
+    """How well one fitted group matches the points it was fitted on."""
+
+    num_points: int
+    """Measurements used."""
+    mape: float
+    """Mean absolute percentage error of the predicted time, in percent."""
+    min_size_bytes: int
+    """Smallest size fitted."""
+    max_size_bytes: int
+    """Largest size fitted."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """Fitted network-model parameters, keyed ``op/algo/scope``, with their provenance."""
+
+    params: Mapping[str, CommParams] = field(default_factory=dict)
+    """Fitted parameters per ``op/algo/scope`` key."""
+    quality: Mapping[str, FitQuality] = field(default_factory=dict)
+    """Fit quality per key."""
+    topology: str = ""
+    """Topology the fit was made on."""
+    fitted_from: Mapping[str, Any] = field(default_factory=dict)
+    """Provenance: source paths, ops, sizes, record count."""
+
+    def lookup(self, op: str, algo: str, scope: str) -> tuple[CommParams, str]:
+        """Parameters for (op, algo, scope) and how they were found (``fitted``, ``fallback ...``)."""
+        if algo not in ALGORITHMS or scope not in SCOPES:
+            raise ValueError(f"unknown algo/scope {algo!r}/{scope!r}; valid: {ALGORITHMS}, {SCOPES}")
+        exact = self.params.get(key(op, algo, scope))
+        if exact is not None:
+            return exact, "fitted"
+        for other in OPS:
+            found = self.params.get(key(other, algo, scope))
+            if found is not None:
+                return found, f"fallback: {key(other, algo, scope)} (same algorithm, other op)"
+        same_scope = sorted(k for k in self.params if k.endswith(f"/{scope}"))
+        if same_scope:
+            ranked = sorted(same_scope, key=lambda k: -self.quality[k].num_points)
+            donor = self.params[ranked[0]]
+            # The machine's overhead is what the donor's fit adds to its algorithm's default.
+            overhead = donor.base_latency_s - DEFAULT_PARAMS[ranked[0].split("/")[1]].base_latency_s
+            default = DEFAULT_PARAMS[algo]
+            merged = replace(
+                donor,
+                base_latency_s=max(default.base_latency_s + overhead, 0.0),
+                intra_step_latency_s=default.intra_step_latency_s,
+                inter_step_latency_s=default.inter_step_latency_s,
+            )
+            return merged, f"fallback: {ranked[0]} machine overhead and efficiency + {algo} latencies"
+        return DEFAULT_PARAMS[algo], "default (uncalibrated)"
+
+    def to_json(self) -> dict[str, Any]:
+        """The versioned JSON document."""
+        return {
+            "schema": SCHEMA,
+            "topology": self.topology,
+            "fitted_from": dict(self.fitted_from),
+            "params": {
+                k: {**asdict(p), "fit": asdict(self.quality[k])} for k, p in sorted(self.params.items())
+            },
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write the JSON document to ``path``."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n")
+
+
+UNCALIBRATED = Calibration()
+"""No fitted parameters: every lookup returns the defaults."""
+
+
+def key(op: str, algo: str, scope: str) -> str:
+    """The ``op/algo/scope`` key of a calibration entry."""
+    return f"{op}/{algo}/{scope}"
+
+
+def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
+    """Parse a calibration document (ValueError naming what is wrong)."""
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"calibration schema is {doc.get('schema')!r}; expected {SCHEMA!r}")
+    params: dict[str, CommParams] = {}
+    quality: dict[str, FitQuality] = {}
+    for entry_key, entry in dict(doc.get("params", {})).items():
+        parts = entry_key.split("/")
+        if len(parts) != 3 or parts[0] not in OPS or parts[1] not in ALGORITHMS or parts[2] not in SCOPES:
+            raise ValueError(f"bad calibration key {entry_key!r}; expected op/algo/scope")
+        values = dict(entry)
+        fit = values.pop("fit", None)
+        try:
+            params[entry_key] = CommParams(**values)
+            quality[entry_key] = FitQuality(**fit) if fit else FitQuality(
+                num_points=0, mape=0.0, min_size_bytes=0, max_size_bytes=0
+            )
+        except TypeError as exc:
+            raise ValueError(f"bad calibration entry {entry_key!r}: {exc}") from None
+    return Calibration(
+        params=params,
+        quality=quality,
+        topology=str(doc.get("topology", "")),
+        fitted_from=dict(doc.get("fitted_from", {})),
+    )
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read a calibration JSON file written by ``commsim calibrate``."""
+    return calibration_from_json(json.loads(Path(path).read_text()))
+
+
+# --- fitting ------------------------------------------------------------------------------------
+
+NCCL_ALGO_NAMES = {
+    "ring": "ring",
+    "tree": "tree",
+    "nvls": "nvls",
+    "nvlstree": "hierarchical",
+    "nvls_tree": "hierarchical",
+    "hierarchical": "hierarchical",
+    "direct": "direct",
+}
+"""Algorithm names found in measurements (ours or NCCL's) to ours."""
+
+TopologyFactory = Callable[[int, int], Topology]
+"""(num_nodes, ranks_per_node) -> the topology a measurement of that shape ran on."""
+
+_MAX_ROUNDS = 8
+_SHAPES = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+_HALF_SIZES = (0.0, *(2.0 ** (k / 2) for k in range(16, 67)))  # 0, 256 B ... 8 GiB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sample:
+    """One measurement priced by the model: its cost terms and its measured time."""
+
+    record: Record
+    """The measurement."""
+    algo: str
+    """Algorithm it is attributed to."""
+    scope: str
+    """``intra`` or ``inter``."""
+    terms: CostTerms
+    """The model's cost pieces for it."""
+    time_s: float
+    """Measured seconds."""
+
+
+def record_time_s(record: Record) -> float:
+    """Measured seconds of a record (from busbw when the time column is missing)."""
+    if record.time_us and record.time_us > 0:
+        return record.time_us * 1e-6
+    return time_from_busbw_s(record.op, record.size_bytes, record.busbw_gbps, record.world_size)
+
+
+def record_ranks(record: Record, topology: Topology) -> list[int]:
+    """Global ranks of a record's group: the first ``num_nodes`` nodes, world/nodes GPUs each."""
+    per_node, extra = divmod(record.world_size, max(record.num_nodes, 1))
+    g = topology.gpus_per_node
+    if extra or per_node > g or record.num_nodes > topology.num_nodes:
+        raise ValueError(
+            f"{record.world_size} ranks on {record.num_nodes} node(s) do not fit topology "
+            f"{topology.name} ({topology.num_nodes} node(s) x {g} GPUs)"
+        )
+    return [node * g + local for node in range(record.num_nodes) for local in range(per_node)]
+
+
+def attribute_algorithm(
+    record: Record, layout: Layout, assumed: str = "auto", calibration: Calibration | None = None
+) -> str:
+    """Algorithm behind a measurement: its own ``algo``, else ``assumed``, else auto's pick.
+
+    Auto's pick uses ``calibration`` (default: uncalibrated), as NCCL picks the fastest.
+    """
+    name = record.algo or (None if assumed == "auto" else assumed)
+    if name is not None:
+        algo = NCCL_ALGO_NAMES.get(name.strip().lower())
+        if algo is None:
+            raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(NCCL_ALGO_NAMES)}")
+        return algo
+    scope = "intra" if layout.num_nodes == 1 else "inter"
+    cal = calibration or UNCALIBRATED
+    return choose_algorithm(
+        record.op, layout, record.size_bytes, lambda a: cal.lookup(record.op, a, scope)[0]
+    )
+
+
+def make_samples(
+    records: Sequence[Record],
+    topology_for: TopologyFactory,
+    assumed_algo: str = "auto",
+    calibration: Calibration | None = None,
+) -> list[Sample]:
+    """Price every record with the model (out-of-place records only when both are present)."""
+    chosen = [r for r in records if not r.in_place] or list(records)
+    samples = []
+    for record in chosen:
+        topology = topology_for(record.num_nodes, record.world_size // max(record.num_nodes, 1))
+        layout = layout_of(topology, record_ranks(record, topology))
+        algo = attribute_algorithm(record, layout, assumed_algo, calibration)
+        terms = cost_terms(record.op, algo, layout, record.size_bytes)
+        scope = "intra" if layout.num_nodes == 1 else "inter"
+        samples.append(
+            Sample(record=record, algo=algo, scope=scope, terms=terms, time_s=record_time_s(record))
+        )
+    return samples
+
+
+def fit_params(samples: Sequence[Sample]) -> tuple[CommParams, FitQuality]:
+    """Least-squares fit of one group's latencies and efficiency curve (relative error ~ log time).
+
+    For each (shape, half size) on a grid the model is linear in (base latency, 1/eff_max and,
+    when the group has several step counts, the per-step latency): solve it with numpy and
+    keep the grid point with the smallest sum of squared relative errors.
+    """
+    algo, scope = samples[0].algo, samples[0].scope
+    default = DEFAULT_PARAMS[algo]
+    sizes = np.array([s.record.size_bytes for s in samples], dtype=float)
+    times = np.array([s.time_s for s in samples])
+    bandwidth = np.array([s.terms.bandwidth_time_s for s in samples])
+    tier = "intra_steps" if scope == "intra" else "inter_steps"
+    steps = np.array([getattr(s.terms, tier) for s in samples], dtype=float)
+    fixed = np.array([s.terms.latency_s(replace(default, base_latency_s=0.0)) for s in samples])
+    free_step = len(set(steps.tolist())) >= 2
+    if free_step:
+        fixed -= steps * getattr(default, f"{scope}_step_latency_s")
+    best: tuple[float, float, float, np.ndarray] | None = None
+    for shape in _SHAPES:
+        for half in _HALF_SIZES:
+            x = bandwidth * (1.0 + (half / sizes) ** shape)
+            coef, err = _solve(times, fixed, x, steps if free_step else None)
+            if coef is not None and (best is None or err < best[0]):
+                best = (err, shape, half, coef)
+    if best is None:
+        raise ValueError(f"cannot fit {samples[0].record.op}/{algo}/{scope}: no positive bandwidth")
+    _, shape, half, coef = best
+    step_field = f"{scope}_step_latency_s"
+    params = replace(
+        default,
+        base_latency_s=float(coef[0]),
+        efficiency_max=float(1.0 / coef[1]),
+        half_size_bytes=float(half),
+        shape=float(shape),
+        **({step_field: float(coef[2])} if free_step else {}),
+    )
+    predicted = np.array([s.terms.time_s(params, s.record.size_bytes) for s in samples])
+    mape = float(np.mean(np.abs(predicted - times) / times) * 100.0)
+    quality = FitQuality(
+        num_points=len(samples), mape=mape,
+        min_size_bytes=int(sizes.min()), max_size_bytes=int(sizes.max()),
+    )  # fmt: skip
+    return params, quality
+
+
+def _solve(
+    times: np.ndarray, fixed: np.ndarray, x: np.ndarray, steps: np.ndarray | None
+) -> tuple[np.ndarray | None, float]:
+    """Nonnegative weighted least squares of ``times - fixed ~ base + c x (+ step * steps)``."""
+    columns = [np.ones_like(x), x] + ([steps] if steps is not None else [])
+    keep = list(range(len(columns)))
+    weight = 1.0 / times
+    while True:
+        a = np.stack([columns[k] for k in keep], axis=1) * weight[:, None]
+        sol, *_ = np.linalg.lstsq(a, (times - fixed) * weight, rcond=None)
+        negative = [k for k, v in zip(keep, sol, strict=True) if v < 0 and k != 1]
+        if not negative:
+            break
+        keep.remove(negative[0])
+    coef = np.zeros(len(columns))
+    coef[keep] = sol
+    if coef[1] <= 0:
+        return None, math.inf
+    residual = (fixed + np.stack(columns, axis=1) @ coef - times) * weight
+    return coef, float(residual @ residual)
+
+
+def fit_calibration(
+    records: Sequence[Record],
+    topology_for: TopologyFactory,
+    *,
+    topology_name: str,
+    sources: Sequence[str] = (),
+    assumed_algo: str = "auto",
+    min_points: int = 3,
+) -> tuple[Calibration, list[str]]:
+    """Fit every (op, algo, scope) group with >= ``min_points`` sizes; also return notes.
+
+    Records that do not name their algorithm (and no ``assumed_algo``) are attributed to the
+    model's fastest, as NCCL runs the fastest; the fit and the attribution alternate until the
+    attribution settles.
+    """
+    calibration: Calibration | None = None
+    attributed: list[str] = []
+    notes: list[str] = []
+    samples: list[Sample] = []
+    for _ in range(_MAX_ROUNDS):
+        samples = make_samples(records, topology_for, assumed_algo, calibration)
+        if [s.algo for s in samples] == attributed:
+            break
+        attributed = [s.algo for s in samples]
+        calibration, notes = _fit_groups(samples, topology_name, min_points)
+    assert calibration is not None
+    provenance = {
+        "sources": list(sources),
+        "num_records": len(samples),
+        "ops": sorted({s.record.op for s in samples}),
+        "sizes_bytes": sorted({s.record.size_bytes for s in samples}),
+        "world_sizes": sorted({s.record.world_size for s in samples}),
+        "num_nodes": sorted({s.record.num_nodes for s in samples}),
+        "assumed_algo": assumed_algo,
+        "attributed": {k: sorted({s.record.size_bytes for s in samples if _key(s) == k})
+                       for k in sorted({_key(s) for s in samples})},
+    }
+    return replace(calibration, fitted_from=provenance), notes
+
+
+def _key(sample: Sample) -> str:
+    return key(sample.record.op, sample.algo, sample.scope)
+
+
+def _fit_groups(
+    samples: Sequence[Sample], topology_name: str, min_points: int
+) -> tuple[Calibration, list[str]]:
+    """Fit each (op, algo, scope) group of ``samples`` that has enough distinct sizes."""
+    groups: dict[str, list[Sample]] = {}
+    for sample in samples:
+        groups.setdefault(_key(sample), []).append(sample)
+    params: dict[str, CommParams] = {}
+    quality: dict[str, FitQuality] = {}
+    notes = []
+    for group_key in sorted(groups):
+        members = groups[group_key]
+        if len({s.record.size_bytes for s in members}) < min_points:
+            notes.append(f"{group_key}: only {len(members)} point(s), not fitted")
+            continue
+        params[group_key], quality[group_key] = fit_params(members)
+    return Calibration(params=params, quality=quality, topology=topology_name), notes

@@ -1,0 +1,211 @@
+"""``commsim plan``: simulate one training step of a parallel plan and report it.
+
+Reads a plan YAML (model, cluster, parallel, training), replays one optimizer step on the
+cluster's topology and prints the text report (or ``--json``); optionally writes the result JSON,
+a Chrome trace for ui.perfetto.dev and a timeline plot. Every file is rendered first and written
+atomically afterwards, so a run that fails leaves no file behind, half-written or otherwise.
+
+    commsim plan examples/llama3-70b-256xh100.yaml --trace step.json --timeline step.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from sim.report import format_report
+from sim.result import PlanResult
+from sim.timeline_plot import figure_bytes, representative_ranks, timeline_figure
+from sim.trace import chrome_trace, trace_json
+
+if TYPE_CHECKING:
+    from schedules.plan import Plan
+    from topologies.topology import Topology
+
+FIDELITIES = ("analytical", "flow")
+"""Network fidelities ``simulate_plan`` accepts (see sim/comm.py)."""
+
+IMAGE_FORMATS = ("png", "svg", "pdf")
+"""File types ``--timeline`` can write, chosen by the file's suffix."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Define the ``commsim plan`` flags."""
+    parser.add_argument("plan", type=Path, metavar="PLAN.yaml", help="plan file (see docs/plan.md)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON, not text")
+    parser.add_argument("-o", "--output", type=Path, metavar="FILE.json", help="write result JSON")
+    parser.add_argument("--trace", type=Path, metavar="TRACE.json", help="write a Chrome trace")
+    parser.add_argument(
+        "--timeline", type=Path, metavar="PLOT.png", help="write a timeline plot (png, svg, pdf)"
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="network calibration JSON (commsim calibrate)",
+    )
+    parser.add_argument(
+        "--compute-calibration", type=Path, metavar="FILE", help="compute calibration JSON"
+    )
+    parser.add_argument(
+        "--fidelity",
+        choices=FIDELITIES,
+        default="analytical",
+        help="network model (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-fold",
+        action="store_true",
+        help="simulate every rank instead of one per symmetric set",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate the plan, print the report or JSON, write the requested files; returns 0."""
+    outputs = {"--output": args.output, "--trace": args.trace, "--timeline": args.timeline}
+    check_output_paths(outputs)
+    plan = load_plan_file(args.plan)
+    result, plan, topology = simulate(plan, args)
+    files = render_files(result, plan, outputs)
+    for path, data in files.items():
+        write_atomic(path, data)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, allow_nan=False))
+    else:
+        print(format_report(result, plan, gpu=topology.gpu_spec(0), fidelity=args.fidelity), end="")
+    return 0
+
+
+def check_output_paths(outputs: dict[str, Path | None]) -> None:
+    """Fail before simulating if an output file could not be written where asked."""
+    chosen = {flag: path for flag, path in outputs.items() if path is not None}
+    if len({path.resolve() for path in chosen.values()}) < len(chosen):
+        raise ValueError(f"output files must differ: {', '.join(map(str, chosen.values()))}")
+    for flag, path in chosen.items():
+        if path.is_dir():
+            raise ValueError(f"{flag} {path}: is a directory, expected a file name")
+        if not path.resolve().parent.is_dir():
+            raise ValueError(f"{flag} {path}: directory {path.parent} does not exist")
+    timeline = outputs.get("--timeline")
+    if timeline is not None and timeline.suffix.lstrip(".").lower() not in IMAGE_FORMATS:
+        raise ValueError(
+            f"--timeline {timeline}: unknown image type {timeline.suffix or '(none)'!r}, "
+            f"expected one of {', '.join('.' + f for f in IMAGE_FORMATS)}"
+        )
+
+
+def load_plan_file(path: Path) -> Plan:
+    """``schedules.plan.load_plan`` on a file, with YAML syntax errors turned into one line."""
+    from schedules.plan import load_plan
+
+    if not path.is_file():
+        raise FileNotFoundError(f"plan file not found: {path}")
+    try:
+        return load_plan(path)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: malformed YAML: {yaml_error_line(exc)}") from exc
+
+
+def yaml_error_line(exc: yaml.YAMLError) -> str:
+    """One line naming the problem and where it is (line and column, 1-based)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
+def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, Topology]:
+    """Resolve the plan on its cluster and replay one step with the requested calibrations."""
+    from schedules.plan import resolve_plan
+    from sim.plan_sim import plan_topology, simulate_plan
+
+    topology = plan_topology(plan)
+    plan = resolve_plan(plan, topology.num_gpus)
+    result = simulate_plan(
+        plan,
+        topology=topology,
+        comm_calibration=_comm_calibration(args.calibration),
+        compute_calibration=_compute_calibration(args.compute_calibration),
+        fidelity=args.fidelity,
+        fold=not args.no_fold,
+    )
+    return result, plan, topology
+
+
+def _comm_calibration(path: Path | None) -> Any:
+    if path is None:
+        return None
+    from sim.calibration import load_calibration
+
+    return load_calibration(path)
+
+
+def _compute_calibration(path: Path | None) -> Any:
+    if path is None:
+        return None
+    from sim.compute_calibration import load_compute_calibration
+
+    return load_compute_calibration(path)
+
+
+def render_files(
+    result: PlanResult, plan: Plan, outputs: dict[str, Path | None]
+) -> dict[Path, bytes]:
+    """The bytes of every requested output file, rendered before any is written."""
+    files: dict[Path, bytes] = {}
+    if outputs.get("--output") is not None:
+        text = json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
+        files[outputs["--output"]] = text.encode()  # type: ignore[index]
+    titles = rank_titles(result, plan)
+    if outputs.get("--trace") is not None:
+        trace = chrome_trace(result.spans, rank_titles=titles)
+        files[outputs["--trace"]] = trace_json(trace).encode()  # type: ignore[index]
+    timeline = outputs.get("--timeline")
+    if timeline is not None:
+        ranks = representative_ranks(result.spans, lambda r: pipeline_stage(r, plan))
+        fig = timeline_figure(
+            result.spans, ranks=ranks, rank_titles=titles, title=plot_title(result, plan)
+        )
+        files[timeline] = figure_bytes(fig, timeline.suffix.lstrip(".").lower())
+    return files
+
+
+def pipeline_stage(rank: int, plan: Plan) -> int:
+    """Pipeline stage of a global rank (Megatron order: tp fastest, then cp, dp, pp slowest)."""
+    par = plan.parallel
+    return rank // (par.tp * par.cp * par.dp)
+
+
+def rank_titles(result: PlanResult, plan: Plan) -> dict[int, str]:
+    """``"rank N (pp stage s)"`` for every simulated rank."""
+    ranks = sorted({span.rank for span in result.spans})
+    return {r: f"rank {r} (pp stage {pipeline_stage(r, plan)})" for r in ranks}
+
+
+def plot_title(result: PlanResult, plan: Plan) -> str:
+    """The timeline's title: model, parallel degrees, schedule and step time."""
+    par = plan.parallel
+    return (
+        f"{plan.model.name} on {result.num_gpus} GPUs: tp{par.tp} pp{par.pp} cp{par.cp} "
+        f"dp{par.dp} ({par.data_parallel}), {par.schedule}, step {result.step_time_s * 1e3:.1f} ms"
+    )
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
+    fd, tmp_name = tempfile.mkstemp(
+        dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,179 @@
+"""Compute time of transformer kernels on one GPU: a roofline with shape-dependent efficiency.
+
+Each kernel takes ``max(flops / rate(shape), bytes / memory_bandwidth)`` (plus a fitted per-kernel
+latency when calibrated), where ``rate = peak[dtype] * eff_max * prod(d / (d + dim_half))`` over
+the kernel's dimensions: small m, n, k (or sequence lengths) fill the GPU less. Defaults, used
+without a calibration (``commbench --compute`` measures the real curve):
+
+- GEMM ``eff_max`` 0.82 on Hopper and 0.86 on Ampere with dim_half 128, i.e. ~78% / ~82% of the
+  dense peak on 8192^3 bf16 GEMMs (published cuBLAS and Megatron-LM figures: large bf16 GEMMs
+  reach ~75-80% of dense peak on H100, ~80-85% on A100); FP8 GEMMs 0.70 of the FP8 peak.
+- attention (fused, FlashAttention-style) forward 0.60 of peak and backward 0.50 with
+  dim_half 256 on the query and key lengths (FlashAttention-2, Dao 2023: 50-73% of peak forward
+  on A100; FlashAttention-3, Shah et al. 2024: ~75% on H100; cuDNN's fused attention in
+  between). The backward kernel does 2.5x the forward FLOPs (it recomputes QK^T).
+- memory-bound kernels (norms, residual adds, activations, rotary, softmax) at 0.80 of the HBM
+  bandwidth (STREAM-like kernels reach ~80-90%).
+
+FP8 plans use the FP8 peak for the weight GEMMs only; attention and elementwise stay bf16.
+
+    times = ComputeModel(GPUS["h100-sxm"]).layer_times(plan)
+"""
+
+from __future__ import annotations
+
+from schedules.activations import ACTIVATION_BYTES
+from schedules.plan import Plan
+from sim.compute_calibration import (
+    COMPUTE_SCHEMA,
+    EFFICIENCY_KEYS,
+    KERNEL_KINDS,
+    ComputeCalibration,
+    KernelFit,
+    fit_kernel,
+    load_compute_calibration,
+    save_compute_calibration,
+)
+from sim.compute_layer import LayerTimes, embedding_times, head_times, layer_times
+from topologies.hardware import GPUSpec
+
+__all__ = [
+    "COMPUTE_SCHEMA",
+    "EFFICIENCY_KEYS",
+    "KERNEL_KINDS",
+    "ComputeCalibration",
+    "ComputeModel",
+    "KernelFit",
+    "LayerTimes",
+    "default_efficiency",
+    "fit_kernel",
+    "load_compute_calibration",
+    "save_compute_calibration",
+]
+
+_DEFAULT_EFFICIENCY = {
+    # GPU family: (gemm 16-bit, gemm fp8, attention forward, attention backward, memory)
+    "hopper": (0.82, 0.70, 0.60, 0.50, 0.80),
+    "ampere": (0.86, 0.70, 0.65, 0.50, 0.80),
+    "other": (0.80, 0.70, 0.55, 0.45, 0.80),
+}
+GEMM_DIM_HALF = 128.0
+"""Default GEMM saturation dimension (a 128-wide tile dimension reaches half the rate)."""
+ATTENTION_DIM_HALF = 256.0
+"""Default attention saturation length for the query and key sequence lengths."""
+ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+"""Fused attention backward FLOPs / forward FLOPs (5 matmuls instead of 2, FlashAttention)."""
+ADAM_BYTES_PER_PARAM = 26.0
+"""Fused Adam traffic per parameter besides the gradient: read and write fp32 master, m, v
+(24 bytes) and write the bf16 copy (2 bytes)."""
+
+
+def _family(gpu: GPUSpec) -> str:
+    name = gpu.name.lower()
+    if name.startswith(("h100", "h200", "h800", "gh200")):
+        return "hopper"
+    if name.startswith(("a100", "a800")):
+        return "ampere"
+    return "other"
+
+
+def default_efficiency(gpu: GPUSpec, kind: str, dtype: str) -> float:
+    """Default fraction of the dense peak (or of HBM bandwidth for ``memory``) for ``kind``."""
+    gemm16, gemm8, attention_fwd, attention_bwd, memory = _DEFAULT_EFFICIENCY[_family(gpu)]
+    table = {
+        "gemm": gemm8 if dtype == "fp8" else gemm16,
+        "attention_forward": attention_fwd,
+        "attention_backward": attention_bwd,
+        "memory": memory,
+    }
+    return table[kind]
+
+
+class ComputeModel:
+    """Kernel times on one GPU from its spec, default efficiencies and an optional calibration."""
+
+    def __init__(self, gpu: GPUSpec, calibration: ComputeCalibration | None = None) -> None:
+        self.gpu = gpu
+        self.calibration = calibration or ComputeCalibration()
+
+    def _peak(self, dtype: str) -> float:
+        peaks = self.gpu.peak_flops_per_s
+        if dtype not in peaks:
+            raise ValueError(
+                f"GPU {self.gpu.name} has no {dtype} peak (it has {', '.join(sorted(peaks))})"
+            )
+        return peaks[dtype]
+
+    def kernel_fit(self, kind: str, dtype: str) -> KernelFit:
+        """The curve used for ``kind`` in ``dtype``: calibrated, or the spec's peak x efficiency."""
+        fitted = self.calibration.kernel(kind, dtype)
+        if fitted is not None:
+            return fitted
+        efficiency = self.calibration.efficiency.get(kind)
+        if efficiency is None:
+            efficiency = default_efficiency(self.gpu, kind, dtype)
+        dim_half = GEMM_DIM_HALF if kind == "gemm" else ATTENTION_DIM_HALF
+        return KernelFit(max_flops_per_s=self._peak(dtype) * efficiency, dim_half=dim_half)
+
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        """Achievable memory bandwidth: measured, or the spec's HBM bandwidth x efficiency."""
+        measured = self.calibration.memory_bandwidth_bytes_per_s
+        if measured is not None:
+            return measured
+        efficiency = self.calibration.efficiency.get("memory")
+        if efficiency is None:
+            efficiency = default_efficiency(self.gpu, "memory", "bf16")
+        return self.gpu.hbm_bandwidth_bytes_per_s * efficiency
+
+    def memory_time_s(self, num_bytes: float) -> float:
+        """A memory-bound kernel moving ``num_bytes`` (read + written)."""
+        return num_bytes / self.memory_bandwidth_bytes_per_s()
+
+    def gemm_time_s(self, m: float, n: float, k: float, dtype: str = "bf16") -> float:
+        """(m x k) @ (k x n): max(2mnk / rate(m, n, k), operand bytes / bandwidth)."""
+        fit = self.kernel_fit("gemm", dtype)
+        element_bytes = 1 if dtype == "fp8" else (4 if dtype in ("fp32", "tf32") else 2)
+        operand_bytes = element_bytes * (m * k + k * n) + 2 * m * n
+        compute_s = fit.time_s(2.0 * m * n * k, (m, n, k))
+        return max(compute_s, fit.latency_s + self.memory_time_s(operand_bytes))
+
+    def attention_time_s(
+        self,
+        *,
+        batch: float,
+        num_heads: float,
+        seq_q: float,
+        seq_kv: float,
+        head_dim: float,
+        causal: bool = True,
+        dtype: str = "bf16",
+        backward: bool = False,
+    ) -> float:
+        """Fused attention (scores, softmax, AV) forward, or its backward with ``backward``."""
+        flops = 4.0 * batch * num_heads * seq_q * seq_kv * head_dim * (0.5 if causal else 1.0)
+        kind = "attention_backward" if backward else "attention_forward"
+        if backward:
+            flops *= ATTENTION_BACKWARD_FLOPS_RATIO
+        fit = self.kernel_fit(kind, dtype)
+        io_bytes = ACTIVATION_BYTES * batch * num_heads * head_dim * (2 * seq_q + 2 * seq_kv)
+        io_bytes *= 2 if backward else 1
+        compute_s = fit.time_s(flops, (seq_q, seq_kv))
+        return max(compute_s, fit.latency_s + self.memory_time_s(io_bytes))
+
+    def layer_times(self, plan: Plan) -> LayerTimes:
+        """One transformer layer on one GPU for one micro-batch, sharded as the plan says."""
+        return layer_times(self, plan)
+
+    def embedding_times(self, plan: Plan) -> LayerTimes:
+        """Input embedding of the first stage (memory-bound lookup, scatter-add backward)."""
+        return embedding_times(self, plan)
+
+    def head_times(self, plan: Plan) -> LayerTimes:
+        """Final norm, LM head GEMM and vocab-parallel cross-entropy of the last stage."""
+        return head_times(self, plan)
+
+    def optimizer_step_s(self, num_params: float, *, grad_bytes_per_param: float = 2.0) -> float:
+        """Fused Adam over ``num_params`` local parameters: memory-bound, 26 + grad bytes each."""
+        if num_params < 0:
+            raise ValueError(f"num_params must be >= 0, got {num_params}")
+        return self.memory_time_s(num_params * (ADAM_BYTES_PER_PARAM + grad_bytes_per_param))

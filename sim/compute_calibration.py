@@ -1,0 +1,194 @@
+"""The compute calibration: fitted kernel throughput curves per dtype, as versioned JSON.
+
+A kernel family (GEMM, attention forward, attention backward) runs at
+``rate(dims) = max_flops_per_s * prod(d / (d + dim_half) for d in dims)`` plus a fixed
+``latency_s`` per kernel: small dimensions saturate the GPU less, large ones approach the
+asymptote. ``fit_kernel`` fits the three numbers to measured (dims, FLOPs, seconds) samples
+(``commbench --compute`` writes them); ``efficiency`` overrides the default fraction of the
+spec's dense peak when only a scale is known (e.g. fitted on published step times).
+
+    calibration = load_compute_calibration("compute.json")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COMPUTE_SCHEMA = "commsim-compute/1"
+"""Version tag of the compute calibration JSON."""
+KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward")
+"""Kernel families with a fitted curve."""
+EFFICIENCY_KEYS = (*KERNEL_KINDS, "memory")
+"""Keys of ``ComputeCalibration.efficiency``."""
+_DIM_HALF_GRID = np.geomspace(1.0, 16384.0, 241)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelFit:
+    """Throughput curve of one kernel family in one dtype."""
+
+    max_flops_per_s: float
+    """Asymptotic FLOP/s for large dimensions."""
+    dim_half: float
+    """Dimension at which one dimension's saturation factor d / (d + dim_half) is 1/2."""
+    latency_s: float = 0.0
+    """Fixed time per kernel (launch and tail)."""
+
+    def __post_init__(self) -> None:
+        if not self.max_flops_per_s > 0 or self.dim_half < 0 or self.latency_s < 0:
+            raise ValueError(
+                f"kernel fit needs max_flops_per_s > 0, dim_half >= 0, latency_s >= 0; got "
+                f"{self.max_flops_per_s}, {self.dim_half}, {self.latency_s}"
+            )
+
+    def saturation(self, dims: Sequence[float]) -> float:
+        """prod(d / (d + dim_half)): the fraction of ``max_flops_per_s`` reached at these dims."""
+        return math.prod(d / (d + self.dim_half) for d in dims)
+
+    def time_s(self, flops: float, dims: Sequence[float]) -> float:
+        """Seconds for a kernel of ``flops`` FLOPs with these dimensions."""
+        return self.latency_s + flops / (self.max_flops_per_s * self.saturation(dims))
+
+    def to_json(self) -> dict[str, float]:
+        """JSON object of this fit."""
+        return {
+            "max_flops_per_s": self.max_flops_per_s,
+            "dim_half": self.dim_half,
+            "latency_s": self.latency_s,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeCalibration:
+    """Fitted compute parameters for one device (``"schema": "commsim-compute/1"``)."""
+
+    device: str = ""
+    """Name of the measured device (e.g. torch.cuda.get_device_name), informational."""
+    gpu: str = ""
+    """Catalogue GPU key it applies to ('' for whatever GPU the plan uses)."""
+    kernels: Mapping[str, Mapping[str, KernelFit]] = field(default_factory=dict, hash=False)
+    """dtype -> kernel kind (``KERNEL_KINDS``) -> fitted curve."""
+    efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """Overrides of the default fraction of peak per kind (``EFFICIENCY_KEYS``), all dtypes."""
+    memory_bandwidth_bytes_per_s: float | None = None
+    """Measured achievable memory bandwidth; None keeps spec x memory efficiency."""
+    measurements: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    """The raw samples the fits came from (kind, dtype, dims, flops, time_s)."""
+
+    def __post_init__(self) -> None:
+        for dtype, kinds in self.kernels.items():
+            unknown = set(kinds) - set(KERNEL_KINDS)
+            if unknown:
+                raise ValueError(
+                    f"compute calibration: unknown kernel kind {sorted(unknown)[0]!r} for "
+                    f"{dtype}; valid: {', '.join(KERNEL_KINDS)}"
+                )
+        for key, value in self.efficiency.items():
+            if key not in EFFICIENCY_KEYS or not 0 < value <= 1.5:
+                raise ValueError(
+                    f"compute calibration: efficiency {key}={value} invalid; keys "
+                    f"{', '.join(EFFICIENCY_KEYS)} with values in (0, 1.5]"
+                )
+
+    def kernel(self, kind: str, dtype: str) -> KernelFit | None:
+        """The fitted curve for ``kind`` in ``dtype``, or None."""
+        return self.kernels.get(dtype, {}).get(kind)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (schema ``commsim-compute/1``)."""
+        return {
+            "schema": COMPUTE_SCHEMA,
+            "device": self.device,
+            "gpu": self.gpu,
+            "kernels": {
+                dtype: {kind: fit.to_json() for kind, fit in kinds.items()}
+                for dtype, kinds in self.kernels.items()
+            },
+            "efficiency": dict(self.efficiency),
+            "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
+            "measurements": [dict(m) for m in self.measurements],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ComputeCalibration:
+        """Parse the JSON object; a wrong schema or unknown key is a ValueError."""
+        if data.get("schema") != COMPUTE_SCHEMA:
+            raise ValueError(
+                f"compute calibration schema {data.get('schema')!r} is not {COMPUTE_SCHEMA!r}"
+            )
+        allowed = {"schema", *cls.__dataclass_fields__}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ValueError(f"compute calibration: unknown key {unknown[0]!r}")
+        kernels = {
+            dtype: {kind: KernelFit(**fit) for kind, fit in kinds.items()}
+            for dtype, kinds in data.get("kernels", {}).items()
+        }
+        bandwidth = data.get("memory_bandwidth_bytes_per_s")
+        return cls(
+            device=str(data.get("device", "")),
+            gpu=str(data.get("gpu", "")),
+            kernels=kernels,
+            efficiency={k: float(v) for k, v in data.get("efficiency", {}).items()},
+            memory_bandwidth_bytes_per_s=None if bandwidth is None else float(bandwidth),
+            measurements=tuple(data.get("measurements", ())),
+        )
+
+
+def load_compute_calibration(path: str | Path) -> ComputeCalibration:
+    """Read a compute calibration JSON file."""
+    with Path(path).open() as handle:
+        try:
+            data = json.load(handle)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: a compute calibration must be a JSON object")
+    return ComputeCalibration.from_json(data)
+
+
+def save_compute_calibration(calibration: ComputeCalibration, path: str | Path) -> None:
+    """Write a compute calibration JSON file (sorted keys, so identical inputs give equal files)."""
+    text = json.dumps(calibration.to_json(), indent=2, sort_keys=True)
+    Path(path).write_text(text + "\n")
+
+
+def _fit_at(dims: np.ndarray, flops: np.ndarray, times: np.ndarray, dim_half: float) -> tuple:
+    """Least-squares (relative error) latency and 1/rate for one dim_half; returns (cost, fit)."""
+    saturation = np.prod(dims / (dims + dim_half), axis=1)
+    work = flops / saturation / times  # coefficient of 1/rate, relative to the measured time
+    ones = 1.0 / times  # coefficient of the latency
+    solution, *_ = np.linalg.lstsq(np.stack([ones, work], axis=1), np.ones_like(times), rcond=None)
+    latency, inverse_rate = float(solution[0]), float(solution[1])
+    if latency < 0 or inverse_rate <= 0:
+        latency, inverse_rate = 0.0, float(work.sum() / (work @ work))
+    cost = float(np.sum((latency * ones + inverse_rate * work - 1.0) ** 2))
+    return cost, KernelFit(
+        max_flops_per_s=1.0 / inverse_rate, dim_half=float(dim_half), latency_s=latency
+    )
+
+
+def fit_kernel(samples: Sequence[tuple[Sequence[float], float, float]]) -> KernelFit:
+    """Fit a ``KernelFit`` to (dims, flops, seconds) samples, minimising relative time error.
+
+    For each dim_half on a fixed log grid (1 to 16384) the latency and 1/max rate solve a linear
+    least-squares problem in closed form; the dim_half with the least error wins. Deterministic.
+    """
+    if not samples:
+        raise ValueError("fit_kernel needs at least one sample")
+    dims = np.array([list(d) for d, _, _ in samples], dtype=float)
+    flops = np.array([f for _, f, _ in samples], dtype=float)
+    times = np.array([t for _, _, t in samples], dtype=float)
+    if np.any(times <= 0) or np.any(flops <= 0) or np.any(dims <= 0):
+        raise ValueError("fit_kernel needs positive dims, FLOPs and times")
+    if len(samples) < 3:  # too few points for a curve: a plain rate
+        return _fit_at(dims, flops, times, 0.0)[1]
+    fits = [_fit_at(dims, flops, times, dim_half) for dim_half in _DIM_HALF_GRID]
+    return min(fits, key=lambda cost_fit: cost_fit[0])[1]

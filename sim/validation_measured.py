@@ -1,0 +1,166 @@
+"""Measured step times of published runs, recovered with each source's own FLOP formula.
+
+Sources report a step time, tokens/s, TFLOP/s per GPU or MFU, and each counts FLOPs its own way
+(with or without recomputation, causal or not). To compare step times without mixing
+definitions, a reported throughput is turned back into seconds per step with the formula the
+source itself used: t = F_source / (reported FLOP/s per GPU * num_gpus).
+
+    measured_step_time(case).step_time_s  # e.g. 3.528 s for Narayanan et al. Table 1, 1.7B
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from schedules.flops import narayanan_flops_per_iteration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """A published run's step time, and how it was obtained from what the source reported."""
+
+    step_time_s: float
+    """Seconds per optimizer step (the whole global batch)."""
+    how: str
+    """The reported figure it comes from and, if converted, the source's own formula."""
+
+
+# --- the sources' own FLOP formulas (Narayanan eq. (3) lives in schedules.flops) ---
+
+
+def korthikanti_model_flops_per_step(
+    *, global_batch_size: int, seq_len: int, num_layers: int, hidden_size: int, vocab_size: int
+) -> float:
+    """Korthikanti et al. 2022 eq. (7): model FLOPs of one step (no recomputation counted).
+
+    F = 72 B L s h^2 (1 + s/(6h) + v/(12 h L)).
+    """
+    b, s, layers, h, v = global_batch_size, seq_len, num_layers, hidden_size, vocab_size
+    return 72.0 * b * layers * s * h**2 * (1.0 + s / (6.0 * h) + v / (12.0 * h * layers))
+
+
+def megatron_core_flops_per_step(
+    *,
+    global_batch_size: int,
+    seq_len: int,
+    num_layers: int,
+    hidden_size: int,
+    vocab_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    ffn_hidden_size: int,
+    gated_mlp: bool,
+) -> float:
+    """Megatron-Core ``num_floating_point_operations`` (model FLOPs, non-causal attention).
+
+    12 B s l h^2 [(1 + g/a + s/h) + (ffn/h)(1.5 if gated) + V/(2 l h)], with the query projection
+    equal to the hidden size (as for every case here).
+    """
+    b, s, layers, h, v = global_batch_size, seq_len, num_layers, hidden_size, vocab_size
+    attention = 1.0 + num_kv_heads / num_heads + s / h
+    mlp = (ffn_hidden_size / h) * (1.5 if gated_mlp else 1.0)
+    return 12.0 * b * s * layers * h**2 * (attention + mlp + v / (2.0 * layers * h))
+
+
+# --- reading numbers out of loosely typed fields ---
+
+
+def as_number(value: Any) -> float | None:
+    """A finite number, or None for text such as "not stated" / "= #GPUs" / "2M tokens"."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def as_integer(value: Any) -> int | None:
+    """A whole number, or None (see ``as_number``)."""
+    number = as_number(value)
+    return int(number) if number is not None and number == int(number) else None
+
+
+# --- measured step time ---
+
+
+def _shape(case: dict[str, Any]) -> dict[str, int] | None:
+    model, parallel = case.get("model", {}), case.get("parallel", {})
+    values = {
+        "global_batch_size": as_integer(parallel.get("global_batch_size")),
+        "seq_len": as_integer(model.get("seq_len")),
+        "num_layers": as_integer(model.get("num_layers")),
+        "hidden_size": as_integer(model.get("hidden_size")),
+        "vocab_size": as_integer(model.get("vocab_size")),
+    }
+    return None if None in values.values() else values  # type: ignore[return-value]
+
+
+def _flops_from_definition(case: dict[str, Any]) -> tuple[float, str] | None:
+    """FLOPs per step with the source's own formula, chosen from its ``flops_definition`` text."""
+    shape = _shape(case)
+    definition = str(case.get("flops_definition") or "")
+    if shape is None:
+        return None
+    if "Narayanan eq.(3)" in definition:
+        flops = narayanan_flops_per_iteration(
+            shape["global_batch_size"],
+            shape["seq_len"],
+            shape["num_layers"],
+            shape["hidden_size"],
+            shape["vocab_size"],
+        )
+        return flops, "Narayanan eq.(3)"
+    if "eq.(7)" in definition:
+        return korthikanti_model_flops_per_step(**shape), "Korthikanti eq.(7)"
+    if "Megatron-Core num_floating_point_operations" in definition:
+        model = case["model"]
+        flops = megatron_core_flops_per_step(
+            **shape,
+            num_heads=int(model["num_heads"]),
+            num_kv_heads=int(model.get("num_kv_heads") or model["num_heads"]),
+            ffn_hidden_size=int(model["ffn_hidden_size"]),
+            gated_mlp="swiglu" in str(model.get("arch") or "").lower(),
+        )
+        return flops, "Megatron-Core num_floating_point_operations"
+    return None
+
+
+def _peak_flops_per_s(case: dict[str, Any]) -> float | None:
+    hardware = case.get("hardware", {})
+    for key in ("peak_tflops_16bit", "peak_tflops_bf16_dense"):
+        peak = as_number(hardware.get(key))
+        if peak:
+            return peak * 1e12
+    return None
+
+
+def measured_step_time(case: dict[str, Any]) -> Measurement | None:
+    """The measured step time: reported, or converted from tokens/s, TFLOP/s or MFU.
+
+    Conversions use the quantity the source reported with the source's own FLOP formula, so the
+    FLOP definition cancels out: t = F_source / (reported FLOP/s per GPU * num_gpus).
+    """
+    measured, hardware = case.get("measured", {}), case.get("hardware", {})
+    num_gpus = as_integer(hardware.get("num_gpus"))
+    reported = as_number(measured.get("iteration_time_s"))
+    if reported:
+        return Measurement(step_time_s=reported, how="reported iteration time")
+    if not num_gpus:
+        return None
+    shape = _shape(case)
+    tokens = as_number(measured.get("tokens_per_s_per_gpu"))
+    if tokens and shape:
+        step = shape["global_batch_size"] * shape["seq_len"] / (tokens * num_gpus)
+        return Measurement(step_time_s=step, how="global batch tokens / reported tokens/s")
+    flops = _flops_from_definition(case)
+    if flops is None:
+        return None
+    flops_per_step, formula = flops
+    tflops = as_number(measured.get("tflops_per_gpu"))
+    if tflops:
+        step = flops_per_step / (tflops * 1e12 * num_gpus)
+        return Measurement(step_time_s=step, how=f"reported TFLOP/s/GPU with {formula}")
+    mfu, peak = as_number(measured.get("mfu")), _peak_flops_per_s(case)
+    if mfu and peak:
+        step = flops_per_step / (mfu * peak * num_gpus)
+        return Measurement(step_time_s=step, how=f"reported MFU with {formula}")
+    return None

@@ -1,0 +1,93 @@
+"""``commbench --compute`` on CPU: it measures, fits and writes a calibration sim can read."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from comm_bench import compute
+from sim.compute import ComputeModel, load_compute_calibration
+from topologies.hardware import GPUS
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--device", "cpu", "--sizes", "32,64", "--shapes", "64x32x16", "--iters", "2"]
+TINY += ["--warmup", "0", "--seq-lens", "32,64", "--heads", "2", "--head-dim", "16"]
+
+
+def test_compute_benchmark_writes_a_valid_calibration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "compute.json"
+    assert compute.main([*TINY, "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert "# fit gemm fp32" in printed and f"# wrote {output}" in printed
+    calibration = load_compute_calibration(output)
+    assert calibration.gpu == "cpu"
+    assert set(calibration.kernels["fp32"]) == {"gemm", "attention_forward", "attention_backward"}
+    assert len(calibration.measurements) == 3 + 2 * 2
+    assert calibration.memory_bandwidth_bytes_per_s and calibration.memory_bandwidth_bytes_per_s > 0
+    for sample in calibration.measurements:
+        assert sample["time_s"] > 0 and sample["flops"] > 0
+    gemm = calibration.kernels["fp32"]["gemm"]
+    model = ComputeModel(GPUS["cpu"], calibration)
+    assert model.gemm_time_s(64, 64, 64, "fp32") >= gemm.time_s(2 * 64**3, (64, 64, 64))
+
+
+def test_gemm_only_run_without_output(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--device", "cpu", "--sizes", "16", "--shapes", "16x16x32", "--no-attention"]
+    assert compute.main([*args, "--iters", "1", "--warmup", "0"]) == 0
+    assert "attention" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sizes", "abc"], "--sizes: expected comma-separated integers"),
+        (["--shapes", "1x2"], "--shapes: '1x2' is not MxNxK"),
+        (["--dtype", "int8"], "--dtype 'int8' is not one of"),
+        (["--iters", "0"], "--iters must be > 0"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--dtype", "fp8"], "--dtype fp8 needs a CUDA GPU"),
+    ],
+)
+def test_bad_flags_print_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert compute.main(["--device", "cpu", "--no-attention", "--sizes", "8", *argv]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a host without CUDA")
+def test_cuda_without_gpu_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert compute.main(["--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_commbench_cli_and_module_entry_points(tmp_path: Path) -> None:
+    from comm_bench import cli
+
+    output = tmp_path / "via_cli.json"
+    assert cli.main(["--compute", *TINY, "--no-attention", "-o", str(output)]) == 0
+    assert load_compute_calibration(output).kernels["fp32"]["gemm"].max_flops_per_s > 0
+    result = subprocess.run(
+        [sys.executable, "-m", "comm_bench.compute", "--sizes", "abc"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "expected comma-separated integers" in result.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_bf16_curve(tmp_path: Path) -> None:
+    output = tmp_path / "gpu.json"
+    argv = ["--device", "cuda", "--sizes", "1024,4096", "--shapes", "4096x4096x1024"]
+    assert compute.main([*argv, "--seq-lens", "1024,2048", "--output", str(output)]) == 0
+    fit = load_compute_calibration(output).kernels["bf16"]["gemm"]
+    assert fit.max_flops_per_s > 1e13

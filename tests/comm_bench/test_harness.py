@@ -1,0 +1,83 @@
+"""Real gloo runs of every op through the spawner: results, #wrong, skips, corrupted data."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from comm_bench.collectives import OPS, get
+from comm_bench.readers import read_results
+from comm_bench.records import FIELD_NAMES, SCHEMA
+
+SMALL = ["-b", "64", "-e", "4K", "-f", "8", "-n", "3", "-w", "1"]
+
+
+@pytest.mark.parametrize(
+    ("world", "dtype", "redop"),
+    [(2, "float32", "sum"), (3, "bfloat16", "prod"), (4, "half", "avg"), (3, "int8", "max")],
+)
+def test_every_op_is_exact_on_real_gloo_worlds(commbench, world, dtype, redop):
+    run = commbench(["--ops", "all", "--nprocs", str(world), "-d", dtype, "-o", redop, *SMALL])
+    assert run.returncode == 0, run.stderr
+    records = read_results(run.output)
+    assert {r.op for r in records} == set(OPS)
+    assert {r.world_size for r in records} == {world}
+    for r in records:
+        undefined = r.in_place and r.op in ("all_to_all", "send_recv")
+        assert r.num_wrong == (None if undefined else 0), r
+        assert r.redop == (redop if get(r.op).reduces else "none")
+    assert run.stdout.count("# Out of bounds values : 0 OK") == len(OPS)
+
+
+def test_results_json_and_csv_follow_the_schema(commbench):
+    run = commbench(["--ops", "all_gather,reduce_scatter", "--nprocs", "2", *SMALL])
+    assert run.returncode == 0, run.stderr
+    document = run.document()
+    assert document["schema"] == SCHEMA
+    assert document["env"]["world_size"] == 2 and document["env"]["backend"] == "gloo"
+    assert document["config"]["ops"] == ["all_gather", "reduce_scatter"]
+    rows = document["results"]
+    # sizes 64, 512, 4096 for two ops, each out-of-place and in-place
+    assert len(rows) == 12 and all(tuple(row) == FIELD_NAMES for row in rows)
+    first = rows[0]
+    assert (first["op"], first["size_bytes"], first["count"], first["in_place"]) == (
+        "all_gather", 64, 8, False)
+    assert first["busbw_gbps"] == pytest.approx(first["algbw_gbps"] * 0.5)
+    assert first["algbw_gbps"] == pytest.approx(64 / (first["time_us"] * 1e3))
+    assert first["time_min_us"] <= first["time_median_us"] <= first["time_p99_us"]
+    with open(run.output.with_suffix(".csv")) as handle:
+        table = list(csv.DictReader(handle))
+    assert tuple(table[0]) == FIELD_NAMES and len(table) == 12
+    assert read_results(run.output.with_suffix(".csv")) == read_results(run.output)
+
+
+def test_stdout_table_reads_back_as_the_same_numbers(commbench, tmp_path):
+    run = commbench(["--ops", "broadcast", "--nprocs", "2", "-r", "1", *SMALL])
+    assert run.returncode == 0, run.stderr
+    log = tmp_path / "stdout.txt"
+    log.write_text(run.stdout)
+    from_log, from_json = read_results(log), read_results(run.output)
+    assert [(r.size_bytes, r.root, r.in_place) for r in from_log] == [
+        (r.size_bytes, r.root, r.in_place) for r in from_json]
+    assert [round(r.busbw_gbps, 2) for r in from_json] == [r.busbw_gbps for r in from_log]
+    assert {r.root for r in from_json} == {1}
+
+
+def test_an_op_the_backend_cannot_run_is_skipped_with_a_note(commbench):
+    run = commbench(["--ops", "all_reduce,broadcast", "--nprocs", "2", "-d", "int32", "-o", "avg",
+                     *SMALL])
+    assert run.returncode == 0, run.stderr
+    assert "# all_reduce: skipped, backend gloo cannot run it" in run.stdout
+    assert {r.op for r in read_results(run.output)} == {"broadcast"}
+
+
+def test_corrupted_results_are_counted_and_fail_the_run(commbench):
+    run = commbench(["--ops", "all_reduce,send_recv", "--nprocs", "2", *SMALL],
+                    env={"COMMBENCH_CORRUPT_RANK": "1"})
+    assert run.returncode == 1
+    assert "FAILED" in run.stdout
+    records = read_results(run.output)
+    # rank 1 alters one element of each result it checks: one wrong element per checked block
+    checked = [r for r in records if r.num_wrong is not None]
+    assert checked and all(r.num_wrong == 1 for r in checked)

@@ -1,0 +1,146 @@
+"""Memory per GPU: Adam's 16 bytes per parameter, sharded per data-parallel kind; activations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from schedules import memory
+from schedules.model import (
+    layer_activation_bytes,
+    layer_params_per_gpu,
+    logits_bytes,
+    stage_params_per_gpu,
+    total_params,
+)
+from schedules.plan import (
+    ClusterConfig,
+    ModelConfig,
+    ParallelConfig,
+    Plan,
+    TrainingConfig,
+    resolve_plan,
+)
+
+SMALL = ModelConfig(
+    name="small",
+    num_layers=8,
+    hidden_size=1024,
+    num_heads=16,
+    num_kv_heads=4,
+    ffn_hidden_size=4096,
+    vocab_size=32000,
+    seq_len=2048,
+)
+GIB = 2**30
+
+
+def make_plan(world_size: int, *, global_batch_size: int = 64, **parallel: object) -> Plan:
+    """A resolved plan of the small model."""
+    plan = Plan(
+        model=SMALL,
+        cluster=ClusterConfig(node="dgx-h100"),
+        parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
+        training=TrainingConfig(micro_batch_size=1, global_batch_size=global_batch_size),
+    )
+    return resolve_plan(plan, world_size)
+
+
+def state_bytes(plan: Plan) -> float:
+    """Weights + gradients + optimizer state per GPU (stage 0)."""
+    stage = memory.stage_memory_bytes(plan, 0, gpus_per_node=8)
+    return stage["weights"] + stage["gradients"] + stage["optimizer"]
+
+
+def test_adam_is_16_bytes_per_parameter_without_sharding() -> None:
+    plan = make_plan(1)
+    assert state_bytes(plan) == 16 * total_params(SMALL)
+
+
+@pytest.mark.parametrize(
+    ("kind", "bytes_per_param"),
+    [
+        ("ddp", 16.0),
+        ("zero1", 2 + 2 + 12 / 8),
+        ("zero2", 2 + (2 + 12) / 8),
+        ("zero3", 16 / 8),
+        ("fsdp", 16 / 8),
+        ("distributed_optimizer", 2 + 4 + 12 / 8),  # Megatron docs: 6 + 12/d with fp32 grads
+    ],
+)
+def test_sharding_per_data_parallel_kind(kind: str, bytes_per_param: float) -> None:
+    plan = make_plan(8, data_parallel=kind)
+    assert state_bytes(plan) == pytest.approx(bytes_per_param * total_params(SMALL))
+
+
+def test_hsdp_shards_over_the_node_and_cp_counts_as_replica() -> None:
+    hsdp = make_plan(32, data_parallel="hsdp")
+    assert state_bytes(hsdp) == pytest.approx(16 / 8 * total_params(SMALL))
+    explicit = make_plan(32, data_parallel="hsdp", hsdp_shard_size=4)
+    assert state_bytes(explicit) == pytest.approx(16 / 4 * total_params(SMALL))
+    with pytest.raises(ValueError, match="needs gpus_per_node"):
+        memory.memory_per_gpu(hsdp, hbm_bytes=80 * GIB)
+    zero3_cp = make_plan(8, cp=2, data_parallel="zero3")
+    assert state_bytes(zero3_cp) == pytest.approx(16 / 8 * total_params(SMALL))
+
+
+def test_activations_under_1f1b_gpipe_and_interleaved() -> None:
+    per_layer = layer_activation_bytes(SMALL, 1, flash_attention=True)
+    one_f_one_b = make_plan(4, pp=4, global_batch_size=8)
+    # Rank 0 holds min(p, m) = 4 micro-batches of its 2 layers.
+    assert memory.activation_bytes(one_f_one_b, 0) == pytest.approx(4 * 2 * per_layer)
+    assert memory.activation_bytes(one_f_one_b, 2) == pytest.approx(2 * 2 * per_layer)
+    gpipe = make_plan(4, pp=4, schedule="gpipe", global_batch_size=8)
+    assert memory.activation_bytes(gpipe, 0) == pytest.approx(8 * 2 * per_layer)
+    interleaved = make_plan(4, pp=4, vpp=2, schedule="interleaved", global_batch_size=8)
+    # 2(p-1) + (v-1)p + 1 = 11 chunks of 1 layer.
+    assert memory.activation_bytes(interleaved, 0) == pytest.approx(11 * per_layer)
+
+
+def test_last_stage_head_and_logits() -> None:
+    plan = make_plan(2, pp=2, global_batch_size=8)
+    tokens_h = 2048 * 1024
+    head = 2 * tokens_h + 2 * tokens_h  # final-norm input + LM-head input
+    per_layer = layer_activation_bytes(SMALL, 1, flash_attention=True)
+    assert memory.activation_bytes(plan, 1) == pytest.approx(4 * per_layer + head)
+    stage = memory.stage_memory_bytes(plan, 1)
+    assert stage["logits"] == logits_bytes(SMALL, 1, tp=1, cp=1) == 4 * 2048 * 32000
+    assert memory.stage_memory_bytes(plan, 0)["logits"] == 0.0
+
+
+def test_buffers_per_data_parallel_kind() -> None:
+    ddp = make_plan(8)
+    assert memory.transient_buffer_bytes(ddp, 0) == 2 * stage_params_per_gpu(ddp, 0)
+    view = make_plan(8, ddp_gradient_as_bucket_view=True)
+    assert memory.transient_buffer_bytes(view, 0) == 0.0
+    fsdp = make_plan(8, data_parallel="fsdp")
+    layer = layer_params_per_gpu(SMALL, 1)
+    assert memory.transient_buffer_bytes(fsdp, 0) == 2 * layer * 2 + layer * 2
+    zero2 = make_plan(8, data_parallel="zero2", zero_overlap_comm=True)
+    assert memory.transient_buffer_bytes(zero2, 0) == 2 * 500_000_000 * 2
+    megatron = make_plan(8, data_parallel="distributed_optimizer")
+    assert memory.transient_buffer_bytes(megatron, 0) == 0.0
+
+
+def test_total_is_the_sum_and_worst_stage_wins() -> None:
+    plan = make_plan(4, pp=4, global_batch_size=8)
+    result = memory.memory_per_gpu(plan, hbm_bytes=80 * GIB)
+    assert result["total"] == pytest.approx(sum(result[k] for k in memory.COMPONENTS))
+    totals = [memory.stage_memory_bytes(plan, s)["total"] for s in range(4)]
+    assert result["total"] == max(totals)
+
+
+def test_fits_in_memory_is_a_result_not_an_error() -> None:
+    big = dataclasses.replace(SMALL, num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8)
+    plan = Plan(
+        model=big,
+        cluster=ClusterConfig(node="dgx-h100"),
+        parallel=ParallelConfig(),
+        training=TrainingConfig(micro_batch_size=1, global_batch_size=8),
+    )
+    resolved = resolve_plan(plan, 8)
+    assert not memory.fits_in_memory(resolved, hbm_bytes=80 * GIB)
+    assert memory.fits_in_memory(make_plan(8, data_parallel="fsdp"), hbm_bytes=80 * GIB)
+    with pytest.raises(ValueError, match="hbm_bytes must be > 0"):
+        memory.memory_per_gpu(resolved, hbm_bytes=0)

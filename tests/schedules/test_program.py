@@ -1,0 +1,238 @@
+"""Program data types and builders: rank layout, TP/SP recipes, pipeline and FSDP programs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from schedules.pipeline import one_f_one_b
+from schedules.program import (
+    ChunkWork,
+    Collective,
+    CommStep,
+    Compute,
+    ComputeStep,
+    Layout,
+    LinearShares,
+    MarkStep,
+    Step,
+    Transfer,
+    tp_backward_steps,
+    tp_forward_steps,
+)
+from schedules.step_program import (
+    FsdpRank,
+    GradSync,
+    PipelineRank,
+    fsdp_program,
+    grad_sync_for,
+    pipeline_program,
+    with_marks,
+)
+
+
+def comm_counts(steps: tuple[Step, ...]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for step in steps:
+        if isinstance(step, CommStep):
+            counts[step.op] += step.repeat
+    return counts
+
+
+def compute_total(steps: tuple[Step, ...]) -> float:
+    return sum(s.duration_s for s in steps if isinstance(s, ComputeStep))
+
+
+def test_layout_is_megatron_tp_cp_dp_pp_order() -> None:
+    layout = Layout(tp=2, cp=1, dp=2, pp=2)
+    assert layout.world_size == 8
+    assert layout.rank(tp=1, dp=1, pp=1) == 1 + 2 * (0 + 1 * (1 + 2 * 1))
+    assert layout.coords(7) == {"tp": 1, "cp": 0, "dp": 1, "pp": 1}
+    assert layout.group("tp", 5) == (4, 5)
+    assert layout.group("dp", 5) == (5, 7)
+    assert layout.group("pp", 5) == (1, 5)
+
+
+def test_hsdp_groups_split_dp_into_shards_and_replicas() -> None:
+    layout = Layout(dp=8)
+    assert layout.group("dp_shard", 5, shard_size=4) == (4, 5, 6, 7)
+    assert layout.group("dp_replicate", 5, shard_size=4) == (1, 5)
+    with pytest.raises(ValueError, match="shard size"):
+        layout.group("dp_shard", 0, shard_size=3)
+
+
+def test_tp_forward_counts_match_megatron() -> None:
+    plain = tp_forward_steps(forward_s=1.0, num_layers=3, tp_bytes=8.0, tp=2)
+    assert comm_counts(plain) == {"all_reduce": 6}
+    sp = tp_forward_steps(forward_s=1.0, num_layers=3, tp_bytes=8.0, tp=2, sequence_parallel=True)
+    assert comm_counts(sp) == {"all_gather": 6, "reduce_scatter": 6}
+    assert compute_total(sp) == 3.0
+    assert all(not s.overlap for s in sp if isinstance(s, CommStep))
+    assert comm_counts(tp_forward_steps(forward_s=1.0, num_layers=3, tp_bytes=8.0, tp=1)) == {}
+
+
+def test_sp_backward_is_four_all_gathers_and_two_reduce_scatters_per_layer() -> None:
+    shares = LinearShares(qkv=0.25, fc1=0.5)
+    steps = tp_backward_steps(
+        backward_input_s=2.0,
+        backward_weight_s=2.0,
+        recompute_s=0.0,
+        num_layers=3,
+        tp_bytes=8.0,
+        shares=shares,
+        tp=4,
+        sequence_parallel=True,
+    )
+    assert comm_counts(steps) == {"all_gather": 12, "reduce_scatter": 6}
+    assert compute_total(steps) == pytest.approx(12.0)
+    # the dgrad reduce-scatters hide behind the wgrad GEMM windows (qkv: 0.25*2*3 = 1.5 s)
+    qkv_rs = next(s for s in steps if isinstance(s, CommStep) and s.name.endswith("dgrad qkv"))
+    assert qkv_rs.overlap
+    position = steps.index(qkv_rs)
+    assert steps[position + 1] == ComputeStep(name="wgrad qkv", duration_s=1.5)
+
+
+def test_backward_without_sp_and_full_recompute_replays_the_forward_collectives() -> None:
+    steps = tp_backward_steps(
+        backward_input_s=1.0,
+        backward_weight_s=1.0,
+        recompute_s=0.5,
+        num_layers=2,
+        tp_bytes=8.0,
+        shares=LinearShares(qkv=0.2, fc1=0.4),
+        tp=2,
+        full_recompute=True,
+    )
+    assert comm_counts(steps) == {"all_reduce": 4 + 4}
+    assert compute_total(steps) == pytest.approx(2 * (1.0 + 1.0 + 0.5))
+
+
+def test_zero_bubble_split_keeps_the_total_and_blocks_dgrad_collectives() -> None:
+    kwargs = dict(
+        backward_input_s=1.0,
+        backward_weight_s=2.0,
+        recompute_s=0.0,
+        num_layers=2,
+        tp_bytes=8.0,
+        shares=LinearShares(qkv=0.2, fc1=0.4),
+        tp=2,
+    )
+    bi = tp_backward_steps(**kwargs, split="input")  # type: ignore[arg-type]
+    w = tp_backward_steps(**kwargs, split="weight")  # type: ignore[arg-type]
+    assert compute_total(bi) + compute_total(w) == pytest.approx(6.0)
+    assert w == (ComputeStep(name="wgrad", duration_s=4.0),)
+    assert all(not s.overlap for s in bi if isinstance(s, CommStep))
+
+
+def test_with_marks_splits_compute_at_bucket_fractions() -> None:
+    steps = (ComputeStep(name="bwd", duration_s=3.0), ComputeStep(name="tail", duration_s=1.0))
+    marked = with_marks(steps, (1.0, 2.0, 1.0))
+    assert marked == (
+        ComputeStep(name="bwd", duration_s=1.0),
+        MarkStep(index=0),
+        ComputeStep(name="bwd", duration_s=2.0),
+        MarkStep(index=1),
+        ComputeStep(name="tail", duration_s=1.0),
+        MarkStep(index=2),
+    )
+
+
+def test_grad_sync_kinds() -> None:
+    assert grad_sync_for("ddp") == GradSync(op="all_reduce")
+    dist = grad_sync_for("distributed_optimizer", overlap_param_gather=True)
+    assert (dist.op, dist.param_gather, dist.at_end) == ("reduce_scatter", "overlapped", False)
+    assert grad_sync_for("distributed_optimizer", overlap_grad_reduce=False).at_end
+    zero2 = grad_sync_for("zero2")
+    assert zero2.every_microbatch and zero2.blocking and zero2.param_gather == "after_step"
+    zero1 = grad_sync_for("zero1", zero_overlap_comm=True)
+    assert zero1.depth_one and not zero1.every_microbatch
+    with pytest.raises(ValueError, match="fsdp_program"):
+        grad_sync_for("fsdp")
+
+
+def unit_work() -> ChunkWork:
+    return ChunkWork(
+        forward=(ComputeStep(name="fwd", duration_s=1.0),),
+        backward=(ComputeStep(name="bwd", duration_s=2.0),),
+        grad_buckets_bytes=(1.0,),
+    )
+
+
+def test_pipeline_programs_pair_their_transfers() -> None:
+    orders = one_f_one_b(2, 3)
+    programs = [
+        pipeline_program(
+            PipelineRank(rank=r, order=orders[r], chunks=(unit_work(),), stage=r, pp=2,
+                         prev_rank=1 - r, next_rank=1 - r, p2p_bytes=4.0)
+        )
+        for r in range(2)
+    ]  # fmt: skip
+    sends = {(a.src, a.dst, a.tag) for a in programs[0].actions if isinstance(a, Transfer)}
+    recvs = {(a.src, a.dst, a.tag) for a in programs[1].actions if isinstance(a, Transfer)}
+    assert sends == recvs
+    assert {tag for _, _, tag in sends} == {(k, mb, s) for k, s in (("F", 1), ("B", 0))
+                                          for mb in range(3)}  # fmt: skip
+    computes = [a.name for a in programs[0].actions if isinstance(a, Compute)]
+    assert computes == ["F0 fwd", "F1 fwd", "B0 bwd", "F2 fwd", "B1 bwd", "B2 bwd", "optimizer"]
+
+
+def fsdp_spec(prefetch: str) -> FsdpRank:
+    return FsdpRank(
+        rank=0,
+        num_microbatches=1,
+        num_units=4,
+        layer=unit_work(),
+        unit_param_bytes=1.0,
+        unit_grad_bytes=1.0,
+        root_param_bytes=1.0,
+        root_grad_bytes=1.0,
+        groups={"dp": (0, 1)},
+        backward_prefetch=prefetch,
+    )
+
+
+@pytest.mark.parametrize("prefetch", ["backward_pre", "backward_post"])
+def test_fsdp_backward_fifo_order(prefetch: str) -> None:
+    program = fsdp_program(fsdp_spec(prefetch))
+    fifo = [a.name for a in program.actions if isinstance(a, Collective)]
+    forward = ["AG root mb0", "AG u0 mb0", "AG u1 mb0", "AG u2 mb0", "AG u3 mb0"]
+    backward = [
+        "AG u3 mb0 bwd",  # root pre-backward prefetch: the root itself is not gathered
+        "AG u2 mb0 bwd", "RS u3 mb0",
+        "AG u1 mb0 bwd", "RS u2 mb0",
+        "AG u0 mb0 bwd", "RS u1 mb0",
+        "RS u0 mb0", "RS root mb0",
+    ]  # fmt: skip
+    assert fifo == forward + backward
+
+
+def test_fsdp_rate_limiter_and_prefetch_dependencies() -> None:
+    program = fsdp_program(fsdp_spec("backward_pre"))
+    index = {a.name: i for i, a in enumerate(program.actions)}
+    forward_u0 = index["F0 u0 fwd"]
+    assert program.actions[index["AG u2 mb0"]].deps == (forward_u0,)
+    # BACKWARD_PRE: AG(u-1) is issued before B(u), waiting on B(u+2) (the rate limiter)
+    assert index["AG u0 mb0 bwd"] < index["B0 u1 bwd"]
+    assert program.actions[index["AG u0 mb0 bwd"]].deps == (index["B0 u3 bwd"],)
+    post = fsdp_program(fsdp_spec("backward_post"))
+    post_index = {a.name: i for i, a in enumerate(post.actions)}
+    assert post.actions[post_index["AG u0 mb0 bwd"]].deps == (post_index["B0 u1 bwd"],)
+
+
+def test_shard_grad_op_gathers_only_in_forward_and_hsdp_adds_an_all_reduce() -> None:
+    spec = fsdp_spec("backward_pre")
+    keep = fsdp_program(
+        FsdpRank(**{**_fields(spec), "reshard_after_forward": False})  # type: ignore[arg-type]
+    )
+    assert not any(a.name.endswith("bwd") and a.name.startswith("AG") for a in keep.actions)
+    hsdp = fsdp_program(
+        FsdpRank(**{**_fields(spec), "groups": {"dp": (0, 1), "hsdp": (0, 2)}})  # type: ignore[arg-type]
+    )
+    all_reduces = [a for a in hsdp.actions if isinstance(a, Collective) and a.group == "hsdp"]
+    assert len(all_reduces) == 5
+    assert all(a.size_bytes == 0.5 for a in all_reduces)  # the shard: grad bytes / shard size
+
+
+def _fields(spec: FsdpRank) -> dict[str, object]:
+    return {name: getattr(spec, name) for name in FsdpRank.__dataclass_fields__}

@@ -1,0 +1,148 @@
+"""``commsim plan`` end to end: report, JSON, trace, timeline, and every bad-input path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sim.cli import main
+from sim.cmd_plan import write_atomic, yaml_error_line
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+TINY_PLAN: dict[str, Any] = {
+    "model": {
+        "name": "tiny",
+        "num_layers": 4,
+        "hidden_size": 512,
+        "num_heads": 8,
+        "ffn_hidden_size": 2048,
+        "vocab_size": 1000,
+        "seq_len": 512,
+    },
+    "cluster": {"node": "dgx-h100", "num_nodes": 1},
+    "parallel": {"tp": 2, "pp": 2, "dp": 2, "schedule": "1f1b", "data_parallel": "ddp"},
+    "training": {"micro_batch_size": 1, "global_batch_size": 8, "precision": "bf16"},
+}
+
+
+def _write_plan(tmp_path: Path, plan: dict[str, Any] | str, name: str = "plan.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(plan if isinstance(plan, str) else yaml.safe_dump(plan))
+    return path
+
+
+def _with(section: str, **changes: Any) -> dict[str, Any]:
+    plan = {key: dict(value) for key, value in TINY_PLAN.items()}
+    plan[section].update(changes)
+    return plan
+
+
+def _outputs(tmp_path: Path) -> list[str]:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return [
+        "--output",
+        str(out / "result.json"),
+        "--trace",
+        str(out / "trace.json"),
+        "--timeline",
+        str(out / "timeline.png"),
+    ]
+
+
+def _assert_one_line_error(capsys: pytest.CaptureFixture[str], *fragments: str) -> None:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("commsim: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert captured.out == ""
+
+
+BAD_PLANS = {
+    "malformed yaml": ("model: {name: x\nparallel: [1, 2\n", ["malformed YAML", "line"]),
+    "unknown key": (_with("parallel", tensor_parallel=2), ["parallel.tensor_parallel"]),
+    "unknown section": ({**TINY_PLAN, "optimizer": {}}, ["optimizer"]),
+    "missing key": (
+        {**TINY_PLAN, "training": {"global_batch_size": 8}},
+        ["training.micro_batch_size"],
+    ),
+    "bad choice": (_with("parallel", schedule="1f2b"), ["parallel.schedule", "1f2b"]),
+    "bad type": (_with("parallel", tp="two"), ["parallel.tp", "two"]),
+    "tp does not divide heads": (_with("parallel", tp=3, dp=1, pp=1), ["tp"]),
+    "not a mapping": ("- a\n- b\n", ["mapping"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PLANS))
+def test_bad_plan_is_one_line_exit_2_and_no_file(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, fragments = BAD_PLANS[case]
+    path = _write_plan(tmp_path, plan)
+    assert main(["plan", str(path), *_outputs(tmp_path)]) == 2
+    _assert_one_line_error(capsys, *fragments)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_missing_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(tmp_path / "nope.yaml"), *_outputs(tmp_path)]) == 2
+    _assert_one_line_error(capsys, "plan file not found", "nope.yaml")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--trace", "{tmp}/no/such/dir/t.json"], "does not exist"),
+        (["--timeline", "{tmp}/plot.jpg2"], "unknown image type"),
+        (["--output", "{tmp}"], "is a directory"),
+        (["--output", "{tmp}/a.json", "--trace", "{tmp}/a.json"], "must differ"),
+        (["--fidelity", "packet"], "invalid choice"),
+    ],
+)
+def test_bad_flags_fail_before_simulating(
+    flags: list[str], fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write_plan(tmp_path, TINY_PLAN)
+    argv = ["plan", str(path), *(f.format(tmp=tmp_path) for f in flags)]
+    assert main(argv) == 2
+    _assert_one_line_error(capsys, fragment)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
+
+
+def test_every_example_plan_loads() -> None:
+    from schedules.plan import load_plan
+
+    names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+    assert names == [
+        "gpt3-175b-1024xa100.yaml",
+        "llama3-405b-16k.yaml",
+        "llama3-70b-256xh100.yaml",
+        "llama3-8b-ddp-8xh100.yaml",
+        "small-zb.yaml",
+    ]
+    for name in names:
+        assert load_plan(EXAMPLES / name).model.name
+
+
+def test_write_atomic_replaces_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "result.json"
+    target.write_text("old")
+    write_atomic(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_yaml_error_line_names_problem_and_position() -> None:
+    with pytest.raises(yaml.YAMLError) as info:
+        yaml.safe_load("a: 1\nb: [1, 2\n")
+    assert (
+        yaml_error_line(info.value)
+        == "expected ',' or ']', but got '<stream end>' at line 3, column 1"
+    )

@@ -1,0 +1,60 @@
+"""Cluster presets: every node type on every fabric, counts, defaults, bad input."""
+
+import itertools
+
+import pytest
+
+from topologies.fabrics import FABRIC_PRESETS
+from topologies.nodes import NODE_PRESETS
+from topologies.presets import build_cluster
+
+
+@pytest.mark.parametrize(
+    ("node", "fabric"),
+    itertools.product(sorted(set(NODE_PRESETS) - {"localhost"}), sorted(FABRIC_PRESETS)),
+)
+def test_any_node_on_any_fabric(node, fabric):
+    topo = build_cluster(node, num_nodes=4, fabric=fabric, oversubscription=2)
+    assert topo.num_gpus == 4 * NODE_PRESETS[node].num_gpus
+    assert topo.fabric is not None and topo.fabric.oversubscription == 2.0
+    path = topo.path(0, topo.num_gpus - 1)
+    assert any(topo.graph.edges[e]["kind"] == "network" for e in path)
+
+
+def test_dgx_h100_cluster_counts():
+    topo = build_cluster("dgx-h100", num_nodes=128, fabric="ib-ndr")
+    assert topo.num_gpus == 1024 and len(topo.nodes_of_kind("nic")) == 1024
+    assert len(topo.nodes_of_kind("leaf")) == 32 and len(topo.nodes_of_kind("spine")) == 32
+    assert topo.name == "128x dgx-h100 on ib-ndr"
+
+
+def test_default_fabric_for_several_servers():
+    topo = build_cluster("dgx-a100", num_nodes=2)
+    assert topo.fabric is not None and topo.fabric.spec.name == "ib-hdr"
+    assert build_cluster("dgx-a100").fabric is None
+
+
+def test_localhost_processes():
+    topo = build_cluster("localhost", gpus_per_node=4)
+    assert topo.num_gpus == 4 and topo.gpu_spec(0).name == "cpu"
+    path = topo.path(0, 3)
+    assert [topo.graph.edges[e]["kind"] for e in path] == ["loopback", "loopback"]
+    assert build_cluster("localhost").num_gpus == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"node": "dgx-h1000"}, "unknown node preset 'dgx-h1000'; valid: dgx-a100"),
+        ({"node": "dgx-h100", "fabric": "myrinet"}, "unknown fabric preset 'myrinet'"),
+        ({"node": "dgx-h100", "num_nodes": 0}, "num_nodes=0; must be an integer >= 1"),
+        ({"node": "dgx-h100", "oversubscription": 0.5}, "oversubscription=0.5"),
+        ({"node": "localhost", "gpus_per_node": 0}, "gpus_per_node=0"),
+        ({"node": "localhost", "num_nodes": 2}, "single host with no NICs"),
+        ({"node": "localhost", "fabric": "ib-ndr"}, "has no NICs to join fabric 'ib-ndr'"),
+        ({"node": "dgx-h100", "num_nodes": 4096, "fabric": "ib-hdr"}, "holds at most 16000"),
+    ],
+)
+def test_bad_cluster_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        build_cluster(**kwargs)

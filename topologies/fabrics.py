@@ -1,0 +1,234 @@
+"""Network fabrics: 1-, 2- and 3-tier fat-trees (leaf-spine, pods + core) with oversubscription.
+
+A ``FabricSpec`` names the switch radix, the link and whether NICs are wired rail-optimised;
+``fat_tree_graph(endpoints, spec, oversubscription=...)`` builds the switches and links above a
+list of NIC endpoints and returns the graph with a ``FabricLayout`` (the counts the bisection
+and the summary read). Construction, with radix ``k``:
+
+- leaf: ``k/2`` down ports; ``round(k/2 / r)`` up ports for oversubscription ``r`` (so 2:1
+  halves the up capacity exactly); one up-link to every spine (2 tiers) or to every aggregation
+  switch of its pod (3 tiers).
+- 2 tiers: as many spines as leaf up ports; at most ``k`` leaves (a spine port each).
+- 3 tiers: pods of ``k/2`` leaves and as many aggregation switches as leaf up ports; aggregation
+  switch ``j`` of every pod goes to core group ``j`` (``k/2`` cores, one port per pod), so at
+  most ``k`` pods. With ``r = 1`` this is the classic k-ary fat-tree: ``k^3/4`` hosts and
+  ``5k^2/4`` switches.
+- rail-optimised: NIC ``i`` of the servers of one scalable unit (``k/2`` servers) shares leaf
+  ``i`` of that unit; otherwise NICs fill leaves in order.
+
+    >>> graph, layout = fat_tree_graph([(f"h{i}", i, 0) for i in range(16)], FabricSpec(
+    ...     name="k4", link="ib-ndr", radix=4, tiers=3, rail_optimized=False))
+    >>> layout.num_switches
+    20
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+
+from topologies.hardware import LINKS, LinkSpec, lookup
+from topologies.topology import add_link
+
+Endpoint = tuple[str, int, int]
+"""A NIC to attach: (node id, server index, rail = NIC index inside its server)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FabricSpec:
+    """A switched network: switch radix, link type, tiers, wiring."""
+
+    name: str
+    """Preset key or a user's label."""
+    link: str
+    """Link key of every fabric cable (``topologies.hardware.LINKS``, a network link)."""
+    radix: int
+    """Ports per switch."""
+    tiers: int | None = None
+    """Switch tiers (1, 2 or 3); None picks the fewest that fit."""
+    rail_optimized: bool = True
+    """NIC i of every server of a scalable unit on leaf i of that unit."""
+    source: str = ""
+    """Where the figures come from."""
+
+    def __post_init__(self) -> None:
+        link = lookup(LINKS, self.link, "fabric.link")
+        if link.kind != "network":
+            raise ValueError(f"fabric.link={self.link!r} is a {link.kind} link, not a network")
+        if not isinstance(self.radix, int) or self.radix < 2 or self.radix % 2:
+            raise ValueError(f"fabric.radix={self.radix!r}; must be an even integer >= 2")
+        if self.tiers not in (None, 1, 2, 3):
+            raise ValueError(f"fabric.tiers={self.tiers!r}; valid: 1, 2, 3 (or omit for auto)")
+
+
+FABRIC_PRESETS: dict[str, FabricSpec] = {
+    "ib-ndr": FabricSpec(
+        name="ib-ndr",
+        link="ib-ndr",
+        radix=64,
+        source="NVIDIA Quantum-2 QM9700: 64 NDR 400 Gb/s ports; DGX SuperPOD rail-optimised",
+    ),
+    "ib-hdr": FabricSpec(
+        name="ib-hdr",
+        link="ib-hdr",
+        radix=40,
+        source="NVIDIA Quantum QM8700: 40 HDR 200 Gb/s ports; DGX A100 SuperPOD rail-optimised",
+    ),
+    "roce-400g": FabricSpec(
+        name="roce-400g",
+        link="roce-400g",
+        radix=128,
+        source="NVIDIA Spectrum-4 SN5600: 64 x 800 GbE split to 128 x 400 GbE; rail-optimised",
+    ),
+}
+"""Fabric presets by name (``build_cluster(fabric=...)``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FabricLayout:
+    """The counts of a built fat-tree."""
+
+    spec: FabricSpec
+    """What was asked for."""
+    link: LinkSpec
+    """The cable of every fabric link."""
+    num_tiers: int
+    """Switch tiers built."""
+    num_endpoints: int
+    """NICs attached."""
+    leaf_down_ports: int
+    """Ports of a leaf towards NICs."""
+    leaf_up_ports: int
+    """Ports of a leaf towards the tier above (0 with one tier)."""
+    num_leaves: int
+    """Leaf switches."""
+    num_pods: int
+    """Pods (3 tiers), else 1."""
+    num_spines: int
+    """Spines (2 tiers) or aggregation switches (3 tiers), all pods together."""
+    num_cores: int
+    """Core switches (3 tiers), else 0."""
+    requested_oversubscription: float = 1.0
+    """The ratio asked for (``oversubscription`` is what the port counts give)."""
+
+    @property
+    def num_switches(self) -> int:
+        """Switches of every tier."""
+        return self.num_leaves + self.num_spines + self.num_cores
+
+    @property
+    def oversubscription(self) -> float:
+        """Leaf down-port capacity over up-port capacity (1.0 with one tier)."""
+        return self.leaf_down_ports / self.leaf_up_ports if self.leaf_up_ports else 1.0
+
+    def tier_oversubscription(self) -> dict[str, float]:
+        """Down over up capacity at each tier that has an up-link."""
+        ratios = {"leaf": self.oversubscription} if self.num_tiers > 1 else {}
+        if self.num_tiers == 3:
+            ratios["spine"] = 1.0  # aggregation: k/2 leaves below, k/2 cores above
+        return ratios
+
+    def bisection_bytes_per_s(self, *, effective: bool = False) -> float:
+        """Worst balanced cut along the tree: half the NICs, leaves' or pods' up capacity."""
+        link_bw = (
+            self.link.effective_bandwidth_bytes_per_s
+            if effective
+            else self.link.nominal_bandwidth_bytes_per_s
+        )
+        cuts = [self.num_endpoints / 2 * link_bw]
+        if self.num_tiers >= 2 and self.num_leaves > 1:
+            cuts.append(self.num_leaves * self.leaf_up_ports * link_bw / 2)
+        if self.num_tiers == 3 and self.num_pods > 1:
+            cuts.append(self.num_spines * (self.spec.radix // 2) * link_bw / 2)
+        return min(cuts)
+
+
+def _leaf_of(endpoints: Sequence[Endpoint], down_ports: int, rail_optimized: bool) -> list[int]:
+    """Leaf index of every endpoint."""
+    if not rail_optimized:
+        return [position // down_ports for position in range(len(endpoints))]
+    num_rails = max(rail for _, _, rail in endpoints) + 1
+    return [(server // down_ports) * num_rails + rail for _, server, rail in endpoints]
+
+
+def _tiers_needed(spec: FabricSpec, num_leaves: int, num_endpoints: int, up_ports: int) -> int:
+    """Fewest tiers that hold ``num_leaves`` (or check the requested count); ValueError if none."""
+    k = spec.radix
+    capacity = {1: 1, 2: k, 3: k * (k // 2)}  # leaves each tier count can hold
+    tiers = spec.tiers or next((t for t in (1, 2, 3) if num_leaves <= capacity[t]), 3)
+    if num_leaves > capacity[tiers] or (tiers > 1 and up_ports < 1):
+        raise ValueError(
+            f"fabric {spec.name!r} (radix {k}, {tiers} tier(s)) holds at most "
+            f"{capacity[tiers] * (k // 2)} NIC ports in {capacity[tiers]} leaves; "
+            f"{num_endpoints} NICs need {num_leaves} leaves"
+        )
+    return tiers
+
+
+def fat_tree_graph(
+    endpoints: Sequence[Endpoint], spec: FabricSpec, *, oversubscription: float = 1.0
+) -> tuple[nx.DiGraph, FabricLayout]:
+    """Switches and links of a fat-tree over ``endpoints`` (which become ``nic`` nodes).
+
+    Switch ids: ``leaf<i>``, ``spine<i>`` (2 tiers) or ``pod<p>/agg<j>`` + ``core<j>.<c>``.
+    Switch attributes: ``kind`` (leaf, spine, core), ``tier`` (1..3), ``pod`` (None: above all
+    pods).
+    """
+    if not math.isfinite(oversubscription) or oversubscription < 1.0:
+        raise ValueError(f"oversubscription={oversubscription!r}; must be a number >= 1")
+    if not endpoints:
+        raise ValueError(f"fabric {spec.name!r} has no NICs to connect")
+    link = LINKS[spec.link]
+    down = spec.radix // 2
+    up = max(1, round(down / oversubscription))
+    leaf_of = _leaf_of(endpoints, down, spec.rail_optimized)
+    num_leaves = max(leaf_of) + 1
+    tiers = _tiers_needed(spec, num_leaves, len(endpoints), up)
+    pods = -(-num_leaves // down) if tiers == 3 else 1
+    graph = nx.DiGraph()
+    for i in range(num_leaves):
+        graph.add_node(f"leaf{i}", kind="leaf", tier=1, pod=i // down if tiers == 3 else 0)
+    for (nic, _, _), leaf in zip(endpoints, leaf_of, strict=True):
+        graph.add_node(nic, kind="nic")
+        add_link(graph, nic, f"leaf{leaf}", link)
+    if tiers == 2:
+        for s in range(up):
+            graph.add_node(f"spine{s}", kind="spine", tier=2, pod=None)
+            for i in range(num_leaves):
+                add_link(graph, f"leaf{i}", f"spine{s}", link)
+    elif tiers == 3:
+        _add_pods_and_core(graph, link, num_leaves, pods, down, up)
+    layout = FabricLayout(
+        spec=spec,
+        link=link,
+        num_tiers=tiers,
+        num_endpoints=len(endpoints),
+        leaf_down_ports=down,
+        leaf_up_ports=up if tiers > 1 else 0,
+        num_leaves=num_leaves,
+        num_pods=pods,
+        num_spines=up if tiers == 2 else up * pods if tiers == 3 else 0,
+        num_cores=up * down if tiers == 3 else 0,
+        requested_oversubscription=float(oversubscription),
+    )
+    return graph, layout
+
+
+def _add_pods_and_core(
+    graph: nx.DiGraph, link: LinkSpec, num_leaves: int, pods: int, down: int, up: int
+) -> None:
+    """Aggregation switches (``up`` per pod) and core groups (one per aggregation index)."""
+    for j in range(up):
+        for c in range(down):
+            graph.add_node(f"core{j}.{c}", kind="core", tier=3, pod=None)
+    for p in range(pods):
+        for j in range(up):
+            agg = f"pod{p}/agg{j}"
+            graph.add_node(agg, kind="spine", tier=2, pod=p)
+            for i in range(p * down, min((p + 1) * down, num_leaves)):
+                add_link(graph, f"leaf{i}", agg, link)
+            for c in range(down):
+                add_link(graph, agg, f"core{j}.{c}", link)

@@ -1,0 +1,317 @@
+"""Hardware catalogue: GPUs, links and NVSwitch generations, every figure with its source.
+
+Bandwidths are bytes per second *per direction*; ``nominal`` is the line rate from the vendor's
+datasheet, ``effective`` is what NCCL budgets for (or what is measured) where the two differ.
+HBM sizes are in bytes, with the datasheet's "GB" read as GiB because that is what the devices
+report (``nvidia-smi``: 81,559 MiB on an H100 80GB, 143,771 MiB on an H200, 81,920 MiB on an
+A100 80GB).
+
+    >>> GPUS["h100-sxm"].peak_flops_per_s["bf16"] / 1e12
+    989.4
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TypeVar
+
+T = TypeVar("T")
+
+GIB = 1024**3
+"""Bytes in a GiB."""
+GBPS = 1e9
+"""Bytes per second in one GB/s (nccl-tests' convention)."""
+
+PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
+"""Keys of ``GPUSpec.peak_flops_per_s`` (dense tensor-core math; fp32 is non-tensor)."""
+
+_H100_DATASHEET = "https://www.nvidia.com/en-us/data-center/h100/ (H100 datasheet, dense figures)"
+_H200_DATASHEET = "https://www.nvidia.com/en-us/data-center/h200/ (H200 datasheet, dense figures)"
+_A100_DATASHEET = "https://www.nvidia.com/en-us/data-center/a100/ (A100 datasheet, dense figures)"
+_NCCL_TOPO = "NCCL src/graph/topo.h + topo.cc (reference/nccl_and_benchmarks.md §3.3)"
+_NCCL_LAT = "NCCL src/graph/tuning.cc hwLatencies, LL protocol (reference §3.2)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPUSpec:
+    """One accelerator model: memory, memory bandwidth, dense peak math rates."""
+
+    name: str
+    """Catalogue key, e.g. ``h100-sxm``."""
+    hbm_bytes: float
+    """Device memory in bytes."""
+    hbm_bandwidth_bytes_per_s: float
+    """Peak device-memory bandwidth."""
+    peak_flops_per_s: Mapping[str, float] = field(hash=False)
+    """Dense peak FLOP/s by precision (keys from ``PRECISIONS``; absent where unsupported)."""
+    source: str
+    """Where the figures come from."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkSpec:
+    """One kind of port: a GPU's whole NVLink port, a PCIe x16 slot, one NIC, ..."""
+
+    name: str
+    """Catalogue key, e.g. ``nvlink4``."""
+    nominal_bandwidth_bytes_per_s: float
+    """Line rate per direction."""
+    effective_bandwidth_bytes_per_s: float
+    """What NCCL budgets for (or what is measured) per direction."""
+    latency_s: float
+    """Latency added by one hop over this link."""
+    source: str
+    """Where the figures come from."""
+    kind: str = "network"
+    """Edge kind in a topology graph: nvlink, pcie, network, cpu_link or loopback."""
+    num_lanes: int = 1
+    """Physical sub-links aggregated in the bandwidth (NVLinks per GPU, 1 otherwise)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NVSwitchSpec:
+    """One NVSwitch generation."""
+
+    name: str
+    """Catalogue key, e.g. ``nvswitch-gen3``."""
+    generation: int
+    """NVSwitch generation (2: A100 HGX, 3: H100/H200 HGX)."""
+    supports_nvls: bool
+    """Whether the switch can reduce in-switch (NVLink SHARP, used by NCCL's NVLS algorithms)."""
+    num_chips_per_node: int
+    """Physical switch chips on an 8-GPU baseboard (modelled as one logical switch)."""
+    source: str
+    """Where the figures come from."""
+
+
+def _flops(**tflops: float) -> Mapping[str, float]:
+    """A read-only precision -> FLOP/s table from TFLOP/s keyword arguments."""
+    return MappingProxyType({key: value * 1e12 for key, value in tflops.items()})
+
+
+GPUS: dict[str, GPUSpec] = {
+    "h100-sxm": GPUSpec(
+        name="h100-sxm",
+        hbm_bytes=80 * GIB,
+        hbm_bandwidth_bytes_per_s=3.35e12,
+        peak_flops_per_s=_flops(bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=66.9),
+        source=_H100_DATASHEET + ", H100 SXM column",
+    ),
+    "h100-pcie": GPUSpec(
+        name="h100-pcie",
+        hbm_bytes=80 * GIB,
+        hbm_bandwidth_bytes_per_s=2.0e12,
+        peak_flops_per_s=_flops(bf16=756.5, fp16=756.5, fp8=1513.0, tf32=378.0, fp32=51.2),
+        source=_H100_DATASHEET + ", H100 PCIe column",
+    ),
+    "h200": GPUSpec(
+        name="h200",
+        hbm_bytes=141 * GIB,
+        hbm_bandwidth_bytes_per_s=4.8e12,
+        peak_flops_per_s=_flops(bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=66.9),
+        source=_H200_DATASHEET + ", H200 SXM column",
+    ),
+    "a100-sxm-80gb": GPUSpec(
+        name="a100-sxm-80gb",
+        hbm_bytes=80 * GIB,
+        hbm_bandwidth_bytes_per_s=2.039e12,
+        peak_flops_per_s=_flops(bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
+        source=_A100_DATASHEET + ", A100 80GB SXM column (no FP8 tensor cores)",
+    ),
+    "a100-sxm-40gb": GPUSpec(
+        name="a100-sxm-40gb",
+        hbm_bytes=40 * GIB,
+        hbm_bandwidth_bytes_per_s=1.555e12,
+        peak_flops_per_s=_flops(bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
+        source=_A100_DATASHEET + ", A100 40GB SXM column (no FP8 tensor cores)",
+    ),
+    # A pseudo-GPU so that `localhost` (N gloo processes on one CPU host) is a cluster like any
+    # other. Nominal one-core figures (AVX2 FMA, 2 x 8 fp32 lanes x 2 FLOP at ~3 GHz ~ 100
+    # GFLOP/s; one DDR4 channel ~ 20 GB/s): they are placeholders for a compute calibration.
+    "cpu": GPUSpec(
+        name="cpu",
+        hbm_bytes=16 * GIB,
+        hbm_bandwidth_bytes_per_s=20e9,
+        peak_flops_per_s=_flops(bf16=0.1, fp16=0.1, tf32=0.1, fp32=0.1),
+        source="nominal single x86 core (AVX2 FMA at ~3 GHz, one DDR4 channel); calibrate",
+    ),
+}
+"""Accelerators by catalogue key."""
+
+
+def _link(
+    name: str,
+    nominal_gbps: float,
+    effective_gbps: float,
+    latency_us: float,
+    *,
+    kind: str,
+    source: str,
+    num_lanes: int = 1,
+) -> LinkSpec:
+    """A ``LinkSpec`` from datasheet units (GB/s per direction, microseconds)."""
+    return LinkSpec(
+        name=name,
+        nominal_bandwidth_bytes_per_s=nominal_gbps * GBPS,
+        effective_bandwidth_bytes_per_s=effective_gbps * GBPS,
+        latency_s=latency_us * 1e-6,
+        kind=kind,
+        source=source,
+        num_lanes=num_lanes,
+    )
+
+
+# Per-hop latencies split NCCL's per-step LL hardware latencies over the hops of one step:
+# NVLink 0.6 us per GPU->NVSwitch->GPU step (2 hops), PCI 1.0 us per GPU->switch->GPU step
+# (2 hops), NET 2.7 us per GPU->PCIe->NIC->leaf->NIC->PCIe->GPU step (4 PCIe + 2 network hops).
+LINKS: dict[str, LinkSpec] = {
+    "nvlink3": _link(
+        "nvlink3",
+        300.0,
+        240.0,
+        0.3,
+        kind="nvlink",
+        num_lanes=12,
+        source="A100: 12 NVLink3 x 25 GB/s/dir (600 GB/s bidir); NCCL SM80_NVLINK_BW 20.0/link "
+        "-> 240 (sjeaugey NVIDIA/nccl-tests#149); " + _NCCL_LAT,
+    ),
+    "nvlink4": _link(
+        "nvlink4",
+        450.0,
+        370.8,
+        0.3,
+        kind="nvlink",
+        num_lanes=18,
+        source="H100/H200 SXM: 18 NVLink4 x 25 GB/s/dir (900 GB/s bidir, "
+        "nvidia.com/en-sg/technologies/hopper-architecture); NCCL SM90_NVLINK_BW 20.6/link "
+        "-> 370.8 (NVIDIA/nccl-tests#212); " + _NCCL_LAT,
+    ),
+    "nvlink4-bridge": _link(
+        "nvlink4-bridge",
+        300.0,
+        247.2,
+        0.3,
+        kind="nvlink",
+        num_lanes=12,
+        source="H100 PCIe NVLink bridge: 600 GB/s bidir between 2 cards = 12 NVLink4 lanes; "
+        "NCCL 20.6/link -> 247.2; " + _NCCL_LAT,
+    ),
+    "pcie-gen4": _link(
+        "pcie-gen4",
+        32.0,
+        24.0,
+        0.5,
+        kind="pcie",
+        source="PCIe Gen4 x16: 16 GT/s x 16 lanes ~ 32 GB/s/dir; NCCL kvDictPciGen "
+        "width*speed/80 -> 24; " + _NCCL_LAT,
+    ),
+    "pcie-gen5": _link(
+        "pcie-gen5",
+        64.0,
+        48.0,
+        0.5,
+        kind="pcie",
+        source="PCIe Gen5 x16: 64 GB/s/dir (alpha-one-index.github.io networking-interconnects); "
+        "NCCL kvDictPciGen -> 48; " + _NCCL_LAT,
+    ),
+    "ib-hdr": _link(
+        "ib-hdr",
+        25.0,
+        23.5,
+        0.35,
+        kind="network",
+        source="InfiniBand HDR 200 Gb/s (ConnectX-6, Quantum QM8700); NCCL mbps/8000 -> 25; "
+        "effective scaled by NDR's measured 47/50; " + _NCCL_LAT,
+    ),
+    "ib-ndr": _link(
+        "ib-ndr",
+        50.0,
+        47.0,
+        0.35,
+        kind="network",
+        source="InfiniBand NDR 400 Gb/s (ConnectX-7, Quantum-2 QM9700); NCCL mbps/8000 -> 50; "
+        "measured 46-49 GB/s per NIC (NVIDIA/nccl-tests#290, #267); " + _NCCL_LAT,
+    ),
+    "ib-xdr": _link(
+        "ib-xdr",
+        100.0,
+        94.0,
+        0.35,
+        kind="network",
+        source="InfiniBand XDR 800 Gb/s (ConnectX-8, Quantum-X800); effective scaled by NDR's "
+        "measured 47/50; " + _NCCL_LAT,
+    ),
+    "roce-400g": _link(
+        "roce-400g",
+        50.0,
+        47.0,
+        0.35,
+        kind="network",
+        source="RoCEv2 400 GbE (ConnectX-7 / Spectrum-4 SN5600 at 128 x 400G); effective as "
+        "NDR's measured 47/50; " + _NCCL_LAT,
+    ),
+    "upi": _link(
+        "upi",
+        32.0,
+        22.0,
+        0.5,
+        kind="cpu_link",
+        source="Intel UPI 2.0 16 GT/s (Sapphire Rapids) ~ 32 GB/s/dir; NCCL SRP_QPI_BW 22",
+    ),
+    "xgmi": _link(
+        "xgmi",
+        64.0,
+        16.0,
+        0.5,
+        kind="cpu_link",
+        source="AMD xGMI3 x16 at 32 Gb/s ~ 64 GB/s/dir; NCCL AMD_BW 16",
+    ),
+    "loopback": _link(
+        "loopback",
+        10.0,
+        1.3,
+        50.0,
+        kind="loopback",
+        source="TCP over the loopback device between gloo processes on one host. Nominal: a "
+        "memcpy-bound rate. Effective and latency measured on a 2-core VM with `commbench --ops "
+        "send_recv,all_reduce --nprocs 2 -b 8 -e 64M -f 8`: send_recv of 16 MiB at 1.32 GB/s, "
+        "8 B all_reduce 200-1,100 us (two loopback hops per rank pair); calibrate per host",
+    ),
+}
+"""Links by catalogue key (bandwidth per direction)."""
+
+NVSWITCHES: dict[str, NVSwitchSpec] = {
+    "nvswitch-gen2": NVSwitchSpec(
+        name="nvswitch-gen2",
+        generation=2,
+        supports_nvls=False,
+        num_chips_per_node=6,
+        source="HGX A100: 6 NVSwitch gen2 chips, no NVLink SHARP (NCCL NVLS needs sm90)",
+    ),
+    "nvswitch-gen3": NVSwitchSpec(
+        name="nvswitch-gen3",
+        generation=3,
+        supports_nvls=True,
+        num_chips_per_node=4,
+        source="HGX H100/H200: 4 NVSwitch gen3 chips with NVLink SHARP (in-switch reduction, "
+        "NCCL NVLS algorithms)",
+    ),
+}
+"""NVSwitch generations by catalogue key."""
+
+
+def peak_flops_per_s(gpu: GPUSpec, precision: str) -> float:
+    """Dense peak FLOP/s of ``gpu`` in ``precision``; ValueError naming what it supports."""
+    if precision not in gpu.peak_flops_per_s:
+        valid = ", ".join(gpu.peak_flops_per_s)
+        raise ValueError(f"GPU {gpu.name!r} has no {precision!r} peak; it supports: {valid}")
+    return gpu.peak_flops_per_s[precision]
+
+
+def lookup(table: Mapping[str, T], key: str, what: str) -> T:
+    """``table[key]``, or ValueError naming ``what`` and the valid keys."""
+    if key not in table:
+        raise ValueError(f"unknown {what} {key!r}; valid: {', '.join(sorted(table))}")
+    return table[key]

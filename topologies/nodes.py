@@ -1,0 +1,258 @@
+"""Servers as graphs: HGX/DGX NVSwitch boxes, PCIe servers (optional NVLink bridges), localhost.
+
+A ``NodeSpec`` describes one server; ``server_graph(spec)`` builds its DiGraph with local node
+ids (``gpu0``, ``nvswitch``, ``pcie0``, ``nic0``, ``cpu0``) that ``build_cluster`` prefixes with
+``n<i>/``. Modelling choices:
+
+- The NVSwitch chips of an HGX baseboard (4 on H100, 6 on A100) are one logical switch: each GPU
+  has one edge of its full NVLink port (18 x 25 GB/s/dir on H100) to it. That is exact for
+  bandwidth, and every GPU pair is two NVLink hops apart through the switch.
+- PCIe: switches hang under the CPU sockets' root complexes (split evenly), GPUs and NICs are
+  spread evenly over the switches; each GPU uses a NIC on its own switch (the "affine" NIC).
+- ``localhost``: N processes on one host; each is a "gpu" with the ``cpu`` pseudo-spec, joined
+  to the host (a ``cpu`` node) by a loopback link, so rank to rank is two loopback hops.
+
+    >>> server_graph(NODE_PRESETS["dgx-h100"]).number_of_nodes()  # 8 GPU, 1 NVSwitch, 4 PCIe...
+    23
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import networkx as nx
+
+from topologies.hardware import GPUS, LINKS, NVSWITCHES, LinkSpec, lookup
+from topologies.topology import add_link
+
+INTRA_KINDS = ("nvswitch", "pcie", "nvlink-bridge", "loopback")
+"""How GPUs inside a server talk to each other."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    """One server type: its GPUs, how they are joined, its PCIe tree, NICs and CPUs."""
+
+    name: str
+    """Preset key or a user's label."""
+    gpu: str
+    """GPU catalogue key (``topologies.hardware.GPUS``)."""
+    num_gpus: int
+    """GPUs (or, for ``loopback``, processes) per server."""
+    intra: str
+    """GPU-to-GPU fabric: nvswitch, pcie, nvlink-bridge (pairs) or loopback."""
+    nvlink: str | None = None
+    """Link key of a GPU's NVLink port (nvswitch) or of one bridge (nvlink-bridge)."""
+    nvswitch: str | None = None
+    """NVSwitch generation key, for ``intra: nvswitch``."""
+    pcie: str = "pcie-gen5"
+    """Link key of every PCIe x16 link (GPU, NIC, switch uplink)."""
+    num_pcie_switches: int = 4
+    """PCIe switches, split evenly over the CPU sockets."""
+    nic: str | None = None
+    """Link key of one NIC's network port (None: no NICs)."""
+    nics_per_node: int = 0
+    """NICs per server, spread evenly over the PCIe switches."""
+    num_cpus: int = 2
+    """CPU sockets."""
+    cpu_link: str = "upi"
+    """Link key between CPU sockets."""
+    default_fabric: str | None = None
+    """Fabric preset used when a multi-server cluster names none."""
+    source: str = ""
+    """Where the layout comes from."""
+
+    def __post_init__(self) -> None:
+        _check_node_spec(self)
+
+
+def _check_link(field_name: str, key: str | None, kind: str) -> LinkSpec | None:
+    if key is None:
+        return None
+    link = lookup(LINKS, key, f"link for node.{field_name}")
+    if link.kind != kind:
+        valid = ", ".join(sorted(k for k, v in LINKS.items() if v.kind == kind))
+        raise ValueError(f"node.{field_name}={key!r} is a {link.kind} link; valid: {valid}")
+    return link
+
+
+def _check_node_spec(spec: NodeSpec) -> None:
+    lookup(GPUS, spec.gpu, "node.gpu")
+    if spec.intra not in INTRA_KINDS:
+        raise ValueError(f"node.intra={spec.intra!r}; valid: {', '.join(INTRA_KINDS)}")
+    for name, value, low in (
+        ("num_gpus", spec.num_gpus, 1),
+        ("num_pcie_switches", spec.num_pcie_switches, 1),
+        ("nics_per_node", spec.nics_per_node, 0),
+        ("num_cpus", spec.num_cpus, 1),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"node.{name}={value!r}; must be an integer >= {low}")
+    _check_link("pcie", spec.pcie, "pcie")
+    _check_link("cpu_link", spec.cpu_link, "cpu_link")
+    _check_link("nvlink", spec.nvlink, "nvlink")
+    if (spec.nic is None) != (spec.nics_per_node == 0):
+        raise ValueError(f"node.nic={spec.nic!r} needs node.nics_per_node >= 1 (and vice versa)")
+    _check_link("nic", spec.nic, "network")
+    if spec.intra == "nvswitch":
+        if spec.nvswitch is None or spec.nvlink is None:
+            raise ValueError("node.intra='nvswitch' needs node.nvswitch and node.nvlink")
+        lookup(NVSWITCHES, spec.nvswitch, "node.nvswitch")
+    elif spec.nvswitch is not None:
+        raise ValueError(f"node.nvswitch={spec.nvswitch!r} needs node.intra='nvswitch'")
+    if spec.intra == "nvlink-bridge" and (spec.nvlink is None or spec.num_gpus % 2):
+        raise ValueError(
+            f"node.intra='nvlink-bridge' needs node.nvlink and an even node.num_gpus "
+            f"(got nvlink={spec.nvlink!r}, num_gpus={spec.num_gpus})"
+        )
+    if spec.intra == "loopback" and spec.nics_per_node:
+        raise ValueError("node.intra='loopback' (one host) takes no NICs")
+
+
+NODE_PRESETS: dict[str, NodeSpec] = {
+    "dgx-h100": NodeSpec(
+        name="dgx-h100",
+        gpu="h100-sxm",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink4",
+        nvswitch="nvswitch-gen3",
+        pcie="pcie-gen5",
+        nic="ib-ndr",
+        nics_per_node=8,
+        cpu_link="upi",
+        default_fabric="ib-ndr",
+        source="NVIDIA DGX H100 user guide: 8 H100 SXM, 4 NVSwitch gen3, 8 ConnectX-7 NDR "
+        "for compute, 2 Xeon 8480C",
+    ),
+    "hgx-h200": NodeSpec(
+        name="hgx-h200",
+        gpu="h200",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink4",
+        nvswitch="nvswitch-gen3",
+        pcie="pcie-gen5",
+        nic="ib-ndr",
+        nics_per_node=8,
+        cpu_link="upi",
+        default_fabric="ib-ndr",
+        source="NVIDIA HGX H200 8-GPU baseboard with one ConnectX-7 NDR per GPU",
+    ),
+    "dgx-a100": NodeSpec(
+        name="dgx-a100",
+        gpu="a100-sxm-80gb",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink3",
+        nvswitch="nvswitch-gen2",
+        pcie="pcie-gen4",
+        nic="ib-hdr",
+        nics_per_node=8,
+        cpu_link="xgmi",
+        default_fabric="ib-hdr",
+        source="NVIDIA DGX A100 user guide: 8 A100 SXM, 6 NVSwitch gen2, 8 ConnectX-6 HDR, "
+        "4 PCIe Gen4 switches, 2 AMD EPYC 7742",
+    ),
+    "pcie-h100": NodeSpec(
+        name="pcie-h100",
+        gpu="h100-pcie",
+        num_gpus=8,
+        intra="nvlink-bridge",
+        nvlink="nvlink4-bridge",
+        pcie="pcie-gen5",
+        nic="ib-ndr",
+        nics_per_node=4,
+        cpu_link="upi",
+        default_fabric="ib-ndr",
+        source="a typical 8 x H100 PCIe server: 4 PCIe Gen5 switches (2 GPUs + 1 NIC each), "
+        "NVLink bridges between GPU pairs",
+    ),
+    "localhost": NodeSpec(
+        name="localhost",
+        gpu="cpu",
+        num_gpus=2,
+        intra="loopback",
+        num_pcie_switches=1,
+        num_cpus=1,
+        source="N gloo processes on one host over the loopback device",
+    ),
+}
+"""Server presets by name (``build_cluster(node=...)``)."""
+
+
+def with_gpus(spec: NodeSpec, num_gpus: int) -> NodeSpec:
+    """``spec`` with ``num_gpus`` GPUs (PCIe switches capped at one per GPU)."""
+    switches = min(spec.num_pcie_switches, num_gpus)
+    nics = min(spec.nics_per_node, num_gpus)
+    return replace(spec, num_gpus=num_gpus, num_pcie_switches=switches, nics_per_node=nics)
+
+
+def server_graph(spec: NodeSpec) -> nx.DiGraph:
+    """The DiGraph of one ``spec`` server with local node ids; ``node_index`` is 0.
+
+    >>> g = server_graph(NODE_PRESETS["localhost"]); sorted(g.nodes)
+    ['cpu0', 'gpu0', 'gpu1']
+    """
+    graph = nx.DiGraph()
+    gpu = GPUS[spec.gpu]
+    for s in range(spec.num_cpus):
+        graph.add_node(f"cpu{s}", kind="cpu", node_index=0)
+    for j in range(spec.num_gpus):
+        graph.add_node(f"gpu{j}", kind="gpu", spec=gpu, node_index=0, local_index=j, nic=None)
+    if spec.intra == "loopback":
+        for j in range(spec.num_gpus):
+            add_link(graph, f"gpu{j}", "cpu0", LINKS["loopback"])
+        return graph
+    _add_pcie_tree(graph, spec)
+    if spec.intra == "nvswitch":
+        graph.add_node(
+            "nvswitch", kind="nvswitch", spec=NVSWITCHES[str(spec.nvswitch)], node_index=0
+        )
+        for j in range(spec.num_gpus):
+            add_link(graph, f"gpu{j}", "nvswitch", LINKS[str(spec.nvlink)])
+    elif spec.intra == "nvlink-bridge":
+        for j in range(0, spec.num_gpus, 2):
+            add_link(graph, f"gpu{j}", f"gpu{j + 1}", LINKS[str(spec.nvlink)])
+    return graph
+
+
+def _spread(index: int, count: int, buckets: int) -> int:
+    """Bucket of item ``index`` of ``count`` split evenly, in order, over ``buckets``."""
+    return index * buckets // count
+
+
+def _add_pcie_tree(graph: nx.DiGraph, spec: NodeSpec) -> None:
+    """CPU sockets joined pairwise, PCIe switches under them, GPUs and NICs under the switches."""
+    pcie = LINKS[spec.pcie]
+    for s in range(spec.num_cpus):
+        for t in range(s + 1, spec.num_cpus):
+            add_link(graph, f"cpu{s}", f"cpu{t}", LINKS[spec.cpu_link])
+    switches = spec.num_pcie_switches
+    for k in range(switches):
+        graph.add_node(f"pcie{k}", kind="pcie_switch", node_index=0)
+        add_link(graph, f"pcie{k}", f"cpu{_spread(k, switches, spec.num_cpus)}", pcie)
+    nics_on: dict[int, list[str]] = {}
+    for k in range(spec.nics_per_node):
+        graph.add_node(f"nic{k}", kind="nic", node_index=0, local_index=k)
+        switch = _spread(k, spec.nics_per_node, switches)
+        add_link(graph, f"nic{k}", f"pcie{switch}", pcie)
+        nics_on.setdefault(switch, []).append(f"nic{k}")
+    gpus_on: dict[int, int] = {}
+    for j in range(spec.num_gpus):
+        switch = _spread(j, spec.num_gpus, switches)
+        add_link(graph, f"gpu{j}", f"pcie{switch}", pcie)
+        position = gpus_on.get(switch, 0)
+        gpus_on[switch] = position + 1
+        local = nics_on.get(switch)
+        if local:
+            graph.nodes[f"gpu{j}"]["nic"] = local[position % len(local)]
+        elif spec.nics_per_node:
+            graph.nodes[f"gpu{j}"]["nic"] = _nearest_nic(graph, f"gpu{j}")
+
+
+def _nearest_nic(graph: nx.DiGraph, gpu: str) -> str:
+    """The NIC fewest hops from ``gpu`` (lowest index among ties)."""
+    hops = nx.single_source_shortest_path_length(graph, gpu)
+    nics = [n for n in hops if graph.nodes[n]["kind"] == "nic"]
+    return min(nics, key=lambda n: (hops[n], graph.nodes[n]["local_index"]))
