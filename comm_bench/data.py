@@ -9,16 +9,18 @@ representable in the dtype (int8 up to 127, uint8 255, bfloat16 256, float16 204
   not fit, sum uses sparse ones (``v = [1, 0, ..., 0]``) with ``m = ceil(n / limit)``;
 - prod: ``v = [2, 1, ..., 1]`` with ``m`` large enough that at most ``log2(limit)`` twos meet;
 - avg: ``b + d(r)`` with ``b = 1..4`` and ``d = +1, -1`` on rank pairs (0 on the last odd rank),
-  so the sum is exactly ``n b`` and the average exactly ``b`` wherever the dtype holds ``5 n``.
-  NCCL computes float averages as a pre-multiplied sum (x / n summed), which is exact only for
-  power-of-two worlds; elsewhere avg on floats is compared within ``2 n`` ulp.
+  so the sum is exactly ``n b`` and the average exactly ``b`` wherever the dtype holds ``5 n``
+  (beyond that every rank holds 1). NCCL computes float averages as a pre-multiplied sum
+  (x / n summed), which is exact only for power-of-two worlds; elsewhere avg on floats is
+  compared within ``2 n`` ulp. Integer avg beyond the dtype's range (int8 over 127 ranks)
+  overflows in any implementation and is reported wrong.
 
 The expected result of element g depends only on ``(g + rep) % m``, so it is a table lookup.
 ``rep`` (the check iteration) shifts the pattern so repeated checks use fresh data.
 
     >>> pattern = reduce_pattern("sum", 4, "int8")
     >>> pattern.modulus, pattern.expected
-    (8, (12, 16, 20, 24, 28, 24, 20, 16))
+    (8, (6, 10, 14, 18, 22, 18, 14, 10))
 """
 
 from __future__ import annotations
@@ -104,10 +106,11 @@ def reduce_pattern(redop: str, world_size: int, dtype: str) -> ReducePattern:
     """The exactly-checkable input pattern of ``redop`` over ``world_size`` ranks in ``dtype``."""
     n, limit = world_size, EXACT_LIMIT[dtype]
     if redop == "avg":
-        exact = not dtype.startswith(("float", "bfloat")) or (n & (n - 1) == 0 and 5 * n <= limit)
-        return ReducePattern(
-            redop=redop, modulus=4, values=(1, 2, 3, 4), expected=(1, 2, 3, 4), exact=exact
-        )
+        values = (1, 2, 3, 4) if 5 * n <= limit else (1,)  # (1,): every rank 1, the sum is n
+        floating = dtype.startswith(("float", "bfloat"))
+        exact = max(values) * n <= limit and (not floating or n & (n - 1) == 0)
+        return ReducePattern(redop=redop, modulus=len(values), values=values, expected=values,
+                             exact=exact)
     if redop in ("min", "max"):
         values = list(range(8))
     elif redop == "prod":
@@ -142,8 +145,10 @@ def reduce_input(
     """Fill ``out`` (``num_elems`` elements) with rank ``rank``'s input of a reducing op."""
     m = pattern.modulus
     rank_values = [pattern.values[(k + rank) % m] for k in range(m)]
-    if pattern.redop == "avg":
+    if pattern.redop == "avg" and m > 1:
         rank_values = [v + _avg_offset(rank, world_size) for v in pattern.values]
+    elif pattern.redop == "avg":
+        rank_values = list(pattern.values)
     table = torch.tensor(rank_values, dtype=out.dtype, device=out.device)
     out.copy_(table[_index(0, num_elems, rep, m, out.device)])
 

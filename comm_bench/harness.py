@@ -222,8 +222,10 @@ def run_rank(options: BenchOptions) -> int:
             print(f"commbench: results measured so far are in {output}", file=sys.stderr)
         if "COMMBENCH_TRACEBACK" in os.environ:
             traceback.print_exc()
+        sys.stdout.flush()
         sys.stderr.flush()
-        return EXIT_FAILURE  # no teardown: it could wait on the peer that failed
+        # No teardown: destroying the group (even at interpreter exit) can wait on the dead peer.
+        os._exit(EXIT_FAILURE)
     _shutdown()
     return code
 

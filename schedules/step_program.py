@@ -13,10 +13,11 @@ rate limiter, backward prefetch, the reduce-scatters on the same FIFO and HSDP's
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from schedules.pipeline import RankOrder
+from schedules.pipeline import Pass, RankOrder
 from schedules.program import (
     ChunkWork,
     Compute,
@@ -166,6 +167,9 @@ class _Pipeline:
         self.b = ProgramBuilder(rank=spec.rank, groups=dict(spec.groups))
         self.synced: list[int] = []
         self.num_vstages = spec.pp * len(spec.chunks)
+        self.grad_passes = _grad_passes(spec)
+        self.posted: dict[int, int] = {}
+        self.batch: list[int] = []
 
     def sync_hook(self, sizes: tuple[float, ...], label: str) -> Callable[[int], list[int]]:
         """Issue bucket ``i`` at its mark; returns what compute must wait for (DeepSpeed)."""
@@ -208,58 +212,84 @@ class _Pipeline:
             )
         )
 
+    def needs_input(self, step: Pass) -> bool:
+        """Whether a pass receives from a neighbour (W passes never do)."""
+        vstage = step.chunk * self.spec.pp + self.spec.stage
+        if step.kind == "W":
+            return False
+        return vstage > 0 if step.kind == "F" else vstage < self.num_vstages - 1
+
+    def receive(self, pos: int, step: Pass) -> list[int]:
+        """The receive a pass waits for: posted earlier with a batched exchange, or now."""
+        if not self.needs_input(step):
+            return []
+        if pos in self.posted:
+            return [self.posted.pop(pos)]
+        deps = self.b.after_compute() if self.spec.blocking_p2p else ()
+        vstage = step.chunk * self.spec.pp + self.spec.stage
+        kind = "F" if step.kind == "F" else "B"
+        return [self.transfer(kind, step.microbatch, vstage, send=False, deps=deps)]
+
+    def send(self, pos: int, step: Pass, outstanding: list[int]) -> None:
+        """Send a pass's output; blocking mode batches it with the next pass's receive."""
+        spec, is_fwd = self.spec, step.kind == "F"
+        vstage = step.chunk * spec.pp + spec.stage
+        if step.kind == "W":
+            return
+        deps = self.b.after_compute(*outstanding)
+        if vstage < self.num_vstages - 1 if is_fwd else vstage > 0:
+            vnext = vstage + 1 if is_fwd else vstage - 1
+            kind = "F" if is_fwd else "B"
+            self.batch.append(self.transfer(kind, step.microbatch, vnext, send=True, deps=deps))
+        if not spec.blocking_p2p:
+            return
+        later = (q for q in range(pos + 1, len(spec.order)) if spec.order[q].kind != "W")
+        nxt = next(later, None)
+        if nxt is not None and self.needs_input(spec.order[nxt]):
+            nstep = spec.order[nxt]
+            kind = "F" if nstep.kind == "F" else "B"
+            nvstage = nstep.chunk * spec.pp + spec.stage
+            self.posted[nxt] = self.transfer(kind, nstep.microbatch, nvstage, send=False, deps=deps)
+            self.batch.append(self.posted[nxt])
+
+    def recipe(self, pos: int, step: Pass) -> tuple[tuple[Step, ...], Callable | None]:
+        """A pass's recipe, with bucket marks when its gradients are synced bucket by bucket."""
+        work, sync = self.spec.chunks[step.chunk], self.spec.sync
+        steps = {
+            "F": work.forward,
+            "B": work.backward,
+            "Bi": work.backward_input,
+            "W": work.backward_weight,
+        }[step.kind]
+        if pos in self.grad_passes and sync.op and sync.bucketed and not sync.at_end:
+            marked = with_marks(steps, work.grad_buckets_bytes)
+            return marked, self.sync_hook(work.grad_buckets_bytes, f"c{step.chunk}")
+        return steps, None
+
     def build(self) -> Program:
         spec, b = self.spec, self.b
         gathers = self._param_gathers(issue_now=spec.sync.param_gather == "overlapped")
-        grad_passes = _grad_passes(spec)
         outstanding: list[int] = []
-        unsent: list[int] = []
         first_forward = set()
         for pos, step in enumerate(spec.order):
-            chunk, mb = step.chunk, step.microbatch
-            work = spec.chunks[chunk]
-            vstage = chunk * spec.pp + spec.stage
-            deps = list(outstanding)
-            is_fwd = step.kind == "F"
-            if is_fwd and chunk not in first_forward:
-                first_forward.add(chunk)
-                deps += gathers.get(chunk, [])
-            needs_input = vstage > 0 if is_fwd else vstage < self.num_vstages - 1
-            if step.kind != "W" and needs_input:
-                post = b.after_compute() if spec.blocking_p2p else ()
-                deps.append(
-                    self.transfer("F" if is_fwd else "B", mb, vstage, send=False, deps=post)
-                )
+            deps = list(outstanding) + self.receive(pos, step)
+            if step.kind == "F" and step.chunk not in first_forward:
+                first_forward.add(step.chunk)
+                deps += gathers.get(step.chunk, [])
             if spec.blocking_p2p:
-                deps += unsent
-                unsent = []
-            recipe = {
-                "F": work.forward,
-                "B": work.backward,
-                "Bi": work.backward_input,
-                "W": work.backward_weight,
-            }[step.kind]
-            label = f"{step}"
-            hook = None
-            if pos in grad_passes and spec.sync.op and spec.sync.bucketed and not spec.sync.at_end:
-                recipe = with_marks(recipe, work.grad_buckets_bytes)
-                hook = self.sync_hook(work.grad_buckets_bytes, f"c{chunk}")
-            outstanding = b.run_steps(label, recipe, tuple(deps), hook)
+                deps += self.batch
+                self.batch = []
+            steps, hook = self.recipe(pos, step)
+            outstanding = b.run_steps(f"{step}", steps, tuple(deps), hook)
             if hook is not None and spec.sync.every_microbatch:
                 outstanding += self.synced
-            has_output = vstage < self.num_vstages - 1 if is_fwd else vstage > 0
-            if step.kind != "W" and has_output:
-                vnext = vstage + 1 if is_fwd else vstage - 1
-                sent = self.transfer(
-                    "F" if is_fwd else "B", mb, vnext, send=True, deps=b.after_compute(*outstanding)
-                )
-                unsent.append(sent)
-            if pos in grad_passes and spec.sync.op and not spec.sync.bucketed:
-                self._sync_whole(chunk, outstanding)
+            self.send(pos, step, outstanding)
+            if pos in self.grad_passes and spec.sync.op and not spec.sync.bucketed:
+                self._sync_whole(step.chunk, outstanding)
         if spec.sync.at_end:
             for chunk in range(len(spec.chunks)):
                 self._sync_whole(chunk, outstanding)
-        self._finish(sorted({*outstanding, *unsent, *self.synced}), gathers)
+        self._finish(sorted({*outstanding, *self.batch, *self.synced}), gathers)
         return b.program(stage=spec.stage)
 
     def _sync_whole(self, chunk: int, outstanding: list[int]) -> None:
@@ -320,6 +350,8 @@ def pipeline_program(spec: PipelineRank) -> Program:
     return _Pipeline(spec).build()
 
 
+MAX_INFLIGHT_ALL_GATHERS = 2
+"""FSDP1's ``_max_num_inflight_all_gathers``: the limiter's free-event queue threshold."""
 NO_WORK = ChunkWork(forward=(), backward=())
 """A part of the model with nothing to run."""
 
@@ -363,79 +395,84 @@ class FsdpRank:
 def fsdp_program(spec: FsdpRank) -> Program:
     """One rank's FSDP1 step (reference §1): per micro-batch a forward and a backward by unit.
 
-    Forward: AG(root), then AG(u) issued as the rate limiter allows (after the forward of u - 2)
-    and F(u) waiting for it. Backward: the root is not resharded after forward (no AG); with
-    BACKWARD_PRE, AG(u - 1) is issued before B(u) (limiter: after B(u + 2)); with BACKWARD_POST
-    after B(u); RS(u) follows B(u) on the same FIFO, giving AG(u), RS(u+1), AG(u-1), RS(u)...
+    Forward: AG(root), then AG(u) before F(u). Backward: the root is not resharded after forward
+    (no AG); BACKWARD_PRE issues AG(u - 1) before B(u), BACKWARD_POST after it (before RS(u)),
+    ``none`` at u - 1's own pre-backward; RS(u) follows B(u) on the same FIFO, giving AG(u),
+    RS(u+1), AG(u-1), RS(u)... The rate limiter is modelled literally: every reshard that frees
+    memory records an event on the compute stream, and an AG is issued only once at most one
+    such event is pending (the older ones are waited for).
     """
-    b = ProgramBuilder(rank=spec.rank, groups=dict(spec.groups))
-    reduced: list[int] = []
+    builder = _Fsdp(spec)
     outstanding: list[int] = []
     for mb in range(spec.num_microbatches):
-        outstanding = _fsdp_forward(spec, b, mb, outstanding)
-        outstanding = _fsdp_backward(spec, b, mb, outstanding, reduced)
+        outstanding = builder.forward(mb, outstanding)
+        outstanding = builder.backward(mb, outstanding)
+    b = builder.b
     b.add(
         Compute(
             name="optimizer",
             duration_s=spec.optimizer_s,
             kind="optimizer",
-            deps=tuple(sorted({*outstanding, *reduced})),
+            deps=tuple(sorted({*outstanding, *builder.reduced})),
         )
     )
     return b.program()
 
 
-def _gather(b: ProgramBuilder, name: str, size: float, deps: tuple[int, ...]) -> list[int]:
-    index = b.collective(name, "dp", "all_gather", size, deps=deps)
-    return [] if index is None else [index]
+class _Fsdp:
+    """Builds one rank's FSDP program (builder state: the limiter's free-event queue)."""
 
+    def __init__(self, spec: FsdpRank) -> None:
+        self.spec = spec
+        self.b = ProgramBuilder(rank=spec.rank, groups=dict(spec.groups))
+        self.frees: deque[int] = deque()
+        self.reduced: list[int] = []
 
-def _fsdp_forward(spec: FsdpRank, b: ProgramBuilder, mb: int, waits: list[int]) -> list[int]:
-    start = b.after_compute()
-    root = _gather(b, f"AG root mb{mb}", spec.root_param_bytes, start)
-    waits = b.run_steps(f"F{mb} embed", spec.embed.forward, (*waits, *root))
-    done: list[int | None] = []
-    limited = spec.limit_all_gathers and spec.reshard_after_forward
-    for u in range(spec.num_units):
-        limiter = (done[u - 2],) if limited and u >= 2 and done[u - 2] is not None else ()
-        ag = _gather(
-            b,
-            f"AG u{u} mb{mb}",
-            spec.unit_param_bytes,
-            tuple(sorted({*start, *(d for d in limiter if d is not None)})),
-        )
-        waits = b.run_steps(f"F{mb} u{u}", spec.layer.forward, (*waits, *ag))
-        done.append(b.last_compute)
-    return b.run_steps(f"F{mb} head", spec.head.forward, tuple(waits))
+    def gather(self, name: str, size: float, deps: tuple[int, ...] = ()) -> list[int]:
+        """All-gather on the shard FIFO, after the rate limiter lets it through."""
+        waits = list(deps)
+        while self.spec.limit_all_gathers and len(self.frees) >= MAX_INFLIGHT_ALL_GATHERS:
+            waits.append(self.frees.popleft())
+        index = self.b.collective(name, "dp", "all_gather", size, deps=tuple(sorted(set(waits))))
+        return [] if index is None else [index]
 
+    def free(self) -> None:
+        """A reshard after the latest compute: its free event joins the limiter's queue."""
+        if self.spec.limit_all_gathers and self.b.last_compute is not None:
+            self.frees.append(self.b.last_compute)
 
-def _fsdp_backward(
-    spec: FsdpRank, b: ProgramBuilder, mb: int, waits: list[int], reduced: list[int]
-) -> list[int]:
-    n = spec.num_units
-    regather = spec.reshard_after_forward
-    gathers: dict[int, list[int]] = {}
-    if regather and spec.backward_prefetch != "none" and n > 0:
-        gathers[n - 1] = _gather(b, f"AG u{n - 1} mb{mb} bwd", spec.unit_param_bytes, ())
-    waits = b.run_steps(f"B{mb} head", spec.head.backward, tuple(waits))
-    done: dict[int, int | None] = {}
-    for u in range(n - 1, -1, -1):
-        if regather and u not in gathers:
-            gathers[u] = _gather(b, f"AG u{u} mb{mb} bwd", spec.unit_param_bytes, b.after_compute())
-        if regather and spec.backward_prefetch == "backward_pre" and u > 0:
-            limiter = done.get(u + 2) if spec.limit_all_gathers else None
-            deps = () if limiter is None else (limiter,)
-            gathers[u - 1] = _gather(b, f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes, deps)
-        waits = b.run_steps(f"B{mb} u{u}", spec.layer.backward, (*waits, *gathers.get(u, [])))
-        done[u] = b.last_compute
-        if regather and spec.backward_prefetch == "backward_post" and u > 0:
-            gathers[u - 1] = _gather(
-                b, f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes, b.after_compute()
-            )
-        reduced += _reduce(b, f"u{u} mb{mb}", spec.unit_grad_bytes, waits)
-    waits = b.run_steps(f"B{mb} embed", spec.embed.backward, tuple(waits))
-    reduced += _reduce(b, f"root mb{mb}", spec.root_grad_bytes, waits)
-    return waits
+    def forward(self, mb: int, waits: list[int]) -> list[int]:
+        spec, b = self.spec, self.b
+        start = b.after_compute()
+        root = self.gather(f"AG root mb{mb}", spec.root_param_bytes, start)
+        waits = b.run_steps(f"F{mb} embed", spec.embed.forward, (*waits, *root))
+        for u in range(spec.num_units):
+            ag = self.gather(f"AG u{u} mb{mb}", spec.unit_param_bytes, start)
+            waits = b.run_steps(f"F{mb} u{u}", spec.layer.forward, (*waits, *ag))
+            if spec.reshard_after_forward:
+                self.free()
+        return b.run_steps(f"F{mb} head", spec.head.forward, tuple(waits))
+
+    def backward(self, mb: int, waits: list[int]) -> list[int]:
+        spec, b, n = self.spec, self.b, self.spec.num_units
+        regather, prefetch = spec.reshard_after_forward, spec.backward_prefetch
+        gathers: dict[int, list[int]] = {}
+        if regather and prefetch != "none" and n > 0:
+            gathers[n - 1] = self.gather(f"AG u{n - 1} mb{mb} bwd", spec.unit_param_bytes)
+        waits = b.run_steps(f"B{mb} head", spec.head.backward, tuple(waits))
+        for u in range(n - 1, -1, -1):
+            if regather and u not in gathers:
+                gathers[u] = self.gather(f"AG u{u} mb{mb} bwd", spec.unit_param_bytes)
+            if regather and prefetch == "backward_pre" and u > 0:
+                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes)
+            waits = b.run_steps(f"B{mb} u{u}", spec.layer.backward, (*waits, *gathers.get(u, [])))
+            self.free()
+            if regather and prefetch == "backward_post" and u > 0:
+                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes)
+            self.reduced += _reduce(b, f"u{u} mb{mb}", spec.unit_grad_bytes, waits)
+        waits = b.run_steps(f"B{mb} embed", spec.embed.backward, tuple(waits))
+        self.reduced += _reduce(b, f"root mb{mb}", spec.root_grad_bytes, waits)
+        return waits
 
 
 def _reduce(b: ProgramBuilder, label: str, size: float, waits: list[int]) -> list[int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,33 +125,40 @@ def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, To
     from schedules.plan import resolve_plan
     from sim.plan_sim import plan_topology, simulate_plan
 
+    comm_calibration, compute_calibration = load_calibrations(args)
     topology = plan_topology(plan)
     plan = resolve_plan(plan, topology.num_gpus)
     result = simulate_plan(
         plan,
         topology=topology,
-        comm_calibration=_comm_calibration(args.calibration),
-        compute_calibration=_compute_calibration(args.compute_calibration),
+        comm_calibration=comm_calibration,
+        compute_calibration=compute_calibration,
         fidelity=args.fidelity,
         fold=not args.no_fold,
     )
     return result, plan, topology
 
 
-def _comm_calibration(path: Path | None) -> Any:
-    if path is None:
-        return None
+def load_calibrations(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The network and compute calibrations named on the command line (None when not given)."""
     from sim.calibration import load_calibration
-
-    return load_calibration(path)
-
-
-def _compute_calibration(path: Path | None) -> Any:
-    if path is None:
-        return None
     from sim.compute_calibration import load_compute_calibration
 
-    return load_compute_calibration(path)
+    return (
+        _load_json_file("--calibration", args.calibration, load_calibration),
+        _load_json_file("--compute-calibration", args.compute_calibration, load_compute_calibration),
+    )
+
+
+def _load_json_file(flag: str, path: Path | None, loader: Callable[[Path], Any]) -> Any:
+    if path is None:
+        return None
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag} {path}: file not found")
+    try:
+        return loader(path)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
 
 
 def render_files(
@@ -199,13 +206,13 @@ def plot_title(result: PlanResult, plan: Plan) -> str:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
-    fd, tmp_name = tempfile.mkstemp(
-        dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp"
-    )
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # os.open with 0o666 lets the umask decide the mode, as for any file the user creates.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        os.replace(tmp_name, path)
+        os.replace(tmp, path)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise

@@ -167,7 +167,8 @@ def _draw_lane(ax: Axes, y: int, spans: list[Span], *, compute: bool) -> set[str
             ranges,
             (y - height / 2, height),
             facecolors=category_color(category),
-            edgecolor="white",
+            # White seams separate adjacent compute passes; comm bars are often too thin for them.
+            edgecolor="white" if compute else "none",
             linewidth=0.3,
         )
     return set(bars)

@@ -8,7 +8,8 @@ key). Routing: shortest paths by hop count inside a server (networkx), up/down r
 the fat-tree (up to the lowest common ancestor tier, then down), with equal-cost choices made by
 a stable hash of (src, dst, flow_key) so that runs repeat.
 
-    >>> topo = build_cluster("dgx-h100"); len(topo.path(0, 1))  # GPU -> NVSwitch -> GPU
+    >>> from topologies.presets import build_cluster
+    >>> len(build_cluster("dgx-h100").path(0, 1))  # GPU -> NVSwitch -> GPU
     2
 """
 

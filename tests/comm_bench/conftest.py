@@ -32,7 +32,10 @@ class Run:
 
 
 def run_commbench(
-    tmp_path: Path, args: list[str], env: dict[str, str] | None = None, launcher: list[str] | None = None,
+    tmp_path: Path,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    launcher: list[str] | None = None,
     timeout_s: float = 120.0,
 ) -> Run:
     """Run ``python -m comm_bench args --output tmp/run.json`` (or under ``launcher``)."""
@@ -40,8 +43,9 @@ def run_commbench(
     full_env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
     command = (launcher or [sys.executable, "-m", "comm_bench"]) + args + ["--output", str(output)]
     start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=full_env, cwd=tmp_path,
-                          timeout=timeout_s)
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=full_env, cwd=tmp_path, timeout=timeout_s
+    )
     return Run(done.returncode, done.stdout, done.stderr, time.monotonic() - start, output)
 
 

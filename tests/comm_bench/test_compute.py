@@ -49,7 +49,7 @@ def test_gemm_only_run_without_output(capsys: pytest.CaptureFixture[str]) -> Non
         (["--sizes", "abc"], "--sizes: expected comma-separated integers"),
         (["--shapes", "1x2"], "--shapes: '1x2' is not MxNxK"),
         (["--dtype", "int8"], "--dtype 'int8' is not one of"),
-        (["--iters", "0"], "--iters must be > 0"),
+        (["--iters", "0"], "--iters and --repeats must be > 0"),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--dtype", "fp8"], "--dtype fp8 needs a CUDA GPU"),
     ],

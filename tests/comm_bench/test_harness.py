@@ -42,7 +42,11 @@ def test_results_json_and_csv_follow_the_schema(commbench):
     assert len(rows) == 12 and all(tuple(row) == FIELD_NAMES for row in rows)
     first = rows[0]
     assert (first["op"], first["size_bytes"], first["count"], first["in_place"]) == (
-        "all_gather", 64, 8, False)
+        "all_gather",
+        64,
+        8,
+        False,
+    )
     assert first["busbw_gbps"] == pytest.approx(first["algbw_gbps"] * 0.5)
     assert first["algbw_gbps"] == pytest.approx(64 / (first["time_us"] * 1e3))
     assert first["time_min_us"] <= first["time_median_us"] <= first["time_p99_us"]
@@ -59,22 +63,26 @@ def test_stdout_table_reads_back_as_the_same_numbers(commbench, tmp_path):
     log.write_text(run.stdout)
     from_log, from_json = read_results(log), read_results(run.output)
     assert [(r.size_bytes, r.root, r.in_place) for r in from_log] == [
-        (r.size_bytes, r.root, r.in_place) for r in from_json]
+        (r.size_bytes, r.root, r.in_place) for r in from_json
+    ]
     assert [round(r.busbw_gbps, 2) for r in from_json] == [r.busbw_gbps for r in from_log]
     assert {r.root for r in from_json} == {1}
 
 
 def test_an_op_the_backend_cannot_run_is_skipped_with_a_note(commbench):
-    run = commbench(["--ops", "all_reduce,broadcast", "--nprocs", "2", "-d", "int32", "-o", "avg",
-                     *SMALL])
+    run = commbench(
+        ["--ops", "all_reduce,broadcast", "--nprocs", "2", "-d", "int32", "-o", "avg", *SMALL]
+    )
     assert run.returncode == 0, run.stderr
     assert "# all_reduce: skipped, backend gloo cannot run it" in run.stdout
     assert {r.op for r in read_results(run.output)} == {"broadcast"}
 
 
 def test_corrupted_results_are_counted_and_fail_the_run(commbench):
-    run = commbench(["--ops", "all_reduce,send_recv", "--nprocs", "2", *SMALL],
-                    env={"COMMBENCH_CORRUPT_RANK": "1"})
+    run = commbench(
+        ["--ops", "all_reduce,send_recv", "--nprocs", "2", *SMALL],
+        env={"COMMBENCH_CORRUPT_RANK": "1"},
+    )
     assert run.returncode == 1
     assert "FAILED" in run.stdout
     records = read_results(run.output)

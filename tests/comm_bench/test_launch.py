@@ -15,14 +15,28 @@ SWEEP = ["--ops", "all_reduce", "-b", "1K", "-e", "64K", "-f", "2", "-n", "3", "
 def test_torchrun_launch_uses_its_world(commbench):
     if shutil.which("torchrun") is None:
         pytest.skip("torchrun is not installed")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "-m", "comm_bench"]
-    run = commbench(["--ops", "all_reduce", "-b", "1K", "-e", "4K", "-n", "3", "-w", "1"],
-                    launcher=launcher)
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "comm_bench",
+    ]
+    run = commbench(
+        ["--ops", "all_reduce", "-b", "1K", "-e", "4K", "-n", "3", "-w", "1"], launcher=launcher
+    )
     assert run.returncode == 0, run.stderr
     records = read_results(run.output)
     assert [(r.size_bytes, r.in_place) for r in records] == [
-        (1024, False), (1024, True), (2048, False), (2048, True), (4096, False), (4096, True)]
+        (1024, False),
+        (1024, True),
+        (2048, False),
+        (2048, True),
+        (4096, False),
+        (4096, True),
+    ]
     assert {r.world_size for r in records} == {2} and all(r.num_wrong == 0 for r in records)
     assert run.stdout.count("# Collective test starting: all_reduce_perf") == 1
 

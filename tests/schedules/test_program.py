@@ -217,7 +217,9 @@ def test_fsdp_rate_limiter_and_prefetch_dependencies() -> None:
     assert program.actions[index["AG u0 mb0 bwd"]].deps == (index["B0 u3 bwd"],)
     post = fsdp_program(fsdp_spec("backward_post"))
     post_index = {a.name: i for i, a in enumerate(post.actions)}
-    assert post.actions[post_index["AG u0 mb0 bwd"]].deps == (post_index["B0 u1 bwd"],)
+    # BACKWARD_POST: issued after B(u), the limiter makes it wait on B(u + 1)
+    assert post_index["B0 u1 bwd"] < post_index["AG u0 mb0 bwd"] < post_index["RS u1 mb0"]
+    assert post.actions[post_index["AG u0 mb0 bwd"]].deps == (post_index["B0 u2 bwd"],)
 
 
 def test_shard_grad_op_gathers_only_in_forward_and_hsdp_adds_an_all_reduce() -> None:

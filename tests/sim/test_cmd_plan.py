@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,17 @@ BAD_PLANS = {
     ),
     "bad choice": (_with("parallel", schedule="1f2b"), ["parallel.schedule", "1f2b"]),
     "bad type": (_with("parallel", tp="two"), ["parallel.tp", "two"]),
-    "tp does not divide heads": (_with("parallel", tp=3, dp=1, pp=1), ["tp"]),
+    "tp does not divide heads": (
+        {
+            **_with("model", num_heads=12, hidden_size=768),
+            "parallel": {"tp": 8, "pp": 1, "dp": 1},
+        },
+        ["model.num_heads=12", "tp=8"],
+    ),
+    "degrees do not match the world": (
+        _with("parallel", tp=2, pp=2, dp=4),
+        ["world size 8", "tp=2", "dp=4"],
+    ),
     "not a mapping": ("- a\n- b\n", ["mapping"]),
 }
 
@@ -146,3 +157,99 @@ def test_yaml_error_line_names_problem_and_position() -> None:
         yaml_error_line(info.value)
         == "expected ',' or ']', but got '<stream end>' at line 3, column 1"
     )
+
+
+def test_text_report_of_a_tiny_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(_write_plan(tmp_path, TINY_PLAN))]) == 0
+    out = capsys.readouterr().out
+    assert "Plan: tiny (4 layers, hidden 512, seq 512) on 8 x h100-sxm" in out
+    assert "tp=2 pp=2 cp=1 dp=2 vpp=1, data_parallel ddp" in out
+    assert "4 micro-batches of 1 per step, global batch 8 (4,096 tokens), bf16" in out
+    for heading in ("Step time", "Throughput", "MFU", "FLOP definition", "Memory per GPU"):
+        assert heading in out
+    assert "exposed comm tp" in out and "pipeline bubble" in out
+
+
+def test_json_output_trace_and_timeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write_plan(tmp_path, TINY_PLAN)
+    assert main(["plan", str(path), "--json", *_outputs(tmp_path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    out = tmp_path / "out"
+    assert json.loads((out / "result.json").read_text()) == printed
+    assert set(printed) >= {
+        "step_time_s",
+        "tokens_per_s",
+        "tflops_per_gpu",
+        "mfu",
+        "flops_definition",
+        "memory_gib",
+        "breakdown",
+        "fits_in_memory",
+    }
+    assert printed["tokens_per_s"] == pytest.approx(8 * 512 / printed["step_time_s"], rel=1e-12)
+    trace = json.loads((out / "trace.json").read_text())
+    names = {
+        e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"
+    }
+    assert len(names) == printed["num_simulated_ranks"]
+    assert {n.split("(")[1] for n in names.values()} == {"pp stage 0)", "pp stage 1)"}
+    ends_us = [e["ts"] + e["dur"] for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert max(ends_us) == pytest.approx(printed["step_time_s"] * 1e6, abs=0.01)
+    png = (out / "timeline.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+    assert sorted(p.name for p in out.iterdir()) == ["result.json", "timeline.png", "trace.json"]
+
+
+def test_outputs_are_deterministic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write_plan(tmp_path, TINY_PLAN)
+    runs = []
+    for name in ("a", "b"):
+        trace = tmp_path / f"{name}.json"
+        assert main(["plan", str(path), "--json", "--trace", str(trace)]) == 0
+        runs.append((capsys.readouterr().out, trace.read_bytes()))
+    assert runs[0] == runs[1]
+
+
+def test_plan_that_does_not_fit_is_a_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = _with("model", num_layers=8, hidden_size=8192, num_heads=64, ffn_hidden_size=32768)
+    big["parallel"] = {"tp": 1, "pp": 1, "data_parallel": "ddp"}
+    path = _write_plan(tmp_path, big)
+    assert main(["plan", str(path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["fits_in_memory"] is False
+    assert result["memory_gib"]["total"] > 80.0 and result["step_time_s"] > 0
+    assert main(["plan", str(path)]) == 0
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_fold_and_fidelity_flags_reach_the_simulation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write_plan(tmp_path, TINY_PLAN)
+    assert main(["plan", str(path), "--json", "--no-fold", "--fidelity", "flow"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["num_simulated_ranks"] == result["num_gpus"] == 8
+    assert result["extra"]["fidelity"] == "flow" and result["extra"]["folded"] is False
+
+
+@pytest.mark.parametrize("flag", ["--calibration", "--compute-calibration"])
+def test_bad_calibration_files(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write_plan(tmp_path, TINY_PLAN)
+    assert main(["plan", str(path), flag, str(tmp_path / "missing.json"), *_outputs(tmp_path)]) == 2
+    _assert_one_line_error(capsys, f"{flag} ", "missing.json: file not found")
+    (tmp_path / "broken.json").write_text("{not json")
+    assert main(["plan", str(path), flag, str(tmp_path / "broken.json"), *_outputs(tmp_path)]) == 2
+    _assert_one_line_error(capsys, f"{flag} ", "broken.json")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_small_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "small.json"
+    assert main(["plan", str(EXAMPLES / "small-zb.yaml"), "--trace", str(trace)]) == 0
+    assert "zb-h1" in capsys.readouterr().out
+    categories = {e.get("cat") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {"compute", "collective", "p2p", "optimizer"} <= categories

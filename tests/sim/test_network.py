@@ -39,7 +39,9 @@ def test_two_flows_on_one_link_share_it_equally():
 def test_a_flow_limited_elsewhere_leaves_its_share_to_the_other():
     # A crosses L1 (1 GB/s) and L2 (0.25 GB/s); B only L1: A gets 0.25, B the remaining 0.75.
     assert max_min_rates({0: {L1: 1, L2: 1}, 1: {L1: 1}}, {L1: 1.0, L2: 0.25}) == {0: 0.25, 1: 0.75}
-    times = _run({L1: 1e9, L2: 0.25e9}, [([(L1, L2)], 0.25e9, 0.0, 0.0), ([(L1,)], 0.75e9, 0.0, 0.0)])
+    times = _run(
+        {L1: 1e9, L2: 0.25e9}, [([(L1, L2)], 0.25e9, 0.0, 0.0), ([(L1,)], 0.75e9, 0.0, 0.0)]
+    )
     assert times == pytest.approx([1.0, 1.0], rel=1e-12)
 
 

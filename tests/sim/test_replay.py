@@ -98,12 +98,24 @@ def test_bubble_fraction_with_uniform_costs(schedule: str, p: int, m: int) -> No
         assert bubble_s / timeline.step_time_s == pytest.approx((p - 1) / (m + p - 1))
 
 
-@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 12)])
-def test_zb_h1_bubble_is_one_f_plus_bi_per_stage(p: int, m: int) -> None:
-    # F = Bi = W = 1: 1F1B takes (m + p - 1) * 3; ZB-H1 removes W from the bubble
+def test_zb_h1_p2_fills_the_bubble_with_the_deferred_weight_pass() -> None:
+    # F = Bi = W = 1: rank 1 sends its input gradient after Bi, so rank 0's B starts 1 earlier
     chunk = work(1.0, 2.0, split=1.0)
-    assert run(pipeline("1f1b", p, m, chunk)).step_time_s == (m + p - 1) * 3.0
-    assert run(pipeline("zb-h1", p, m, chunk)).step_time_s == m * 3.0 + (p - 1) * 2.0
+    timeline = run(pipeline("zb-h1", 2, 4, chunk))
+    assert [name for name, _, _ in passes(timeline, 1)] == [
+        "F0", "Bi0", "F1", "Bi1", "W0", "F2", "Bi2", "W1", "F3", "Bi3", "W2", "W3",
+    ]  # fmt: skip
+    assert passes(timeline, 0)[2] == ("B0", 3.0, 5.0)
+    assert timeline.step_time_s == 4 * 3.0 + 1 * 2.0  # the paper's m(F+B) + (p-1)(F+B-W)
+    assert run(pipeline("1f1b", 2, 4, chunk)).step_time_s == 15.0
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 12), (3, 5)])
+def test_zb_h1_beats_1f1b_with_blocking_p2p(p: int, m: int) -> None:
+    chunk = work(1.0, 2.0, split=1.0)
+    zb = run(pipeline("zb-h1", p, m, chunk))
+    assert zb.step_time_s < run(pipeline("1f1b", p, m, chunk)).step_time_s == (m + p - 1) * 3.0
+    assert all(times.compute_s == m * 3.0 for times in zb.ranks.values())
 
 
 @pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 4, 3)])
@@ -128,10 +140,10 @@ def test_ddp_buckets_fire_in_ready_order_on_the_last_microbatch_only() -> None:
         ("B0 bwd", 1.0, 4.0),
         ("F1 fwd", 4.0, 5.0),
         ("B1 bwd", 5.0, 6.0),
-        ("all_reduce c0 bucket 0", 6.0, 7.0),
         ("B1 bwd", 6.0, 7.0),
-        ("all_reduce c0 bucket 1", 7.0, 8.0),
+        ("all_reduce c0 bucket 0", 6.0, 7.0),
         ("B1 bwd", 7.0, 8.0),
+        ("all_reduce c0 bucket 1", 7.0, 8.0),
         ("all_reduce c0 bucket 2", 8.0, 9.0),
         ("optimizer", 9.0, 9.0),
     ]
@@ -173,9 +185,11 @@ def test_fsdp_collectives_run_in_fifo_order_and_overlap_compute() -> None:
     compute = passes(timeline, 0)
     # AG(u0) is exposed (1 s); AG(u1), AG(u2) hide behind F(u0), F(u1)
     assert compute[:3] == [("F0", 1.0, 3.0), ("F0", 3.0, 5.0), ("F0", 5.0, 7.0)]
-    # backward: AG(u2) bwd 7-8, AG(u1) 8-9 under B(u2) 8-12; RS(u2) 12-13, AG(u0) 13-14
-    assert compute[3:] == [("B0", 8.0, 12.0), ("B0", 12.0, 16.0), ("B0", 16.0, 20.0)]
-    assert timeline.step_time_s == 21.0
+    # AG(u2) waits F(u0) (limiter); backward AG(u2) 5-6, AG(u1) 6-7 hide under F(u2) 5-7;
+    # RS(u2) 11-12 and AG(u0) 12-13 under B(u1) 11-15; RS(u1) 15-16, RS(u0) 19-20 exposed
+    assert compute[3:] == [("B0", 7.0, 11.0), ("B0", 11.0, 15.0), ("B0", 15.0, 19.0)]
+    assert [(s, e) for name, s, e in dp if name.startswith("AG u2")] == [(3.0, 4.0), (5.0, 6.0)]
+    assert timeline.step_time_s == 20.0
 
 
 def test_replay_is_deterministic() -> None:
