@@ -39,8 +39,9 @@ def compare(size_bytes: int, iters: int, trials: int) -> tuple[float, float]:
     """Median seconds per call over ``trials``: (bare loop, harness)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     counts = get("all_reduce").counts(size_bytes, 4, world)
-    bufs = make_buffers("all_reduce", counts, rank, world, False, torch.float32,
-                        torch.device("cpu"))
+    bufs = make_buffers(
+        "all_reduce", counts, rank, world, False, torch.float32, torch.device("cpu")
+    )
     call = make_call("all_reduce", bufs, rank, world, "sum", 0)
     bare, harness = [], []
     for _ in range(trials):
@@ -54,7 +55,7 @@ def compare(size_bytes: int, iters: int, trials: int) -> tuple[float, float]:
 
 
 def harness_cost_s(iters: int = 10_000) -> float:
-    """Seconds the timed loop itself adds per call: ``time_calls`` around a call that does nothing."""
+    """Seconds the timed loop itself adds per call: ``time_calls`` around a no-op call."""
     timing = time_calls(lambda: None, iters=iters, warmup_iters=0, device=torch.device("cpu"))
     return timing.mean_s
 
@@ -64,17 +65,22 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     cost_s = harness_cost_s()
     if rank == 0:
-        print(f"# harness cost per call (timed loop around a no-op): {cost_s * 1e6:.3f} us",
-              flush=True)
+        print(
+            f"# harness cost per call (timed loop around a no-op): {cost_s * 1e6:.3f} us",
+            flush=True,
+        )
     for text in args.sizes.split(","):
         size = parse_size(text)
         bare_loop_s(torch.zeros(size // 4), 3)  # warm the connections for this size
         bare_s, harness_s = compare(size, args.iters, args.trials)
         if rank == 0:
             overhead = (harness_s / bare_s - 1.0) * 100.0
-            print(f"{size:>10d} B  bare {bare_s * 1e6:10.1f} us  harness "
-                  f"{harness_s * 1e6:10.1f} us  overhead {overhead:+6.2f} % (noise included), "
-                  f"loop cost {cost_s / bare_s * 100:.4f} %", flush=True)
+            print(
+                f"{size:>10d} B  bare {bare_s * 1e6:10.1f} us  harness "
+                f"{harness_s * 1e6:10.1f} us  overhead {overhead:+6.2f} % (noise included), "
+                f"loop cost {cost_s / bare_s * 100:.4f} %",
+                flush=True,
+            )
     dist.destroy_process_group()
 
 
@@ -86,8 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=15, help="alternating trials per size")
     parser.add_argument("--nprocs", type=int, default=2, help="gloo ranks")
     args = parser.parse_args(argv)
-    print(f"# harness overhead vs a bare dist.all_reduce loop: gloo, {args.nprocs} ranks, "
-          f"{args.iters} calls x {args.trials} trials, medians", flush=True)
+    print(
+        f"# harness overhead vs a bare dist.all_reduce loop: gloo, {args.nprocs} ranks, "
+        f"{args.iters} calls x {args.trials} trials, medians",
+        flush=True,
+    )
     mp.spawn(_worker, args=(args.nprocs, free_port(), args), nprocs=args.nprocs, join=True)
     return 0
 

@@ -45,10 +45,16 @@ class Buffers:
 
 
 def make_buffers(
-    op: str, counts: Counts, rank: int, world_size: int, in_place: bool, dtype: torch.dtype,
+    op: str,
+    counts: Counts,
+    rank: int,
+    world_size: int,
+    in_place: bool,
+    dtype: torch.dtype,
     device: torch.device,
 ) -> Buffers:
     """Allocate the buffers of ``op`` for one size and placement."""
+
     def empty(num_elems: int) -> torch.Tensor:
         return torch.zeros(num_elems, dtype=dtype, device=device)
 
@@ -68,7 +74,12 @@ def make_buffers(
 
 
 def make_call(
-    op: str, bufs: Buffers, rank: int, world_size: int, redop: str, root: int,
+    op: str,
+    bufs: Buffers,
+    rank: int,
+    world_size: int,
+    redop: str,
+    root: int,
     group: dist.ProcessGroup | None = None,
 ) -> Callable[[], None]:
     """A no-argument function issuing one ``op`` on ``bufs`` (blocking on gloo, queued on NCCL)."""
@@ -92,7 +103,10 @@ def make_call(
 
 
 def _send_recv_call(
-    send: torch.Tensor, recv: torch.Tensor, rank: int, world_size: int,
+    send: torch.Tensor,
+    recv: torch.Tensor,
+    rank: int,
+    world_size: int,
     group: dist.ProcessGroup | None,
 ) -> Callable[[], None]:
     """nccl-tests' sendrecv: send to rank + 1 and receive from rank - 1, as one batch."""

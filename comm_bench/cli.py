@@ -30,8 +30,10 @@ def _compute(argv: list[str]) -> int:
     except ModuleNotFoundError as error:
         if error.name != "comm_bench.compute":
             raise
-        print("commbench: error: --compute is not available (comm_bench.compute is missing)",
-              file=sys.stderr)
+        print(
+            "commbench: error: --compute is not available (comm_bench.compute is missing)",
+            file=sys.stderr,
+        )
         return USAGE_EXIT
     return int(compute.main([a for a in argv if a != "--compute"]))
 

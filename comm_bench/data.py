@@ -1,4 +1,4 @@
-"""Inputs whose collective results are exactly predictable, and the check that counts wrong elements.
+"""Inputs whose collective results are exactly predictable, and the check counting wrong elements.
 
 Every element is a small integer chosen so that its reduction over the world stays exactly
 representable in the dtype (int8 up to 127, uint8 255, bfloat16 256, float16 2048, ...):
@@ -106,11 +106,12 @@ def reduce_pattern(redop: str, world_size: int, dtype: str) -> ReducePattern:
     """The exactly-checkable input pattern of ``redop`` over ``world_size`` ranks in ``dtype``."""
     n, limit = world_size, EXACT_LIMIT[dtype]
     if redop == "avg":
-        values = (1, 2, 3, 4) if 5 * n <= limit else (1,)  # (1,): every rank 1, the sum is n
+        base = (1, 2, 3, 4) if 5 * n <= limit else (1,)  # (1,): every rank 1, the sum is n
         floating = dtype.startswith(("float", "bfloat"))
-        exact = max(values) * n <= limit and (not floating or n & (n - 1) == 0)
-        return ReducePattern(redop=redop, modulus=len(values), values=values, expected=values,
-                             exact=exact)
+        exact = max(base) * n <= limit and (not floating or n & (n - 1) == 0)
+        return ReducePattern(
+            redop=redop, modulus=len(base), values=base, expected=base, exact=exact
+        )
     if redop in ("min", "max"):
         values = list(range(8))
     elif redop == "prod":
@@ -135,7 +136,9 @@ def _avg_offset(rank: int, world_size: int) -> int:
     return 1 if rank % 2 == 0 else -1
 
 
-def _index(start: int, num_elems: int, rep: int, modulus: int, device: torch.device) -> torch.Tensor:
+def _index(
+    start: int, num_elems: int, rep: int, modulus: int, device: torch.device
+) -> torch.Tensor:
     return (torch.arange(start, start + num_elems, device=device) + rep) % modulus
 
 
@@ -169,8 +172,9 @@ def plain_values(
     return (index % PLAIN_MODULUS).to(like.dtype)
 
 
-def fill_input(op: str, send: torch.Tensor, rank: int, world_size: int, rep: int,
-               pattern: ReducePattern | None) -> None:
+def fill_input(
+    op: str, send: torch.Tensor, rank: int, world_size: int, rep: int, pattern: ReducePattern | None
+) -> None:
     """Fill rank ``rank``'s send buffer of ``op`` for check iteration ``rep``."""
     num_elems = send.numel()
     if get(op).reduces:
@@ -182,8 +186,15 @@ def fill_input(op: str, send: torch.Tensor, rank: int, world_size: int, rep: int
         send.copy_(plain_values(rank, 0, num_elems, rep, send))
 
 
-def expected_output(op: str, recv: torch.Tensor, rank: int, world_size: int, root: int, rep: int,
-                    pattern: ReducePattern | None) -> torch.Tensor | None:
+def expected_output(
+    op: str,
+    recv: torch.Tensor,
+    rank: int,
+    world_size: int,
+    root: int,
+    rep: int,
+    pattern: ReducePattern | None,
+) -> torch.Tensor | None:
     """What rank ``rank``'s receive buffer must hold, or None where nothing is defined."""
     num_elems = recv.numel()
     if get(op).reduces:
@@ -207,7 +218,7 @@ def expected_output(op: str, recv: torch.Tensor, rank: int, world_size: int, roo
 def count_wrong(
     result: torch.Tensor, expected: torch.Tensor | None, rank: int, *, ulps: int = 0
 ) -> int:
-    """Elements of ``result`` that differ from ``expected`` by more than ``ulps`` units (0: exact)."""
+    """Elements of ``result`` off ``expected`` by more than ``ulps`` units (0: exact)."""
     if expected is None:
         return 0
     if os.environ.get(CORRUPT_ENV) == str(rank) and result.numel() > 0:

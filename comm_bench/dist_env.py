@@ -21,7 +21,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """Environment variables that show a launcher started this process."""
 

@@ -1,4 +1,4 @@
-"""The benchmark loop of one rank: for each op and size, time out-of-place then in-place, check, report.
+"""One rank's benchmark loop: per op and size, time out-of-place then in-place, check, report.
 
 Like nccl-tests' shared harness: each op only contributes its definition (``collectives``), its
 call and buffers (``calls``) and its expected result (``data``); this module does the sweep,
@@ -81,10 +81,12 @@ def probe(op: str, options: BenchOptions, ctx: DistContext) -> str | None:
         return f"needs at least {min_world_size(op)} ranks"
     reason = ""
     try:
-        counts = coll.get(op).counts(16 * ctx.world_size, coll.dtype_bytes(options.dtype),
-                                     ctx.world_size)
-        bufs = make_buffers(op, counts, ctx.rank, ctx.world_size, False,
-                            TORCH_DTYPES[options.dtype], ctx.device)
+        counts = coll.get(op).counts(
+            16 * ctx.world_size, coll.dtype_bytes(options.dtype), ctx.world_size
+        )
+        bufs = make_buffers(
+            op, counts, ctx.rank, ctx.world_size, False, TORCH_DTYPES[options.dtype], ctx.device
+        )
         make_call(op, bufs, ctx.rank, ctx.world_size, options.redop, options.root)()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
@@ -101,15 +103,17 @@ def _check(run: OpRun, bufs: Buffers, call: Callable[[], None]) -> int:
     """Run the ``-c`` check iterations and return the wrong elements summed over ranks."""
     o, ctx = run.options, run.ctx
     pattern = reduce_pattern(o.redop, ctx.world_size, o.dtype) if coll.get(run.op).reduces else None
-    ulps = 0 if pattern is None or pattern.exact else 2 * ctx.world_size
+    inexact = pattern is not None and not pattern.exact
+    ulps = 2 * ctx.world_size if inexact and TORCH_DTYPES[o.dtype].is_floating_point else 0
     wrong = 0
     for rep in range(o.check_iters):
         fill_input(run.op, bufs.send, ctx.rank, ctx.world_size, rep, pattern)
         call()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
-        expected = expected_output(run.op, bufs.recv, ctx.rank, ctx.world_size, o.root, rep,
-                                   pattern)
+        expected = expected_output(
+            run.op, bufs.recv, ctx.rank, ctx.world_size, o.root, rep, pattern
+        )
         wrong += count_wrong(bufs.recv, expected, ctx.rank, ulps=ulps)
     total = torch.tensor([wrong], dtype=torch.int64)
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.side_group)
@@ -121,13 +125,15 @@ def measure(run: OpRun, size_bytes: int, in_place: bool, watchdog: Watchdog) -> 
     o, ctx, op = run.options, run.ctx, run.op
     definition = coll.get(op)
     counts = definition.counts(size_bytes, coll.dtype_bytes(o.dtype), ctx.world_size)
-    bufs = make_buffers(op, counts, ctx.rank, ctx.world_size, in_place, TORCH_DTYPES[o.dtype],
-                        ctx.device)
+    bufs = make_buffers(
+        op, counts, ctx.rank, ctx.world_size, in_place, TORCH_DTYPES[o.dtype], ctx.device
+    )
     call = make_call(op, bufs, ctx.rank, ctx.world_size, o.redop, o.root)
     where = f"{op} {counts.size_bytes} B {'in-place' if in_place else 'out-of-place'}"
     watchdog.arm(f"{where} (timed loop)", o.warmup_iters + o.iters + 1)
-    local = time_calls(call, iters=o.iters, warmup_iters=o.warmup_iters, device=ctx.device,
-                       group=ctx.side_group)
+    local = time_calls(
+        call, iters=o.iters, warmup_iters=o.warmup_iters, device=ctx.device, group=ctx.side_group
+    )
     timing = combine(local, o.average, group=ctx.side_group)
     watchdog.arm(f"{where} (check)", o.check_iters + 1)
     num_wrong = None
@@ -136,8 +142,9 @@ def measure(run: OpRun, size_bytes: int, in_place: bool, watchdog: Watchdog) -> 
     return _record(run, counts, in_place, timing, num_wrong)
 
 
-def _record(run: OpRun, counts: coll.Counts, in_place: bool, timing: Timing,
-            num_wrong: int | None) -> Record:
+def _record(
+    run: OpRun, counts: coll.Counts, in_place: bool, timing: Timing, num_wrong: int | None
+) -> Record:
     o, op, n = run.options, run.op, run.ctx.world_size
     definition = coll.get(op)
     return Record(
@@ -201,8 +208,9 @@ def _run_ops(ctx: DistContext, options: BenchOptions, output: Path) -> int:
             continue
         for line in table_header(options.per_iter_columns):
             _say(ctx, line)
-        records = sweep(OpRun(op=op, ctx=ctx, options=options, num_nodes=env["num_nodes"]),
-                        writer, watchdog)
+        records = sweep(
+            OpRun(op=op, ctx=ctx, options=options, num_nodes=env["num_nodes"]), writer, watchdog
+        )
         every.extend(records)
         for line in footer(records):
             _say(ctx, line)

@@ -64,8 +64,11 @@ def describe_exit(code: int) -> str:
 
 def _first_failure(procs: Sequence[subprocess.Popen[bytes]]) -> int | None:
     """Rank of the failed child to blame: killed by a signal first, then the lowest rank."""
-    failed = [(p.returncode, r) for r, p in enumerate(procs)
-              if p.returncode is not None and p.returncode not in (0, EXIT_WRONG)]
+    failed = [
+        (p.returncode, r)
+        for r, p in enumerate(procs)
+        if p.returncode is not None and p.returncode not in (0, EXIT_WRONG)
+    ]
     if not failed:
         return None
     return min(failed, key=lambda item: (item[0] >= 0, item[1]))[1]

@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--datatype", default=d.dtype, help="float32 (float), float16 (half), ...")
     p.add_argument("-o", "--op", default=d.redop, help=f"reduction: {', '.join(REDUCTIONS)}")
     p.add_argument("-r", "--root", type=int, default=d.root, help="root of broadcast/reduce")
-    p.add_argument("-a", "--average", type=int, default=d.average, help="0 rank0 1 mean 2 min 3 max")
+    p.add_argument(
+        "-a", "--average", type=int, default=d.average, help="0 rank0 1 mean 2 min 3 max"
+    )
     p.add_argument("-I", "--per_iter_timing", type=int, default=0, help="1: min/median/p99 columns")
     p.add_argument("--nprocs", type=int, default=None, help="local ranks when not under torchrun")
     p.add_argument("--backend", default="auto", help="auto (nccl with CUDA, else gloo), gloo, nccl")
@@ -174,7 +176,10 @@ def validate(o: BenchOptions) -> None:
         (o.iters >= 1, f"-n must be >= 1, got {o.iters}"),
         (o.warmup_iters >= 0, f"-w must be >= 0, got {o.warmup_iters}"),
         (o.check_iters >= 0, f"-c must be >= 0, got {o.check_iters}"),
-        (o.redop in REDUCTIONS, f"unknown reduction -o {o.redop!r}; valid: {', '.join(REDUCTIONS)}"),
+        (
+            o.redop in REDUCTIONS,
+            f"unknown reduction -o {o.redop!r}; valid: {', '.join(REDUCTIONS)}",
+        ),
         (o.root >= 0, f"-r must be >= 0, got {o.root}"),
         (o.average in AVERAGE_MODES, f"-a must be 0, 1, 2 or 3, got {o.average}"),
         (o.nprocs is None or o.nprocs >= 1, f"--nprocs must be >= 1, got {o.nprocs}"),
@@ -192,5 +197,6 @@ def validate_for_world(o: BenchOptions, world_size: int) -> None:
     rooted = [op for op in o.ops if get(op).rooted]
     if rooted and o.root >= world_size:
         raise ValueError(
-            f"-r {o.root} is not a rank of a {world_size}-rank world (needed by {', '.join(rooted)})"
+            f"-r {o.root} is not a rank of a {world_size}-rank world "
+            f"(needed by {', '.join(rooted)})"
         )

@@ -7,7 +7,8 @@ Torch-free (the simulator's calibration uses it). Formats, detected from the con
   every table row gives two records (out-of-place, in-place) with the numbers as printed. The op
   comes from the log's ``# Collective test starting: <op>_perf`` marker, else from the file name
   (``h100_8gpu_all_gather_ring.txt``: op all_gather, algo ring, world 8); the world size from the
-  ``#  Rank`` lines of the run's header (from ``# nThread``), else ``nranks N``, else ``<N>gpu`` in the file name. A table whose sizes
+  ``#  Rank`` lines of the run's header (from ``# nThread``), else ``nranks N``, else ``<N>gpu``
+  in the file name. A table whose sizes
   restart is split into blocks and each block's op is checked against its own columns (redop,
   root, count x dtype x world vs size, busbw / algbw): a block that contradicts the declared op
   is relabelled when exactly one op fits (with a warning, and no algo), and skipped with a
@@ -109,8 +110,7 @@ def _read_json(text: str, path: Path) -> list[Record]:
 def _csv_value(name: str, text: str) -> Any:
     if text == "":
         return None
-    if name in ("size_bytes", "count", "world_size", "num_nodes", "num_wrong", "root",
-                "num_iters"):
+    if name in ("size_bytes", "count", "world_size", "num_nodes", "num_wrong", "root", "num_iters"):
         return int(text)
     if name == "in_place":
         return text.strip().lower() == "true"
@@ -134,8 +134,11 @@ def parse_busbw_csv(text: str) -> list[Record]:
     """Records of a published busbw table (see the module docstring for derived fields)."""
     comments = " ".join(ln for ln in text.splitlines() if ln.startswith("#")).lower()
     in_place = "in-place" in comments.replace("out-of-place", "")
-    rows = csv.DictReader(io.StringIO("\n".join(
-        ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))))
+    rows = csv.DictReader(
+        io.StringIO(
+            "\n".join(ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
+        )
+    )
     records = []
     for row in rows:
         op = canonical_op(row["op"])
@@ -144,15 +147,23 @@ def parse_busbw_csv(text: str) -> list[Record]:
         size, busbw = int(row["size_bytes"]), float(row["busbw_gbps"])
         definition = get(op)
         algbw = busbw / definition.busbw_factor(world)
-        records.append(Record(
-            op=op, size_bytes=size,
-            count=size // dtype_bytes("float32") // (world if definition.sharded else 1),
-            dtype="float32", world_size=world, num_nodes=num_nodes, in_place=in_place,
-            time_us=size / (algbw * 1e9) * 1e6 if algbw > 0 else 0.0,
-            algbw_gbps=algbw, busbw_gbps=busbw,
-            redop="sum" if definition.reduces else "none",
-            root=0 if definition.rooted else -1, source="nccl-tests",
-        ))
+        records.append(
+            Record(
+                op=op,
+                size_bytes=size,
+                count=size // dtype_bytes("float32") // (world if definition.sharded else 1),
+                dtype="float32",
+                world_size=world,
+                num_nodes=num_nodes,
+                in_place=in_place,
+                time_us=size / (algbw * 1e9) * 1e6 if algbw > 0 else 0.0,
+                algbw_gbps=algbw,
+                busbw_gbps=busbw,
+                redop="sum" if definition.reduces else "none",
+                root=0 if definition.rooted else -1,
+                source="nccl-tests",
+            )
+        )
     return records
 
 
@@ -162,9 +173,13 @@ def _file_hints(name: str) -> tuple[str | None, str | None, int | None]:
     op = next((o for o in sorted(OPS, key=len, reverse=True) if o in stem), None)
     if op is None:
         compact = stem.replace("_", "")
-        aliases = {"allreduce": "all_reduce", "allgather": "all_gather",
-                   "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
-                   "sendrecv": "send_recv"}
+        aliases = {
+            "allreduce": "all_reduce",
+            "allgather": "all_gather",
+            "reducescatter": "reduce_scatter",
+            "alltoall": "all_to_all",
+            "sendrecv": "send_recv",
+        }
         op = next((v for k, v in aliases.items() if k in compact), None)
     words = re.split(r"[_\-.]", stem)
     algo = next((a for a in _ALGOS if a in words), None)
@@ -192,8 +207,14 @@ def _split_sections(text: str, file_op: str | None, file_world: int | None) -> l
     def close() -> None:
         if rows:
             world = len(hosts) or nranks or file_world
-            sections.append(_Section(declared_op=marker_op or file_op, world_size=world,
-                                     num_nodes=len(set(hosts.values())) or 1, rows=tuple(rows)))
+            sections.append(
+                _Section(
+                    declared_op=marker_op or file_op,
+                    world_size=world,
+                    num_nodes=len(set(hosts.values())) or 1,
+                    rows=tuple(rows),
+                )
+            )
             rows.clear()
 
     for line in text.splitlines():
@@ -228,9 +249,9 @@ def _row_fits(op: str, row: _Row, world: int) -> bool:
     half = (len(t) - 5) // 2
     for start in (5, 5 + half):
         algbw, busbw = _number(t[start + 1]), _number(t[start + 2])
-        if algbw is not None and busbw is not None and algbw >= 1.0:
-            if abs(busbw - algbw * definition.busbw_factor(world)) > 0.02:
-                return False
+        measurable = algbw is not None and busbw is not None and algbw >= 1.0
+        if measurable and abs(busbw - algbw * definition.busbw_factor(world)) > 0.02:
+            return False
     return True
 
 
@@ -241,8 +262,11 @@ def _resolve_op(section: _Section, world: int, where: str) -> str | None:
     if declared in candidates:
         return declared
     if len(candidates) == 1:
-        warnings.warn(f"{where}: columns are those of {candidates[0]}, not {declared}; "
-                      f"read as {candidates[0]} (algorithm unknown)", stacklevel=3)
+        warnings.warn(
+            f"{where}: columns are those of {candidates[0]}, not {declared}; "
+            f"read as {candidates[0]} (algorithm unknown)",
+            stacklevel=3,
+        )
         return candidates[0]
     why = f"fits {' or '.join(candidates)}" if candidates else "fits no op"
     warnings.warn(f"{where}: declared {declared}, but the block {why}; skipped", stacklevel=3)
@@ -260,8 +284,9 @@ def _wrong(token: str) -> int | None:
     return int(token) if token.isdigit() else None
 
 
-def _row_records(op: str, row: _Row, section: _Section, world: int, algo: str | None,
-                 source: str) -> list[Record]:
+def _row_records(
+    op: str, row: _Row, section: _Section, world: int, algo: str | None, source: str
+) -> list[Record]:
     t = row.tokens
     half = (len(t) - 5) // 2
     records = []
@@ -272,14 +297,28 @@ def _row_records(op: str, row: _Row, section: _Section, world: int, algo: str | 
             continue
         extras = [_number(v) for v in block[4:7]] if half == 7 else [None, None, None]
         definition = get(op)
-        records.append(Record(
-            op=op, size_bytes=row.size_bytes, count=int(t[1]), dtype=NCCL_TESTS_DTYPES[t[2]],
-            world_size=world, num_nodes=section.num_nodes, in_place=in_place,
-            time_us=time_us, algbw_gbps=algbw, busbw_gbps=busbw, num_wrong=_wrong(block[3]),
-            redop=t[3] if definition.reduces else "none", root=int(t[4]),
-            time_min_us=extras[0], time_median_us=extras[1], time_p99_us=extras[2],
-            algo=algo, source=source,
-        ))
+        records.append(
+            Record(
+                op=op,
+                size_bytes=row.size_bytes,
+                count=int(t[1]),
+                dtype=NCCL_TESTS_DTYPES[t[2]],
+                world_size=world,
+                num_nodes=section.num_nodes,
+                in_place=in_place,
+                time_us=time_us,
+                algbw_gbps=algbw,
+                busbw_gbps=busbw,
+                num_wrong=_wrong(block[3]),
+                redop=t[3] if definition.reduces else "none",
+                root=int(t[4]),
+                time_min_us=extras[0],
+                time_median_us=extras[1],
+                time_p99_us=extras[2],
+                algo=algo,
+                source=source,
+            )
+        )
     return records
 
 
@@ -291,8 +330,11 @@ def parse_nccl_tests_text(text: str, *, name: str = "") -> list[Record]:
     for index, section in enumerate(_split_sections(text, file_op, file_world)):
         where = f"{name or 'log'} block {index + 1} (sizes from {section.rows[0].size_bytes})"
         if section.world_size is None:
-            warnings.warn(f"{where}: world size unknown (no Rank lines, nranks or <N>gpu in "
-                          "the file name); skipped", stacklevel=2)
+            warnings.warn(
+                f"{where}: world size unknown (no Rank lines, nranks or <N>gpu in "
+                "the file name); skipped",
+                stacklevel=2,
+            )
             continue
         op = _resolve_op(section, section.world_size, where)
         if op is None:

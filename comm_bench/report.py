@@ -26,7 +26,10 @@ NCCL_TYPE_NAMES = {
 }
 """Our dtype names as nccl-tests prints them in the ``type`` column."""
 
-_PREAMBLE = ("#       size         count      type   redop    root", "#        (B)    (elements)".ljust(52))
+_PREAMBLE = (
+    "#       size         count      type   redop    root",
+    "#        (B)    (elements)".ljust(52),
+)
 _BLOCK = ("     time   algbw   busbw  #wrong", "     (us)  (GB/s)  (GB/s)        ")
 _EXTRA = ("      min   median      p99", "     (us)     (us)     (us)")
 

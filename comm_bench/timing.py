@@ -15,6 +15,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,7 @@ def percentile_nearest_rank(samples: Sequence[float], percent: float) -> float:
 
 def summarize(marks_s: Sequence[float]) -> Timing:
     """Timing from ``iters + 1`` time marks taken before and after each call."""
-    samples = [b - a for a, b in zip(marks_s[:-1], marks_s[1:], strict=True)]
+    samples = [b - a for a, b in pairwise(marks_s)]
     return Timing(
         mean_s=(marks_s[-1] - marks_s[0]) / len(samples),
         min_s=min(samples),
@@ -58,7 +59,11 @@ def summarize(marks_s: Sequence[float]) -> Timing:
 
 
 def time_calls(
-    call: Callable[[], None], *, iters: int, warmup_iters: int, device: torch.device,
+    call: Callable[[], None],
+    *,
+    iters: int,
+    warmup_iters: int,
+    device: torch.device,
     group: dist.ProcessGroup | None = None,
 ) -> Timing:
     """Run ``warmup_iters`` untimed then ``iters`` timed back-to-back calls of ``call``."""

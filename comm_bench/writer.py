@@ -51,7 +51,9 @@ def _replace_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def results_json(env: Mapping[str, Any], config: Mapping[str, Any], records: Iterable[Record]) -> str:
+def results_json(
+    env: Mapping[str, Any], config: Mapping[str, Any], records: Iterable[Record]
+) -> str:
     """The JSON document of a run."""
     document = {
         "schema": SCHEMA,

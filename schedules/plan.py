@@ -11,6 +11,7 @@ the world size and the model, printing every value involved.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
 import typing
@@ -127,7 +128,7 @@ class ModelConfig:
 class ClusterConfig:
     """Where the plan runs, as written in the file (resolved by topologies.config.load_cluster)."""
 
-    node: str | dict[str, Any] | None = None
+    node: str | dict[str, Any] | None = field(default=None, hash=False)
     """A node preset name (e.g. dgx-h100) or a mapping describing a node."""
     file: str | None = None
     """A cluster YAML file instead of ``node`` (relative paths are relative to the plan file)."""
@@ -307,7 +308,13 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
     if int in options and isinstance(value, float) and value.is_integer():
         return int(value)
     names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
-    raise ValueError(f"{key} must be {names}, got {value!r} ({type(value).__name__})")
+    hint = ""
+    if isinstance(value, str) and (int in options or float in options):
+        with contextlib.suppress(ValueError):  # YAML reads 5e8 (no dot) and '4' as text
+            number = float(value)
+            plain = str(int(number)) if number.is_integer() else repr(number)
+            hint = f"; write it as a plain number: {plain}"
+    raise ValueError(f"{key} must be {names}, got {value!r} ({type(value).__name__}){hint}")
 
 
 def _build_section(cls: type, section: str, raw: Any) -> Any:

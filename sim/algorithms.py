@@ -14,8 +14,8 @@ advance in lockstep (``FlowGroup``). The decompositions, and why they equal the 
 - hierarchical: the intra-node phase (NVLS, else a ring per node) and the inter-node phase (a
   ring per rail across nodes, on 1/g of the buffer) run concurrently, as NCCL pipelines them.
 - tree: like hierarchical, with the inter-node phase on NCCL's double binary tree per rail.
-- direct: every (sender, receiver) pair is an independent flow of S/n (all_to_all), or the one
-  send (send_recv).
+- direct: every (sender, receiver) pair is an independent flow of S/n (all_to_all); send_recv
+  is one send (src, dst), or on more ranks every rank sending S to the next (nccl-tests).
 
     groups = decompose("all_reduce", "ring", topology, (0, 1, 2, 3), 1 << 20)
 """
@@ -79,13 +79,17 @@ def layout_of(topology: Topology, ranks: Sequence[int]) -> Layout:
             continue
         ring = list(zip(members, members[1:] + members[:1], strict=True))
         hop_bw = min(_path_bw(topology, topology.path(a, b)) for a, b in ring)
-        nvlink = min(topology.injection_bandwidth_bytes_per_s(r, "nvlink", effective=True) for r in members)
+        nvlink = min(
+            topology.injection_bandwidth_bytes_per_s(r, "nvlink", effective=True) for r in members
+        )
         intra_bw = min(intra_bw, nvlink if nvlink > 0 else hop_bw)
         intra_lat = max(intra_lat, topology.path_latency_s(topology.path(*ring[0])))
     net_bw, inter_lat = math.inf, 0.0
     bisection = math.inf
     if len(nodes) > 1:
-        net_bw = min(topology.injection_bandwidth_bytes_per_s(r, "network", effective=True) for r in ranks)
+        net_bw = min(
+            topology.injection_bandwidth_bytes_per_s(r, "network", effective=True) for r in ranks
+        )
         cross = topology.path(nodes[0][0], nodes[1][0])
         if net_bw == 0:
             net_bw = _path_bw(topology, cross)
@@ -147,7 +151,10 @@ def decompose(
             op, algo, topology, nodes, size_bytes
         )
     if op == "send_recv":
-        return [FlowGroup(paths=(topology.path(ranks[0], ranks[1]),), size_bytes=size_bytes)]
+        pairs = (
+            [(ranks[0], ranks[1])] if len(ranks) == 2 else list(zip(ranks, [*ranks[1:], ranks[0]]))
+        )
+        return [FlowGroup(paths=(topology.path(a, b),), size_bytes=size_bytes) for a, b in pairs]
     chunk = size_bytes / len(ranks)
     return [
         FlowGroup(paths=(topology.path(src, dst),), size_bytes=chunk)

@@ -237,7 +237,9 @@ def _two_level(op: str, algo: str, layout: Layout, size_bytes: float) -> CostTer
         intra_op_bytes / layout.intra_bandwidth_bytes_per_s,
     )
     hops = intra * layout.intra_hop_latency_s + inter * layout.inter_hop_latency_s
-    return CostTerms(intra_steps=intra, inter_steps=inter, hop_latency_s=hops, bandwidth_time_s=bw_time)
+    return CostTerms(
+        intra_steps=intra, inter_steps=inter, hop_latency_s=hops, bandwidth_time_s=bw_time
+    )
 
 
 def _intra_phase(op: str, layout: Layout, size_bytes: float) -> tuple[float, int]:

@@ -95,7 +95,9 @@ class Calibration:
     def lookup(self, op: str, algo: str, scope: str) -> tuple[CommParams, str]:
         """Parameters for (op, algo, scope) and how they were found (``fitted``, ``fallback ...``)."""
         if algo not in ALGORITHMS or scope not in SCOPES:
-            raise ValueError(f"unknown algo/scope {algo!r}/{scope!r}; valid: {ALGORITHMS}, {SCOPES}")
+            raise ValueError(
+                f"unknown algo/scope {algo!r}/{scope!r}; valid: {ALGORITHMS}, {SCOPES}"
+            )
         exact = self.params.get(key(op, algo, scope))
         if exact is not None:
             return exact, "fitted"
@@ -116,7 +118,10 @@ class Calibration:
                 intra_step_latency_s=default.intra_step_latency_s,
                 inter_step_latency_s=default.inter_step_latency_s,
             )
-            return merged, f"fallback: {ranked[0]} machine overhead and efficiency + {algo} latencies"
+            return (
+                merged,
+                f"fallback: {ranked[0]} machine overhead and efficiency + {algo} latencies",
+            )
         return DEFAULT_PARAMS[algo], "default (uncalibrated)"
 
     def to_json(self) -> dict[str, Any]:
@@ -126,7 +131,8 @@ class Calibration:
             "topology": self.topology,
             "fitted_from": dict(self.fitted_from),
             "params": {
-                k: {**asdict(p), "fit": asdict(self.quality[k])} for k, p in sorted(self.params.items())
+                k: {**asdict(p), "fit": asdict(self.quality[k])}
+                for k, p in sorted(self.params.items())
             },
         }
 
@@ -152,14 +158,21 @@ def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
     quality: dict[str, FitQuality] = {}
     for entry_key, entry in dict(doc.get("params", {})).items():
         parts = entry_key.split("/")
-        if len(parts) != 3 or parts[0] not in OPS or parts[1] not in ALGORITHMS or parts[2] not in SCOPES:
+        if (
+            len(parts) != 3
+            or parts[0] not in OPS
+            or parts[1] not in ALGORITHMS
+            or parts[2] not in SCOPES
+        ):
             raise ValueError(f"bad calibration key {entry_key!r}; expected op/algo/scope")
         values = dict(entry)
         fit = values.pop("fit", None)
         try:
             params[entry_key] = CommParams(**values)
-            quality[entry_key] = FitQuality(**fit) if fit else FitQuality(
-                num_points=0, mape=0.0, min_size_bytes=0, max_size_bytes=0
+            quality[entry_key] = (
+                FitQuality(**fit)
+                if fit
+                else FitQuality(num_points=0, mape=0.0, min_size_bytes=0, max_size_bytes=0)
             )
         except TypeError as exc:
             raise ValueError(f"bad calibration entry {entry_key!r}: {exc}") from None
@@ -278,7 +291,9 @@ def fit_params(samples: Sequence[Sample]) -> tuple[CommParams, FitQuality]:
 
     For each (shape, half size) on a grid the model is linear in (base latency, 1/eff_max and,
     when the group has several step counts, the per-step latency): solve it with numpy and
-    keep the grid point with the smallest sum of squared relative errors.
+    keep the grid point with the smallest sum of squared relative errors. With shape 1 the
+    ramp is indistinguishable from latency (bandwidth_time * half / size is a constant), so
+    only the prediction, not the split, is meaningful there.
     """
     algo, scope = samples[0].algo, samples[0].scope
     default = DEFAULT_PARAMS[algo]
@@ -293,7 +308,7 @@ def fit_params(samples: Sequence[Sample]) -> tuple[CommParams, FitQuality]:
         fixed -= steps * getattr(default, f"{scope}_step_latency_s")
     best: tuple[float, float, float, np.ndarray] | None = None
     for shape in _SHAPES:
-        for half in _HALF_SIZES:
+        for half in (h for h in _HALF_SIZES if h <= sizes.max()):  # a ramp inside the data
             x = bandwidth * (1.0 + (half / sizes) ** shape)
             coef, err = _solve(times, fixed, x, steps if free_step else None)
             if coef is not None and (best is None or err < best[0]):
@@ -375,8 +390,10 @@ def fit_calibration(
         "world_sizes": sorted({s.record.world_size for s in samples}),
         "num_nodes": sorted({s.record.num_nodes for s in samples}),
         "assumed_algo": assumed_algo,
-        "attributed": {k: sorted({s.record.size_bytes for s in samples if _key(s) == k})
-                       for k in sorted({_key(s) for s in samples})},
+        "attributed": {
+            k: sorted({s.record.size_bytes for s in samples if _key(s) == k})
+            for k in sorted({_key(s) for s in samples})
+        },
     }
     return replace(calibration, fitted_from=provenance), notes
 

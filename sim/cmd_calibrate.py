@@ -56,7 +56,9 @@ def read_measured(paths: list[str], only: list[str]) -> list[Record]:
 
 def describe(calibration: Calibration) -> list[str]:
     """Readable lines: one per fitted group with its parameters and MAPE."""
-    lines = ["#  op/algo/scope                    points  MAPE(%)  base(us)  step(us)  eff_max  half(KiB)  shape"]
+    lines = [
+        "#  op/algo/scope                    points  MAPE(%)  base(us)  step(us)  eff_max  half(KiB)  shape"
+    ]
     for group_key, p in sorted(calibration.params.items()):
         q = calibration.quality[group_key]
         step = p.intra_step_latency_s if group_key.endswith("intra") else p.inter_step_latency_s
@@ -78,13 +80,17 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if not calibration.params:
         raise ValueError(f"nothing could be fitted: {'; '.join(notes)}")
-    print(f"# commsim calibrate: {len(records)} records from {len(args.measured)} file(s), topology {args.topology}")
+    print(
+        f"# commsim calibrate: {len(records)} records from {len(args.measured)} file(s), topology {args.topology}"
+    )
     print("\n".join(describe(calibration)))
     for note in notes:
         print(f"# note: {note}")
     fitted = sorted({k.split("/")[0] for k in calibration.params})
-    print(f"# other (op, algo, scope) fall back: same algorithm other op, then the scope's "
-          f"machine overhead and efficiency, then defaults (fitted ops: {', '.join(fitted)})")
+    print(
+        f"# other (op, algo, scope) fall back: same algorithm other op, then the scope's "
+        f"machine overhead and efficiency, then defaults (fitted ops: {', '.join(fitted)})"
+    )
     calibration.save(args.output)
     print(f"# wrote {args.output}")
     return 0

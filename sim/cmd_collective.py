@@ -138,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
     topology = factory(args.nodes or 1, 1)
     num_ranks = topology.num_gpus if args.ranks is None else args.ranks
     if not 1 <= num_ranks <= topology.num_gpus:
-        raise ValueError(f"--ranks {num_ranks}: topology {topology.name} has {topology.num_gpus} GPUs")
+        raise ValueError(
+            f"--ranks {num_ranks}: topology {topology.name} has {topology.num_gpus} GPUs"
+        )
     if not 0 <= args.root < num_ranks:
         raise ValueError(f"-r {args.root}: root must be in 0..{num_ranks - 1}")
     calibration = load_optional_calibration(args.calibration)

@@ -37,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "'nodes=8', 'size<1M'); repeatable (a record matching any is held out)",
     )  # fmt: skip
     parser.add_argument("--fit", action="store_true", help="fit on all records (in-sample score)")
-    parser.add_argument("--only", action="append", default=[], metavar="EXPR", help="use only matching records")
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="EXPR", help="use only matching records"
+    )
     parser.add_argument("--algo", default="auto", help=f"auto or one of {', '.join(ALGORITHMS)}")
     parser.add_argument("--fidelity", default="analytical", help=" or ".join(FIDELITIES))
     parser.add_argument("--min-size", default="1M", help="also report MAPE for sizes >= this")
@@ -53,7 +55,13 @@ def _calibration(
     if modes > 1:
         raise ValueError("choose one of --holdout, --fit and --calibration")
     if args.calibration is not None:
-        return load_optional_calibration(args.calibration), [], f"calibration {args.calibration}"
+        calibration = load_optional_calibration(args.calibration)
+        assert calibration is not None
+        return (
+            calibration,
+            _fitted_records(calibration, records, args.measured),
+            (f"calibration {args.calibration}"),
+        )
     if not args.holdout and not args.fit:
         return None, [], "uncalibrated (default parameters)"
     selectors = [parse_selector(text) for text in args.holdout]
@@ -70,6 +78,17 @@ def _calibration(
     return calibration, train, f"fitted on {what}"
 
 
+def _fitted_records(
+    calibration: Calibration, records: list[Record], paths: list[str]
+) -> list[Record]:
+    """Records the calibration's provenance says it was fitted on (same file, op, size, world)."""
+    source = calibration.fitted_from
+    if not set(map(str, source.get("sources", []))) & set(paths):
+        return []
+    ops, sizes, worlds = (set(source.get(k, [])) for k in ("ops", "sizes_bytes", "world_sizes"))
+    return [r for r in records if r.op in ops and r.size_bytes in sizes and r.world_size in worlds]
+
+
 def run(args: argparse.Namespace) -> int:
     """Compare, print, write JSON and PNG."""
     records = read_measured(args.measured, args.only)
@@ -84,10 +103,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"# commsim compare: topology {args.topology}, {how}, fidelity {args.fidelity}")
     print("\n".join(format_table(points)))
     for name, stats in result["series"].items():
-        print(f"# MAPE {name}: {_pct(stats['mape_pct'])} all sizes, "
-              f"{_pct(stats['mape_pct_min_size'])} for sizes >= {args.min_size}")
-    print(f"# MAPE ({result['scored_on']}, {result['num_points']} points): "
-          f"{_pct(result['mape_pct'])} all sizes, {_pct(result['mape_pct_min_size'])} for sizes >= {args.min_size}")
+        print(
+            f"# MAPE {name}: {_pct(stats['mape_pct'])} all sizes, "
+            f"{_pct(stats['mape_pct_min_size'])} for sizes >= {args.min_size}"
+        )
+    print(
+        f"# MAPE ({result['scored_on']}, {result['num_points']} points): "
+        f"{_pct(result['mape_pct'])} all sizes, {_pct(result['mape_pct_min_size'])} for sizes >= {args.min_size}"
+    )
     if args.json:
         document = {
             "schema": "commsim-compare/1", "measured": args.measured, "topology": args.topology,

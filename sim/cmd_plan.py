@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from sim.report import format_report
+from sim.replay import layout_of
+from sim.report import format_report, rank_title
 from sim.result import PlanResult
 from sim.timeline_plot import figure_bytes, representative_ranks, timeline_figure
 from sim.trace import chrome_trace, trace_json
@@ -144,10 +145,11 @@ def load_calibrations(args: argparse.Namespace) -> tuple[Any, Any]:
     from sim.calibration import load_calibration
     from sim.compute_calibration import load_compute_calibration
 
-    return (
-        _load_json_file("--calibration", args.calibration, load_calibration),
-        _load_json_file("--compute-calibration", args.compute_calibration, load_compute_calibration),
+    comm = _load_json_file("--calibration", args.calibration, load_calibration)
+    compute = _load_json_file(
+        "--compute-calibration", args.compute_calibration, load_compute_calibration
     )
+    return comm, compute
 
 
 def _load_json_file(flag: str, path: Path | None, loader: Callable[[Path], Any]) -> Any:
@@ -184,15 +186,13 @@ def render_files(
 
 
 def pipeline_stage(rank: int, plan: Plan) -> int:
-    """Pipeline stage of a global rank (Megatron order: tp fastest, then cp, dp, pp slowest)."""
-    par = plan.parallel
-    return rank // (par.tp * par.cp * par.dp)
+    """Pipeline stage of a global rank in the replay's rank layout."""
+    return int(layout_of(plan).coords(rank)["pp"])
 
 
 def rank_titles(result: PlanResult, plan: Plan) -> dict[int, str]:
-    """``"rank N (pp stage s)"`` for every simulated rank."""
-    ranks = sorted({span.rank for span in result.spans})
-    return {r: f"rank {r} (pp stage {pipeline_stage(r, plan)})" for r in ranks}
+    """A title per simulated rank, e.g. ``"rank 8 (pp stage 1)"``."""
+    return {r: rank_title(r, plan) for r in sorted({span.rank for span in result.spans})}
 
 
 def plot_title(result: PlanResult, plan: Plan) -> str:

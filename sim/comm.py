@@ -54,7 +54,8 @@ class CommModel:
         if fidelity == "flow":
             graph = topology.graph
             capacities = {
-                (u, v): float(d["effective_bandwidth_bytes_per_s"]) for u, v, d in graph.edges(data=True)
+                (u, v): float(d["effective_bandwidth_bytes_per_s"])
+                for u, v, d in graph.edges(data=True)
             }
             self.network = FlowNetwork(env, capacities)
 
@@ -71,7 +72,9 @@ class CommModel:
         """Calibrated (or fallback/default) parameters of (op, algo) for this group's scope."""
         return self.calibration.lookup(op, algo, scope_of(layout))[0]
 
-    def algorithm(self, op: str, ranks: Sequence[int], size_bytes: float, algo: str | None = None) -> str:
+    def algorithm(
+        self, op: str, ranks: Sequence[int], size_bytes: float, algo: str | None = None
+    ) -> str:
         """The algorithm that will run: the forced one (checked), or auto's pick."""
         op = canonical_op(op)
         layout = self.layout(ranks)
@@ -104,7 +107,9 @@ class CommModel:
     ) -> simpy.Event:
         """Start ``op`` on global ``ranks`` now; the event succeeds when it completes.
 
-        ``root`` is the root's position in ``ranks`` (broadcast, reduce).
+        ``root`` is the root's position in ``ranks`` (broadcast, reduce). ``send_recv`` on
+        (src, dst) is one transfer; on more ranks it is nccl-tests' sendrecv: every rank sends
+        to the next and receives from the previous, all at once.
         """
         op = canonical_op(op)
         _check_op_ranks(op, ranks)
@@ -140,5 +145,5 @@ def check_algo_name(algo: str) -> None:
 
 
 def _check_op_ranks(op: str, ranks: Sequence[int]) -> None:
-    if op == "send_recv" and len(ranks) != 2:
-        raise ValueError(f"send_recv takes ranks=(src, dst), got {list(ranks)}")
+    if op == "send_recv" and len(ranks) < 2:
+        raise ValueError(f"send_recv takes ranks=(src, dst) or a ring of >= 2, got {list(ranks)}")

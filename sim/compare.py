@@ -24,7 +24,13 @@ import simpy
 from comm_bench.collectives import busbw_gbps
 from comm_bench.options import parse_size
 from comm_bench.records import Record
-from sim.calibration import NCCL_ALGO_NAMES, Calibration, TopologyFactory, record_ranks, record_time_s
+from sim.calibration import (
+    NCCL_ALGO_NAMES,
+    Calibration,
+    TopologyFactory,
+    record_ranks,
+    record_time_s,
+)
 from sim.comm import CommModel
 
 _COMPARATORS: dict[str, Callable[[Any, Any], bool]] = {

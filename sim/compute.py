@@ -93,6 +93,11 @@ class ComputeModel:
     """Kernel times on one GPU from its spec, default efficiencies and an optional calibration."""
 
     def __init__(self, gpu: GPUSpec, calibration: ComputeCalibration | None = None) -> None:
+        if calibration is not None and calibration.gpu and calibration.gpu != gpu.name:
+            raise ValueError(
+                f"compute calibration is for GPU {calibration.gpu!r} ({calibration.device}), "
+                f"not {gpu.name!r}; measure this GPU or clear the calibration's 'gpu'"
+            )
         self.gpu = gpu
         self.calibration = calibration or ComputeCalibration()
 

@@ -36,7 +36,9 @@ class _Transfer:
 
     __slots__ = ("done", "id", "rate", "remaining", "updated_s", "usage", "version")
 
-    def __init__(self, transfer_id: int, usage: dict[Hashable, int], size: float, done: simpy.Event):
+    def __init__(
+        self, transfer_id: int, usage: dict[Hashable, int], size: float, done: simpy.Event
+    ):
         self.id = transfer_id
         self.usage = usage
         self.remaining = size
@@ -204,7 +206,9 @@ def max_min_rates(
     while len(rates) < len(usage):
         share = min(remaining[link] / load[link] for link in load if load[link] > 0)
         limit = share * (1.0 + _TIE)
-        bottlenecks = [link for link in load if load[link] > 0 and remaining[link] / load[link] <= limit]
+        bottlenecks = [
+            link for link in load if load[link] > 0 and remaining[link] / load[link] <= limit
+        ]
         for link in bottlenecks:
             for flow_id in users[link]:
                 if flow_id in rates:

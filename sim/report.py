@@ -31,7 +31,7 @@ def format_report(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: str
         plan_echo_lines(result, plan, gpu=gpu, fidelity=fidelity),
         headline_lines(result, plan, gpu=gpu),
         memory_lines(result, hbm_bytes=gpu.hbm_bytes),
-        breakdown_lines(result),
+        breakdown_lines(result, critical=_critical_rank(result, plan)),
     )
     return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
 
@@ -114,7 +114,7 @@ def fit_verdict(result: PlanResult, *, hbm_bytes: float) -> str:
     )
 
 
-def breakdown_lines(result: PlanResult) -> list[str]:
+def breakdown_lines(result: PlanResult, *, critical: str = "the critical rank") -> list[str]:
     """Where the step's time goes on the critical rank, in ms and percent of the step."""
     bd = result.breakdown
     rows: list[tuple[str, float]] = [("compute", bd.compute_s)]
@@ -122,13 +122,25 @@ def breakdown_lines(result: PlanResult) -> list[str]:
     rows += [("pipeline bubble", bd.bubble_s), ("optimizer", bd.optimizer_s)]
     accounted_s = sum(t for _, t in rows)
     step_s = result.step_time_s
-    lines = [f"{'Step breakdown (critical rank)':<{_LABEL_WIDTH}}{'ms':>12}{'% of step':>11}"]
+    lines = [
+        f"Step breakdown on {critical}",
+        f"{'':<{_LABEL_WIDTH}}{'ms':>12}{'% of step':>11}",
+    ]
     lines += [_breakdown_row(f"  {name}", t, step_s) for name, t in rows]
     # Show any remainder instead of hiding it: the rows should add up to the step.
     if abs(step_s - accounted_s) > 1e-6 * max(step_s, 1e-12):
         lines.append(_breakdown_row("  other / unaccounted", step_s - accounted_s, step_s))
     lines.append(_breakdown_row("  step", step_s, step_s))
     return lines
+
+
+def rank_title(rank: int, plan: Plan) -> str:
+    """``rank N (pp stage s)``, with the context-parallel rank too when cp > 1."""
+    from sim.replay import layout_of
+
+    coords = layout_of(plan).coords(rank)
+    cp = f", cp rank {coords['cp']}" if plan.parallel.cp > 1 else ""
+    return f"rank {rank} (pp stage {coords['pp']}{cp})"
 
 
 def format_duration(time_s: float) -> str:
@@ -143,6 +155,13 @@ def _breakdown_row(label: str, time_s: float, step_s: float) -> str:
 
 def _row(label: str, value: str) -> str:
     return f"{label:<{_LABEL_WIDTH}}{value}"
+
+
+def _critical_rank(result: PlanResult, plan: Plan) -> str:
+    rank = result.extra.get("critical_rank")
+    if rank is None:
+        return "the critical rank"
+    return f"{rank_title(int(rank), plan)}, the critical rank (last to finish)"
 
 
 def _on_off(flag: bool) -> str:

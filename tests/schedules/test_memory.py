@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schedules import memory
 from schedules.model import (
@@ -144,3 +146,34 @@ def test_fits_in_memory_is_a_result_not_an_error() -> None:
     assert memory.fits_in_memory(make_plan(8, data_parallel="fsdp"), hbm_bytes=80 * GIB)
     with pytest.raises(ValueError, match="hbm_bytes must be > 0"):
         memory.memory_per_gpu(resolved, hbm_bytes=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([1, 2, 4]),
+    dp=st.sampled_from([1, 2, 8]),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+)
+def test_more_sharding_never_needs_more_state(tp: int, pp: int, dp: int, recompute: str) -> None:
+    def state(kind: str) -> float:
+        plan = make_plan(tp * pp * dp, tp=tp, pp=pp, data_parallel=kind, recompute=recompute)
+        return state_bytes(plan)
+
+    ddp, zero1, zero2, zero3 = (state(k) for k in ("ddp", "zero1", "zero2", "zero3"))
+    assert ddp >= zero1 >= zero2 >= zero3 > 0
+    assert zero3 == pytest.approx(ddp / dp)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), b=st.integers(1, 8), cp=st.sampled_from([1, 2, 4]))
+def test_recompute_and_sequence_parallel_only_save_memory(tp: int, b: int, cp: int) -> None:
+    def per_layer(recompute: str, sp: bool) -> float:
+        return layer_activation_bytes(
+            SMALL, b, tp=tp, cp=cp, sequence_parallel=sp, recompute=recompute
+        )
+
+    for sp in (False, True):
+        assert per_layer("none", sp) >= per_layer("selective", sp) >= per_layer("full", sp) > 0
+    for mode in ("none", "selective", "full"):
+        assert per_layer(mode, True) <= per_layer(mode, False)

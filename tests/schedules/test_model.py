@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schedules import model as arithmetic
 from schedules.plan import (
@@ -252,3 +254,36 @@ def test_dp_message_sizes_follow_grad_dtype() -> None:
     layer = arithmetic.layer_params_per_gpu(model, 2)
     assert arithmetic.fsdp_unit_param_bytes(fsdp) == 2 * layer
     assert arithmetic.fsdp_unit_grad_bytes(fsdp) == 2 * layer
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    layers=st.integers(1, 8),
+    heads=st.sampled_from([4, 8, 16]),
+    groups=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([16, 64, 128]),
+    ffn=st.integers(1, 4096),
+    b=st.integers(1, 4),
+    tp=st.sampled_from([1, 2, 4]),
+    causal=st.booleans(),
+)
+def test_flops_invariants(
+    layers: int, heads: int, groups: int, head_dim: int, ffn: int, b: int, tp: int, causal: bool
+) -> None:
+    model = ModelConfig(
+        name="random",
+        num_layers=layers,
+        hidden_size=heads * head_dim,
+        num_heads=heads,
+        num_kv_heads=heads // groups,
+        ffn_hidden_size=ffn,
+        vocab_size=1000,
+        seq_len=256,
+    )
+    whole = arithmetic.layer_flops(model, b, causal=causal, recompute="full")
+    sharded = arithmetic.layer_flops(model, b, causal=causal, recompute="full", tp=tp)
+    assert whole.backward == pytest.approx(2 * whole.forward)
+    assert whole.recompute == whole.forward
+    assert sharded.forward == pytest.approx(whole.forward / tp)
+    assert whole.backward_input >= whole.backward_weight
+    assert arithmetic.total_params(model) > layers * arithmetic.layer_params(model)

@@ -271,3 +271,10 @@ def test_model_config_direct_construction() -> None:
             vocab_size=1000,
             seq_len=128,
         )
+
+
+def test_number_written_as_text_gets_a_hint() -> None:
+    raw = yaml.safe_load(LLAMA_70B_PLAN.replace("data_parallel: fsdp", "data_parallel: zero3"))
+    raw["parallel"]["zero_bucket_elems"] = yaml.safe_load("5e8")  # YAML 1.1 reads this as text
+    with pytest.raises(ValueError, match="write it as a plain number: 500000000"):
+        load_plan(raw)

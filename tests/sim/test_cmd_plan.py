@@ -243,7 +243,7 @@ def test_bad_calibration_files(
     _assert_one_line_error(capsys, f"{flag} ", "missing.json: file not found")
     (tmp_path / "broken.json").write_text("{not json")
     assert main(["plan", str(path), flag, str(tmp_path / "broken.json"), *_outputs(tmp_path)]) == 2
-    _assert_one_line_error(capsys, f"{flag} ", "broken.json")
+    _assert_one_line_error(capsys, "broken.json", "JSON")
     assert list((tmp_path / "out").iterdir()) == []
 
 

@@ -82,7 +82,7 @@ def test_forced_algorithm_and_auto():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda m: m.run("send_recv", (0, 1, 2), 1.0), "send_recv takes"),
+        (lambda m: m.run("send_recv", (0,), 1.0), "send_recv takes"),
         (lambda m: m.run("broadcast", range(4), 1.0, root=4), "root 4 out of range"),
         (lambda m: m.run("all_reduce", range(8), 1.0, algo="nvls"), "NVLink SHARP"),
         (lambda m: m.run("all_reduce", range(8), 1.0, algo="magic"), "unknown algorithm"),
@@ -99,3 +99,10 @@ def test_bad_calls_raise_value_errors_naming_the_problem(call, message):
 def test_unknown_fidelity_is_rejected():
     with pytest.raises(ValueError, match="fidelity"):
         CommModel(simpy.Environment(), build_cluster("dgx-a100"), fidelity="packet")
+
+
+def test_send_recv_on_many_ranks_is_nccl_tests_ring_shift():
+    # Every rank sends S to the next at once: each GPU's NVLink carries S, as one send alone.
+    model = CommModel(simpy.Environment(), build_cluster("dgx-h100"), fidelity="flow")
+    model.env.run(model.run("send_recv", range(8), 1 << 30))
+    assert model.env.now == pytest.approx(model.estimate_s("send_recv", (0, 1), 1 << 30), rel=1e-9)

@@ -204,3 +204,10 @@ def test_bad_calibration_files(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_compute_calibration(path)
+
+
+def test_calibration_for_another_gpu_is_refused() -> None:
+    calibration = ComputeCalibration(device="AMD EPYC", gpu="cpu")
+    with pytest.raises(ValueError, match="calibration is for GPU 'cpu'"):
+        ComputeModel(H100, calibration)
+    assert ComputeModel(H100, ComputeCalibration(efficiency={"gemm": 0.5})).gpu is H100

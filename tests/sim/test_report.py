@@ -7,7 +7,14 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from schedules.plan import Plan, load_plan
-from sim.report import GIB_BYTES, breakdown_lines, format_duration, format_report, memory_lines
+from sim.report import (
+    GIB_BYTES,
+    breakdown_lines,
+    format_duration,
+    format_report,
+    memory_lines,
+    rank_title,
+)
 from sim.result import Breakdown, PlanResult
 
 
@@ -54,7 +61,7 @@ def _result(**overrides: object) -> PlanResult:
         ),
         "num_gpus": 16,
         "num_simulated_ranks": 2,
-        "extra": {"num_microbatches": 8},
+        "extra": {"num_microbatches": 8, "critical_rank": 9},
     }
     values.update(overrides)
     return PlanResult(**values)  # type: ignore[arg-type]
@@ -103,7 +110,7 @@ def test_plan_that_does_not_fit_is_reported_clearly() -> None:
 
 def _breakdown_rows(result: PlanResult) -> dict[str, list[str]]:
     """Row label -> [ms, percent] of the breakdown table."""
-    return {" ".join(ln.split()[:-2]): ln.split()[-2:] for ln in breakdown_lines(result)[1:]}
+    return {" ".join(ln.split()[:-2]): ln.split()[-2:] for ln in breakdown_lines(result)[2:]}
 
 
 def test_breakdown_rows_in_ms_and_percent_of_step() -> None:
@@ -115,6 +122,20 @@ def test_breakdown_rows_in_ms_and_percent_of_step() -> None:
     assert rows["optimizer"] == ["50.000", "2.5%"]
     assert rows["step"] == ["2000.000", "100.0%"]
     assert "other / unaccounted" not in rows
+
+
+def test_breakdown_names_the_critical_rank_and_its_stage() -> None:
+    text = format_report(_result(), _plan(), gpu=_Gpu(), fidelity="analytical")
+    # tp=2, cp=1, dp=4: rank 9 = tp 1 + 2 * (dp 0 + 4 * pp 1).
+    assert "Step breakdown on rank 9 (pp stage 1), the critical rank (last to finish)" in text
+
+
+def test_rank_title_shows_cp_rank_when_context_parallel() -> None:
+    plan = load_plan({**PLAN_MAPPING, "parallel": {"tp": 2, "cp": 2, "pp": 2, "dp": 2}})
+    # Rank order tp-cp-dp-pp: 13 = tp 1 + 2 * (cp 0 + 2 * (dp 1 + 2 * pp 1)).
+    assert rank_title(13, plan) == "rank 13 (pp stage 1, cp rank 0)"
+    assert rank_title(3, plan) == "rank 3 (pp stage 0, cp rank 1)"
+    assert rank_title(3, _plan()) == "rank 3 (pp stage 0)"
 
 
 def test_durations_switch_to_ms_below_one_second() -> None:

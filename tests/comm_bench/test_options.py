@@ -1,0 +1,100 @@
+"""Flag parsing: nccl-tests' letters, binary sizes, the sweep and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from comm_bench.options import BenchOptions, parse_options, parse_size, validate_for_world
+
+
+def test_sizes_use_binary_units():
+    assert [parse_size(t) for t in ("64", "1K", "16M", "2G", "1kb", "4MiB")] == [
+        64,
+        1024,
+        16 << 20,
+        2 << 30,
+        1024,
+        4 << 20,
+    ]
+
+
+def test_sweeps_by_factor_and_by_step():
+    assert parse_options(["-b", "1K", "-e", "16K", "-f", "4"]).sizes() == [1024, 4096, 16384]
+    assert parse_options(["-b", "1M", "-e", "3M", "-f", "1", "-i", "1M"]).sizes() == [
+        1 << 20,
+        2 << 20,
+        3 << 20,
+    ]
+
+
+def test_nccl_tests_flags_map_to_fields():
+    o = parse_options(
+        [
+            "--ops",
+            "all",
+            "-d",
+            "half",
+            "-o",
+            "MAX",
+            "-r",
+            "1",
+            "-a",
+            "3",
+            "-n",
+            "7",
+            "-w",
+            "0",
+            "-c",
+            "2",
+            "-I",
+            "1",
+            "--output",
+            "x.json",
+            "-T",
+            "9",
+        ]
+    )
+    assert (o.dtype, o.redop, o.root, o.average, o.iters, o.warmup_iters, o.check_iters) == (
+        "float16",
+        "max",
+        1,
+        3,
+        7,
+        0,
+        2,
+    )
+    assert o.per_iter_columns and o.output == Path("x.json") and o.timeout_s == 9.0
+    assert len(o.ops) == 7
+    assert BenchOptions().ops == ("all_reduce",) and parse_options([]) == BenchOptions()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-b", "1X"], "bad size '1X'"),
+        (["-b", "2M", "-e", "1M"], "-b 2097152 is larger than -e 1048576"),
+        (["-d", "float8"], "unknown dtype 'float8'"),
+        (["-o", "xor"], "unknown reduction -o 'xor'"),
+        (["-a", "5"], "-a must be 0, 1, 2 or 3"),
+        (["--ops", "gather"], "unknown op 'gather'"),
+        (["--backend", "mpi"], "unknown --backend 'mpi'"),
+        (["--output", "x.txt"], "--output must end in .json"),
+        (["--op", "sum"], None),  # nccl-tests' long name of -o is accepted, not --ops
+        (["--nope"], "unrecognized arguments: --nope"),
+    ],
+)
+def test_bad_values_raise_one_line(argv, message):
+    if message is None:
+        assert parse_options(argv).redop == "sum"
+        return
+    with pytest.raises(ValueError, match=None) as error:
+        parse_options(argv)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_root_must_be_a_rank_for_rooted_ops():
+    validate_for_world(parse_options(["--ops", "all_reduce", "-r", "9"]), 4)
+    with pytest.raises(ValueError, match="-r 4 is not a rank of a 4-rank world"):
+        validate_for_world(parse_options(["--ops", "broadcast", "-r", "4"]), 4)

@@ -1,0 +1,147 @@
+"""Readers: the shared nccl-tests tables parse to the printed numbers; logs; commbench files."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from comm_bench.readers import UnknownFormatError, parse_nccl_tests_text, read_many, read_results
+
+from .conftest import SHARED_DATA
+
+NCCL = SHARED_DATA / "nccl"
+needs_data = pytest.mark.skipif(not NCCL.is_dir(), reason="../shared/data is not present")
+
+
+def _row(records, size, in_place, op=None):
+    return next(
+        r
+        for r in records
+        if r.size_bytes == size and r.in_place == in_place and (op is None or r.op == op)
+    )
+
+
+@needs_data
+def test_every_shared_file_parses():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        records = read_many(sorted(p for p in NCCL.iterdir() if p.suffix in (".txt", ".csv")))
+    assert len(records) == 22 + 40 + 28 + 12 + 12 + 14
+    assert all(r.source == "nccl-tests" and r.world_size >= 8 for r in records)
+
+
+@needs_data
+def test_all_gather_ring_rows_as_printed():
+    records = read_results(NCCL / "h100_8gpu_all_gather_ring.txt")
+    assert len(records) == 22 and {(r.op, r.algo, r.world_size) for r in records} == {
+        ("all_gather", "ring", 8)
+    }
+    r = _row(records, 1073741824, False)
+    assert (r.count, r.time_us, r.algbw_gbps, r.busbw_gbps, r.num_wrong) == (
+        33554432,
+        2726.63,
+        393.80,
+        344.57,
+        0,
+    )
+    r = _row(records, 8589934592, True)
+    assert (r.time_us, r.algbw_gbps, r.busbw_gbps) == (20681.9, 415.34, 363.42)
+    assert _row(records, 128, True).time_us == 47.28
+
+
+@needs_data
+def test_all_reduce_ring_rows_as_printed():
+    records = read_results(NCCL / "h100_8gpu_all_reduce_ring.txt")
+    r = _row(records, 33554432, True)
+    assert (r.op, r.redop, r.root, r.count, r.time_us, r.algbw_gbps, r.busbw_gbps) == (
+        "all_reduce",
+        "sum",
+        -1,
+        8388608,
+        214.78,
+        156.23,
+        273.40,
+    )
+
+
+@needs_data
+def test_nvls_log_blocks_are_split_and_labelled_by_their_columns():
+    with pytest.warns(UserWarning) as caught:
+        records = read_results(NCCL / "h100_8gpu_all_reduce_nvls.txt")
+    messages = [str(w.message) for w in caught]
+    assert any("block 2" in m and "all_gather or all_to_all; skipped" in m for m in messages)
+    assert any("block 3" in m and "read as reduce_scatter" in m for m in messages)
+    ar = [r for r in records if r.op == "all_reduce"]
+    rs = [r for r in records if r.op == "reduce_scatter"]
+    assert len(ar) == 28 and len(rs) == 12 and len(records) == 40
+    assert {r.algo for r in ar} == {"nvls"} and {r.algo for r in rs} == {None}
+    r = _row(ar, 8589934592, False)
+    assert (r.time_us, r.algbw_gbps, r.busbw_gbps) == (31361.7, 273.90, 479.32)
+    r = _row(rs, 268435456, False)
+    assert (r.count, r.time_us, r.busbw_gbps) == (8388608, 718.02, 327.12)
+
+
+@needs_data
+def test_busbw_tables_derive_time_with_the_bus_factor():
+    a100 = read_results(NCCL / "a100_8gpu_all_reduce_busbw.csv")
+    r = _row(a100, 1073741824, True)
+    assert r.busbw_gbps == 228.10 and r.in_place and r.world_size == 8
+    assert r.algbw_gbps == pytest.approx(228.10 / 1.75)
+    assert r.time_us == pytest.approx(1073741824 / (228.10 / 1.75 * 1e9) * 1e6)
+    multi = read_results(NCCL / "h100_multinode_all_reduce_busbw.csv")
+    r = next(x for x in multi if x.num_nodes == 4 and x.size_bytes == 8589934592)
+    assert (r.world_size, r.busbw_gbps, r.op, r.redop) == (32, 356.99, "all_reduce", "sum")
+    assert {(x.num_nodes, x.world_size) for x in multi} == {(2, 16), (4, 32), (8, 64)}
+    assert not any(x.in_place for x in multi)
+
+
+HEAD = "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+LOG = "\n".join(
+    [
+        "# nThread 1 nGpus 1 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20",
+        "#",
+        "# Using devices",
+        "#  Rank  0 Group  0 Pid  11 on   nodeA device  0 [0x1b] NVIDIA H100 80GB HBM3",
+        "#  Rank  1 Group  0 Pid  12 on   nodeA device  1 [0x2b] NVIDIA H100 80GB HBM3",
+        "#  Rank  2 Group  0 Pid  13 on   nodeB device  0 [0x1b] NVIDIA H100 80GB HBM3",
+        "#  Rank  3 Group  0 Pid  14 on   nodeB device  1 [0x2b] NVIDIA H100 80GB HBM3",
+        "#",
+        "# Collective test starting: all_gather_perf",
+        HEAD + "     time   algbw   busbw  #wrong",
+        "         256            16     float    none      -1    20.10    0.01    0.01       0"
+        "    19.90    0.01    0.01     N/A",
+        "        1024            64     float    none      -1    21.00    0.05    0.04       0"
+        "    20.00    0.05    0.04       0",
+        "# Out of bounds values : 0 OK",
+        "# Collective test starting: broadcast_perf",
+        "         512           128     float    none       0    10.00    0.05    0.05       0"
+        "    10.00    0.05    0.05       0",
+    ]
+)
+
+
+def test_raw_log_uses_markers_and_rank_lines():
+    records = parse_nccl_tests_text(LOG)
+    assert [(r.op, r.size_bytes, r.in_place) for r in records] == [
+        ("all_gather", 256, False),
+        ("all_gather", 256, True),
+        ("all_gather", 1024, False),
+        ("all_gather", 1024, True),
+        ("broadcast", 512, False),
+        ("broadcast", 512, True),
+    ]
+    assert {(r.world_size, r.num_nodes) for r in records} == {(4, 2)}
+    assert records[1].num_wrong is None and records[0].num_wrong == 0
+    assert records[4].root == 0 and records[4].time_us == 10.0
+
+
+def test_unknown_files_are_a_clear_error(tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello\n")
+    with pytest.raises(UnknownFormatError, match=r"notes\.txt: no commbench or nccl-tests results"):
+        read_results(bad)
+    other = tmp_path / "x.json"
+    other.write_text('{"schema": "other/2", "results": []}')
+    with pytest.raises(UnknownFormatError, match="schema 'other/2'"):
+        read_results(other)
