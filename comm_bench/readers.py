@@ -249,8 +249,9 @@ def _row_fits(op: str, row: _Row, world: int) -> bool:
     half = (len(t) - 5) // 2
     for start in (5, 5 + half):
         algbw, busbw = _number(t[start + 1]), _number(t[start + 2])
-        measurable = algbw is not None and busbw is not None and algbw >= 1.0
-        if measurable and abs(busbw - algbw * definition.busbw_factor(world)) > 0.02:
+        if algbw is None or busbw is None or algbw < 1.0:
+            continue  # too small to tell factors apart after rounding to 0.01
+        if abs(busbw - algbw * definition.busbw_factor(world)) > 0.02:
             return False
     return True
 

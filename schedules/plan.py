@@ -226,12 +226,10 @@ class ParallelConfig:
         _check_choice(
             "parallel.fsdp_backward_prefetch", self.fsdp_backward_prefetch, FSDP_BACKWARD_PREFETCH
         )
-        _check_positive(
-            self,
-            "parallel",
-            ("ddp_bucket_mb", "ddp_first_bucket_mb", "zero_bucket_elems"),
-        )
-        _check_positive(self, "parallel", ("zero_allgather_bucket_elems",))
+        ddp_buckets = ("ddp_bucket_mb", "ddp_first_bucket_mb")
+        zero_buckets = ("zero_bucket_elems", "zero_allgather_bucket_elems")
+        _check_positive(self, "parallel", (*ddp_buckets, *zero_buckets))
+        _check_positive(self, "parallel", ("zero_prefetch_bucket_elems",))
         if self.hsdp_shard_size < 0:
             raise ValueError(f"parallel.hsdp_shard_size must be >= 0, got {self.hsdp_shard_size}")
 

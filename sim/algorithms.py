@@ -37,9 +37,7 @@ from sim.analytical import (
     nvls_bytes,
     ring_wire_bytes,
 )
-from sim.network import Path
-from topologies.topology import Topology
-
+from topologies.topology import Path, Topology
 
 AUTO_ALGORITHMS = ("ring", "tree", "nvls", "direct")
 """Algorithms ``auto`` chooses among: NCCL's (its NVLSTree is our ``tree`` on NVLS nodes).
@@ -152,7 +150,9 @@ def decompose(
         )
     if op == "send_recv":
         pairs = (
-            [(ranks[0], ranks[1])] if len(ranks) == 2 else list(zip(ranks, [*ranks[1:], ranks[0]]))
+            [(ranks[0], ranks[1])]
+            if len(ranks) == 2
+            else list(zip(ranks, [*ranks[1:], ranks[0]], strict=True))
         )
         return [FlowGroup(paths=(topology.path(a, b),), size_bytes=size_bytes) for a, b in pairs]
     chunk = size_bytes / len(ranks)
@@ -180,7 +180,7 @@ def ring_orders(nodes: Sequence[Sequence[int]]) -> list[list[int]]:
         order: list[int] = []
         for j, members in enumerate(nodes):
             start = (channel - j) % g
-            order.extend(members[start:] + members[:start])
+            order.extend([*members[start:], *members[:start]])
         orders.append(order)
     return orders
 

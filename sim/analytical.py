@@ -12,7 +12,7 @@ the bottleneck of the intra-node hops), the per-GPU network bandwidth and the bi
 flow model (``sim/algorithms.py``) moves the same bytes with the same latencies over the graph,
 so on an uncongested topology both give the same time.
 
-    terms = cost_terms("all_reduce", "ring", layout, 1 << 30); time_s = terms.time_s(params, 1 << 30)
+    time_s = cost_terms("all_reduce", "ring", layout, 1 << 30).time_s(params, 1 << 30)
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def available_algorithms(op: str, layout: Layout) -> tuple[str, ...]:
 def cost_terms(op: str, algo: str, layout: Layout, size_bytes: float) -> CostTerms:
     """The closed-form cost pieces of ``op`` by ``algo`` on ``layout`` (see module docstring)."""
     check_algorithm(op, algo, layout)
-    n, g, nodes = layout.num_ranks, layout.ranks_per_node, layout.num_nodes
+    n, nodes = layout.num_ranks, layout.num_nodes
     if n == 1:
         return CostTerms(intra_steps=0, inter_steps=0, hop_latency_s=0.0, bandwidth_time_s=0.0)
     if algo == "ring":

@@ -1,11 +1,12 @@
 """Network-model parameters per (op, algorithm, scope): defaults, lookup with fallback, JSON.
 
 A ``Calibration`` holds ``CommParams`` (base latency, per-step latencies, an efficiency curve
-over size) fitted from measurements by least squares (``fit_calibration``). They are PARAMETERS of the analytical and flow models, never a table of
-measured times. Scope is ``intra`` (the group sits on one node) or ``inter``. A missing
-(op, algo, scope) falls back, and says so: the same algorithm's fit for another op in the scope,
-then the scope's machine parameters (base latency, efficiency curve) with the algorithm's own
-default step latencies, then the uncalibrated defaults.
+over size) fitted from measurements by least squares (``fit_calibration``). They are
+PARAMETERS of the analytical and flow models, never a table of measured times. Scope is
+``intra`` (the group sits on one node) or ``inter``. A missing (op, algo, scope) falls back, and
+says so: the same algorithm's fit for another op in the scope, then the scope's machine
+overhead (fitted base latency over the default) and efficiency curve with the algorithm's own
+default latencies, then the uncalibrated defaults.
 
     cal = load_calibration("results/localhost/calibration.json"); params, how = cal.lookup(
         "all_gather", "ring", "intra")
@@ -93,7 +94,7 @@ class Calibration:
     """Provenance: source paths, ops, sizes, record count."""
 
     def lookup(self, op: str, algo: str, scope: str) -> tuple[CommParams, str]:
-        """Parameters for (op, algo, scope) and how they were found (``fitted``, ``fallback ...``)."""
+        """Parameters for (op, algo, scope) and how they were found (``fitted``, ``fallback..``)."""
         if algo not in ALGORITHMS or scope not in SCOPES:
             raise ValueError(
                 f"unknown algo/scope {algo!r}/{scope!r}; valid: {ALGORITHMS}, {SCOPES}"

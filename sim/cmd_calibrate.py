@@ -57,7 +57,8 @@ def read_measured(paths: list[str], only: list[str]) -> list[Record]:
 def describe(calibration: Calibration) -> list[str]:
     """Readable lines: one per fitted group with its parameters and MAPE."""
     lines = [
-        "#  op/algo/scope                    points  MAPE(%)  base(us)  step(us)  eff_max  half(KiB)  shape"
+        "#  op/algo/scope                    points  MAPE(%)  base(us)  step(us)  eff_max"
+        "  half(KiB)  shape"
     ]
     for group_key, p in sorted(calibration.params.items()):
         q = calibration.quality[group_key]
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if not calibration.params:
         raise ValueError(f"nothing could be fitted: {'; '.join(notes)}")
     print(
-        f"# commsim calibrate: {len(records)} records from {len(args.measured)} file(s), topology {args.topology}"
+        f"# commsim calibrate: {len(records)} records from {len(args.measured)} file(s), "
+        f"topology {args.topology}"
     )
     print("\n".join(describe(calibration)))
     for note in notes:

@@ -5,7 +5,7 @@ simulated with the error per size and the MAPE, writes a JSON and a PNG (busbw v
 filled markers were used for fitting, hollow ones were not). ``--holdout EXPR`` fits a
 calibration on the records that do NOT match and scores only those that do: the number to quote.
 
-    commsim compare data.txt --topology dgx-h100 --holdout 'op=all_gather' -o plot.png --json out.json
+    commsim compare data.txt --topology dgx-h100 --holdout 'op=all_gather' -o plot.png
 """
 
 from __future__ import annotations
@@ -22,8 +22,14 @@ from sim.cmd_calibrate import read_measured
 from sim.cmd_collective import add_topology_arguments, load_optional_calibration, topology_factory
 from sim.comm import FIDELITIES
 from sim.compare import (
-    any_matches, compare_records, format_table, parse_selector, plot_comparison, points_json, summary,
-)  # fmt: skip
+    any_matches,
+    compare_records,
+    format_table,
+    parse_selector,
+    plot_comparison,
+    points_json,
+    summary,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         )
     print(
         f"# MAPE ({result['scored_on']}, {result['num_points']} points): "
-        f"{_pct(result['mape_pct'])} all sizes, {_pct(result['mape_pct_min_size'])} for sizes >= {args.min_size}"
+        f"{_pct(result['mape_pct'])} all sizes, {_pct(result['mape_pct_min_size'])} "
+        f"for sizes >= {args.min_size}"
     )
     if args.json:
         document = {

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from sim.replay import layout_of
-from sim.report import format_report, rank_title
+from sim.report import format_report, pipeline_stage, rank_title
 from sim.result import PlanResult
 from sim.timeline_plot import figure_bytes, representative_ranks, timeline_figure
 from sim.trace import chrome_trace, trace_json
@@ -70,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Simulate the plan, print the report or JSON, write the requested files; returns 0."""
     outputs = {"--output": args.output, "--trace": args.trace, "--timeline": args.timeline}
-    check_output_paths(outputs)
+    check_output_paths(outputs, plan_path=args.plan)
     plan = load_plan_file(args.plan)
     result, plan, topology = simulate(plan, args)
     files = render_files(result, plan, outputs)
@@ -83,12 +82,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_output_paths(outputs: dict[str, Path | None]) -> None:
+def check_output_paths(outputs: dict[str, Path | None], *, plan_path: Path) -> None:
     """Fail before simulating if an output file could not be written where asked."""
     chosen = {flag: path for flag, path in outputs.items() if path is not None}
     if len({path.resolve() for path in chosen.values()}) < len(chosen):
         raise ValueError(f"output files must differ: {', '.join(map(str, chosen.values()))}")
     for flag, path in chosen.items():
+        if path.resolve() == plan_path.resolve():
+            raise ValueError(f"{flag} {path}: would overwrite the plan file")
         if path.is_dir():
             raise ValueError(f"{flag} {path}: is a directory, expected a file name")
         if not path.resolve().parent.is_dir():
@@ -183,11 +184,6 @@ def render_files(
         )
         files[timeline] = figure_bytes(fig, timeline.suffix.lstrip(".").lower())
     return files
-
-
-def pipeline_stage(rank: int, plan: Plan) -> int:
-    """Pipeline stage of a global rank in the replay's rank layout."""
-    return int(layout_of(plan).coords(rank)["pp"])
 
 
 def rank_titles(result: PlanResult, plan: Plan) -> dict[int, str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import operator
 import re
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -179,13 +180,14 @@ def compare_records(
         model.env.run(model.run(record.op, ranks, record.size_bytes, algo=run_algo))
         simulated_s = model.env.now
         measured_s = record_time_s(record)
+        n = record.world_size
         points.append(
             Point(
                 op=record.op, world_size=record.world_size, num_nodes=record.num_nodes,
                 size_bytes=record.size_bytes, algo=run_algo, measured_time_us=measured_s * 1e6,
                 simulated_time_us=simulated_s * 1e6,
-                measured_busbw_gbps=busbw_gbps(record.op, record.size_bytes, measured_s, record.world_size),
-                simulated_busbw_gbps=busbw_gbps(record.op, record.size_bytes, simulated_s, record.world_size),
+                measured_busbw_gbps=busbw_gbps(record.op, record.size_bytes, measured_s, n),
+                simulated_busbw_gbps=busbw_gbps(record.op, record.size_bytes, simulated_s, n),
                 error_pct=(simulated_s - measured_s) / measured_s * 100.0,
                 used_for_fit=used_for_fit(record),
             )
@@ -206,14 +208,17 @@ def summary(points: Sequence[Point], *, min_size_bytes: int) -> dict[str, Any]:
     for p in scored:
         series.setdefault(p.series(), []).append(p)
     return {
-        "scored_on": "held-out points" if any(not p.used_for_fit for p in points) else "all points",
+        "scored_on": "held-out points" if len(scored) < len(points) else "all points",
         "num_points": len(scored),
         "min_size_bytes": min_size_bytes,
         "mape_pct": mape(scored),
         "mape_pct_min_size": mape(scored, min_size_bytes=min_size_bytes),
         "series": {
-            name: {"mape_pct": mape(ps), "mape_pct_min_size": mape(ps, min_size_bytes=min_size_bytes),
-                   "num_points": len(ps)}
+            name: {
+                "mape_pct": mape(ps),
+                "mape_pct_min_size": mape(ps, min_size_bytes=min_size_bytes),
+                "num_points": len(ps),
+            }
             for name, ps in series.items()
         },
     }  # fmt: skip
@@ -222,8 +227,9 @@ def summary(points: Sequence[Point], *, min_size_bytes: int) -> dict[str, Any]:
 def format_table(points: Sequence[Point]) -> list[str]:
     """Text rows: series, size, algorithm, busbw measured / simulated, error, fit marker."""
     lines = [
-        "#  op              ranks nodes         size  algo          measured  simulated   error  fit",
-        "#                                       (B)                  (GB/s)     (GB/s)     (%)",
+        "#  op              ranks nodes         size  algo         measured  simulated"
+        "   error  fit",
+        "#                                       (B)                 (GB/s)     (GB/s)     (%)",
     ]
     for p in points:
         lines.append(
@@ -268,7 +274,7 @@ def plot_comparison(points: Sequence[Point], path: str, *, title: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("size (bytes, nccl-tests definition)")
     ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 90), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()

@@ -17,7 +17,7 @@ rescheduled whenever its rate changes; stale timeouts are ignored.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import simpy
 
@@ -57,7 +57,7 @@ class FlowNetwork:
             if not capacity > 0:
                 raise ValueError(f"link {edge} must have a capacity > 0 bytes/s, got {capacity}")
         self.env = env
-        self._capacity: dict[Hashable, float] = dict(capacities)
+        self._capacity: dict[Hashable, float] = {e: float(c) for e, c in capacities.items()}
         self._on_link: dict[Hashable, dict[int, None]] = {}
         self._active: dict[int, _Transfer] = {}
         self._dirty: dict[int, None] = {}
@@ -74,7 +74,7 @@ class FlowNetwork:
         latency_s: float = 0.0,
         max_rate_bytes_per_s: float = math.inf,
     ) -> simpy.Event:
-        """Move ``size_bytes`` along every path in lockstep after ``latency_s``; event on completion.
+        """Move ``size_bytes`` along each path in lockstep after ``latency_s``; event when done.
 
         ``max_rate_bytes_per_s`` caps the rate (a private link of that capacity).
         """
@@ -95,7 +95,7 @@ class FlowNetwork:
             usage[private] = 1
         flow = _Transfer(transfer_id, usage, float(size_bytes), done)
         if size_bytes == 0 or not usage:
-            self.env.timeout(latency_s).callbacks.append(lambda _event: done.succeed())
+            self.env.timeout(latency_s).callbacks.append(lambda _event: _succeed(done))
         elif latency_s > 0:
             self.env.timeout(latency_s).callbacks.append(lambda _event: self._admit(flow))
         else:
@@ -158,7 +158,7 @@ class FlowNetwork:
             timer = self.env.timeout(flow.remaining / flow.rate)
             timer.callbacks.append(self._finisher(flow, flow.version))
 
-    def _finisher(self, flow: _Transfer, version: int):  # type: ignore[no-untyped-def]
+    def _finisher(self, flow: _Transfer, version: int) -> Callable[[simpy.Event], None]:
         def finish(_event: simpy.Event) -> None:
             if flow.version != version or flow.id not in self._active:
                 return
@@ -177,6 +177,10 @@ class FlowNetwork:
             flow.done.succeed()
 
         return finish
+
+
+def _succeed(event: simpy.Event) -> None:
+    event.succeed()
 
 
 def max_min_rates(

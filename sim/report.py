@@ -134,11 +134,21 @@ def breakdown_lines(result: PlanResult, *, critical: str = "the critical rank") 
     return lines
 
 
-def rank_title(rank: int, plan: Plan) -> str:
-    """``rank N (pp stage s)``, with the context-parallel rank too when cp > 1."""
+def rank_coords(rank: int, plan: Plan) -> dict[str, int]:
+    """Coordinates (tp, cp, dp, pp) of a global rank in the replay's rank layout."""
     from sim.replay import layout_of
 
-    coords = layout_of(plan).coords(rank)
+    return layout_of(plan).coords(rank)
+
+
+def pipeline_stage(rank: int, plan: Plan) -> int:
+    """Pipeline stage of a global rank."""
+    return rank_coords(rank, plan)["pp"]
+
+
+def rank_title(rank: int, plan: Plan) -> str:
+    """``rank N (pp stage s)``, with the context-parallel rank too when cp > 1."""
+    coords = rank_coords(rank, plan)
     cp = f", cp rank {coords['cp']}" if plan.parallel.cp > 1 else ""
     return f"rank {rank} (pp stage {coords['pp']}{cp})"
 

@@ -57,6 +57,7 @@ _COMPUTE_PREFIXES = (
     ("R", "recompute"),
 )
 _MAX_LABELLED_SPANS = 600
+_MAX_SEAMED_SPANS = 400
 _LABEL_MIN_FRACTION = 0.012
 _COMPUTE_HEIGHT = 0.8
 _COMM_HEIGHT = 0.45
@@ -159,6 +160,8 @@ def _lane_order(
 def _draw_lane(ax: Axes, y: int, spans: list[Span], *, compute: bool) -> set[str]:
     """Draw one lane's spans, one ``broken_barh`` per category; returns the categories drawn."""
     height = _COMPUTE_HEIGHT if compute else _COMM_HEIGHT
+    # White seams separate adjacent compute passes; thin bars (comm, crowded lanes) would vanish.
+    seams = compute and len(spans) <= _MAX_SEAMED_SPANS
     bars: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for span in sorted(spans, key=lambda s: (s.start_s, s.end_s, s.name)):
         bars[str(span_category(span))].append((span.start_s * 1e3, span.duration_s * 1e3))
@@ -167,8 +170,7 @@ def _draw_lane(ax: Axes, y: int, spans: list[Span], *, compute: bool) -> set[str
             ranges,
             (y - height / 2, height),
             facecolors=category_color(category),
-            # White seams separate adjacent compute passes; comm bars are often too thin for them.
-            edgecolor="white" if compute else "none",
+            edgecolor="white" if seams else "none",
             linewidth=0.3,
         )
     return set(bars)

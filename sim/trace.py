@@ -3,7 +3,8 @@
 Each simulated GPU is a process (``pid`` = global rank, named "rank N (pp stage s)") and each of
 its streams a thread (``tid`` per stream name, named "compute", "tp", "dp", "pp", ...), so
 Perfetto shows one track per GPU stream. Every span is a complete event (``"ph": "X"``) with
-``ts``/``dur`` in microseconds and its kind, bytes and process group in ``args``. The output
+``ts``/``dur`` in microseconds and its kind, bytes and process group in ``args``; a flow arrow
+joins each pipeline ``send X`` span to the matching ``recv X`` span on the other rank. The output
 depends only on the spans, in a fixed order, so the same step gives the same file byte for byte.
 
     text = trace_json(chrome_trace(result.spans, rank_titles={0: "rank 0 (pp stage 0)"}))
@@ -12,7 +13,7 @@ depends only on the spans, in a fixed order, so the same step gives the same fil
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sim.result import Span
@@ -48,6 +49,7 @@ def chrome_trace(
     for rank, tid, stream in tracks:
         events += _thread_metadata(rank, tid, stream)
     events += [_complete_event(span, tids[span.stream]) for span in ordered]
+    events += _p2p_flows(ordered, tids)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -69,10 +71,42 @@ def _complete_event(span: Span, tid: int) -> dict[str, Any]:
         "ph": "X",
         "pid": span.rank,
         "tid": tid,
-        "ts": round(span.start_s * _US_PER_S, _US_DECIMALS),
-        "dur": round(span.duration_s * _US_PER_S, _US_DECIMALS),
+        "ts": _us(span.start_s),
+        "dur": _us(span.duration_s),
         "args": args,
     }
+
+
+def _p2p_flows(spans: Sequence[Span], tids: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Flow arrows from each ``send X`` p2p span to the ``recv X`` span of the same transfer."""
+    receives = {_transfer(s, "recv "): s for s in spans if _transfer(s, "recv ")}
+    flows: list[dict[str, Any]] = []
+    for send in spans:
+        transfer = _transfer(send, "send ")
+        if not transfer or transfer not in receives:
+            continue
+        recv = receives[transfer]
+        common = {"name": transfer, "cat": "p2p", "id": len(flows) // 2 + 1}
+        flows.append({**common, "ph": "s", **_place(send, tids), "ts": _us(send.start_s)})
+        flows.append(
+            {**common, "ph": "f", "bp": "e", **_place(recv, tids), "ts": _us(recv.start_s)}
+        )
+    return flows
+
+
+def _transfer(span: Span, prefix: str) -> str:
+    """``F3 0->2`` for a p2p span named ``<prefix>F3 0->2``, else the empty string."""
+    if span.kind != "p2p" or not span.name.startswith(prefix):
+        return ""
+    return span.name.removeprefix(prefix)
+
+
+def _place(span: Span, tids: Mapping[str, int]) -> dict[str, int]:
+    return {"pid": span.rank, "tid": tids[span.stream]}
+
+
+def _us(time_s: float) -> float:
+    return round(time_s * _US_PER_S, _US_DECIMALS)
 
 
 def _process_metadata(rank: int, title: str) -> list[dict[str, Any]]:

@@ -106,7 +106,7 @@ def test_efficiency_curve_and_latency_terms():
 def test_unsupported_algorithms_are_clear_errors():
     a100 = layout_of(build_cluster("dgx-a100"), range(8))
     assert "nvls" not in available_algorithms("all_reduce", a100)
-    with pytest.raises(ValueError, match="nvls.*NVLink SHARP"):
+    with pytest.raises(ValueError, match=r"nvls.*NVLink SHARP"):
         cost_terms("all_reduce", "nvls", a100, 1e6)
     with pytest.raises(ValueError, match="does not implement all_to_all"):
         cost_terms("all_to_all", "ring", a100, 1e6)

@@ -65,7 +65,7 @@ def _assert_one_line_error(capsys: pytest.CaptureFixture[str], *fragments: str) 
     assert captured.out == ""
 
 
-BAD_PLANS = {
+BAD_PLANS: dict[str, tuple[dict[str, Any] | str, list[str]]] = {
     "malformed yaml": ("model: {name: x\nparallel: [1, 2\n", ["malformed YAML", "line"]),
     "unknown key": (_with("parallel", tensor_parallel=2), ["parallel.tensor_parallel"]),
     "unknown section": ({**TINY_PLAN, "optimizer": {}}, ["optimizer"]),
@@ -115,6 +115,7 @@ def test_missing_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["--output", "{tmp}"], "is a directory"),
         (["--output", "{tmp}/a.json", "--trace", "{tmp}/a.json"], "must differ"),
         (["--fidelity", "packet"], "invalid choice"),
+        (["--output", "{tmp}/plan.yaml"], "would overwrite the plan file"),
     ],
 )
 def test_bad_flags_fail_before_simulating(

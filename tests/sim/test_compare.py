@@ -58,6 +58,7 @@ def test_compare_scores_time_errors_and_marks_fitted_points(tmp_path):
     assert [p.used_for_fit for p in points] == [True, False]
     stats = summary(points, min_size_bytes=1 << 25)
     assert stats["scored_on"] == "held-out points" and stats["num_points"] == 1
+    assert summary(points[1:], min_size_bytes=0)["scored_on"] == "all points"
     assert stats["mape_pct"] == pytest.approx(abs(points[1].error_pct))
     assert mape(points, min_size_bytes=1 << 40) is None
     assert len(format_table(points)) == 4

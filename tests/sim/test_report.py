@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pytest
 
@@ -16,15 +16,18 @@ from sim.report import (
     rank_title,
 )
 from sim.result import Breakdown, PlanResult
+from topologies.hardware import GPUSpec
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Gpu:
-    """The GPUSpec fields the report reads."""
-
-    name: str = "H100 SXM"
-    hbm_bytes: float = 80e9
-    peak_flops_per_s: dict[str, float] = field(default_factory=lambda: {"bf16": 989e12})
+def _gpu() -> GPUSpec:
+    """An H100-like spec with round figures, so the expected text is easy to check by hand."""
+    return GPUSpec(
+        name="H100 SXM",
+        hbm_bytes=80e9,
+        hbm_bandwidth_bytes_per_s=3.35e12,
+        peak_flops_per_s={"bf16": 989e12},
+        source="test figures",
+    )
 
 
 PLAN_MAPPING = {
@@ -68,7 +71,7 @@ def _result(**overrides: object) -> PlanResult:
 
 
 def test_report_headline_figures() -> None:
-    text = format_report(_result(), _plan(), gpu=_Gpu(), fidelity="analytical")
+    text = format_report(_result(), _plan(), gpu=_gpu(), fidelity="analytical")
     assert "Step time                   2.000 s" in text
     # 32 sequences x 4096 tokens / 2 s = 65,536 tokens/s; over 16 GPUs = 4,096 per GPU.
     assert "65,536 tokens/s (4,096 per GPU)" in text
@@ -79,12 +82,12 @@ def test_report_headline_figures() -> None:
 
 def test_report_headline_says_when_the_plan_does_not_fit() -> None:
     result = replace(_result(memory_gib={"total": 90.5}), fits_in_memory=False)
-    text = format_report(result, _plan(), gpu=_Gpu(), fidelity="analytical")
+    text = format_report(result, _plan(), gpu=_gpu(), fidelity="analytical")
     assert "Memory per GPU              DOES NOT FIT: needs 90.50 GiB of 74.51 GiB HBM" in text
 
 
 def test_report_echoes_the_plan() -> None:
-    text = format_report(_result(), _plan(), gpu=_Gpu(), fidelity="flow")
+    text = format_report(_result(), _plan(), gpu=_gpu(), fidelity="flow")
     assert "Plan: toy-7b (32 layers, hidden 4096, seq 4096) on 16 x H100 SXM" in text
     assert "2 x dgx-h100, ib-ndr" in text
     assert "tp=2 pp=2 cp=1 dp=4 vpp=1, data_parallel fsdp" in text
@@ -125,7 +128,7 @@ def test_breakdown_rows_in_ms_and_percent_of_step() -> None:
 
 
 def test_breakdown_names_the_critical_rank_and_its_stage() -> None:
-    text = format_report(_result(), _plan(), gpu=_Gpu(), fidelity="analytical")
+    text = format_report(_result(), _plan(), gpu=_gpu(), fidelity="analytical")
     # tp=2, cp=1, dp=4: rank 9 = tp 1 + 2 * (dp 0 + 4 * pp 1).
     assert "Step breakdown on rank 9 (pp stage 1), the critical rank (last to finish)" in text
 
@@ -152,5 +155,5 @@ def test_breakdown_shows_the_unaccounted_remainder() -> None:
 @pytest.mark.parametrize("fits", [True, False])
 def test_report_is_deterministic(fits: bool) -> None:
     result = replace(_result(), fits_in_memory=fits)
-    first = format_report(result, _plan(), gpu=_Gpu(), fidelity="analytical")
-    assert first == format_report(result, _plan(), gpu=_Gpu(), fidelity="analytical")
+    first = format_report(result, _plan(), gpu=_gpu(), fidelity="analytical")
+    assert first == format_report(result, _plan(), gpu=_gpu(), fidelity="analytical")

@@ -78,7 +78,9 @@ def test_timeline_lanes_and_legend() -> None:
         "pp comm",
         "dp comm",
     ]
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    legend_box = ax.get_legend()
+    assert legend_box is not None
+    legend = [t.get_text() for t in legend_box.get_texts()]
     assert legend == ["forward", "backward", "optimizer", "tp comm", "pp comm", "dp comm"]
     assert ax.get_xlabel() == "time (ms)"
     assert ax.get_xlim()[1] >= 18.0  # the optimizer ends at 18 ms
