@@ -5,7 +5,7 @@ cluster's topology and prints the text report (or ``--json``); optionally writes
 a Chrome trace for ui.perfetto.dev and a timeline plot. Every file is rendered first and written
 atomically afterwards, so a run that fails leaves no file behind, half-written or otherwise.
 
-    commsim plan examples/llama3-70b-256xh100.yaml --trace step.json --timeline step.png
+    commsim plan examples/small-zb.yaml --trace step.json --timeline step.png
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from sim.report import format_report, pipeline_stage, rank_title
+from sim.report import format_duration, format_report, pipeline_stage, rank_title
 from sim.result import PlanResult
 from sim.timeline_plot import figure_bytes, representative_ranks, timeline_figure
 from sim.trace import chrome_trace, trace_json
@@ -169,15 +169,12 @@ def render_files(
 ) -> dict[Path, bytes]:
     """The bytes of every requested output file, rendered before any is written."""
     files: dict[Path, bytes] = {}
-    if outputs.get("--output") is not None:
-        text = json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
-        files[outputs["--output"]] = text.encode()  # type: ignore[index]
+    if (output := outputs.get("--output")) is not None:
+        files[output] = (json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n").encode()
     titles = rank_titles(result, plan)
-    if outputs.get("--trace") is not None:
-        trace = chrome_trace(result.spans, rank_titles=titles)
-        files[outputs["--trace"]] = trace_json(trace).encode()  # type: ignore[index]
-    timeline = outputs.get("--timeline")
-    if timeline is not None:
+    if (trace := outputs.get("--trace")) is not None:
+        files[trace] = trace_json(chrome_trace(result.spans, rank_titles=titles)).encode()
+    if (timeline := outputs.get("--timeline")) is not None:
         ranks = representative_ranks(result.spans, lambda r: pipeline_stage(r, plan))
         fig = timeline_figure(
             result.spans, ranks=ranks, rank_titles=titles, title=plot_title(result, plan)
@@ -196,7 +193,8 @@ def plot_title(result: PlanResult, plan: Plan) -> str:
     par = plan.parallel
     return (
         f"{plan.model.name} on {result.num_gpus} GPUs: tp{par.tp} pp{par.pp} cp{par.cp} "
-        f"dp{par.dp} ({par.data_parallel}), {par.schedule}, step {result.step_time_s * 1e3:.1f} ms"
+        f"dp{par.dp} ({par.data_parallel}), {par.schedule}, "
+        f"step {format_duration(result.step_time_s)}"
     )
 
 

@@ -11,12 +11,13 @@ SI inside; GiB, ms, TFLOP/s and percent only here, at the edge.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sim.result import PlanResult
 
 if TYPE_CHECKING:
-    from schedules.plan import Plan
+    from schedules.plan import ClusterConfig, Plan
     from topologies.hardware import GPUSpec
 
 GIB_BYTES = 2**30
@@ -39,15 +40,13 @@ def format_report(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: str
 def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: str) -> list[str]:
     """What was simulated: model, cluster, parallel degrees, schedule and batch."""
     model, cluster, par, train = plan.model, plan.cluster, plan.parallel, plan.training
-    num_microbatches = int(result.extra.get("num_microbatches", _microbatches(plan)))
-    fabric = f", {cluster.fabric}" if cluster.fabric else ""
-    node = cluster.node or cluster.file
+    num_microbatches = result.extra.get("num_microbatches") or _microbatches(plan)
     tokens = train.global_batch_size * model.seq_len
     folded = "folded" if result.num_simulated_ranks < result.num_gpus else "unfolded"
     return [
         f"Plan: {model.name} ({model.num_layers} layers, hidden {model.hidden_size}, "
         f"seq {model.seq_len}) on {result.num_gpus} x {gpu.name}",
-        _row("  cluster", f"{cluster.num_nodes} x {node}{fabric}"),
+        _row("  cluster", cluster_line(cluster)),
         _row(
             "  parallel",
             f"tp={par.tp} pp={par.pp} cp={par.cp} dp={par.dp} vpp={par.vpp}, "
@@ -69,6 +68,19 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
             f"{fidelity} network",
         ),
     ]
+
+
+def cluster_line(cluster: ClusterConfig) -> str:
+    """``32 x dgx-h100, ib-ndr``, or the cluster file's name."""
+    if cluster.file:
+        return f"from {cluster.file}"
+    node = cluster.node
+    name = node.get("name", "custom node") if isinstance(node, Mapping) else node
+    fabric = f", {cluster.fabric}" if cluster.fabric else ""
+    oversubscribed = (
+        f" ({cluster.oversubscription:g}:1 oversubscribed)" if cluster.oversubscription > 1 else ""
+    )
+    return f"{cluster.num_nodes} x {name}{fabric}{oversubscribed}"
 
 
 def headline_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec) -> list[str]:

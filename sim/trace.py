@@ -13,6 +13,7 @@ depends only on the spans, in a fixed order, so the same step gives the same fil
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -78,20 +79,30 @@ def _complete_event(span: Span, tid: int) -> dict[str, Any]:
 
 
 def _p2p_flows(spans: Sequence[Span], tids: Mapping[str, int]) -> list[dict[str, Any]]:
-    """Flow arrows from each ``send X`` p2p span to the ``recv X`` span of the same transfer."""
-    receives = {_transfer(s, "recv "): s for s in spans if _transfer(s, "recv ")}
+    """Flow arrows from each ``send X`` p2p span to the ``recv X`` span of the same transfer.
+
+    Transfers that share a name (e.g. the same micro-batch in two model chunks) pair in time order.
+    """
+    receives: dict[str, list[Span]] = defaultdict(list)
+    for span in sorted(spans, key=_by_time):
+        if _transfer(span, "recv "):
+            receives[_transfer(span, "recv ")].append(span)
     flows: list[dict[str, Any]] = []
-    for send in spans:
-        transfer = _transfer(send, "send ")
-        if not transfer or transfer not in receives:
+    for send in sorted(spans, key=_by_time):
+        pending = receives.get(_transfer(send, "send "))
+        if not pending:
             continue
-        recv = receives[transfer]
-        common = {"name": transfer, "cat": "p2p", "id": len(flows) // 2 + 1}
+        recv = pending.pop(0)
+        common = {"name": _transfer(send, "send "), "cat": "p2p", "id": len(flows) // 2 + 1}
         flows.append({**common, "ph": "s", **_place(send, tids), "ts": _us(send.start_s)})
         flows.append(
             {**common, "ph": "f", "bp": "e", **_place(recv, tids), "ts": _us(recv.start_s)}
         )
     return flows
+
+
+def _by_time(span: Span) -> tuple[float, float, int, str]:
+    return (span.start_s, span.end_s, span.rank, span.name)
 
 
 def _transfer(span: Span, prefix: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
 
 from comm_bench.collectives import OPS, get
 from comm_bench.readers import read_results
@@ -89,3 +90,15 @@ def test_corrupted_results_are_counted_and_fail_the_run(commbench):
     # rank 1 alters one element of each result it checks: one wrong element per checked block
     checked = [r for r in records if r.num_wrong is not None]
     assert checked and all(r.num_wrong == 1 for r in checked)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nccl_path_on_the_gpus_present(commbench):
+    gpus = torch.cuda.device_count()
+    run = commbench(["--ops", "all", "--backend", "nccl", "--nprocs", str(gpus), *SMALL])
+    assert run.returncode == 0, run.stderr
+    records = read_results(run.output)
+    assert {r.world_size for r in records} == {gpus}
+    assert all(r.num_wrong in (0, None) for r in records)
+    assert run.document()["env"]["nccl_version"]

@@ -128,8 +128,9 @@ def test_bad_flags_fail_before_simulating(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
 
 
-def test_every_example_plan_loads() -> None:
-    from schedules.plan import load_plan
+def test_every_example_plan_resolves_on_its_cluster() -> None:
+    from schedules.plan import load_plan, resolve_plan
+    from sim.plan_sim import plan_topology
 
     names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
     assert names == [
@@ -139,8 +140,11 @@ def test_every_example_plan_loads() -> None:
         "llama3-8b-ddp-8xh100.yaml",
         "small-zb.yaml",
     ]
+    expected_dp = {"gpt3-175b": 16, "llama3-405b": 128, "llama3-70b": 16, "llama3-8b": 8}
     for name in names:
-        assert load_plan(EXAMPLES / name).model.name
+        plan = load_plan(EXAMPLES / name)
+        resolved = resolve_plan(plan, plan_topology(plan).num_gpus)
+        assert resolved.parallel.dp == expected_dp.get(plan.model.name, 1), name
 
 
 def test_write_atomic_replaces_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -188,13 +192,13 @@ def test_json_output_trace_and_timeline(tmp_path: Path, capsys: pytest.CaptureFi
         "fits_in_memory",
     }
     assert printed["tokens_per_s"] == pytest.approx(8 * 512 / printed["step_time_s"], rel=1e-12)
-    trace = json.loads((out / "trace.json").read_text())
-    names = {
-        e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"
-    }
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert len(names) == printed["num_simulated_ranks"]
     assert {n.split("(")[1] for n in names.values()} == {"pp stage 0)", "pp stage 1)"}
-    ends_us = [e["ts"] + e["dur"] for e in trace["traceEvents"] if e["ph"] == "X"]
+    ends_us = [e["ts"] + e["dur"] for e in events if e["ph"] == "X"]
+    flow_ids = sorted(e["id"] for e in events if e["ph"] == "s")
+    assert flow_ids and flow_ids == sorted(e["id"] for e in events if e["ph"] == "f")
     assert max(ends_us) == pytest.approx(printed["step_time_s"] * 1e6, abs=0.01)
     png = (out / "timeline.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 20_000

@@ -10,6 +10,7 @@ from schedules.plan import Plan, load_plan
 from sim.report import (
     GIB_BYTES,
     breakdown_lines,
+    cluster_line,
     format_duration,
     format_report,
     memory_lines,
@@ -94,6 +95,17 @@ def test_report_echoes_the_plan() -> None:
     assert "1f1b, sequence_parallel off, recompute none" in text
     assert "8 micro-batches of 1 per step, global batch 32 (131,072 tokens), bf16" in text
     assert "2 of 16 ranks (folded), flow network" in text
+
+
+def test_cluster_line_forms() -> None:
+    assert cluster_line(_plan().cluster) == "2 x dgx-h100, ib-ndr"
+    sections = {
+        **PLAN_MAPPING,
+        "cluster": {"node": "dgx-a100", "num_nodes": 4, "fabric": "ib-hdr", "oversubscription": 2},
+    }
+    assert cluster_line(load_plan(sections).cluster) == "4 x dgx-a100, ib-hdr (2:1 oversubscribed)"
+    from_file = load_plan({**PLAN_MAPPING, "cluster": {"file": "my_cluster.yaml"}}).cluster
+    assert cluster_line(from_file) == "from my_cluster.yaml"
 
 
 def test_memory_section_lists_components_and_fit() -> None:

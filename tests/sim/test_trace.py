@@ -92,3 +92,28 @@ def test_untitled_rank_and_unknown_stream() -> None:
     assert meta["process_name"] == {"name": "rank 7"}
     assert meta["thread_name"] == {"name": "zz"}
     assert stream_ids(["zz", "dp", "compute", "aa"]) == {"compute": 0, "dp": 1, "aa": 2, "zz": 3}
+
+
+def _p2p(rank: int, name: str, start_s: float) -> Span:
+    return Span(
+        rank=rank, stream="pp", name=name, kind="p2p", start_s=start_s, end_s=start_s + 1e-4
+    )
+
+
+def test_flow_arrows_join_sends_to_receives_in_time_order() -> None:
+    spans = [
+        _p2p(4, "recv F0 0->4", 0.002),  # second transfer of the same name (another chunk)
+        _p2p(0, "send F0 0->4", 0.001),
+        _p2p(4, "recv F0 0->4", 0.001),
+        _p2p(0, "send F0 0->4", 0.002),
+        _p2p(4, "send B0 4->0", 0.003),  # its receiver was not simulated: no arrow
+    ]
+    flows = [e for e in chrome_trace(spans)["traceEvents"] if e["ph"] in ("s", "f")]
+    assert [(e["ph"], e["id"], e["pid"], e["ts"]) for e in flows] == [
+        ("s", 1, 0, 1000.0),
+        ("f", 1, 4, 1000.0),
+        ("s", 2, 0, 2000.0),
+        ("f", 2, 4, 2000.0),
+    ]
+    assert all(e["tid"] == 0 and e["name"] == "F0 0->4" for e in flows)
+    assert flows[1]["bp"] == "e"
