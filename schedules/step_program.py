@@ -5,18 +5,19 @@
 (blocking batched send/recv as Megatron's non-interleaved schedule, or async as the interleaved
 one), the data-parallel gradient sync of each chunk (``GradSync``: torch DDP buckets, Megatron
 distributed optimizer, DeepSpeed ZeRO-1/2) and the optimizer step with its parameter gather.
-``fsdp_program`` builds FSDP1 / ZeRO-3 steps unit by unit: the all-gathers with the 2-in-flight
-rate limiter, backward prefetch, the reduce-scatters on the same FIFO and HSDP's all-reduce.
+With ``PipelineRank.fsdp`` the chunks are FSDP2 units instead (``schedules.fsdp_program``): their
+all-gathers and reduce-scatters join the passes as torch.distributed.pipelining issues them. The
+non-pipelined FSDP1 / ZeRO-3 step is ``schedules.fsdp_program.fsdp_program``.
 
     program = pipeline_program(PipelineRank(rank=0, order=one_f_one_b(2, 4)[0], chunks=(w,)))
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from schedules.fsdp_program import FsdpPipelineState, FsdpStages
 from schedules.pipeline import Pass, RankOrder
 from schedules.program import (
     ChunkWork,
@@ -113,6 +114,8 @@ class PipelineRank:
     """Data-parallel gradient sync."""
     optimizer_s: float = 0.0
     """Optimizer step time on this rank's shard."""
+    fsdp: FsdpStages | None = None
+    """FSDP2 units of every chunk (then ``sync`` is empty: the units gather and reduce)."""
 
 
 def with_marks(steps: tuple[Step, ...], sizes: tuple[float, ...]) -> tuple[Step, ...]:
@@ -170,6 +173,7 @@ class _Pipeline:
         self.grad_passes = _grad_passes(spec)
         self.posted: dict[int, int] = {}
         self.batch: list[int] = []
+        self.fsdp = FsdpPipelineState(self.b, spec.fsdp) if spec.fsdp else None
 
     def sync_hook(self, sizes: tuple[float, ...], label: str) -> Callable[[int], list[int]]:
         """Issue bucket ``i`` at its mark; returns what compute must wait for (DeepSpeed)."""
@@ -255,6 +259,10 @@ class _Pipeline:
     def recipe(self, pos: int, step: Pass) -> tuple[tuple[Step, ...], Callable | None]:
         """A pass's recipe, with bucket marks when its gradients are synced bucket by bucket."""
         work, sync = self.spec.chunks[step.chunk], self.spec.sync
+        if self.fsdp is not None:
+            units = self.fsdp.recipe(step, last=pos in self.grad_passes)
+            if units is not None:
+                return units
         steps = {
             "F": work.forward,
             "B": work.backward,
@@ -286,9 +294,15 @@ class _Pipeline:
             self.send(pos, step, outstanding)
             if pos in self.grad_passes and spec.sync.op and not spec.sync.bucketed:
                 self._sync_whole(step.chunk, outstanding)
+            if self.fsdp is not None:
+                self.fsdp.after_pass(step)
+                if pos in self.grad_passes:
+                    self.fsdp.reduce_grad(step.chunk, [*outstanding, *self.batch])
         if spec.sync.at_end:
             for chunk in range(len(spec.chunks)):
                 self._sync_whole(chunk, outstanding)
+        if self.fsdp is not None:
+            self.synced += self.fsdp.reduced
         self._finish(sorted({*outstanding, *self.batch, *self.synced}), gathers)
         return b.program(stage=spec.stage)
 
@@ -347,144 +361,8 @@ def pipeline_program(spec: PipelineRank) -> Program:
     """One rank's step: its pipeline passes, p2p transfers, DP sync and optimizer."""
     if spec.pp > 1 and (spec.prev_rank is None or spec.next_rank is None):
         raise ValueError(f"rank {spec.rank}: pp={spec.pp} needs prev_rank and next_rank")
-    return _Pipeline(spec).build()
-
-
-MAX_INFLIGHT_ALL_GATHERS = 2
-"""FSDP1's ``_max_num_inflight_all_gathers``: the limiter's free-event queue threshold."""
-NO_WORK = ChunkWork(forward=(), backward=())
-"""A part of the model with nothing to run."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FsdpRank:
-    """Everything one rank's FSDP1 / ZeRO-3 step program depends on (one unit per layer)."""
-
-    rank: int
-    """Global rank."""
-    num_microbatches: int
-    """Gradient-accumulation micro-batches."""
-    num_units: int
-    """Wrapped units (transformer layers); the root holds embedding, final norm and head."""
-    layer: ChunkWork
-    """One layer's forward/backward recipes."""
-    unit_param_bytes: float
-    """All-gather output of one unit."""
-    unit_grad_bytes: float
-    """Reduce-scatter input of one unit."""
-    root_param_bytes: float = 0.0
-    """All-gather output of the root unit."""
-    root_grad_bytes: float = 0.0
-    """Reduce-scatter input of the root unit."""
-    embed: ChunkWork = NO_WORK
-    """Embedding (start of forward, end of backward)."""
-    head: ChunkWork = NO_WORK
-    """Final norm, LM head and loss."""
-    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """``dp`` = the shard group; ``hsdp`` = the replicate group (HSDP), ``tp``/``cp`` as usual."""
-    backward_prefetch: str = "backward_pre"
-    """backward_pre | backward_post | none."""
-    limit_all_gathers: bool = True
-    """The rate limiter: an all-gather waits until at most one other unit is unsharded."""
-    reshard_after_forward: bool = True
-    """FULL_SHARD (True: backward all-gathers again) or SHARD_GRAD_OP (False)."""
-    optimizer_s: float = 0.0
-    """Optimizer step on the local shard."""
-
-
-def fsdp_program(spec: FsdpRank) -> Program:
-    """One rank's FSDP1 step (reference §1): per micro-batch a forward and a backward by unit.
-
-    Forward: AG(root), then AG(u) before F(u). Backward: the root is not resharded after forward
-    (no AG); BACKWARD_PRE issues AG(u - 1) before B(u), BACKWARD_POST after it (before RS(u)),
-    ``none`` at u - 1's own pre-backward; RS(u) follows B(u) on the same FIFO, giving AG(u),
-    RS(u+1), AG(u-1), RS(u)... The rate limiter is modelled literally: every reshard that frees
-    memory records an event on the compute stream, and an AG is issued only once at most one
-    such event is pending (the older ones are waited for).
-    """
-    builder = _Fsdp(spec)
-    outstanding: list[int] = []
-    for mb in range(spec.num_microbatches):
-        outstanding = builder.forward(mb, outstanding)
-        outstanding = builder.backward(mb, outstanding)
-    b = builder.b
-    b.add(
-        Compute(
-            name="optimizer",
-            duration_s=spec.optimizer_s,
-            kind="optimizer",
-            deps=tuple(sorted({*outstanding, *builder.reduced})),
+    if spec.fsdp is not None and len(spec.fsdp.chunks) != len(spec.chunks):
+        raise ValueError(
+            f"rank {spec.rank}: {len(spec.fsdp.chunks)} FSDP chunks for {len(spec.chunks)} chunks"
         )
-    )
-    return b.program()
-
-
-class _Fsdp:
-    """Builds one rank's FSDP program (builder state: the limiter's free-event queue)."""
-
-    def __init__(self, spec: FsdpRank) -> None:
-        self.spec = spec
-        self.b = ProgramBuilder(rank=spec.rank, groups=dict(spec.groups))
-        self.frees: deque[int] = deque()
-        self.reduced: list[int] = []
-
-    def gather(self, name: str, size: float, deps: tuple[int, ...] = ()) -> list[int]:
-        """All-gather on the shard FIFO, after the rate limiter lets it through."""
-        waits = list(deps)
-        while self.spec.limit_all_gathers and len(self.frees) >= MAX_INFLIGHT_ALL_GATHERS:
-            waits.append(self.frees.popleft())
-        index = self.b.collective(name, "dp", "all_gather", size, deps=tuple(sorted(set(waits))))
-        return [] if index is None else [index]
-
-    def free(self) -> None:
-        """A reshard after the latest compute: its free event joins the limiter's queue."""
-        if self.spec.limit_all_gathers and self.b.last_compute is not None:
-            self.frees.append(self.b.last_compute)
-
-    def forward(self, mb: int, waits: list[int]) -> list[int]:
-        spec, b = self.spec, self.b
-        start = b.after_compute()
-        root = self.gather(f"AG root mb{mb}", spec.root_param_bytes, start)
-        waits = b.run_steps(f"F{mb} embed", spec.embed.forward, (*waits, *root))
-        for u in range(spec.num_units):
-            ag = self.gather(f"AG u{u} mb{mb}", spec.unit_param_bytes, start)
-            waits = b.run_steps(f"F{mb} u{u}", spec.layer.forward, (*waits, *ag))
-            if spec.reshard_after_forward:
-                self.free()
-        return b.run_steps(f"F{mb} head", spec.head.forward, tuple(waits))
-
-    def backward(self, mb: int, waits: list[int]) -> list[int]:
-        spec, b, n = self.spec, self.b, self.spec.num_units
-        regather, prefetch = spec.reshard_after_forward, spec.backward_prefetch
-        gathers: dict[int, list[int]] = {}
-        if regather and prefetch != "none" and n > 0:
-            gathers[n - 1] = self.gather(f"AG u{n - 1} mb{mb} bwd", spec.unit_param_bytes)
-        waits = b.run_steps(f"B{mb} head", spec.head.backward, tuple(waits))
-        for u in range(n - 1, -1, -1):
-            if regather and u not in gathers:
-                gathers[u] = self.gather(f"AG u{u} mb{mb} bwd", spec.unit_param_bytes)
-            if regather and prefetch == "backward_pre" and u > 0:
-                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes)
-            waits = b.run_steps(f"B{mb} u{u}", spec.layer.backward, (*waits, *gathers.get(u, [])))
-            self.free()
-            if regather and prefetch == "backward_post" and u > 0:
-                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes)
-            self.reduced += _reduce(b, f"u{u} mb{mb}", spec.unit_grad_bytes, waits)
-        waits = b.run_steps(f"B{mb} embed", spec.embed.backward, tuple(waits))
-        self.reduced += _reduce(b, f"root mb{mb}", spec.root_grad_bytes, waits)
-        return waits
-
-
-def _reduce(b: ProgramBuilder, label: str, size: float, waits: list[int]) -> list[int]:
-    """RS of a unit's gradient on the shard FIFO, then HSDP's all-reduce of the shard."""
-    rs = b.collective(f"RS {label}", "dp", "reduce_scatter", size, deps=b.after_compute(*waits))
-    out = [] if rs is None else [rs]
-    shard = len(b.groups.get("dp", ())) or 1
-    ar = b.collective(
-        f"AR {label}",
-        "hsdp",
-        "all_reduce",
-        size / shard,
-        deps=tuple(out) or b.after_compute(*waits),
-    )
-    return out + ([] if ar is None else [ar])
+    return _Pipeline(spec).build()

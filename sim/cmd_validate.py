@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         fidelity=args.fidelity,
         comm_calibration=comm_calibration,
         progress=_progress if sys.stderr.isatty() else None,
+        jobs=args.jobs,
     )
     outputs: dict[Path, bytes] = {}
     if args.json is not None:

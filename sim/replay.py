@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
 from schedules.memory import replica_group_size
 from schedules.model import (
     cp_kv_message_bytes,
@@ -41,13 +42,7 @@ from schedules.program import (
     tp_backward_steps,
     tp_forward_steps,
 )
-from schedules.step_program import (
-    FsdpRank,
-    PipelineRank,
-    fsdp_program,
-    grad_sync_for,
-    pipeline_program,
-)
+from schedules.step_program import GradSync, PipelineRank, grad_sync_for, pipeline_program
 from sim.compute import ComputeModel, LayerTimes
 from sim.compute_layer import weight_gemm_shapes
 from sim.engine import CommRunner, Engine, Timeline
@@ -241,6 +236,65 @@ def _optimizer_s(plan: Plan, compute: ComputeModel, stage: int, gpus_per_node: i
     return compute.optimizer_step_s(params, grad_bytes_per_param=grad_bytes_per_param(kind))
 
 
+def reshard_after_forward(plan: Plan) -> bool:
+    """The FSDP knob; unset (None) means the framework default: True alone, False under PP
+    (torchtitan: the pipeline reuses the parameters for every micro-batch)."""
+    value = plan.parallel.fsdp_reshard_after_forward
+    return plan.parallel.pp == 1 if value is None else bool(value)
+
+
+def fsdp_groups(plan: Plan, rank: int, gpus_per_node: int) -> dict[str, tuple[int, ...]]:
+    """``tp``, ``cp``, ``dp`` (the FSDP shard group) and, for HSDP, ``hsdp`` (replicate)."""
+    par, layout = plan.parallel, layout_of(plan)
+    groups = {"tp": layout.group("tp", rank), "cp": layout.group("cp", rank)}
+    shard = replica_group_size(plan, gpus_per_node=gpus_per_node) // par.cp
+    if par.data_parallel == "hsdp" and shard < par.dp:
+        groups["dp"] = layout.group("dp_shard", rank, shard_size=shard)
+        groups["hsdp"] = layout.group("dp_replicate", rank, shard_size=shard)
+    else:
+        groups["dp"] = layout.group("dp", rank)
+    return groups
+
+
+def fsdp_stages(plan: Plan, costs: StepCosts, stage: int, gpus_per_node: int) -> FsdpStages:
+    """The FSDP2 units of every chunk of pipeline rank ``stage`` (one unit per layer + root)."""
+    par = plan.parallel
+    num_units = plan.model.num_layers // (par.pp * par.vpp)
+    recipes = layer_recipes(plan, costs, 1)
+    layer = ChunkWork(
+        forward=recipes["F"],
+        backward=recipes["B"],
+        backward_input=recipes["Bi"],
+        backward_weight=recipes["W"],
+    )
+    per_param = grad_bytes_per_param(par.data_parallel)
+    unit_params = layer_params_per_gpu(plan.model, par.tp)
+    chunks = []
+    for chunk in range(par.vpp):
+        vstage = chunk * par.pp + stage
+        x = _extras(plan, costs, first=vstage == 0, last=vstage == par.pp * par.vpp - 1)
+        root_params = chunk_params(plan, stage, chunk) - unit_params * num_units
+        chunks.append(
+            FsdpUnits(
+                num_units=num_units,
+                layer=layer,
+                unit_param_bytes=unit_params * 2.0,
+                unit_grad_bytes=unit_params * per_param,
+                root_param_bytes=root_params * 2.0,
+                root_grad_bytes=root_params * per_param,
+                embed=_extra_work(x["fwd_pre"], x["bwd_post"]),
+                head=_extra_work(x["fwd_post"], x["bwd_pre"]),
+            )
+        )
+    return FsdpStages(chunks=tuple(chunks), reshard_after_forward=reshard_after_forward(plan))
+
+
+def _extra_work(forward: list[Step], backward: list[Step]) -> ChunkWork:
+    return ChunkWork(
+        forward=tuple(forward), backward=tuple(backward), backward_input=tuple(backward)
+    )
+
+
 def pipeline_programs(
     plan: Plan,
     costs: StepCosts,
@@ -248,18 +302,24 @@ def pipeline_programs(
     ranks: tuple[int, ...],
     gpus_per_node: int,
 ) -> list[Program]:
-    """Programs of ``ranks`` for a non-FSDP plan (any pipeline schedule)."""
+    """Programs of ``ranks`` for any pipeline schedule; FSDP kinds as FSDP2 units per chunk."""
     par, layout = plan.parallel, layout_of(plan)
     orders = pipeline_orders(par.schedule, par.pp, num_microbatches(plan), par.vpp)
-    sync = grad_sync_for(
-        par.data_parallel if par.dp * par.cp > 1 else "ddp",
-        overlap_grad_reduce=par.overlap_grad_reduce,
-        overlap_param_gather=par.overlap_param_gather,
-        zero_overlap_comm=par.zero_overlap_comm,
+    fsdp = par.data_parallel in FSDP_KINDS
+    sync = (
+        GradSync(op="")
+        if fsdp
+        else grad_sync_for(
+            par.data_parallel if par.dp * par.cp > 1 else "ddp",
+            overlap_grad_reduce=par.overlap_grad_reduce,
+            overlap_param_gather=par.overlap_param_gather,
+            zero_overlap_comm=par.zero_overlap_comm,
+        )
     )
     works = {
         r: tuple(_chunk_work(plan, costs, r, c) for c in range(par.vpp)) for r in range(par.pp)
     }
+    stages = {r: fsdp_stages(plan, costs, r, gpus_per_node) for r in range(par.pp)} if fsdp else {}
     programs = []
     for rank in ranks:
         coords = layout.coords(rank)
@@ -274,11 +334,17 @@ def pipeline_programs(
             next_rank=layout.rank(**{**coords, "pp": (stage + 1) % par.pp}),
             p2p_bytes=costs.p2p_bytes,
             blocking_p2p=par.schedule != "interleaved",
-            groups={
-                g: layout.group(k, rank) for g, k in (("tp", "tp"), ("cp", "cp"), ("dp", "dpcp"))
-            },
+            groups=(
+                fsdp_groups(plan, rank, gpus_per_node)
+                if fsdp
+                else {
+                    g: layout.group(k, rank)
+                    for g, k in (("tp", "tp"), ("cp", "cp"), ("dp", "dpcp"))
+                }
+            ),
             sync=sync,
             optimizer_s=_optimizer_s(plan, compute, stage, gpus_per_node),
+            fsdp=stages.get(stage),
         )
         programs.append(pipeline_program(spec))
     return programs
@@ -291,28 +357,17 @@ def fsdp_programs(
     ranks: tuple[int, ...],
     gpus_per_node: int,
 ) -> list[Program]:
-    """Programs of ``ranks`` for an FSDP / HSDP / ZeRO-3 plan (no pipeline)."""
-    par, layout = plan.parallel, layout_of(plan)
-    if par.pp > 1:
-        raise ValueError(
-            f"data_parallel={par.data_parallel!r} is replayed without pipelining; got pp={par.pp} "
-            "(use ddp, zero1 or distributed_optimizer with pp > 1)"
-        )
+    """Programs of ``ranks`` for an FSDP / HSDP / ZeRO-3 plan without pipelining (FSDP1)."""
+    par = plan.parallel
     recipes = layer_recipes(plan, costs, 1)
     x = _extras(plan, costs, first=True, last=True)
     per_param = grad_bytes_per_param(par.data_parallel)
     unit_params = layer_params_per_gpu(plan.model, par.tp)
     root_params = stage_params_per_gpu(plan, 0) - unit_params * plan.model.num_layers
-    shard = replica_group_size(plan, gpus_per_node=gpus_per_node) // par.cp
     prefetch = par.fsdp_backward_prefetch if par.data_parallel != "zero3" else "backward_pre"
     programs = []
     for rank in ranks:
-        groups = {"tp": layout.group("tp", rank), "cp": layout.group("cp", rank)}
-        if par.data_parallel == "hsdp" and shard < par.dp:
-            groups["dp"] = layout.group("dp_shard", rank, shard_size=shard)
-            groups["hsdp"] = layout.group("dp_replicate", rank, shard_size=shard)
-        else:
-            groups["dp"] = layout.group("dp", rank)
+        groups = fsdp_groups(plan, rank, gpus_per_node)
         spec = FsdpRank(
             rank=rank,
             num_microbatches=num_microbatches(plan),
@@ -327,7 +382,7 @@ def fsdp_programs(
             groups=groups,
             backward_prefetch=prefetch,
             limit_all_gathers=par.fsdp_limit_all_gathers,
-            reshard_after_forward=par.fsdp_reshard_after_forward,
+            reshard_after_forward=reshard_after_forward(plan),
             optimizer_s=_optimizer_s(plan, compute, 0, gpus_per_node),
         )
         programs.append(fsdp_program(spec))
@@ -340,7 +395,7 @@ def build_programs(
     """Programs of the simulated ranks of a resolved plan."""
     costs = step_costs(plan, compute)
     ranks = simulated_ranks(layout_of(plan), fold=fold)
-    if plan.parallel.data_parallel in FSDP_KINDS:
+    if plan.parallel.data_parallel in FSDP_KINDS and plan.parallel.pp == 1:
         return fsdp_programs(plan, costs, compute, ranks, gpus_per_node)
     return pipeline_programs(plan, costs, compute, ranks, gpus_per_node)
 

@@ -166,7 +166,7 @@ def rank_title(rank: int, plan: Plan) -> str:
 
 
 def format_duration(time_s: float) -> str:
-    """Seconds as ``12.35 s`` from one second up, else ``23.69 ms``."""
+    """Seconds as ``12.346 s`` from one second up, else milliseconds as ``23.691 ms``."""
     return f"{time_s:.3f} s" if time_s >= 1.0 else f"{time_s * 1e3:.3f} ms"
 
 

@@ -11,9 +11,11 @@ marked and left out of the error figures, which are reported only on the held-ou
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -302,12 +304,27 @@ def map_cases(cases: Iterable[Mapping[str, Any]], ids: Sequence[str] = ()) -> li
     return mappings
 
 
-def _simulate_timed(
-    mapping: CaseMapping, simulate: Simulator, calibration: ComputeCalibration | None
-) -> tuple[float, int, float]:
+Task = tuple[Simulator, CaseMapping, "ComputeCalibration | None"]
+
+
+def _outcome(task: Task) -> tuple[float, int, float] | str:
+    """(predicted s, simulated ranks, wall s), or the one-line error of a case that failed."""
+    simulate, mapping, calibration = task
     start = time.perf_counter()
-    predicted_s, ranks = simulate(mapping, calibration)
+    try:
+        predicted_s, ranks = simulate(mapping, calibration)
+    except (ValueError, NotImplementedError) as exc:
+        return (str(exc) or type(exc).__name__).splitlines()[0]
     return predicted_s, ranks, time.perf_counter() - start
+
+
+def _outcomes(tasks: Sequence[Task], jobs: int) -> Iterator[tuple[float, int, float] | str]:
+    """Each task's outcome in order, computed here or in ``jobs`` worker processes."""
+    if jobs == 1 or len(tasks) < 2:
+        yield from map(_outcome, tasks)
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        yield from pool.map(_outcome, tasks)
 
 
 def _calibration_mappings(every: Sequence[CaseMapping], ids: Sequence[str]) -> list[CaseMapping]:
@@ -331,14 +348,18 @@ def run_validation(
     comm_calibration: Calibration | None = None,
     simulate: Simulator | None = None,
     progress: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> ValidationReport:
     """Fit compute on the calibration cases, then simulate every faithful case (or ``ids``).
 
     ``calibrate_on=None`` applies the documented rule (``select_calibration_cases``); an empty
     sequence keeps the compute model's defaults and reports the error on every case. A case
     whose plan or simulation raises ValueError or NotImplementedError is listed as failed.
-    ``progress`` receives one line per simulated case.
+    ``progress`` receives one line per simulated case. ``jobs`` > 1 simulates the cases in
+    that many processes (the default simulator only; each case's answer is unchanged).
     """
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     start = time.perf_counter()
     cases = list(cases)
     every = map_cases(cases)
@@ -353,15 +374,12 @@ def run_validation(
     )
     results: list[CaseResult] = []
     failed: list[tuple[str, str]] = []
-    for mapping in wanted:
-        if not mapping.simulable:
+    tasks = [(simulate, m, calibrations.get(m.gpu or "")) for m in wanted if m.simulable]
+    for (_, mapping, _), outcome in zip(tasks, _outcomes(tasks, jobs), strict=True):
+        if isinstance(outcome, str):
+            failed.append((mapping.case_id, outcome))
             continue
-        try:
-            calibration = calibrations.get(mapping.gpu or "")
-            predicted_s, ranks, wall_s = _simulate_timed(mapping, simulate, calibration)
-        except (ValueError, NotImplementedError) as exc:
-            failed.append((mapping.case_id, (str(exc) or type(exc).__name__).splitlines()[0]))
-            continue
+        predicted_s, ranks, wall_s = outcome
         results.append(_case_result(mapping, predicted_s, ranks, wall_s, calibration_ids))
         if progress is not None:
             progress(f"{mapping.case_id}: {predicted_s:.3f} s predicted ({wall_s:.2f} s wall)")
@@ -400,14 +418,22 @@ def _case_result(
 
 
 def _default_simulator(fidelity: str, comm_calibration: Calibration | None) -> Simulator:
-    def simulate(
-        mapping: CaseMapping, compute_calibration: ComputeCalibration | None
-    ) -> tuple[float, int]:
-        return simulate_case(
-            mapping,
-            compute_calibration=compute_calibration,
-            comm_calibration=comm_calibration,
-            fidelity=fidelity,
-        )
+    """``simulate_case`` with the run's network settings (picklable, for worker processes)."""
+    return functools.partial(
+        _simulate_default, fidelity=fidelity, comm_calibration=comm_calibration
+    )
 
-    return simulate
+
+def _simulate_default(
+    mapping: CaseMapping,
+    compute_calibration: ComputeCalibration | None,
+    *,
+    fidelity: str,
+    comm_calibration: Calibration | None,
+) -> tuple[float, int]:
+    return simulate_case(
+        mapping,
+        compute_calibration=compute_calibration,
+        comm_calibration=comm_calibration,
+        fidelity=fidelity,
+    )

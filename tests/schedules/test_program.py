@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from schedules.fsdp_program import FsdpRank, fsdp_program
 from schedules.pipeline import one_f_one_b
 from schedules.program import (
     ChunkWork,
@@ -22,10 +23,8 @@ from schedules.program import (
     tp_forward_steps,
 )
 from schedules.step_program import (
-    FsdpRank,
     GradSync,
     PipelineRank,
-    fsdp_program,
     grad_sync_for,
     pipeline_program,
     with_marks,

@@ -108,3 +108,94 @@ def test_malformed_cases_file_is_exit_2(tmp_path: Path, capsys) -> None:
 def test_unknown_case_id_is_exit_2_naming_it(capsys) -> None:
     assert main(["validate", str(CASES_PATH), "--ids", "no_such_case"]) == 2
     assert "no_such_case" in capsys.readouterr().err
+
+
+# --- end to end with the real simulator, on small published runs ---
+
+SMALL_H100 = "nemo2407_h100_fp8_LLAMA2-7B_8gpu"
+SMALL_A100 = "korthikanti22_t5_22B_selective_plus_sp"
+
+
+@needs_cases
+def test_calibrating_on_one_case_reproduces_its_step_time(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "validation.json"
+    code = main(
+        [
+            "validate",
+            str(CASES_PATH),
+            "--ids",
+            f"{SMALL_H100},nemo2407_h100_fp8_GPT3-5B_64gpu",
+            "--calibrate-on",
+            SMALL_H100,
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    cases = {c["id"]: c for c in data["cases"]}
+    assert set(cases) == {SMALL_H100, "nemo2407_h100_fp8_GPT3-5B_64gpu"}
+    assert cases[SMALL_H100]["calibration"] is True
+    # one case, one parameter: the fit reproduces the measured 3.87 s
+    assert abs(cases[SMALL_H100]["error"]) < 0.005
+    assert cases[SMALL_H100]["measured_step_time_s"] == pytest.approx(128 * 4096 / (16934 * 8))
+    fit = data["calibration"]["h100-sxm"]
+    assert fit["cases"] == [SMALL_H100] and fit["dtype"] == "fp8"
+    assert 0.25 <= fit["efficiency_scale"] <= 1.5
+    # the held-out case alone makes up the summary
+    assert data["summary"]["all"]["num_cases"] == 1
+    assert data["summary"]["all"]["mape"] == pytest.approx(
+        abs(cases["nemo2407_h100_fp8_GPT3-5B_64gpu"]["error"])
+    )
+    text = capsys.readouterr().out
+    assert f"{SMALL_H100} *" in text and "MAPE over held-out cases:" in text
+
+
+@needs_cases
+def test_default_rule_and_plot_on_a_small_selection(tmp_path: Path, capsys) -> None:
+    plot = tmp_path / "validation.png"
+    code = main(
+        ["validate", str(CASES_PATH), "--ids", f"{SMALL_A100},{SMALL_H100}", "--plot", str(plot)]
+    )
+    assert code == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = capsys.readouterr().out
+    # the rule calibrates H100 on LLAMA2-7B (8 GPUs, first of the two 8-GPU NeMo runs) and A100
+    # on the smallest Narayanan and Korthikanti runs, which are not among the ids shown
+    assert f"{SMALL_H100} *" in text and f"{SMALL_A100} *" not in text
+    assert "korthikanti22      1 cases" in text
+
+
+@needs_cases
+def test_simulating_a_case_is_deterministic() -> None:
+    from sim.validation import simulate_case
+    from sim.validation_cases import load_cases, map_case
+
+    case = next(c for c in load_cases(CASES_PATH) if c["id"] == SMALL_A100)
+    mapping = map_case(case)
+    assert simulate_case(mapping) == simulate_case(mapping)
+
+
+@needs_cases
+def test_worker_processes_give_the_same_answers() -> None:
+    from sim.validation import run_validation
+    from sim.validation_cases import load_cases
+
+    cases = load_cases(CASES_PATH)
+    ids = (SMALL_A100, SMALL_H100, "korthikanti22_t5_22B_full_recompute")
+    serial = run_validation(cases, ids=ids, calibrate_on=())
+    parallel = run_validation(cases, ids=ids, calibrate_on=(), jobs=2)
+    assert [r.predicted_step_time_s for r in serial.results] == [
+        r.predicted_step_time_s for r in parallel.results
+    ]
+    assert [r.case_id for r in parallel.results] == [
+        "korthikanti22_t5_22B_full_recompute",
+        SMALL_A100,
+        SMALL_H100,
+    ]
+
+
+@needs_cases
+def test_jobs_must_be_positive(capsys) -> None:
+    assert main(["validate", str(CASES_PATH), "--jobs", "0"]) == 2
+    assert "jobs must be >= 1, got 0" in capsys.readouterr().err

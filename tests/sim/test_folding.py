@@ -38,6 +38,9 @@ PLANS: list[dict[str, Any]] = [
     {"tp": 2, "data_parallel": "fsdp"},
     {"data_parallel": "hsdp", "hsdp_shard_size": 4},
     {"tp": 2, "data_parallel": "zero2"},
+    {"tp": 2, "pp": 2, "sequence_parallel": True, "data_parallel": "fsdp"},
+    {"pp": 2, "schedule": "interleaved", "vpp": 2, "data_parallel": "hsdp", "hsdp_shard_size": 2},
+    {"tp": 2, "pp": 2, "schedule": "zb-h1", "data_parallel": "zero3"},
 ]
 
 

@@ -101,6 +101,11 @@ def test_simulation_is_deterministic_bit_for_bit() -> None:
     assert first.spans == second.spans
 
 
-def test_fsdp_with_pipelining_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="pp=2"):
-        simulate_plan(plan_of({"pp": 2, "data_parallel": "fsdp"}))
+def test_fsdp_with_pipelining_gathers_once_and_reduces_after_the_last_backward() -> None:
+    parallel = {"tp": 2, "pp": 2, "data_parallel": "fsdp", "fsdp_reshard_after_forward": False}
+    result = simulate_plan(plan_of(parallel))
+    dp = [s.name for s in result.spans if s.rank == 0 and s.stream == "dp"]
+    # stage 0 of 4 layers per stage: root + 4 unit gathers in F0, 1 root + 4 unit RS at the end
+    assert [n.split()[0] for n in dp] == ["AG"] * 5 + ["RS"] * 5
+    assert dp[0] == "AG root F0" and dp[-1] == "RS u3 c0"
+    assert result.breakdown.exposed_comm_s["dp"] > 0.0

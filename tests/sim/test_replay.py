@@ -7,13 +7,12 @@ from collections.abc import Sequence
 import pytest
 import simpy
 
+from schedules.fsdp_program import FsdpRank, fsdp_program
 from schedules.pipeline import pipeline_orders
 from schedules.program import ChunkWork, ComputeStep, Program
 from schedules.step_program import (
-    FsdpRank,
     GradSync,
     PipelineRank,
-    fsdp_program,
     pipeline_program,
 )
 from sim.engine import Engine, Timeline

@@ -1,0 +1,321 @@
+"""FSDP / HSDP / ZeRO-3 step programs: parameters sharded per unit, gathered before use.
+
+``fsdp_program`` builds an FSDP1 / ZeRO-3 step without pipelining, unit by unit: the all-gathers
+with the 2-in-flight rate limiter, backward prefetch, the reduce-scatters on the same FIFO and
+HSDP's replicate all-reduce. ``FsdpStages`` / ``FsdpPipelineState`` add FSDP2 units to the passes
+of ``schedules.step_program``'s pipeline builder, as ``torch.distributed.pipelining`` runs them
+(torch 2.13, torchtitan): every unit of a stage is all-gathered at its first forward (micro-batch
+0, the next unit prefetched while the current one computes) and, with ``reshard_after_forward``
+False (torchtitan's default under PP), stays unsharded through every micro-batch; backward
+passes run with ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)``,
+and the stage's ``REDUCE_GRAD`` (``perform_reduce_grad``) reduce-scatters every unit (root first,
+then the layers in module order) after the stage's last backward.
+
+    program = fsdp_program(FsdpRank(rank=0, num_microbatches=2, num_units=4, layer=w,
+                                    unit_param_bytes=1e8, unit_grad_bytes=1e8, groups=groups))
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from schedules.pipeline import Pass
+from schedules.program import ChunkWork, Compute, MarkStep, Program, ProgramBuilder, Step
+
+MAX_INFLIGHT_ALL_GATHERS = 2
+"""FSDP1's ``_max_num_inflight_all_gathers``: the limiter's free-event queue threshold."""
+NO_WORK = ChunkWork(forward=(), backward=())
+"""A part of the model with nothing to run."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FsdpRank:
+    """Everything one rank's FSDP1 / ZeRO-3 step program depends on (one unit per layer)."""
+
+    rank: int
+    """Global rank."""
+    num_microbatches: int
+    """Gradient-accumulation micro-batches."""
+    num_units: int
+    """Wrapped units (transformer layers); the root holds embedding, final norm and head."""
+    layer: ChunkWork
+    """One layer's forward/backward recipes."""
+    unit_param_bytes: float
+    """All-gather output of one unit."""
+    unit_grad_bytes: float
+    """Reduce-scatter input of one unit."""
+    root_param_bytes: float = 0.0
+    """All-gather output of the root unit."""
+    root_grad_bytes: float = 0.0
+    """Reduce-scatter input of the root unit."""
+    embed: ChunkWork = NO_WORK
+    """Embedding (start of forward, end of backward)."""
+    head: ChunkWork = NO_WORK
+    """Final norm, LM head and loss."""
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """``dp`` = the shard group; ``hsdp`` = the replicate group (HSDP), ``tp``/``cp`` as usual."""
+    backward_prefetch: str = "backward_pre"
+    """backward_pre | backward_post | none."""
+    limit_all_gathers: bool = True
+    """The rate limiter: an all-gather waits until at most one other unit is unsharded."""
+    reshard_after_forward: bool = True
+    """FULL_SHARD (True: backward all-gathers again) or SHARD_GRAD_OP (False)."""
+    optimizer_s: float = 0.0
+    """Optimizer step on the local shard."""
+
+
+def fsdp_program(spec: FsdpRank) -> Program:
+    """One rank's FSDP1 step (reference §1): per micro-batch a forward and a backward by unit.
+
+    Forward: AG(root), then AG(u) before F(u). Backward: the root is not resharded after forward
+    (no AG); BACKWARD_PRE issues AG(u - 1) before B(u), BACKWARD_POST after it (before RS(u)),
+    ``none`` at u - 1's own pre-backward; RS(u) follows B(u) on the same FIFO, giving AG(u),
+    RS(u+1), AG(u-1), RS(u)... The rate limiter is modelled literally: every reshard that frees
+    memory records an event on the compute stream, and an AG is issued only once at most one
+    such event is pending (the older ones are waited for).
+    """
+    builder = _Fsdp(spec)
+    outstanding: list[int] = []
+    for mb in range(spec.num_microbatches):
+        outstanding = builder.forward(mb, outstanding)
+        outstanding = builder.backward(mb, outstanding)
+    b = builder.b
+    b.add(
+        Compute(
+            name="optimizer",
+            duration_s=spec.optimizer_s,
+            kind="optimizer",
+            deps=tuple(sorted({*outstanding, *builder.reduced})),
+        )
+    )
+    return b.program()
+
+
+class _Fsdp:
+    """Builds one rank's FSDP program (builder state: the limiter's free-event queue)."""
+
+    def __init__(self, spec: FsdpRank) -> None:
+        self.spec = spec
+        self.b = ProgramBuilder(rank=spec.rank, groups=dict(spec.groups))
+        self.frees: deque[int] = deque()
+        self.reduced: list[int] = []
+
+    def gather(self, name: str, size: float, deps: tuple[int, ...] = ()) -> list[int]:
+        """All-gather on the shard FIFO, after the rate limiter lets it through."""
+        waits = list(deps)
+        while self.spec.limit_all_gathers and len(self.frees) >= MAX_INFLIGHT_ALL_GATHERS:
+            waits.append(self.frees.popleft())
+        index = self.b.collective(name, "dp", "all_gather", size, deps=tuple(sorted(set(waits))))
+        return [] if index is None else [index]
+
+    def free(self) -> None:
+        """A reshard after the latest compute: its free event joins the limiter's queue."""
+        if self.spec.limit_all_gathers and self.b.last_compute is not None:
+            self.frees.append(self.b.last_compute)
+
+    def forward(self, mb: int, waits: list[int]) -> list[int]:
+        spec, b = self.spec, self.b
+        start = b.after_compute()
+        root = self.gather(f"AG root mb{mb}", spec.root_param_bytes, start)
+        waits = b.run_steps(f"F{mb} embed", spec.embed.forward, (*waits, *root))
+        for u in range(spec.num_units):
+            ag = self.gather(f"AG u{u} mb{mb}", spec.unit_param_bytes, start)
+            waits = b.run_steps(f"F{mb} u{u}", spec.layer.forward, (*waits, *ag))
+            if spec.reshard_after_forward:
+                self.free()
+        return b.run_steps(f"F{mb} head", spec.head.forward, tuple(waits))
+
+    def backward(self, mb: int, waits: list[int]) -> list[int]:
+        spec, b, n = self.spec, self.b, self.spec.num_units
+        regather, prefetch = spec.reshard_after_forward, spec.backward_prefetch
+        gathers: dict[int, list[int]] = {}
+        if regather and prefetch != "none" and n > 0:
+            gathers[n - 1] = self.gather(f"AG u{n - 1} mb{mb} bwd", spec.unit_param_bytes)
+        waits = b.run_steps(f"B{mb} head", spec.head.backward, tuple(waits))
+        for u in range(n - 1, -1, -1):
+            if regather and u not in gathers:
+                gathers[u] = self.gather(f"AG u{u} mb{mb} bwd", spec.unit_param_bytes)
+            if regather and prefetch == "backward_pre" and u > 0:
+                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes)
+            waits = b.run_steps(f"B{mb} u{u}", spec.layer.backward, (*waits, *gathers.get(u, [])))
+            self.free()
+            if regather and prefetch == "backward_post" and u > 0:
+                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes)
+            self.reduced += _reduce(b, f"u{u} mb{mb}", spec.unit_grad_bytes, waits)
+        waits = b.run_steps(f"B{mb} embed", spec.embed.backward, tuple(waits))
+        self.reduced += _reduce(b, f"root mb{mb}", spec.root_grad_bytes, waits)
+        return waits
+
+
+def _reduce(b: ProgramBuilder, label: str, size: float, waits: list[int]) -> list[int]:
+    """RS of a unit's gradient on the shard FIFO, then HSDP's all-reduce of the shard."""
+    rs = b.collective(f"RS {label}", "dp", "reduce_scatter", size, deps=b.after_compute(*waits))
+    out = [] if rs is None else [rs]
+    shard = len(b.groups.get("dp", ())) or 1
+    ar = b.collective(
+        f"AR {label}",
+        "hsdp",
+        "all_reduce",
+        size / shard,
+        deps=tuple(out) or b.after_compute(*waits),
+    )
+    return out + ([] if ar is None else [ar])
+
+
+ROOT = -1
+"""Unit id of a chunk's root (the stage module itself: embedding, final norm and head)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FsdpUnits:
+    """One pipeline chunk as FSDP2 units: ``num_units`` layers and a root (embedding, head)."""
+
+    num_units: int
+    """Layers of the chunk, each its own ``fully_shard`` unit."""
+    layer: ChunkWork
+    """One layer's forward, backward, Bi and W recipes."""
+    unit_param_bytes: float
+    """All-gather output of one layer unit."""
+    unit_grad_bytes: float
+    """Reduce-scatter input of one layer unit."""
+    root_param_bytes: float = 0.0
+    """All-gather output of the root (0 for a chunk with neither embedding nor head)."""
+    root_grad_bytes: float = 0.0
+    """Reduce-scatter input of the root."""
+    embed: ChunkWork = NO_WORK
+    """Work before the layers in forward and after them in backward (first stage)."""
+    head: ChunkWork = NO_WORK
+    """Work after the layers in forward and before them in backward (last stage)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FsdpStages:
+    """FSDP2 inside a pipeline: the units of every chunk of a rank and when they communicate."""
+
+    chunks: tuple[FsdpUnits, ...]
+    """Per model chunk of the rank, in chunk order."""
+    reshard_after_forward: bool = False
+    """Free layer parameters after each forward (then gathered again before the next pass)."""
+    reduce_during_last_backward: bool = False
+    """Reduce-scatter each unit as its gradient is ready in the chunk's last backward (older
+    pipelining: ``set_requires_gradient_sync(last_backward)``) instead of all of them after it
+    (torch 2.13's ``REDUCE_GRAD``)."""
+
+
+def _pass_parts(units: FsdpUnits, kind: str) -> list[tuple[int, tuple[Step, ...]]]:
+    """(unit, recipe) in execution order for a pass kind; ROOT parts are embedding/head work."""
+    layer, n = units.layer, units.num_units
+    if kind == "F":
+        return [
+            (ROOT, units.embed.forward),
+            *((u, layer.forward) for u in range(n)),
+            (ROOT, units.head.forward),
+        ]
+    if kind == "W":
+        return [(u, layer.backward_weight) for u in range(n - 1, -1, -1)]
+    field_name = "backward" if kind == "B" else "backward_input"
+    return [
+        (ROOT, getattr(units.head, field_name)),
+        *((u, getattr(layer, field_name)) for u in range(n - 1, -1, -1)),
+        (ROOT, getattr(units.embed, field_name)),
+    ]
+
+
+class FsdpPipelineState:
+    """Which units of each chunk are sharded, as passes run (builder state of one rank)."""
+
+    def __init__(self, b: ProgramBuilder, stages: FsdpStages) -> None:
+        self.b = b
+        self.stages = stages
+        self.sharded = [True] * len(stages.chunks)
+        self.root_gathered = [False] * len(stages.chunks)
+        self.reduced: list[int] = []
+
+    def _gathers(self, chunk: int, kind: str) -> list[int]:
+        """Units this pass must all-gather, in the order their compute needs them."""
+        units = self.stages.chunks[chunk]
+        order = [u for u, _ in _pass_parts(units, kind) if u != ROOT]
+        needed = [ROOT] if not self.root_gathered[chunk] and units.root_param_bytes > 0 else []
+        return needed + (order if self.sharded[chunk] and kind != "W" else [])
+
+    def recipe(
+        self, step: Pass, *, last: bool
+    ) -> tuple[tuple[Step, ...], Callable[[int], list[int]]] | None:
+        """A pass's per-unit recipe with its gather/reduce marks, or None if it has none."""
+        units = self.stages.chunks[step.chunk]
+        gathers = self._gathers(step.chunk, step.kind)
+        reduce = last and self.stages.reduce_during_last_backward and step.kind != "F"
+        if not gathers and not reduce:
+            return None
+        steps: list[Step] = []
+        marks: list[tuple[str, int]] = []
+        if ROOT in gathers:
+            steps.append(MarkStep(index=len(marks)))
+            marks.append(("wait", ROOT))
+        for unit, recipe in _pass_parts(units, step.kind):
+            if unit != ROOT and unit in gathers:
+                steps.append(MarkStep(index=len(marks)))
+                marks.append(("wait", unit))
+            steps += recipe
+            if reduce and unit != ROOT:
+                steps.append(MarkStep(index=len(marks)))
+                marks.append(("reduce", unit))
+        if reduce:
+            steps.append(MarkStep(index=len(marks)))
+            marks.append(("reduce", ROOT))
+        return tuple(steps), self._hook(step, gathers, marks)
+
+    def _hook(
+        self, step: Pass, gathers: list[int], marks: list[tuple[str, int]]
+    ) -> Callable[[int], list[int]]:
+        """Issue AG(g) and prefetch AG(next) where g's compute starts; RS where grads are ready."""
+        issued: dict[int, int | None] = {}
+        units = self.stages.chunks[step.chunk]
+        tag = f"{step}"
+
+        def issue(unit: int) -> None:
+            if unit in issued:
+                return
+            size = units.root_param_bytes if unit == ROOT else units.unit_param_bytes
+            name = f"AG {'root' if unit == ROOT else f'u{unit}'} {tag}"
+            issued[unit] = self.b.collective(
+                name, "dp", "all_gather", size, deps=self.b.after_compute()
+            )
+
+        def on_mark(i: int) -> list[int]:
+            what, unit = marks[i]
+            if what == "reduce":
+                self.reduced += self._reduce_unit(step.chunk, unit, tag, [])
+                return []
+            position = gathers.index(unit)
+            issue(unit)
+            if position + 1 < len(gathers):
+                issue(gathers[position + 1])
+            index = issued[unit]
+            return [] if index is None else [index]
+
+        return on_mark
+
+    def after_pass(self, step: Pass) -> None:
+        """Shard state once a pass ran: forward reshards if asked, backward keeps unsharded."""
+        if step.kind == "F":
+            self.root_gathered[step.chunk] = True
+            self.sharded[step.chunk] = self.stages.reshard_after_forward
+        elif step.kind in ("B", "Bi"):
+            self.sharded[step.chunk] = False
+
+    def _reduce_unit(self, chunk: int, unit: int, tag: str, waits: list[int]) -> list[int]:
+        units = self.stages.chunks[chunk]
+        size = units.root_grad_bytes if unit == ROOT else units.unit_grad_bytes
+        label = f"{'root' if unit == ROOT else f'u{unit}'} c{chunk}" + (f" {tag}" if tag else "")
+        return _reduce(self.b, label, size, waits)
+
+    def reduce_grad(self, chunk: int, waits: list[int]) -> None:
+        """torch 2.13's REDUCE_GRAD after the chunk's last backward: root, then layers in order."""
+        if self.stages.reduce_during_last_backward:
+            return
+        units = self.stages.chunks[chunk]
+        for unit in (ROOT, *range(units.num_units)):
+            self.reduced += self._reduce_unit(chunk, unit, "", waits)
