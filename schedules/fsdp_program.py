@@ -241,9 +241,13 @@ class FsdpPipelineState:
         return needed + (order if self.sharded[chunk] and kind != "W" else [])
 
     def recipe(
-        self, step: Pass, *, last: bool
+        self, step: Pass, *, last: bool, deps: tuple[int, ...] = ()
     ) -> tuple[tuple[Step, ...], Callable[[int], list[int]]] | None:
-        """A pass's per-unit recipe with its gather/reduce marks, or None if it has none."""
+        """A pass's per-unit recipe with its gather/reduce marks, or None if it has none.
+
+        ``deps`` are the pass's own dependencies (received activations): the root's pre-forward
+        makes the all-gather streams wait for the compute stream, which waits for them.
+        """
         units = self.stages.chunks[step.chunk]
         gathers = self._gathers(step.chunk, step.kind)
         reduce = last and self.stages.reduce_during_last_backward and step.kind != "F"
@@ -265,10 +269,10 @@ class FsdpPipelineState:
         if reduce:
             steps.append(MarkStep(index=len(marks)))
             marks.append(("reduce", ROOT))
-        return tuple(steps), self._hook(step, gathers, marks)
+        return tuple(steps), self._hook(step, gathers, marks, deps)
 
     def _hook(
-        self, step: Pass, gathers: list[int], marks: list[tuple[str, int]]
+        self, step: Pass, gathers: list[int], marks: list[tuple[str, int]], deps: tuple[int, ...]
     ) -> Callable[[int], list[int]]:
         """Issue AG(g) and prefetch AG(next) where g's compute starts; RS where grads are ready."""
         issued: dict[int, int | None] = {}
@@ -281,7 +285,7 @@ class FsdpPipelineState:
             size = units.root_param_bytes if unit == ROOT else units.unit_param_bytes
             name = f"AG {'root' if unit == ROOT else f'u{unit}'} {tag}"
             issued[unit] = self.b.collective(
-                name, "dp", "all_gather", size, deps=self.b.after_compute()
+                name, "dp", "all_gather", size, deps=self.b.after_compute(*deps)
             )
 
         def on_mark(i: int) -> list[int]:

@@ -256,11 +256,13 @@ class _Pipeline:
             self.posted[nxt] = self.transfer(kind, nstep.microbatch, nvstage, send=False, deps=deps)
             self.batch.append(self.posted[nxt])
 
-    def recipe(self, pos: int, step: Pass) -> tuple[tuple[Step, ...], Callable | None]:
+    def recipe(
+        self, pos: int, step: Pass, deps: tuple[int, ...] = ()
+    ) -> tuple[tuple[Step, ...], Callable | None]:
         """A pass's recipe, with bucket marks when its gradients are synced bucket by bucket."""
         work, sync = self.spec.chunks[step.chunk], self.spec.sync
         if self.fsdp is not None:
-            units = self.fsdp.recipe(step, last=pos in self.grad_passes)
+            units = self.fsdp.recipe(step, last=pos in self.grad_passes, deps=deps)
             if units is not None:
                 return units
         steps = {
@@ -287,7 +289,7 @@ class _Pipeline:
             if spec.blocking_p2p:
                 deps += self.batch
                 self.batch = []
-            steps, hook = self.recipe(pos, step)
+            steps, hook = self.recipe(pos, step, tuple(deps))
             outstanding = b.run_steps(f"{step}", steps, tuple(deps), hook)
             if hook is not None and spec.sync.every_microbatch:
                 outstanding += self.synced
