@@ -18,7 +18,12 @@ stage holds at its peak under its schedule, plus the last stage's head inputs. T
 FSDP/ZeRO-3 unsharded units in flight (2 layers' parameters and 1 layer's gradient), torch DDP's
 bucket copy of the gradients (``gradient_as_bucket_view=False``), DeepSpeed ZeRO-1/2 gradient
 buckets (``reduce_bucket_size`` elements, two when ``overlap_comm``) and the last stage's fp32
-logits. Not modelled: the CUDA context, NCCL buffers and allocator fragmentation (a few GiB).
+logits. ``fsdp_unsharded``: FSDP/HSDP/ZeRO-3 under pipelining (torch.distributed.pipelining,
+torch 2.13) keeps the whole stage unsharded through the step: its parameters stay gathered from
+the first forward (``reshard_after_forward`` False; with True they are still all resident after
+each backward, since backward never reshards before the stage's ``REDUCE_GRAD``) and its
+gradients accumulate unsharded (gradient sync off) until that final reduce-scatter.
+Not modelled: the CUDA context, NCCL buffers and allocator fragmentation (a few GiB).
 The worst pipeline stage (largest total) is reported.
 
     memory = memory_per_gpu(plan, hbm_bytes=80e9)
@@ -36,9 +41,19 @@ from schedules.messages import PARAM_BYTES, grad_bytes_per_param
 from schedules.params import layer_params_per_gpu, stage_params_per_gpu
 from schedules.plan import Plan, num_microbatches
 
+FSDP_KINDS = ("fsdp", "hsdp", "zero3")
+"""Data-parallel kinds that shard parameters and gather them unit by unit."""
 OPTIMIZER_BYTES_PER_PARAM = 12
 """Adam: fp32 master weights, momentum and variance (ZeRO paper, Sec. 3.1: K = 12)."""
-COMPONENTS = ("weights", "gradients", "optimizer", "activations", "buffers", "logits")
+COMPONENTS = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "activations",
+    "buffers",
+    "fsdp_unsharded",
+    "logits",
+)
 """Keys of ``memory_per_gpu`` besides ``total``."""
 
 
@@ -83,9 +98,11 @@ def transient_buffer_bytes(plan: Plan, stage: int) -> float:
     parallel = plan.parallel
     kind = parallel.data_parallel
     grad = grad_bytes_per_param(kind)
-    if kind in ("fsdp", "hsdp", "zero3"):
+    if kind in FSDP_KINDS:
         layer = layer_params_per_gpu(plan.model, parallel.tp)
-        if kind != "zero3" and not parallel.fsdp_reshard_after_forward:
+        if parallel.pp > 1:
+            return layer * grad  # one unit's reduce-scatter input; the rest is fsdp_unsharded
+        if kind != "zero3" and parallel.fsdp_reshard_after_forward is False:
             # SHARD_GRAD_OP keeps the whole stage unsharded between forward and backward.
             return stage_params_per_gpu(plan, stage) * PARAM_BYTES + layer * grad
         return 2 * layer * PARAM_BYTES + layer * grad
@@ -97,6 +114,15 @@ def transient_buffer_bytes(plan: Plan, stage: int) -> float:
         overlap = bool(parallel.zero_overlap_comm)  # DeepSpeed default: False for stages 1, 2
         return (2 if overlap else 1) * parallel.zero_bucket_elems * grad
     return 0.0
+
+
+def fsdp_unsharded_bytes(plan: Plan, stage: int) -> float:
+    """Unsharded parameters and accumulated unsharded gradients of a pipelined FSDP stage."""
+    parallel = plan.parallel
+    if parallel.data_parallel not in FSDP_KINDS or parallel.pp == 1:
+        return 0.0
+    per_param = PARAM_BYTES + grad_bytes_per_param(parallel.data_parallel)
+    return stage_params_per_gpu(plan, stage) * per_param
 
 
 def activation_bytes(plan: Plan, stage: int) -> float:
@@ -148,6 +174,7 @@ def stage_memory_bytes(
         "optimizer": params * per_param["optimizer"],
         "activations": activation_bytes(plan, stage),
         "buffers": transient_buffer_bytes(plan, stage),
+        "fsdp_unsharded": fsdp_unsharded_bytes(plan, stage),
         "logits": logits_bytes(
             plan.model, plan.training.micro_batch_size, tp=parallel.tp, cp=parallel.cp
         )

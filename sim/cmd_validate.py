@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fidelity", choices=FIDELITIES, default="analytical", help="network model fidelity"
     )
     parser.add_argument("--calibration", type=Path, metavar="FILE", help="network calibration JSON")
+    parser.add_argument(
+        "-j", "--jobs", type=int, default=1, metavar="N", help="simulate cases in N processes"
+    )
 
 
 def _id_list(text: str | None) -> tuple[str, ...]:

@@ -177,3 +177,15 @@ def test_recompute_and_sequence_parallel_only_save_memory(tp: int, b: int, cp: i
         assert per_layer("none", sp) >= per_layer("selective", sp) >= per_layer("full", sp) > 0
     for mode in ("none", "selective", "full"):
         assert per_layer(mode, True) <= per_layer(mode, False)
+
+
+@pytest.mark.parametrize("reshard", [False, True])
+def test_pipelined_fsdp_keeps_the_stage_unsharded_through_the_step(reshard: bool) -> None:
+    plan = make_plan(8, pp=2, data_parallel="fsdp", fsdp_reshard_after_forward=reshard)
+    layer, stage = layer_params_per_gpu(SMALL, 1), stage_params_per_gpu(plan, 0)
+    result = memory.stage_memory_bytes(plan, 0)
+    # bf16 parameters gathered once + bf16 gradients accumulated unsharded until REDUCE_GRAD
+    assert result["fsdp_unsharded"] == stage * (2 + 2)
+    assert result["buffers"] == layer * 2
+    assert result["weights"] == stage * 2 / 4  # dp = 8 / pp
+    assert memory.stage_memory_bytes(make_plan(8, data_parallel="fsdp"), 0)["fsdp_unsharded"] == 0
