@@ -197,8 +197,9 @@ class ParallelConfig:
     """FSDP1 forward_prefetch (default False)."""
     fsdp_limit_all_gathers: bool = True
     """FSDP1 limit_all_gathers: at most 2 unsharded units in flight (default True)."""
-    fsdp_reshard_after_forward: bool = True
-    """FULL_SHARD (True) or SHARD_GRAD_OP (False): free parameters after forward."""
+    fsdp_reshard_after_forward: bool | None = None
+    """Free parameters after forward (FULL_SHARD) or keep them (SHARD_GRAD_OP); unset means the
+    framework default: True without PP, False with PP (torchtitan reuses them per micro-batch)."""
     hsdp_shard_size: int = 0
     """HSDP shard-group size; 0 means the GPUs of one node (HYBRID_SHARD's intra-node group)."""
     zero_bucket_elems: int = 500_000_000

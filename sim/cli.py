@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -61,6 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser(args_list).parse_args(args_list)
         return int(args.handler(args))
+    except BrokenPipeError:
+        # The reader went away (``commsim plan --json | head``): stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except (ValueError, FileNotFoundError, IsADirectoryError, yaml.YAMLError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, json.JSONDecodeError | yaml.YAMLError):
