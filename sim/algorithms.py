@@ -16,6 +16,10 @@ advance in lockstep (``FlowGroup``). The decompositions, and why they equal the 
 - tree: like hierarchical, with the inter-node phase on NCCL's double binary tree per rail.
 - direct: every (sender, receiver) pair is an independent flow of S/n (all_to_all); send_recv
   is one send (src, dst), or on more ranks every rank sending S to the next (nccl-tests).
+- gloo (CPU): all_reduce and reduce_scatter a ring carrying all_reduce's 2(n-1)/n S (gloo
+  reduce-scatters through an all_reduce), all_gather a ring, all_to_all pairwise flows,
+  broadcast/reduce the root's binomial-tree edges, S each (the root's link carries
+  ceil(log2 n) S, as the closed form).
 
     groups = decompose("all_reduce", "ring", topology, (0, 1, 2, 3), 1 << 20)
 """
@@ -28,18 +32,20 @@ from dataclasses import dataclass
 
 from comm_bench.collectives import get
 from sim.analytical import (
+    NVLS_EFFICIENCY,
     CommParams,
     Layout,
     available_algorithms,
     check_algorithm,
     cost_terms,
     double_tree_edges,
+    gloo_plan,
     nvls_bytes,
     ring_wire_bytes,
 )
 from topologies.topology import Path, Topology
 
-AUTO_ALGORITHMS = ("ring", "tree", "nvls", "direct")
+AUTO_ALGORITHMS = ("ring", "tree", "nvls", "direct", "gloo")
 """Algorithms ``auto`` chooses among: NCCL's (its NVLSTree is our ``tree`` on NVLS nodes).
 
 ``hierarchical`` (NVLS or ring inside nodes, a ring per rail across them) is not an NCCL
@@ -72,6 +78,8 @@ def layout_of(topology: Topology, ranks: Sequence[int]) -> Layout:
     nodes = group_nodes(topology, ranks)
     g = max(len(members) for members in nodes)
     intra_bw, intra_lat = math.inf, 0.0
+    spec = topology.gpu_spec(ranks[0])
+    nvlink_any = topology.injection_bandwidth_bytes_per_s(ranks[0], "nvlink") > 0
     for members in nodes:
         if len(members) < 2:
             continue
@@ -104,7 +112,18 @@ def layout_of(topology: Topology, ranks: Sequence[int]) -> Layout:
         inter_hop_latency_s=inter_lat,
         bisection_bandwidth_bytes_per_s=bisection,
         nvls=topology.nvls_capable(),
+        backend="gloo" if spec.name == "cpu" else "nccl",
+        gpu_arch=gpu_arch(spec.name),
+        intra_hw="nvlink" if nvlink_any else "pci",
     )
+
+
+def gpu_arch(spec_name: str) -> str:
+    """GPU generation of a catalogue GPU name (``""`` when unknown), for NCCL's tables."""
+    for prefix, arch in (("h1", "hopper"), ("h2", "hopper"), ("a1", "ampere"), ("v1", "volta")):
+        if spec_name.lower().startswith(prefix):
+            return arch
+    return ""
 
 
 def _path_bw(topology: Topology, path: Path) -> float:
@@ -140,6 +159,8 @@ def decompose(
     if len(ranks) == 1 or size_bytes == 0:
         return []
     nodes = group_nodes(topology, ranks)
+    if algo == "gloo":
+        return _gloo_groups(op, topology, ranks, size_bytes, root)
     if algo == "ring":
         return _ring_groups(op, topology, ranks, nodes, size_bytes, root)
     if algo == "nvls":
@@ -149,12 +170,7 @@ def decompose(
             op, algo, topology, nodes, size_bytes
         )
     if op == "send_recv":
-        pairs = (
-            [(ranks[0], ranks[1])]
-            if len(ranks) == 2
-            else list(zip(ranks, [*ranks[1:], ranks[0]], strict=True))
-        )
-        return [FlowGroup(paths=(topology.path(a, b),), size_bytes=size_bytes) for a, b in pairs]
+        return _send_recv_groups(topology, ranks, size_bytes)
     chunk = size_bytes / len(ranks)
     return [
         FlowGroup(paths=(topology.path(src, dst),), size_bytes=chunk)
@@ -225,7 +241,8 @@ def _nvls_groups(
         up, down = switch_edges(topology, rank)
         ups.extend(up)
         downs.extend(down)
-    per_switch = len(ups) // len(ranks)  # bytes spread evenly over a GPU's switch chips
+    # Bytes spread evenly over a GPU's switch chips, moved at the switch's NVLS efficiency.
+    per_switch = len(ups) // len(ranks) * NVLS_EFFICIENCY
     return [
         FlowGroup(paths=tuple(ups), size_bytes=up_bytes / per_switch),
         FlowGroup(paths=tuple(downs), size_bytes=down_bytes / per_switch),
@@ -280,3 +297,42 @@ def _inter_groups(
             )
         )
     return groups
+
+
+def _gloo_groups(
+    op: str, topology: Topology, ranks: Sequence[int], size_bytes: float, root: int
+) -> list[FlowGroup]:
+    """gloo's algorithms as flow groups (module docstring); bytes as ``gloo_plan``'s."""
+    n = len(ranks)
+    sent, _ = gloo_plan(op, n, size_bytes)
+    if op in ("all_reduce", "reduce_scatter", "all_gather"):
+        hops = zip(ranks, [*ranks[1:], ranks[0]], strict=True)
+        return [FlowGroup(paths=tuple(topology.path(a, b) for a, b in hops), size_bytes=sent)]
+    if op in ("broadcast", "reduce"):
+        rounds = math.ceil(math.log2(n))
+        children = [ranks[(root + (1 << k)) % n] for k in range(rounds)]
+        pairs = [(ranks[root], c) if op == "broadcast" else (c, ranks[root]) for c in children]
+        return [
+            FlowGroup(paths=tuple(topology.path(a, b) for a, b in pairs), size_bytes=size_bytes)
+        ]
+    if op == "send_recv":
+        return _send_recv_groups(topology, ranks, size_bytes)
+    chunk = size_bytes / n
+    return [
+        FlowGroup(paths=(topology.path(src, dst),), size_bytes=chunk)
+        for src in ranks
+        for dst in ranks
+        if src != dst
+    ]
+
+
+def _send_recv_groups(
+    topology: Topology, ranks: Sequence[int], size_bytes: float
+) -> list[FlowGroup]:
+    """One send (src, dst), or nccl-tests' ring shift: every rank sends S to the next."""
+    pairs = (
+        [(ranks[0], ranks[1])]
+        if len(ranks) == 2
+        else list(zip(ranks, [*ranks[1:], ranks[0]], strict=True))
+    )
+    return [FlowGroup(paths=(topology.path(a, b),), size_bytes=size_bytes) for a, b in pairs]

@@ -1,11 +1,18 @@
 """Closed-form alpha-beta cost of each collective algorithm on a topology: O(1) per call.
 
-A collective's time is a latency plus its bandwidth term divided by an efficiency:
+A collective's time is NCCL's protocol-aware alpha-beta model: for every protocol the algorithm
+can use (LL, LL128, Simple; ``sim/protocols.py``) a latency plus a bandwidth term, and the
+fastest protocol wins, as NCCL's tuner picks (reference §3.4-3.7):
 
-    time = base + intra_steps * (intra_step + intra_hop) + inter_steps * (inter_step + inter_hop)
-           + bandwidth_time / efficiency(size)
+    latency_p = (proto_base_p + intra_steps * proto_intra_p + inter_steps * proto_inter_p)
+                * plateau_p + base + intra_steps * intra_step + inter_steps * inter_step + hops
+    bandwidth_p = max(bandwidth_time / factor_p, bus_bytes / cap_p) * (1 + chunk_p / size)
+                  / efficiency(size)
     efficiency(size) = efficiency_max / (1 + (half_size / size) ** shape)
+    time = min_p (latency_p + bandwidth_p)
 
+The ``chunk_p / size`` term is pipeline start-up: the first chunk (a protocol buffer slot,
+buffer / NCCL_STEPS) crosses before the pipeline is full, so small messages ramp up.
 ``bandwidth_time`` is the busiest link's bytes over its bandwidth at 100% efficiency, read off
 the topology for the group's layout (``Layout``): the per-GPU intra-node bandwidth (NVLink, or
 the bottleneck of the intra-node hops), the per-GPU network bandwidth and the bisection. The
@@ -19,23 +26,28 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from comm_bench.collectives import get
+from sim.protocols import PROTOCOL_MODES, Protocol, protocols_for
 
 OP_ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "nvls", "hierarchical"),
-    "all_gather": ("ring", "nvls", "hierarchical"),
-    "reduce_scatter": ("ring", "nvls", "hierarchical"),
-    "all_to_all": ("direct",),
-    "broadcast": ("ring",),
-    "reduce": ("ring",),
-    "send_recv": ("direct",),
+    "all_reduce": ("ring", "tree", "nvls", "hierarchical", "gloo"),
+    "all_gather": ("ring", "nvls", "hierarchical", "gloo"),
+    "reduce_scatter": ("ring", "nvls", "hierarchical", "gloo"),
+    "all_to_all": ("direct", "gloo"),
+    "broadcast": ("ring", "gloo"),
+    "reduce": ("ring", "gloo"),
+    "send_recv": ("direct", "gloo"),
 }
-"""Algorithms each op can run with (``direct``: every transfer at once, point to point)."""
+"""Algorithms each op can run with (``direct``: every transfer at once, point to point;
+``gloo``: gloo's CPU algorithms, see ``_gloo``)."""
 
-ALGORITHMS = ("ring", "tree", "nvls", "hierarchical", "direct")
+ALGORITHMS = ("ring", "tree", "nvls", "hierarchical", "direct", "gloo")
 """Every algorithm name accepted by ``--algo`` (besides ``auto``)."""
+
+NVLS_EFFICIENCY = 0.85
+"""Rate of NVLink SHARP traffic relative to the NVLink rate (NCCL's nvlsEfficiency, Hopper)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +66,18 @@ class CommParams:
     """Size at which the efficiency is half of ``efficiency_max`` (when ``shape`` is 1)."""
     shape: float = 1.0
     """Steepness of the efficiency ramp over size."""
+    protocol_latency_scale: float = 1.0
+    """Multiplier on NCCL's protocol latency tables (1: NCCL's constants; fitted per machine)."""
+    protocol: str = "auto"
+    """``auto`` (fastest of the algorithm's NCCL protocols), ``ll``/``ll128``/``simple``
+    (forced) or ``none`` (plain alpha-beta: no protocol latencies, caps or start-up)."""
+
+    def __post_init__(self) -> None:
+        """ValueError on an unknown protocol mode."""
+        if self.protocol not in PROTOCOL_MODES:
+            raise ValueError(
+                f"unknown protocol {self.protocol!r}; valid: {', '.join(PROTOCOL_MODES)}"
+            )
 
     def efficiency(self, size_bytes: float) -> float:
         """Fraction of link bandwidth reached at ``size_bytes``."""
@@ -84,6 +108,12 @@ class Layout:
     """Fabric bisection bandwidth per direction (inf for one node)."""
     nvls: bool
     """Whether the nodes' NVSwitch can reduce in the switch (NVLink SHARP)."""
+    backend: str = "nccl"
+    """``nccl`` (GPUs) or ``gloo`` (CPU processes, the ``localhost`` topology)."""
+    gpu_arch: str = ""
+    """GPU generation (``hopper``, ``ampere``, ...) for NCCL's per-generation caps."""
+    intra_hw: str = "nvlink"
+    """Intra-node link type in NCCL's latency tables: ``nvlink`` or ``pci``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,21 +128,53 @@ class CostTerms:
     """Sum of the path latencies of the steps."""
     bandwidth_time_s: float
     """Busiest link's bytes / bandwidth at 100% efficiency."""
+    bus_bytes: float = 0.0
+    """The op's bus bytes (what busbw counts), for the protocols' busbw caps."""
+    protocols: tuple[Protocol, ...] = ()
+    """Protocols the algorithm can use here (empty: plain alpha-beta)."""
 
-    def latency_s(self, params: CommParams) -> float:
-        """Everything but the bandwidth term."""
-        return (
+    def candidates(self, params: CommParams) -> tuple[Protocol, ...]:
+        """The protocols ``params.protocol`` allows (``()`` means plain alpha-beta)."""
+        mode = params.protocol
+        if mode == "auto":
+            return self.protocols
+        if mode == "none" or not self.protocols:
+            return ()
+        chosen = tuple(p for p in self.protocols if p.name == mode)
+        if not chosen:
+            names = ", ".join(p.name for p in self.protocols)
+            raise ValueError(f"protocol {mode!r} is not available here; valid: auto, none, {names}")
+        return chosen
+
+    def split_s(self, params: CommParams, size_bytes: float) -> tuple[str, float, float]:
+        """(protocol, latency seconds, bandwidth seconds) of the fastest allowed protocol."""
+        base = (
             params.base_latency_s
             + self.intra_steps * params.intra_step_latency_s
             + self.inter_steps * params.inter_step_latency_s
             + self.hop_latency_s
         )
+        ramp = 1.0 / params.efficiency(size_bytes) if self.bandwidth_time_s > 0 else 0.0
+        protocols = self.candidates(params)
+        if not protocols:
+            return "none", base, self.bandwidth_time_s * ramp
+        best = ("", math.inf, math.inf)
+        for proto in protocols:
+            own = proto.latency_s(self.intra_steps, self.inter_steps)
+            latency = base + own * params.protocol_latency_scale
+            bandwidth = proto.bandwidth_s(self.bandwidth_time_s, self.bus_bytes, size_bytes)
+            if latency + bandwidth * ramp < best[1] + best[2]:
+                best = (proto.name, latency, bandwidth * ramp)
+        return best
+
+    def latency_s(self, params: CommParams, size_bytes: float) -> float:
+        """Everything but the bandwidth term, for the protocol that runs at ``size_bytes``."""
+        return self.split_s(params, size_bytes)[1]
 
     def time_s(self, params: CommParams, size_bytes: float) -> float:
         """Predicted seconds for ``size_bytes`` under ``params``."""
-        if self.bandwidth_time_s == 0:
-            return self.latency_s(params)
-        return self.latency_s(params) + self.bandwidth_time_s / params.efficiency(size_bytes)
+        _, latency, bandwidth = self.split_s(params, size_bytes)
+        return latency + bandwidth
 
 
 def check_algorithm(op: str, algo: str, layout: Layout) -> None:
@@ -128,6 +190,11 @@ def check_algorithm(op: str, algo: str, layout: Layout) -> None:
         )
     if algo in ("tree", "hierarchical") and layout.num_nodes < 2:
         raise ValueError(f"algorithm {algo!r} needs ranks on >= 2 nodes; this group spans 1")
+    if (algo == "gloo") != (layout.backend == "gloo"):
+        raise ValueError(
+            f"algorithm {algo!r} does not run on the {layout.backend} backend of this topology; "
+            f"valid: {'gloo' if layout.backend == 'gloo' else 'the NCCL algorithms'}"
+        )
 
 
 def available_algorithms(op: str, layout: Layout) -> tuple[str, ...]:
@@ -145,14 +212,31 @@ def available_algorithms(op: str, layout: Layout) -> tuple[str, ...]:
 def cost_terms(op: str, algo: str, layout: Layout, size_bytes: float) -> CostTerms:
     """The closed-form cost pieces of ``op`` by ``algo`` on ``layout`` (see module docstring)."""
     check_algorithm(op, algo, layout)
-    n, nodes = layout.num_ranks, layout.num_nodes
-    if n == 1:
+    if layout.num_ranks == 1:
         return CostTerms(intra_steps=0, inter_steps=0, hop_latency_s=0.0, bandwidth_time_s=0.0)
+    terms = _bare_terms(op, algo, layout, size_bytes)
+    return replace(
+        terms,
+        bus_bytes=get(op).wire_bytes(size_bytes, layout.num_ranks),
+        protocols=protocols_for(op, algo, layout.backend, _protocol_shape(layout)),
+    )
+
+
+def _protocol_shape(layout: Layout) -> tuple[str, str, int]:
+    """(GPU generation, intra-node link type, nodes): what NCCL's protocol tables depend on."""
+    return layout.gpu_arch, layout.intra_hw, layout.num_nodes
+
+
+def _bare_terms(op: str, algo: str, layout: Layout, size_bytes: float) -> CostTerms:
+    """Steps, hop latencies and bandwidth time of ``op`` by ``algo`` (no protocols yet)."""
+    n, nodes = layout.num_ranks, layout.num_nodes
+    if algo == "gloo":
+        return _gloo(op, layout, size_bytes)
     if algo == "ring":
         return _ring(op, layout, size_bytes)
     if algo == "nvls":
         up, down = nvls_bytes(op, size_bytes, n)
-        bw_time = max(up, down) / layout.intra_bandwidth_bytes_per_s
+        bw_time = max(up, down) / (layout.intra_bandwidth_bytes_per_s * NVLS_EFFICIENCY)
         return CostTerms(
             intra_steps=1, inter_steps=0, hop_latency_s=layout.intra_hop_latency_s,
             bandwidth_time_s=bw_time,
@@ -243,13 +327,15 @@ def _two_level(op: str, algo: str, layout: Layout, size_bytes: float) -> CostTer
 
 
 def _intra_phase(op: str, layout: Layout, size_bytes: float) -> tuple[float, int]:
-    """(busiest direction's bytes per GPU, steps) of the intra-node part of a two-level op."""
+    """(busiest direction's bytes per GPU, steps) of the intra-node part of a two-level op.
+
+    NVLS bytes are counted at ``1 / NVLS_EFFICIENCY`` (the switch's reduction rate)."""
     g = layout.ranks_per_node
     if g == 1:
         return 0.0, 0
     if layout.nvls:
         up, down = nvls_bytes(op, size_bytes, g)
-        return max(up, down), 1 if op != "all_reduce" else 2
+        return max(up, down) / NVLS_EFFICIENCY, 1 if op != "all_reduce" else 2
     return ring_wire_bytes(op, size_bytes, g), ring_steps(op, g)
 
 
@@ -316,3 +402,34 @@ def _crossing_fraction(num_nodes: int) -> float:
     """Exact share of the n^2/4 bisection pairs when the cut falls between whole nodes."""
     half = num_nodes // 2
     return 4.0 * half * (num_nodes - half) / (num_nodes * num_nodes)
+
+
+def gloo_plan(op: str, n: int, size_bytes: float) -> tuple[float, int]:
+    """(bytes the busiest rank sends, sequential messages) of gloo's CPU algorithm for ``op``.
+
+    gloo (reference §5.2): all_reduce is a ring (reduce-scatter + all-gather, 2(n-1) messages
+    of S/n); reduce_scatter is an all_reduce of the whole input plus a local chunk (2x the
+    traffic of a real reduce-scatter); all_gather a ring (n-1 messages); all_to_all pairwise
+    exchange (n-1 messages of S/n); broadcast and reduce a binomial tree (ceil(log2 n) rounds,
+    the root sending or receiving S per round); send_recv one message.
+    """
+    if op in ("all_reduce", "reduce_scatter"):
+        return 2 * (n - 1) / n * size_bytes, 2 * (n - 1)
+    if op in ("all_gather", "all_to_all"):
+        return (n - 1) / n * size_bytes, n - 1
+    if op in ("broadcast", "reduce"):
+        rounds = math.ceil(math.log2(n))
+        return rounds * size_bytes, rounds
+    return size_bytes, 1
+
+
+def _gloo(op: str, layout: Layout, size_bytes: float) -> CostTerms:
+    """gloo's algorithm: ``gloo_plan``'s messages, each a hop of the loopback."""
+    sent, messages = gloo_plan(op, layout.num_ranks, size_bytes)
+    one_node = layout.num_nodes == 1
+    hop = layout.intra_hop_latency_s if one_node else layout.inter_hop_latency_s
+    bw = layout.intra_bandwidth_bytes_per_s if one_node else layout.net_bandwidth_bytes_per_s
+    return CostTerms(
+        intra_steps=messages if one_node else 0, inter_steps=0 if one_node else messages,
+        hop_latency_s=messages * hop, bandwidth_time_s=sent / bw,
+    )  # fmt: skip

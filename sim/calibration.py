@@ -36,33 +36,15 @@ SCOPES = ("intra", "inter")
 """Group scopes: all ranks on one node, or spread over several."""
 
 # Uncalibrated defaults. Bandwidths come from the topology's *effective* link rates (NCCL's own
-# budget, e.g. 370.8 GB/s for NVLink4), so a large message reaches efficiency 1.0 of them. The
-# latencies are NCCL's tuning tables (reference §3.2, LL protocol): baseLat 6.6 us (ring),
-# 6.8 us (tree), 0 (NVLS); the hop latencies of the topology already hold hwLat, so the
-# per-step software latency on top is the remainder: NVLS 25 us (NVLink) / 18 us (NET) minus
-# the hops, tree NET 5.0 - 2.7 us. The efficiency ramp is half-way at 64 KiB (LL -> Simple).
-DEFAULT_PARAMS: dict[str, CommParams] = {
-    "ring": CommParams(
-        base_latency_s=6.6e-6, intra_step_latency_s=0.0, inter_step_latency_s=0.0,
-        efficiency_max=1.0, half_size_bytes=65536.0,
-    ),
-    "tree": CommParams(
-        base_latency_s=6.8e-6, intra_step_latency_s=0.0, inter_step_latency_s=2.3e-6,
-        efficiency_max=1.0, half_size_bytes=65536.0,
-    ),
-    "nvls": CommParams(
-        base_latency_s=0.0, intra_step_latency_s=24.4e-6, inter_step_latency_s=15.3e-6,
-        efficiency_max=0.85, half_size_bytes=65536.0,
-    ),
-    "hierarchical": CommParams(
-        base_latency_s=6.6e-6, intra_step_latency_s=0.0, inter_step_latency_s=0.0,
-        efficiency_max=1.0, half_size_bytes=65536.0,
-    ),
-    "direct": CommParams(
-        base_latency_s=6.6e-6, intra_step_latency_s=0.0, inter_step_latency_s=0.0,
-        efficiency_max=1.0, half_size_bytes=65536.0,
-    ),
-}  # fmt: skip
+# budget, e.g. 370.8 GB/s for NVLink4, 47 GB/s for NDR) and the latencies, protocol factors,
+# caps and start-up chunks from NCCL's tuning tables (``sim/protocols.py``; NVLS's 0.85
+# efficiency is in its bandwidth term), so the fitted parameters are what the machine adds on
+# top of NCCL's own model: nothing by default. gloo's per-message cost is the loopback hop.
+_NEUTRAL = CommParams(
+    base_latency_s=0.0, intra_step_latency_s=0.0, inter_step_latency_s=0.0,
+    efficiency_max=1.0, half_size_bytes=0.0,
+)  # fmt: skip
+DEFAULT_PARAMS: dict[str, CommParams] = dict.fromkeys(ALGORITHMS, _NEUTRAL)
 """Uncalibrated parameters per algorithm (same for every op and scope)."""
 
 
@@ -207,7 +189,8 @@ TopologyFactory = Callable[[int, int], Topology]
 """(num_nodes, ranks_per_node) -> the topology a measurement of that shape ran on."""
 
 _MAX_ROUNDS = 8
-_SHAPES = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+_SHAPES = (0.25, 0.5, 0.75, 1.0)
+"""Ramp steepness grid; at most 1 so the curve never explodes below the fitted sizes."""
 _HALF_SIZES = (0.0, *(2.0 ** (k / 2) for k in range(16, 67)))  # 0, 256 B ... 8 GiB
 
 
@@ -290,28 +273,29 @@ def make_samples(
 def fit_params(samples: Sequence[Sample]) -> tuple[CommParams, FitQuality]:
     """Least-squares fit of one group's latencies and efficiency curve (relative error ~ log time).
 
-    For each (shape, half size) on a grid the model is linear in (base latency, 1/eff_max and,
-    when the group has several step counts, the per-step latency): solve it with numpy and
-    keep the grid point with the smallest sum of squared relative errors. With shape 1 the
-    ramp is indistinguishable from latency (bandwidth_time * half / size is a constant), so
-    only the prediction, not the split, is meaningful there.
+    For each (shape, half size) on a grid, and each sample's protocol (the fastest under the
+    current coefficients, re-chosen until it settles), the model is linear in (base latency,
+    1/eff_max and, when the group has several step counts, the per-step latency): solve it with
+    numpy and keep the grid point with the smallest sum of squared relative errors.
     """
     algo, scope = samples[0].algo, samples[0].scope
     default = DEFAULT_PARAMS[algo]
     sizes = np.array([s.record.size_bytes for s in samples], dtype=float)
     times = np.array([s.time_s for s in samples])
-    bandwidth = np.array([s.terms.bandwidth_time_s for s in samples])
     tier = "intra_steps" if scope == "intra" else "inter_steps"
     steps = np.array([getattr(s.terms, tier) for s in samples], dtype=float)
-    fixed = np.array([s.terms.latency_s(replace(default, base_latency_s=0.0)) for s in samples])
     free_step = len(set(steps.tolist())) >= 2
-    if free_step:
-        fixed -= steps * getattr(default, f"{scope}_step_latency_s")
+    fixed, table, base_x = _protocol_table(samples, default, scope if free_step else "")
     best: tuple[float, float, float, np.ndarray] | None = None
-    for shape in _SHAPES:
-        for half in (h for h in _HALF_SIZES if h <= sizes.max()):  # a ramp inside the data
-            x = bandwidth * (1.0 + (half / sizes) ** shape)
-            coef, err = _solve(times, fixed, x, steps if free_step else None)
+    # With NCCL's protocols the ramp over size is their latencies, caps and start-up chunks: a
+    # free efficiency ramp would stand in for latency and extrapolate badly to other sizes.
+    halves = (0.0,) if np.isfinite(table).any() else _HALF_SIZES
+    for shape in _SHAPES if halves != (0.0,) else (1.0,):
+        for half in (h for h in halves if h <= sizes.max()):
+            x = base_x * (1.0 + (half / sizes) ** shape)[:, None]
+            coef, err = _fit_protocols(
+                times, fixed, table, x, steps if free_step else None, default
+            )
             if coef is not None and (best is None or err < best[0]):
                 best = (err, shape, half, coef)
     if best is None:
@@ -324,7 +308,8 @@ def fit_params(samples: Sequence[Sample]) -> tuple[CommParams, FitQuality]:
         efficiency_max=float(1.0 / coef[1]),
         half_size_bytes=float(half),
         shape=float(shape),
-        **({step_field: float(coef[2])} if free_step else {}),
+        protocol_latency_scale=float(coef[2]),
+        **{step_field: float(coef[3]) if free_step else getattr(default, step_field)},  # type: ignore[arg-type]
     )
     predicted = np.array([s.terms.time_s(params, s.record.size_bytes) for s in samples])
     mape = float(np.mean(np.abs(predicted - times) / times) * 100.0)
@@ -335,12 +320,73 @@ def fit_params(samples: Sequence[Sample]) -> tuple[CommParams, FitQuality]:
     return params, quality
 
 
+def _protocol_table(
+    samples: Sequence[Sample], default: CommParams, free_scope: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample and protocol: fixed latency, protocol-table latency, bandwidth s at eff 1.
+
+    The protocol-table latency is fitted with a scale; missing protocols (a sample with
+    fewer) are +inf, so they are never the fastest.
+    """
+    bare = replace(default, base_latency_s=0.0, efficiency_max=1.0, half_size_bytes=0.0)
+    if free_scope:
+        bare = replace(bare, **{f"{free_scope}_step_latency_s": 0.0})  # type: ignore[arg-type]
+    width = max(len(s.terms.protocols) for s in samples) or 1
+    fixed = np.full((len(samples), width), np.inf)
+    table = np.full((len(samples), width), np.inf)
+    base_x = np.full((len(samples), width), np.inf)
+    for i, sample in enumerate(samples):
+        size = sample.record.size_bytes
+        protocols = sample.terms.protocols or (None,)
+        for j, proto in enumerate(protocols):
+            one = replace(bare, protocol=proto.name if proto else "none")
+            _, latency, bandwidth = sample.terms.split_s(one, size)
+            own = (
+                proto.latency_s(sample.terms.intra_steps, sample.terms.inter_steps) if proto else 0
+            )
+            fixed[i, j], table[i, j], base_x[i, j] = latency - own, own, bandwidth
+    return fixed, table, base_x
+
+
+def _fit_protocols(
+    times: np.ndarray, fixed: np.ndarray, table: np.ndarray, x: np.ndarray,
+    steps: np.ndarray | None, default: CommParams,
+) -> tuple[np.ndarray | None, float]:  # fmt: skip
+    """Fit with each sample's protocol the fastest under the coefficients, until it settles.
+
+    Coefficients: base latency, 1/eff_max, protocol-latency scale, [per-step latency].
+    """
+    rows = np.arange(len(times))
+    choice = np.argmin(fixed + table + x / default.efficiency_max, axis=1)
+    coef: np.ndarray | None = None
+    err = math.inf
+    for _ in range(_MAX_ROUNDS):
+        extra = [table[rows, choice]] if np.any(table[rows, choice] > 0) else [None]
+        coef, err = _solve(times, fixed[rows, choice], x[rows, choice], steps, extra[0])
+        if coef is None:
+            return None, math.inf
+        again = np.argmin(fixed + coef[2] * table + coef[1] * x, axis=1)
+        if np.array_equal(again, choice):
+            break
+        choice = again
+    return coef, err
+
+
 def _solve(
-    times: np.ndarray, fixed: np.ndarray, x: np.ndarray, steps: np.ndarray | None
-) -> tuple[np.ndarray | None, float]:
-    """Nonnegative weighted least squares of ``times - fixed ~ base + c x (+ step * steps)``."""
-    columns = [np.ones_like(x), x] + ([steps] if steps is not None else [])
-    keep = list(range(len(columns)))
+    times: np.ndarray, fixed: np.ndarray, x: np.ndarray, steps: np.ndarray | None,
+    table: np.ndarray | None = None,
+) -> tuple[np.ndarray | None, float]:  # fmt: skip
+    """Nonnegative weighted least squares of ``times - fixed ~ base + c x + k table (+ s steps)``.
+
+    Returns (base, c, k, s) (k = 1 when there is no protocol table, s = 0 without steps).
+    """
+    columns = [np.ones_like(x), x, table if table is not None else np.zeros_like(x)]
+    columns.append(steps if steps is not None else np.zeros_like(x))
+    keep = [
+        k
+        for k in range(4)
+        if k < 2 or (k == 2 and table is not None) or (k == 3 and steps is not None)
+    ]
     weight = 1.0 / times
     while True:
         a = np.stack([columns[k] for k in keep], axis=1) * weight[:, None]
@@ -349,11 +395,13 @@ def _solve(
         if not negative:
             break
         keep.remove(negative[0])
-    coef = np.zeros(len(columns))
+    coef = np.zeros(4)
     coef[keep] = sol
     if coef[1] <= 0:
         return None, math.inf
     residual = (fixed + np.stack(columns, axis=1) @ coef - times) * weight
+    if table is None:
+        coef[2] = 1.0
     return coef, float(residual @ residual)
 
 

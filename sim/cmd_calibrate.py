@@ -58,7 +58,7 @@ def describe(calibration: Calibration) -> list[str]:
     """Readable lines: one per fitted group with its parameters and MAPE."""
     lines = [
         "#  op/algo/scope                    points  MAPE(%)  base(us)  step(us)  eff_max"
-        "  half(KiB)  shape"
+        "  half(KiB)  shape  nccl_lat_x"
     ]
     for group_key, p in sorted(calibration.params.items()):
         q = calibration.quality[group_key]
@@ -66,7 +66,7 @@ def describe(calibration: Calibration) -> list[str]:
         lines.append(
             f"   {group_key:<32} {q.num_points:6d}  {q.mape:7.2f}  {p.base_latency_s * 1e6:8.2f}"
             f"  {step * 1e6:8.2f}  {p.efficiency_max:7.3f}  {p.half_size_bytes / 1024:9.1f}"
-            f"  {p.shape:5.2f}"
+            f"  {p.shape:5.2f}  {p.protocol_latency_scale:10.3f}"
         )
     return lines
 

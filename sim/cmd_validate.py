@@ -11,15 +11,21 @@ excluded). Runs that cannot be simulated are listed with the knob their source d
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
+import platform
 import sys
 import tempfile
 from io import BytesIO
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sim.validation import ValidationReport, run_validation
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 from sim.validation_cases import DEFAULT_CASES_PATH, load_cases
 
 FIDELITIES = ("analytical", "flow")
@@ -84,13 +90,32 @@ def run(args: argparse.Namespace) -> int:
     )
     outputs: dict[Path, bytes] = {}
     if args.json is not None:
-        outputs[args.json] = (json.dumps(report.to_json(), indent=2) + "\n").encode()
+        document = report.to_json()
+        document["config"].update(provenance(Path(args.cases), jobs=args.jobs))
+        document["env"] = environment()
+        outputs[args.json] = (json.dumps(document, indent=2) + "\n").encode()
     if args.plot is not None:
         outputs[args.plot] = plot_bytes(report, args.plot.suffix.lstrip(".") or "png")
     for path, data in outputs.items():
         _write_atomically(path, data)
     print(format_report(report))
     return 0
+
+
+def provenance(cases_path: Path, *, jobs: int) -> dict[str, object]:
+    """The cases file (path and SHA-256) and the run settings, for the JSON ``config`` block."""
+    digest = hashlib.sha256(cases_path.read_bytes()).hexdigest()
+    return {"cases": str(cases_path), "cases_sha256": digest, "jobs": jobs}
+
+
+def environment() -> dict[str, object]:
+    """The machine the validation ran on, for the JSON ``env`` block."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "command": "commsim validate",
+    }
 
 
 def _progress(line: str) -> None:
@@ -115,12 +140,10 @@ def format_report(report: ValidationReport) -> str:
         lines.append(
             f"* calibration case (fitted on, excluded from MAPE): {len(report.calibration_cases)}"
         )
-    lines.append("MAPE over held-out cases:")
-    for source, figures in report.summary().items():
-        lines.append(
-            f"  {source:<16} {int(figures['num_cases']):>3} cases  MAPE {figures['mape']:6.1%}  "
-            f"max |error| {figures['max_abs_error']:6.1%}  mean error {figures['mean_error']:+6.1%}"
-        )
+    lines.append("MAPE over held-out cases, per source:")
+    lines.extend(_summary_lines(report.summary()))
+    lines.append("... and per source table:")
+    lines.extend(_summary_lines(report.summary_by_table()))
     for case_id, message in report.failed:
         lines.append(f"FAILED {case_id}: {message}")
     if report.skipped:
@@ -128,6 +151,14 @@ def format_report(report: ValidationReport) -> str:
         lines.extend(f"  {m.case_id}: {'; '.join(m.missing)}" for m in report.skipped)
     lines.append(f"Validation runtime: {report.runtime_s:.1f} s")
     return "\n".join(lines)
+
+
+def _summary_lines(summary: dict[str, dict[str, float]]) -> list[str]:
+    return [
+        f"  {name:<28} {int(figures['num_cases']):>3} cases  MAPE {figures['mape']:6.1%}  "
+        f"max |error| {figures['max_abs_error']:6.1%}  mean error {figures['mean_error']:+6.1%}"
+        for name, figures in summary.items()
+    ]
 
 
 def plot_bytes(report: ValidationReport, image_format: str = "png") -> bytes:
@@ -151,25 +182,7 @@ def plot_bytes(report: ValidationReport, image_format: str = "png") -> bytes:
         alpha=0.2,
         label=f"+-{BAND:.0%}",
     )
-    colours = figure_colours()
-    for index, source in enumerate(sorted({r.source for r in report.results})):
-        for calibration in (False, True):
-            chosen = [
-                r for r in report.results if r.source == source and r.calibration == calibration
-            ]
-            if not chosen:
-                continue
-            mape = report.summary().get(source, {}).get("mape", math.nan)
-            label = f"{source} (MAPE {mape:.1%})" if not calibration else f"{source}, calibration"
-            axes.scatter(
-                [r.measured_step_time_s for r in chosen],
-                [r.predicted_step_time_s for r in chosen],
-                s=36,
-                label=label,
-                marker="o",
-                facecolors="none" if calibration else colours[index % len(colours)],
-                edgecolors=colours[index % len(colours)],
-            )
+    _scatter_groups(axes, report)
     axes.set_xscale("log")
     axes.set_yscale("log")
     axes.set_xlim(low, high)
@@ -185,9 +198,38 @@ def plot_bytes(report: ValidationReport, image_format: str = "png") -> bytes:
     return buffer.getvalue()
 
 
-def figure_colours() -> list[str]:
-    """The qualitative colour cycle used per source."""
-    return ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+"""Colour per source (cycled)."""
+MARKERS = ("o", "s", "^", "D", "v", "P")
+"""Marker per table within a source (cycled)."""
+
+
+def _scatter_groups(axes: Axes, report: ValidationReport) -> None:
+    """One scatter per source table: colour by source, marker by table, calibration hollow."""
+    by_table = report.summary_by_table()
+    sources = sorted({r.source for r in report.results})
+    for source_index, source in enumerate(sources):
+        colour = COLOURS[source_index % len(COLOURS)]
+        groups = sorted({r.group for r in report.results if r.source == source})
+        for group_index, group in enumerate(groups):
+            marker = MARKERS[group_index % len(MARKERS)]
+            for calibration in (False, True):
+                chosen = [
+                    r for r in report.results if r.group == group and r.calibration == calibration
+                ]
+                if not chosen:
+                    continue
+                mape = by_table.get(group, {}).get("mape", math.nan)
+                label = f"{group}, calibration" if calibration else f"{group} (MAPE {mape:.1%})"
+                axes.scatter(
+                    [r.measured_step_time_s for r in chosen],
+                    [r.predicted_step_time_s for r in chosen],
+                    s=36,
+                    label=label,
+                    marker=marker,
+                    facecolors="none" if calibration else colour,
+                    edgecolors=colour,
+                )
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

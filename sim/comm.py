@@ -4,8 +4,9 @@
 anything else running. ``flow``: each collective becomes flow groups on topology paths
 (``sim/algorithms.py``) sharing link capacity max-min fairly with every other transfer in flight
 (``sim/network.py``), so concurrent collectives contend. Both use the same parameters (latencies
-and the efficiency curve, calibrated or default): bytes move at ``efficiency(size)`` of the
-links' effective rate, which the flow model applies by moving ``bytes / efficiency``.
+and the efficiency curve, calibrated or default; the protocol NCCL would pick): the flow
+model moves each flow's bytes times the closed form's bandwidth seconds over its link-rate
+seconds, so the protocol's factor, cap, start-up and efficiency apply to contended links too.
 
     model = CommModel(env, build_cluster("dgx-h100"), fidelity="flow"); done = model.run(
         "all_reduce", range(8), 1 << 30)
@@ -121,11 +122,12 @@ class CommModel:
         chosen = self.algorithm(op, ranks, size_bytes, algo)
         params = self.params(op, chosen, layout)
         terms = cost_terms(op, chosen, layout, size_bytes)
-        latency_s = terms.latency_s(params)
+        _, latency_s, bandwidth_s = terms.split_s(params, size_bytes)
         groups = decompose(op, chosen, self.topology, ranks, size_bytes, root=root, layout=layout)
-        if not groups:
+        if not groups or terms.bandwidth_time_s == 0:
             return self.env.timeout(latency_s)
-        scale = 1.0 / params.efficiency(size_bytes)
+        # The protocol's factor, cap, start-up and the efficiency curve, as a byte multiplier.
+        scale = bandwidth_s / terms.bandwidth_time_s
         events = [
             self.network.transfer(group.paths, group.size_bytes * scale, latency_s=latency_s)
             for group in groups

@@ -55,6 +55,13 @@ class CaseResult:
     """Wall-clock seconds the simulation took."""
     assumptions: tuple[str, ...] = ()
     """Choices made where the source is ambiguous."""
+    table: str = ""
+    """Where in the source the run is reported (e.g. "Table 1")."""
+
+    @property
+    def group(self) -> str:
+        """Source and table, e.g. "narayanan21 Table 2": runs measured the same way."""
+        return f"{self.source} {self.table}".strip()
 
     @property
     def error(self) -> float:
@@ -66,6 +73,7 @@ class CaseResult:
         return {
             "id": self.case_id,
             "source": self.source,
+            "table": self.table,
             "gpu": self.gpu,
             "num_gpus": self.num_gpus,
             "measured_step_time_s": self.measured_step_time_s,
@@ -102,6 +110,10 @@ class ValidationReport:
         """Error figures per source over held-out cases, plus ``all``."""
         return summarize(self.results)
 
+    def summary_by_table(self) -> dict[str, dict[str, float]]:
+        """Error figures per source table (``CaseResult.group``) over held-out cases."""
+        return summarize(self.results, key=lambda result: result.group)
+
     def to_json(self) -> dict[str, Any]:
         """The validation JSON (schema ``commsim-validation/1``)."""
         return {
@@ -112,6 +124,7 @@ class ValidationReport:
             },
             "calibration": self.calibration,
             "summary": self.summary(),
+            "summary_by_table": self.summary_by_table(),
             "cases": [result.to_json() for result in self.results],
             "failed": [{"id": case_id, "error": message} for case_id, message in self.failed],
             "not_simulated": [
@@ -128,13 +141,16 @@ def mape(errors: Iterable[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def summarize(results: Iterable[CaseResult]) -> dict[str, dict[str, float]]:
-    """Per source (and ``all``): held-out case count, MAPE, max |error| and mean signed error."""
+def summarize(
+    results: Iterable[CaseResult], key: Callable[[CaseResult], str] | None = None
+) -> dict[str, dict[str, float]]:
+    """Per source, or per ``key`` (and ``all``): held-out count, MAPE, max |error|, mean error."""
     groups: dict[str, list[float]] = {}
     for result in results:
         if result.calibration:
             continue
-        groups.setdefault(result.source, []).append(result.error)
+        name = result.source if key is None else key(result)
+        groups.setdefault(name, []).append(result.error)
         groups.setdefault("all", []).append(result.error)
     return {
         source: {
@@ -414,6 +430,7 @@ def _case_result(
         simulated_ranks=ranks,
         wall_s=wall_s,
         assumptions=mapping.assumptions,
+        table=mapping.table,
     )
 
 

@@ -62,6 +62,8 @@ class CaseMapping:
     """Choices made where the source is ambiguous, e.g. fp16 for "16-bit mixed precision"."""
     measured: Measurement | None
     """The measured step time, or ``None`` when the source gives none usable."""
+    table: str = ""
+    """Where in the source the run is reported, shortened (e.g. "Table 1", "Section 6.3")."""
 
     @property
     def simulable(self) -> bool:
@@ -75,6 +77,13 @@ def load_cases(path: str | Path) -> list[dict[str, Any]]:
     if not isinstance(data, list) or not all(isinstance(c, dict) and "id" in c for c in data):
         raise ValueError(f"{path}: expected a JSON list of cases, each with an 'id'")
     return data
+
+
+def source_table(case: dict[str, Any]) -> str:
+    """The table (or section) of the source that reports the run, e.g. "Table 2"; "" if none."""
+    text = str((case.get("source") or {}).get("table") or "")
+    match = re.search(r"Table \d+|Section [\d.]*\d|Appendix [A-Z]", text)
+    return match.group(0) if match else ""
 
 
 def source_key(case_id: str) -> str:
@@ -344,4 +353,5 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
         missing=tuple(missing),
         assumptions=tuple(assumptions),
         measured=measured,
+        table=source_table(case),
     )

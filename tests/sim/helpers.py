@@ -11,9 +11,9 @@ from topologies.topology import Topology
 
 IDEAL = CommParams(
     base_latency_s=0.0, intra_step_latency_s=0.0, inter_step_latency_s=0.0,
-    efficiency_max=1.0, half_size_bytes=0.0,
+    efficiency_max=1.0, half_size_bytes=0.0, protocol="none",
 )  # fmt: skip
-"""No software latency, full efficiency: times are the pure topology closed forms."""
+"""No software latency, no NCCL protocol, full efficiency: the pure topology closed forms."""
 
 
 def star_topology(num_gpus: int, bandwidth: float, latency_s: float) -> Topology:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.algorithms import layout_of
@@ -65,8 +67,8 @@ def test_nvls_moves_s_each_way_for_all_reduce_so_busbw_is_175_percent_of_the_lin
     layout = _layout(num_ranks=8, num_nodes=1, nvls=True)
     terms = cost_terms("all_reduce", "nvls", layout, 8e9)
     algbw = 8e9 / terms.bandwidth_time_s
-    assert algbw == pytest.approx(400 * GB)
-    assert algbw * 2 * 7 / 8 == pytest.approx(700 * GB)  # busbw = 1.75 x the link
+    assert algbw == pytest.approx(400 * GB * 0.85)  # NCCL's Hopper nvlsEfficiency
+    assert algbw * 2 * 7 / 8 == pytest.approx(1.75 * 0.85 * 400 * GB)  # busbw 1.49x the link
 
 
 def test_double_binary_tree_sends_at_most_four_half_buffers_per_node():
@@ -82,7 +84,8 @@ def test_tree_beats_ring_on_two_nodes_because_only_one_gpu_share_crosses_the_net
     layout = _layout(nvls=True)
     ring = cost_terms("all_reduce", "ring", layout, 1e9).bandwidth_time_s
     tree = cost_terms("all_reduce", "tree", layout, 1e9).bandwidth_time_s
-    assert tree == pytest.approx(max(1e9 / 8 / (50 * GB), 1e9 / (400 * GB)))
+    # NVLS inside the node moves S each way at 0.85 of NVLink; each NIC carries S/8.
+    assert tree == pytest.approx(max(1e9 / 8 / (50 * GB), 1e9 / (400 * GB * 0.85)))
     assert tree < ring
 
 
@@ -100,7 +103,32 @@ def test_efficiency_curve_and_latency_terms():
     )  # fmt: skip
     assert params.efficiency(1024) == pytest.approx(0.4)
     terms = cost_terms("all_reduce", "ring", _layout(), 1024)
-    assert terms.latency_s(params) == pytest.approx(10e-6 + 28 * 2e-6 + 2 * 8e-6)
+    plain = replace(params, protocol="none")
+    assert terms.latency_s(plain, 1024) == pytest.approx(10e-6 + 28 * 2e-6 + 2 * 8e-6)
+    # NCCL's LL on 2 nodes (no arch given): baseLat 6.6 us, hwLat fully in the hop latencies.
+    assert terms.split_s(params, 1024)[0] == "ll"
+    assert terms.latency_s(params, 1024) == pytest.approx(6.6e-6 + 10e-6 + 28 * 2e-6 + 2 * 8e-6)
+
+
+def test_protocols_follow_nccl_tables_on_one_h100_node():
+    # 8 x H100, ring all_reduce, 14 NVLink steps (hop latency 0.6 us each in the topology):
+    # LL 6.6 + 14 x 0.6 = 15.0 us, LL128 14 + 14 x 1.9 = 40.6 us, Simple 8.4 + 14 x 3.4 = 56 us.
+    layout = layout_of(build_cluster("dgx-h100"), range(8))
+    neutral = replace(IDEAL, protocol="auto")
+    terms = cost_terms("all_reduce", "ring", layout, 1 << 30)
+    for name, latency_us in (("ll", 15.0), ("ll128", 40.6), ("simple", 56.0)):
+        forced = replace(neutral, protocol=name)
+        assert terms.latency_s(forced, 1 << 30) == pytest.approx(latency_us * 1e-6)
+    # 1 GiB: Simple, bandwidth (S + 512 KiB chunk) x 1.75 / 370.8 GB/s.
+    name, _, bandwidth = terms.split_s(neutral, 1 << 30)
+    assert name == "simple"
+    assert bandwidth == pytest.approx(1.75 * ((1 << 30) + (1 << 19)) / 370.8e9)
+    # 64 KiB: LL; half the link (185.4 GB/s busbw) is above Hopper's llMaxBw 141 GB/s, so the
+    # cap holds; start-up is one 64 KiB LL slot (512 KiB / 8 steps): x (1 + 64K / 64K).
+    small = cost_terms("all_reduce", "ring", layout, 1 << 16)
+    name, _, bandwidth = small.split_s(neutral, 1 << 16)
+    assert name == "ll"
+    assert bandwidth == pytest.approx(1.75 * (1 << 16) / 141e9 * 2)
 
 
 def test_unsupported_algorithms_are_clear_errors():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def _report() -> ValidationReport:
             measured_how="reported TFLOP/s/GPU with Narayanan eq.(3)",
             predicted_step_time_s=3.5,
             calibration=True,
+            table="Table 1",
         ),
         CaseResult(
             case_id="nar_big",
@@ -39,6 +41,7 @@ def _report() -> ValidationReport:
             measured_how="reported TFLOP/s/GPU with Narayanan eq.(3)",
             predicted_step_time_s=11.0,
             calibration=False,
+            table="Table 1",
         ),
     )
     skipped = (
@@ -61,13 +64,22 @@ def _report() -> ValidationReport:
     )
 
 
+def _summary_row(text: str, name: str) -> list[str]:
+    """The figures after ``name`` on its summary line (two-space indented)."""
+    for line in text.splitlines():
+        if line.startswith(f"  {name}  "):
+            return line[len(name) + 2 :].split()
+    raise AssertionError(f"no summary line for {name!r} in:\n{text}")
+
+
 def test_text_report_lists_cases_errors_mape_and_missing_knobs() -> None:
     text = format_report(_report())
     assert "nar_small *" in text
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("nar_")}
     assert lines["nar_big"].split()[1:] == ["512", "10.000", "11.000", "+10.0%"]
     # the calibration case (-0.8 %) is excluded: MAPE over the one held-out case is 10 %
-    assert "narayanan21        1 cases  MAPE  10.0%" in text
+    assert _summary_row(text, "narayanan21")[:4] == ["1", "cases", "MAPE", "10.0%"]
+    assert _summary_row(text, "narayanan21 Table 1")[:4] == ["1", "cases", "MAPE", "10.0%"]
     assert "mtnlg: micro_batch_size (not stated)" in text
     assert "Validation runtime: 1.2 s" in text or "Validation runtime: 1.3 s" in text
 
@@ -139,6 +151,8 @@ def test_calibrating_on_one_case_reproduces_its_step_time(tmp_path: Path, capsys
     # one case, one parameter: the fit reproduces the measured 3.87 s
     assert abs(cases[SMALL_H100]["error"]) < 0.005
     assert cases[SMALL_H100]["measured_step_time_s"] == pytest.approx(128 * 4096 / (16934 * 8))
+    assert data["config"]["cases_sha256"] == hashlib.sha256(CASES_PATH.read_bytes()).hexdigest()
+    assert data["env"]["command"] == "commsim validate"
     fit = data["calibration"]["h100-sxm"]
     assert fit["cases"] == [SMALL_H100] and fit["dtype"] == "fp8"
     assert 0.25 <= fit["efficiency_scale"] <= 1.5
@@ -148,7 +162,7 @@ def test_calibrating_on_one_case_reproduces_its_step_time(tmp_path: Path, capsys
         abs(cases["nemo2407_h100_fp8_GPT3-5B_64gpu"]["error"])
     )
     text = capsys.readouterr().out
-    assert f"{SMALL_H100} *" in text and "MAPE over held-out cases:" in text
+    assert f"{SMALL_H100} *" in text and "MAPE over held-out cases, per source:" in text
 
 
 @needs_cases
@@ -163,7 +177,8 @@ def test_default_rule_and_plot_on_a_small_selection(tmp_path: Path, capsys) -> N
     # the rule calibrates H100 on LLAMA2-7B (8 GPUs, first of the two 8-GPU NeMo runs) and A100
     # on the smallest Narayanan and Korthikanti runs, which are not among the ids shown
     assert f"{SMALL_H100} *" in text and f"{SMALL_A100} *" not in text
-    assert "korthikanti22      1 cases" in text
+    assert _summary_row(text, "korthikanti22")[:2] == ["1", "cases"]
+    assert _summary_row(text, "korthikanti22 Table 5")[:2] == ["1", "cases"]
 
 
 @needs_cases

@@ -18,6 +18,7 @@ from sim.validation_cases import (
     parse_recompute,
     parse_vpp,
     source_key,
+    source_table,
 )
 
 CASES_PATH = (
@@ -135,6 +136,15 @@ def test_parse_architecture_families() -> None:
     assert nemotron["mlp_activation"] == "relu" and nemotron["tied_embeddings"] is False
     untied = parse_architecture({"arch": "GPT (GeLU 4h MLP, MHA); untied embeddings implied"})
     assert untied["mlp_activation"] == "gelu" and untied["tied_embeddings"] is False
+
+
+def test_source_table_is_shortened() -> None:
+    assert source_table({"source": {"table": "Table 2 (also Figure 10)"}}) == "Table 2"
+    assert (
+        source_table({"source": {"table": "Section 6.3 text + Abstract (530B)"}}) == "Section 6.3"
+    )
+    assert source_table({"source": {"table": "Appendix C text"}}) == "Appendix C"
+    assert source_table({"source": {"repo": "NVIDIA/NeMo"}}) == ""
 
 
 def test_load_cases_rejects_a_non_list(tmp_path: Path) -> None:
