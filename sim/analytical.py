@@ -414,9 +414,9 @@ def gloo_plan(op: str, n: int, size_bytes: float) -> tuple[float, int]:
     the root sending or receiving S per round); send_recv one message.
     """
     if op in ("all_reduce", "reduce_scatter"):
-        return 2 * (n - 1) / n * size_bytes, 2 * (n - 1)
+        return get("all_reduce").wire_bytes(size_bytes, n), 2 * (n - 1)
     if op in ("all_gather", "all_to_all"):
-        return (n - 1) / n * size_bytes, n - 1
+        return get(op).wire_bytes(size_bytes, n), n - 1
     if op in ("broadcast", "reduce"):
         rounds = math.ceil(math.log2(n))
         return rounds * size_bytes, rounds
