@@ -23,13 +23,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.validation import ValidationReport, run_validation
+from sim.validation_cases import DEFAULT_CASES_PATH, load_cases
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-from sim.validation_cases import DEFAULT_CASES_PATH, load_cases
 
 FIDELITIES = ("analytical", "flow")
 """Network fidelities ``simulate_plan`` accepts."""
+
+IMAGE_FORMATS = ("png", "svg", "pdf")
+"""File types ``--plot`` can write, chosen by the file's suffix."""
 
 BAND = 0.10
 """The +-10 % band drawn around y = x and used as the accuracy target."""
@@ -51,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cases to fit the compute calibration on (default: per source and GPU type the run "
         "with the fewest GPUs); 'none' keeps the compute model's defaults",
     )
-    parser.add_argument("--ids", metavar="ID,ID,...", help="simulate only these cases")
+    parser.add_argument(
+        "--ids", metavar="ID,ID,...", help="simulate only these cases (shell patterns: 'nemo*')"
+    )
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="write the report as JSON")
     parser.add_argument("--plot", type=Path, metavar="OUT.png", help="plot predicted vs measured")
     parser.add_argument(
@@ -71,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
     """Run the validation; print the table; write the JSON and plot if asked."""
     if not Path(args.cases).is_file():
         raise FileNotFoundError(f"cases file not found: {args.cases} (give CASES.json)")
+    if args.plot is not None and args.plot.suffix.lstrip(".").lower() not in IMAGE_FORMATS:
+        raise ValueError(
+            f"--plot {args.plot}: unknown image type {args.plot.suffix!r}; use one of "
+            f"{', '.join('.' + f for f in IMAGE_FORMATS)}"
+        )
     comm_calibration = None
     if args.calibration is not None:
         from sim.calibration import load_calibration
@@ -95,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         document["env"] = environment()
         outputs[args.json] = (json.dumps(document, indent=2) + "\n").encode()
     if args.plot is not None:
-        outputs[args.plot] = plot_bytes(report, args.plot.suffix.lstrip(".") or "png")
+        outputs[args.plot] = plot_bytes(report, args.plot.suffix.lstrip(".").lower())
     for path, data in outputs.items():
         _write_atomically(path, data)
     print(format_report(report))
@@ -127,19 +137,25 @@ def format_report(report: ValidationReport) -> str:
     lines = [
         f"commsim validate: {len(report.results)} published runs simulated "
         f"({report.fidelity} network); {len(report.skipped)} cannot be simulated faithfully",
-        f"{'case':<48} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8}",
+        f"{'case':<50} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8}"
+        f" {'exposed comm s':>15} {'bubble s':>9}",
     ]
     for result in report.results:
         mark = " *" if result.calibration else ""
+        exposed_s = sum(v for k, v in result.breakdown.items() if k.startswith("exposed_"))
+        bubble_s = result.breakdown.get("bubble_s", 0.0)
         lines.append(
-            f"{result.case_id + mark:<48} {result.num_gpus:>5} "
+            f"{result.case_id + mark:<50} {result.num_gpus:>5} "
             f"{result.measured_step_time_s:>11.3f} {result.predicted_step_time_s:>12.3f} "
-            f"{result.error:>+8.1%}"
+            f"{result.error:>+8.1%} {exposed_s:>15.3f} {bubble_s:>9.3f}"
         )
     if report.calibration_cases:
-        lines.append(
-            f"* calibration case (fitted on, excluded from MAPE): {len(report.calibration_cases)}"
-        )
+        lines.append("* calibration case: compute efficiency fitted on it, excluded from MAPE")
+        for gpu, fit in report.calibration.items():
+            lines.append(
+                f"  {gpu}: efficiency scale {fit['efficiency_scale']:.3f} of the defaults, "
+                f"fitted on {', '.join(fit['cases'])}"
+            )
     lines.append("MAPE over held-out cases, per source:")
     lines.extend(_summary_lines(report.summary()))
     lines.append("... and per source table:")
@@ -235,9 +251,12 @@ def _scatter_groups(axes: Axes, report: ValidationReport) -> None:
 def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
+        os.chmod(temporary, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

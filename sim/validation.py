@@ -11,6 +11,7 @@ marked and left out of the error figures, which are reported only on the held-ou
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import math
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sim.validation_cases import CaseMapping, map_case
+from sim.validation_fit import fit_compute_calibration
 
 if TYPE_CHECKING:
     from sim.calibration import Calibration
@@ -27,6 +29,19 @@ if TYPE_CHECKING:
 
 SCHEMA = "commsim-validation/1"
 """Version tag of the validation JSON."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """What the simulator predicts for one case."""
+
+    step_time_s: float
+    """Predicted seconds per optimizer step."""
+    simulated_ranks: int = 0
+    """Ranks simulated after folding symmetric ones."""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """The critical rank's step: ``compute_s``, ``exposed_<group>_s``, ``bubble_s``,
+    ``optimizer_s``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +72,8 @@ class CaseResult:
     """Choices made where the source is ambiguous."""
     table: str = ""
     """Where in the source the run is reported (e.g. "Table 1")."""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """Where the predicted step goes on the critical rank (see ``Prediction.breakdown``)."""
 
     @property
     def group(self) -> str:
@@ -84,6 +101,7 @@ class CaseResult:
             "simulated_ranks": self.simulated_ranks,
             "wall_s": self.wall_s,
             "assumptions": list(self.assumptions),
+            "breakdown": dict(self.breakdown),
         }
 
 
@@ -154,7 +172,7 @@ def summarize(
         groups.setdefault("all", []).append(result.error)
     return {
         source: {
-            "num_cases": float(len(errors)),
+            "num_cases": len(errors),
             "mape": mape(errors),
             "max_abs_error": max(abs(e) for e in errors),
             "mean_error": sum(errors) / len(errors),
@@ -177,7 +195,8 @@ def select_calibration_cases(mappings: Sequence[CaseMapping]) -> tuple[str, ...]
         best = chosen.get(key)
         if best is None or mapping.num_gpus < (best.num_gpus or 0):
             chosen[key] = mapping
-    return tuple(m.case_id for m in mappings if m in chosen.values())
+    chosen_ids = {m.case_id for m in chosen.values()}
+    return tuple(m.case_id for m in mappings if m.case_id in chosen_ids)
 
 
 def simulate_case(
@@ -186,8 +205,8 @@ def simulate_case(
     compute_calibration: ComputeCalibration | None = None,
     comm_calibration: Calibration | None = None,
     fidelity: str = "analytical",
-) -> tuple[float, int]:
-    """(predicted step time in s, simulated ranks) of one simulable case via ``simulate_plan``."""
+) -> Prediction:
+    """The prediction for one simulable case, via ``simulate_plan``."""
     from schedules.plan import load_plan, resolve_plan
     from sim.plan_sim import simulate_plan
 
@@ -202,139 +221,51 @@ def simulate_case(
         compute_calibration=compute_calibration,
         fidelity=fidelity,
     )
-    return result.step_time_s, result.num_simulated_ranks
-
-
-Simulator = Callable[[CaseMapping, "ComputeCalibration | None"], tuple[float, int]]
-"""(case, compute calibration) -> (predicted step time s, simulated ranks)."""
-
-
-def golden_section_minimum(
-    objective: Callable[[float], float], low: float, high: float, *, tolerance: float = 1e-3
-) -> float:
-    """The argument in [low, high] minimising a unimodal ``objective`` (golden-section search)."""
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = low, high
-    c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = objective(c), objective(d)
-    while b - a > tolerance:
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - ratio * (b - a)
-            fc = objective(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + ratio * (b - a)
-            fd = objective(d)
-    return (a + b) / 2.0
-
-
-def log_error_cost(predicted_s: Sequence[float], measured_s: Sequence[float]) -> float:
-    """Sum of squared log ratios: a symmetric least-squares cost for multiplicative errors."""
-    return sum(math.log(p / m) ** 2 for p, m in zip(predicted_s, measured_s, strict=True))
-
-
-COMPUTE_KINDS = ("gemm", "attention_forward", "attention_backward")
-"""Kernel kinds whose efficiency the fitted scale multiplies (memory-bound kernels keep theirs)."""
-SCALE_RANGE = (0.25, 1.5)
-"""Search interval of the efficiency scale (1.0 = the compute model's defaults)."""
-
-
-def scaled_compute_calibration(gpu: str, dtype: str, scale: float) -> ComputeCalibration:
-    """A calibration for ``gpu`` whose compute efficiencies are ``scale`` x the defaults.
-
-    ``ComputeCalibration.efficiency`` applies to every dtype of the plan, so the GEMM default is
-    taken for ``dtype``, the precision of the calibration cases.
-    """
-    from sim.compute import ComputeCalibration, default_efficiency
-    from topologies.hardware import GPUS
-
-    spec = GPUS[gpu]
-    efficiency = {kind: scale * default_efficiency(spec, kind, dtype) for kind in COMPUTE_KINDS}
-    return ComputeCalibration(
-        device=f"fitted on published runs (scale {scale:.4f})", gpu=gpu, efficiency=efficiency
+    breakdown = {"compute_s": result.breakdown.compute_s}
+    for group, seconds in sorted(result.breakdown.exposed_comm_s.items()):
+        breakdown[f"exposed_{group}_s"] = seconds
+    breakdown["bubble_s"] = result.breakdown.bubble_s
+    breakdown["optimizer_s"] = result.breakdown.optimizer_s
+    return Prediction(
+        step_time_s=result.step_time_s,
+        simulated_ranks=result.num_simulated_ranks,
+        breakdown=breakdown,
     )
 
 
-def fit_compute_calibration(
-    mappings: Sequence[CaseMapping], simulate: Simulator
-) -> tuple[dict[str, ComputeCalibration], dict[str, Any]]:
-    """Per GPU type, the efficiency scale that best fits its calibration cases' step times.
-
-    The cost is the sum of squared log ratios of predicted to measured step time, minimised by
-    a golden-section search over ``SCALE_RANGE``; each evaluation simulates the cases.
-    Returns the calibrations by GPU key and a JSON-ready description of the fit.
-    """
-    by_gpu: dict[str, list[CaseMapping]] = {}
-    for mapping in mappings:
-        assert mapping.gpu is not None and mapping.plan is not None
-        by_gpu.setdefault(mapping.gpu, []).append(mapping)
-    calibrations: dict[str, ComputeCalibration] = {}
-    described: dict[str, Any] = {}
-    for gpu, group in by_gpu.items():
-        calibrations[gpu], described[gpu] = _fit_one_gpu(gpu, group, simulate)
-    return calibrations, described
-
-
-def _fit_one_gpu(
-    gpu: str, group: Sequence[CaseMapping], simulate: Simulator
-) -> tuple[ComputeCalibration, dict[str, Any]]:
-    dtype = str(group[0].plan["training"]["precision"])  # type: ignore[index]
-    measured = [measured_of(m) for m in group]
-    evaluations: list[float] = []
-
-    def cost(scale: float) -> float:
-        evaluations.append(scale)
-        calibration = scaled_compute_calibration(gpu, dtype, scale)
-        return log_error_cost([simulate(m, calibration)[0] for m in group], measured)
-
-    scale = golden_section_minimum(cost, *SCALE_RANGE)
-    calibration = scaled_compute_calibration(gpu, dtype, scale)
-    description = {
-        "cases": [m.case_id for m in group],
-        "dtype": dtype,
-        "efficiency_scale": scale,
-        "efficiency": dict(calibration.efficiency),
-        "cost": cost(scale),
-        "num_evaluations": len(evaluations),
-    }
-    return calibration, description
-
-
-def measured_of(mapping: CaseMapping) -> float:
-    """The measured step time of a simulable case (ValueError if it has none)."""
-    if mapping.measured is None:
-        raise ValueError(f"case {mapping.case_id} has no measured step time")
-    return mapping.measured.step_time_s
+Simulator = Callable[[CaseMapping, "ComputeCalibration | None"], Prediction]
+"""(case, compute calibration) -> prediction."""
 
 
 def map_cases(cases: Iterable[Mapping[str, Any]], ids: Sequence[str] = ()) -> list[CaseMapping]:
-    """Map every case (or only ``ids``, ValueError naming any unknown id)."""
+    """Map every case, or only those matching ``ids`` (exact ids or shell patterns: ``nemo*``).
+
+    An id or pattern that matches no case is a ValueError naming it.
+    """
     mappings = [map_case(dict(case)) for case in cases]
     if ids:
-        known = {m.case_id for m in mappings}
-        unknown = [i for i in ids if i not in known]
-        if unknown:
-            raise ValueError(f"unknown case id {unknown[0]!r}; see the ids in the cases file")
-        mappings = [m for m in mappings if m.case_id in ids]
+        for pattern in ids:
+            if not any(fnmatch.fnmatchcase(m.case_id, pattern) for m in mappings):
+                raise ValueError(f"unknown case id {pattern!r}; see the ids in the cases file")
+        mappings = [m for m in mappings if any(fnmatch.fnmatchcase(m.case_id, p) for p in ids)]
     return mappings
 
 
 Task = tuple[Simulator, CaseMapping, "ComputeCalibration | None"]
 
 
-def _outcome(task: Task) -> tuple[float, int, float] | str:
-    """(predicted s, simulated ranks, wall s), or the one-line error of a case that failed."""
+def _outcome(task: Task) -> tuple[Prediction, float] | str:
+    """(prediction, wall s), or the one-line error of a case that failed."""
     simulate, mapping, calibration = task
     start = time.perf_counter()
     try:
-        predicted_s, ranks = simulate(mapping, calibration)
+        prediction = simulate(mapping, calibration)
     except (ValueError, NotImplementedError) as exc:
         return (str(exc) or type(exc).__name__).splitlines()[0]
-    return predicted_s, ranks, time.perf_counter() - start
+    return prediction, time.perf_counter() - start
 
 
-def _outcomes(tasks: Sequence[Task], jobs: int) -> Iterator[tuple[float, int, float] | str]:
+def _outcomes(tasks: Sequence[Task], jobs: int) -> Iterator[tuple[Prediction, float] | str]:
     """Each task's outcome in order, computed here or in ``jobs`` worker processes."""
     if jobs == 1 or len(tasks) < 2:
         yield from map(_outcome, tasks)
@@ -371,8 +302,10 @@ def run_validation(
     ``calibrate_on=None`` applies the documented rule (``select_calibration_cases``); an empty
     sequence keeps the compute model's defaults and reports the error on every case. A case
     whose plan or simulation raises ValueError or NotImplementedError is listed as failed.
-    ``progress`` receives one line per simulated case. ``jobs`` > 1 simulates the cases in
-    that many processes (the default simulator only; each case's answer is unchanged).
+    ``progress`` receives one line per simulated case. A network calibration is used only
+    for the cases on the node type it was fitted on (``network_calibration_applies``).
+    ``jobs`` > 1 simulates the cases in that many processes (default simulator only; each
+    case's answer is unchanged).
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -385,8 +318,10 @@ def run_validation(
     calibration_ids = (
         select_calibration_cases(every) if calibrate_on is None else tuple(calibrate_on)
     )
+    simulator = simulate
     calibrations, fitted = fit_compute_calibration(
-        _calibration_mappings(every, calibration_ids), simulate
+        _calibration_mappings(every, calibration_ids),
+        lambda mapping, calibration: simulator(mapping, calibration).step_time_s,
     )
     results: list[CaseResult] = []
     failed: list[tuple[str, str]] = []
@@ -395,9 +330,10 @@ def run_validation(
         if isinstance(outcome, str):
             failed.append((mapping.case_id, outcome))
             continue
-        predicted_s, ranks, wall_s = outcome
-        results.append(_case_result(mapping, predicted_s, ranks, wall_s, calibration_ids))
+        prediction, wall_s = outcome
+        results.append(_case_result(mapping, prediction, wall_s, calibration_ids))
         if progress is not None:
+            predicted_s = prediction.step_time_s
             progress(f"{mapping.case_id}: {predicted_s:.3f} s predicted ({wall_s:.2f} s wall)")
     return ValidationReport(
         results=tuple(results),
@@ -412,8 +348,7 @@ def run_validation(
 
 def _case_result(
     mapping: CaseMapping,
-    predicted_s: float,
-    ranks: int,
+    prediction: Prediction,
     wall_s: float,
     calibration_ids: Sequence[str],
 ) -> CaseResult:
@@ -425,12 +360,13 @@ def _case_result(
         num_gpus=mapping.num_gpus or 0,
         measured_step_time_s=mapping.measured.step_time_s,
         measured_how=mapping.measured.how,
-        predicted_step_time_s=predicted_s,
+        predicted_step_time_s=prediction.step_time_s,
         calibration=mapping.case_id in calibration_ids,
-        simulated_ranks=ranks,
+        simulated_ranks=prediction.simulated_ranks,
         wall_s=wall_s,
         assumptions=mapping.assumptions,
         table=mapping.table,
+        breakdown=dict(prediction.breakdown),
     )
 
 
@@ -441,16 +377,25 @@ def _default_simulator(fidelity: str, comm_calibration: Calibration | None) -> S
     )
 
 
+def network_calibration_applies(calibration: Calibration | None, mapping: CaseMapping) -> bool:
+    """Whether a network calibration fits this case: same node type (any, if it names none)."""
+    if calibration is None or mapping.plan is None:
+        return False
+    topology = calibration.topology.split()
+    return not topology or topology[0] == mapping.plan["cluster"]["node"]
+
+
 def _simulate_default(
     mapping: CaseMapping,
     compute_calibration: ComputeCalibration | None,
     *,
     fidelity: str,
     comm_calibration: Calibration | None,
-) -> tuple[float, int]:
+) -> Prediction:
+    applies = network_calibration_applies(comm_calibration, mapping)
     return simulate_case(
         mapping,
         compute_calibration=compute_calibration,
-        comm_calibration=comm_calibration,
+        comm_calibration=comm_calibration if applies else None,
         fidelity=fidelity,
     )

@@ -273,7 +273,7 @@ def _parallel_section(
         value = as_integer(parallel.get(key, 1))
         if value is None:
             missing.append(f"{key} ({parallel.get(key)})")
-        section[key] = value or 1
+        section[key] = value or 1  # only read when ``missing`` is empty
     vpp, problem = parse_vpp(parallel)
     if problem:
         missing.append(problem)
@@ -319,8 +319,8 @@ def _training_section(parallel: dict[str, Any], missing: list[str]) -> tuple[dic
 
 def map_case(case: dict[str, Any]) -> CaseMapping:
     """The plan that replays a published run, or the knobs it lacks (see module docstring)."""
-    model, hardware = case.get("model", {}), case.get("hardware", {})
-    parallel = case.get("parallel", {})
+    model, hardware = case.get("model") or {}, case.get("hardware") or {}
+    parallel = case.get("parallel") or {}
     missing: list[str] = []
     if case.get("granularity"):
         missing.append(f"a whole training step (the source times: {case['granularity']})")

@@ -10,6 +10,7 @@ source itself used: t = F_source / (reported FLOP/s per GPU * num_gpus).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,23 +68,24 @@ def megatron_core_flops_per_step(
 
 
 def as_number(value: Any) -> float | None:
-    """A finite number, or None for text such as "not stated" / "= #GPUs" / "2M tokens"."""
+    """A finite positive number, or None for text ("not stated", "2M tokens"), 0, NaN, inf."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    number = float(value)
+    return number if math.isfinite(number) and number > 0 else None
 
 
 def as_integer(value: Any) -> int | None:
-    """A whole number, or None (see ``as_number``)."""
+    """A positive whole number (a count or a dimension), or None (see ``as_number``)."""
     number = as_number(value)
-    return int(number) if number is not None and number == int(number) else None
+    return int(number) if number is not None and number.is_integer() else None
 
 
 # --- measured step time ---
 
 
 def _shape(case: dict[str, Any]) -> dict[str, int] | None:
-    model, parallel = case.get("model", {}), case.get("parallel", {})
+    model, parallel = case.get("model") or {}, case.get("parallel") or {}
     values = {
         "global_batch_size": as_integer(parallel.get("global_batch_size")),
         "seq_len": as_integer(model.get("seq_len")),
@@ -111,13 +113,14 @@ def _flops_from_definition(case: dict[str, Any]) -> tuple[float, str] | None:
         return flops, "Narayanan eq.(3)"
     if "eq.(7)" in definition:
         return korthikanti_model_flops_per_step(**shape), "Korthikanti eq.(7)"
-    if "Megatron-Core num_floating_point_operations" in definition:
-        model = case["model"]
+    model = case.get("model") or {}
+    heads, ffn = as_integer(model.get("num_heads")), as_integer(model.get("ffn_hidden_size"))
+    if "Megatron-Core num_floating_point_operations" in definition and heads and ffn:
         flops = megatron_core_flops_per_step(
             **shape,
-            num_heads=int(model["num_heads"]),
-            num_kv_heads=int(model.get("num_kv_heads") or model["num_heads"]),
-            ffn_hidden_size=int(model["ffn_hidden_size"]),
+            num_heads=heads,
+            num_kv_heads=as_integer(model.get("num_kv_heads")) or heads,
+            ffn_hidden_size=ffn,
             gated_mlp="swiglu" in str(model.get("arch") or "").lower(),
         )
         return flops, "Megatron-Core num_floating_point_operations"
@@ -125,7 +128,7 @@ def _flops_from_definition(case: dict[str, Any]) -> tuple[float, str] | None:
 
 
 def _peak_flops_per_s(case: dict[str, Any]) -> float | None:
-    hardware = case.get("hardware", {})
+    hardware = case.get("hardware") or {}
     for key in ("peak_tflops_16bit", "peak_tflops_bf16_dense"):
         peak = as_number(hardware.get(key))
         if peak:
@@ -139,7 +142,7 @@ def measured_step_time(case: dict[str, Any]) -> Measurement | None:
     Conversions use the quantity the source reported with the source's own FLOP formula, so the
     FLOP definition cancels out: t = F_source / (reported FLOP/s per GPU * num_gpus).
     """
-    measured, hardware = case.get("measured", {}), case.get("hardware", {})
+    measured, hardware = case.get("measured") or {}, case.get("hardware") or {}
     num_gpus = as_integer(hardware.get("num_gpus"))
     reported = as_number(measured.get("iteration_time_s"))
     if reported:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,12 @@ def _report() -> ValidationReport:
             measured_how="reported TFLOP/s/GPU with Narayanan eq.(3)",
             predicted_step_time_s=11.0,
             calibration=False,
+            breakdown={
+                "compute_s": 10.0,
+                "exposed_dp_s": 0.5,
+                "exposed_tp_s": 0.2,
+                "bubble_s": 0.3,
+            },
             table="Table 1",
         ),
     )
@@ -76,7 +83,7 @@ def test_text_report_lists_cases_errors_mape_and_missing_knobs() -> None:
     text = format_report(_report())
     assert "nar_small *" in text
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("nar_")}
-    assert lines["nar_big"].split()[1:] == ["512", "10.000", "11.000", "+10.0%"]
+    assert lines["nar_big"].split()[1:] == ["512", "10.000", "11.000", "+10.0%", "0.700", "0.300"]
     # the calibration case (-0.8 %) is excluded: MAPE over the one held-out case is 10 %
     assert _summary_row(text, "narayanan21")[:4] == ["1", "cases", "MAPE", "10.0%"]
     assert _summary_row(text, "narayanan21 Table 1")[:4] == ["1", "cases", "MAPE", "10.0%"]
@@ -144,6 +151,9 @@ def test_calibrating_on_one_case_reproduces_its_step_time(tmp_path: Path, capsys
         ]
     )
     assert code == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
     data = json.loads(out.read_text())
     cases = {c["id"]: c for c in data["cases"]}
     assert set(cases) == {SMALL_H100, "nemo2407_h100_fp8_GPT3-5B_64gpu"}
@@ -153,6 +163,9 @@ def test_calibrating_on_one_case_reproduces_its_step_time(tmp_path: Path, capsys
     assert cases[SMALL_H100]["measured_step_time_s"] == pytest.approx(128 * 4096 / (16934 * 8))
     assert data["config"]["cases_sha256"] == hashlib.sha256(CASES_PATH.read_bytes()).hexdigest()
     assert data["env"]["command"] == "commsim validate"
+    for case in cases.values():  # the critical rank's breakdown accounts for the whole step
+        assert case["breakdown"]["compute_s"] > 0
+        assert sum(case["breakdown"].values()) == pytest.approx(case["predicted_step_time_s"])
     fit = data["calibration"]["h100-sxm"]
     assert fit["cases"] == [SMALL_H100] and fit["dtype"] == "fp8"
     assert 0.25 <= fit["efficiency_scale"] <= 1.5
@@ -163,6 +176,7 @@ def test_calibrating_on_one_case_reproduces_its_step_time(tmp_path: Path, capsys
     )
     text = capsys.readouterr().out
     assert f"{SMALL_H100} *" in text and "MAPE over held-out cases, per source:" in text
+    assert f"h100-sxm: efficiency scale {fit['efficiency_scale']:.3f}" in text
 
 
 @needs_cases
@@ -208,6 +222,17 @@ def test_worker_processes_give_the_same_answers() -> None:
         SMALL_A100,
         SMALL_H100,
     ]
+
+
+@needs_cases
+def test_unknown_plot_type_is_refused_before_simulating(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "validation.json"
+    code = main(
+        ["validate", str(CASES_PATH), "--plot", str(tmp_path / "p.txt"), "--json", str(out)]
+    )
+    assert code == 2
+    assert "unknown image type '.txt'" in capsys.readouterr().err
+    assert not out.exists()
 
 
 @needs_cases

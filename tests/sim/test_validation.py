@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from sim.validation import (
     CaseResult,
-    golden_section_minimum,
-    log_error_cost,
+    Prediction,
+    map_cases,
     mape,
+    network_calibration_applies,
     run_validation,
     select_calibration_cases,
     summarize,
 )
-from sim.validation_cases import CaseMapping
+from sim.validation_cases import CaseMapping, load_cases
 from sim.validation_measured import Measurement
 
 
@@ -85,25 +87,6 @@ def test_calibration_rule_picks_fewest_gpus_per_source_and_gpu_first_on_ties() -
     assert select_calibration_cases(mappings) == ("n32", "k8_first", "h8")
 
 
-def test_golden_section_finds_a_parabola_minimum() -> None:
-    calls: list[float] = []
-
-    def objective(x: float) -> float:
-        calls.append(x)
-        return (x - 0.63) ** 2
-
-    assert golden_section_minimum(objective, 0.2, 1.0, tolerance=1e-4) == pytest.approx(
-        0.63, abs=1e-4
-    )
-    # golden section: one new evaluation per step, ~log(0.8/1e-4)/log(1.618) + 2 in all
-    assert len(calls) <= 22
-
-
-def test_log_error_cost_is_symmetric_in_ratio() -> None:
-    assert log_error_cost([2.0], [1.0]) == pytest.approx(log_error_cost([0.5], [1.0]))
-    assert log_error_cost([1.0, 3.0], [1.0, 3.0]) == 0.0
-
-
 # --- the whole runner with a stand-in simulator (the real one: test_cmd_validate) ---
 
 
@@ -152,7 +135,7 @@ def _scale_simulator(true_scale: float):
         if calibration is not None:
             default = default_efficiency(GPUS[mapping.gpu], "gemm", "bf16")
             scale = calibration.efficiency["gemm"] / default
-        return mapping.measured.step_time_s * true_scale / scale, 1
+        return Prediction(step_time_s=mapping.measured.step_time_s * true_scale / scale)
 
     return simulate
 
@@ -199,10 +182,54 @@ def test_simulation_errors_are_reported_per_case_not_raised() -> None:
     def failing(mapping, calibration):
         if mapping.case_id == "bad":
             raise ValueError("pipeline too deep\nsecond line")
-        return 1.0, 1
+        return Prediction(step_time_s=1.0, simulated_ranks=1)
 
     cases = [_fake_case("good", "A100-SXM4-80GB", 8, 1.0), _fake_case("bad", "V100", 8, 1.0)]
     cases[1]["hardware"]["gpu"] = "A100-SXM4-80GB"
     report = run_validation(cases, calibrate_on=(), simulate=failing)
     assert [r.case_id for r in report.results] == ["good"]
     assert report.failed == (("bad", "pipeline too deep"),)
+
+
+CASES_PATH = (
+    Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "validation" / "cases.json"
+)
+
+
+def test_ids_select_exact_ids_and_shell_patterns() -> None:
+    cases = [
+        _fake_case("nemo_a", "H100", 8, 1.0),
+        _fake_case("nemo_b", "H100", 8, 1.0),
+        _fake_case("other", "H100", 8, 1.0),
+    ]
+    assert [m.case_id for m in map_cases(cases, ("nemo_*",))] == ["nemo_a", "nemo_b"]
+    assert [m.case_id for m in map_cases(cases, ("other", "nemo_b"))] == ["nemo_b", "other"]
+    with pytest.raises(ValueError, match="unknown case id 'gpt\\*'"):
+        map_cases(cases, ("gpt*",))
+
+
+@pytest.mark.skipif(not CASES_PATH.exists(), reason="shared validation data absent")
+def test_the_rule_picks_the_documented_calibration_cases() -> None:
+    mappings = map_cases(load_cases(CASES_PATH))
+    assert select_calibration_cases(mappings) == (
+        "narayanan21_t1_1.7B",
+        "korthikanti22_t5_22B_full_recompute",
+        "nemo2407_h100_fp8_LLAMA2-7B_8gpu",
+    )
+
+
+def test_a_network_calibration_applies_to_its_node_type_only() -> None:
+    from sim.calibration import Calibration
+
+    h100 = _mapping("h", "nemo", "h100-sxm", 8)
+    h100 = CaseMapping(**{**_fields(h100), "plan": {"cluster": {"node": "dgx-h100"}}})
+    a100 = CaseMapping(**{**_fields(h100), "plan": {"cluster": {"node": "dgx-a100"}}})
+    fitted = Calibration(topology="dgx-h100")
+    assert network_calibration_applies(fitted, h100)
+    assert not network_calibration_applies(fitted, a100)
+    assert network_calibration_applies(Calibration(), a100)  # names no topology: applies to all
+    assert not network_calibration_applies(None, h100)
+
+
+def _fields(mapping: CaseMapping) -> dict:
+    return {name: getattr(mapping, name) for name in CaseMapping.__dataclass_fields__}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schedules.plan import load_plan, resolve_plan
 from sim.validation_cases import (
@@ -147,6 +150,12 @@ def test_source_table_is_shortened() -> None:
     assert source_table({"source": {"repo": "NVIDIA/NeMo"}}) == ""
 
 
+def test_a_case_with_empty_sections_lists_what_is_missing() -> None:
+    mapping = map_case({"id": "bare", "model": None, "parallel": None, "hardware": None})
+    assert not mapping.simulable and mapping.plan is None
+    assert "num_gpus (None)" in mapping.missing and "model.num_layers (None)" in mapping.missing
+
+
 def test_load_cases_rejects_a_non_list(tmp_path: Path) -> None:
     path = tmp_path / "cases.json"
     path.write_text('{"cases": []}')
@@ -241,7 +250,7 @@ def test_every_simulable_case_is_a_valid_plan_for_its_world_size() -> None:
     for case in load_cases(CASES_PATH):
         mapping = map_case(case)
         if mapping.simulable:
-            assert mapping.num_gpus is not None
+            assert mapping.num_gpus is not None and mapping.plan is not None
             plan = resolve_plan(load_plan(mapping.plan), mapping.num_gpus)
             assert plan.parallel.dp * plan.parallel.model_parallel_size == mapping.num_gpus
 
@@ -255,3 +264,38 @@ def test_simulable_case_count_per_source() -> None:
             counts[mapping.source] = counts.get(mapping.source, 0) + 1
     # Table 1 (10) + Table 2 ZeRO-3 (6); Table 5 (8) + 530B on 2240 GPUs (2); NeMo (12)
     assert counts == {"narayanan21": 16, "korthikanti22": 10, "nemo2407": 12}
+
+
+_JUNK = st.one_of(
+    st.none(),
+    st.just("not stated"),
+    st.text(max_size=12),
+    st.integers(min_value=-3, max_value=5000),
+    st.floats(allow_nan=True),
+    st.booleans(),
+)
+
+
+@needs_cases
+@settings(max_examples=60, deadline=None)
+@given(
+    index=st.integers(min_value=0, max_value=67),
+    section=st.sampled_from(["model", "parallel", "hardware", "measured"]),
+    data=st.data(),
+)
+def test_mangled_fields_never_crash_the_mapping(index: int, section: str, data) -> None:
+    cases = load_cases(CASES_PATH)
+    case = copy.deepcopy(cases[index % len(cases)])
+    fields = case.setdefault(section, {}) or {}
+    case[section] = fields
+    key = data.draw(st.sampled_from(sorted(fields) or ["absent"]))
+    fields[key] = data.draw(_JUNK)
+    mapping = map_case(case)  # never raises, whatever the field holds
+    if mapping.simulable:
+        assert mapping.num_gpus is not None and mapping.plan is not None
+        try:
+            resolve_plan(load_plan(mapping.plan), mapping.num_gpus)
+        except ValueError as exc:  # e.g. a mangled hidden size; a clear one-line message
+            assert str(exc) and "\n" not in str(exc)
+    else:
+        assert mapping.plan is None and mapping.missing

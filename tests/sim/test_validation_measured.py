@@ -68,7 +68,10 @@ def test_megatron_core_formula_hand_computed() -> None:
 def test_numbers_are_read_only_from_numeric_fields() -> None:
     assert as_number(3) == 3.0 and as_number(2.5) == 2.5
     assert as_number("not stated") is None and as_number(True) is None and as_number(None) is None
+    assert as_number(0) is None and as_number(-1.0) is None
+    assert as_number(float("nan")) is None and as_number(float("inf")) is None
     assert as_integer(512) == 512 and as_integer(512.0) == 512 and as_integer(2.5) is None
+    assert as_integer(0) is None and as_integer(float("inf")) is None
 
 
 def test_reported_iteration_time_wins_over_conversions() -> None:
