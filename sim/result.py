@@ -4,7 +4,8 @@
 send); a replay returns them in a ``Timeline`` that reports, traces and plots read. ``PlanResult``
 is the answer of ``commsim plan``; ``to_json()`` gives the keys documented in the README.
 
-    >>> Span(rank=0, stream="compute", name="F0.c0", kind="compute", start_s=0.0, end_s=1.0).duration_s
+    >>> span = Span(rank=0, stream="compute", name="F0", kind="compute", start_s=0.0, end_s=1.0)
+    >>> span.duration_s
     1.0
 """
 
@@ -24,7 +25,7 @@ class Span:
     rank: int
     """Global rank of the GPU that ran it (the representative rank when folded)."""
     stream: str
-    """Stream or queue it ran on: ``compute``, or a process group name such as ``tp``, ``dp``, ``pp``."""
+    """Stream or queue it ran on: ``compute``, or a process group name (``tp``, ``dp``, ``pp``)."""
     name: str
     """Label, e.g. ``F3.c0`` (forward of micro-batch 3, chunk 0) or ``AG(unit 5)``."""
     kind: str
