@@ -216,6 +216,10 @@ class ParallelConfig:
     """Megatron --overlap-param-gather (distributed optimizer only)."""
     tp_comm_overlap: bool = False
     """Megatron/TE --tp-comm-overlap (userbuffer AG/RS overlapped with GEMMs; needs SP)."""
+    pp_scatter_gather: bool = True
+    """Megatron's scatter-gather pipeline p2p (--scatter-gather-tensors-in-pipeline, default on;
+    not applied with SP): each TP rank sends 1/t of the activation, the receiver all-gathers it
+    over TP. Megatron-core (2023+) dropped it: set False for those versions without SP."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "parallel", ("tp", "pp", "cp", "vpp"))

@@ -56,7 +56,8 @@ class Collective:
     deps: tuple[int, ...] = ()
     """Earlier actions that must finish before it is issued."""
     phase: str = ""
-    """``optimizer`` for the post-step parameter gather (counted with the optimizer)."""
+    """``optimizer`` for the post-step parameter gather (counted with the optimizer); ``p2p``
+    for the TP all-gather completing a scatter-gather pipeline receive (counted with ``pp``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -108,6 +108,9 @@ class PipelineRank:
     """One activation (or its gradient) sent between stages."""
     blocking_p2p: bool = True
     """Batched send/recv waited before the next pass (non-interleaved) or async (interleaved)."""
+    scatter_gather_p2p: bool = False
+    """Megatron's scatter-gather p2p: each TP rank sends 1/t of the activation and the receiver
+    all-gathers the full tensor over ``tp`` before using it."""
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Process groups by name; ``dp`` is the gradient-reduction group."""
     sync: GradSync = GradSync(op="")
@@ -205,16 +208,28 @@ class _Pipeline:
         assert peer is not None
         src, dst = (spec.rank, peer) if send else (peer, spec.rank)
         verb = "send" if send else "recv"
-        return self.b.add(
+        split = len(spec.groups.get("tp", ())) if spec.scatter_gather_p2p else 1
+        index = self.b.add(
             Transfer(
                 name=f"{verb} {kind}{mb} {src}->{dst}",
                 src=src,
                 dst=dst,
                 tag=(kind, mb, vstage),
-                size_bytes=spec.p2p_bytes,
+                size_bytes=spec.p2p_bytes / max(split, 1),
                 deps=deps,
             )
         )
+        if send or split < 2:
+            return index
+        gathered = self.b.collective(
+            f"recv {kind}{mb} all_gather",
+            "tp",
+            "all_gather",
+            spec.p2p_bytes,
+            deps=(index,),
+            phase="p2p",
+        )
+        return index if gathered is None else gathered
 
     def needs_input(self, step: Pass) -> bool:
         """Whether a pass receives from a neighbour (W passes never do)."""

@@ -15,7 +15,7 @@ replicas) are not waited for. Everything is ordered by SimPy's event queue: dete
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator, Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,6 +31,25 @@ class CommRunner(Protocol):
     def run(self, op: str, ranks: Sequence[int], size_bytes: float) -> simpy.Event:
         """Start the collective's traffic now; the event succeeds when it completes."""
         ...
+
+
+class ClosedFormRunner:
+    """A ``CommRunner`` whose collectives take a fixed closed-form time, computed once per
+    distinct (op, ranks, size): what ``CommModel.run`` does under ``analytical`` fidelity, without
+    re-deriving the same estimate for every micro-batch (state: the memo)."""
+
+    def __init__(self, env: simpy.Environment, estimate_s: Callable[..., float]) -> None:
+        self.env = env
+        self.estimate_s = estimate_s
+        self._memo: dict[tuple[str, tuple[int, ...], float], float] = {}
+
+    def run(self, op: str, ranks: Sequence[int], size_bytes: float) -> simpy.Event:
+        """A timeout of the collective's closed-form duration."""
+        key = (op, tuple(ranks), size_bytes)
+        seconds = self._memo.get(key)
+        if seconds is None:
+            seconds = self._memo[key] = self.estimate_s(op, key[1], size_bytes)
+        return self.env.timeout(seconds)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,8 +108,9 @@ class _Record:
 
 @dataclass(slots=True)
 class _State:
-    done: list[simpy.Event]
+    finished: list[bool]
     records: list[_Record]
+    waiters: dict[int, simpy.Event] = field(default_factory=dict)
     streams: dict[Hashable, list[int]] = field(default_factory=dict)
 
 
@@ -108,7 +128,7 @@ class Engine:
 
     def _state(self, program: Program) -> _State:
         state = _State(
-            done=[self.env.event() for _ in program.actions],
+            finished=[False] * len(program.actions),
             records=[_Record() for _ in program.actions],
         )
         streams: dict[Hashable, list[int]] = defaultdict(list)
@@ -133,8 +153,8 @@ class Engine:
         stuck = [
             (rank, i)
             for rank, state in self._states.items()
-            for i, ev in enumerate(state.done)
-            if not ev.processed
+            for i, finished in enumerate(state.finished)
+            if not finished
         ]
         if stuck:
             rank, i = stuck[0]
@@ -151,7 +171,7 @@ class Engine:
         seq = 0
         for index in indices:
             action = actions[index]
-            pending = [state.done[d] for d in action.deps if not state.done[d].processed]
+            pending = [self._waiter(state, d) for d in action.deps if not state.finished[d]]
             if pending:
                 yield pending[0] if len(pending) == 1 else simpy.AllOf(self.env, pending)
             record = state.records[index]
@@ -167,7 +187,17 @@ class Engine:
                 yield meeting.done
                 record.start_s = meeting.start_s
             record.end_s = self.env.now
-            state.done[index].succeed()
+            state.finished[index] = True
+            waiter = state.waiters.pop(index, None)
+            if waiter is not None:
+                waiter.succeed()
+
+    def _waiter(self, state: _State, index: int) -> simpy.Event:
+        """The event that succeeds when action ``index`` finishes (created on first need)."""
+        event = state.waiters.get(index)
+        if event is None:
+            event = state.waiters[index] = self.env.event()
+        return event
 
     def _arrive(self, action: Action, key: Hashable, seq: int) -> _Meeting:
         if isinstance(action, Collective):
@@ -184,18 +214,31 @@ class Engine:
         meeting.arrived += 1
         if meeting.arrived == meeting.needed:
             meeting.start_s = self.env.now
-            self.env.process(self._communicate(action, meeting))
+            assert meeting.done is not None
+            if isinstance(action, Collective):
+                self._chain(action.op, action.ranks, action.size_bytes, action.repeat, meeting.done)
+            else:
+                assert isinstance(action, Transfer)
+                pair = (action.src, action.dst)
+                self._chain("send_recv", pair, action.size_bytes, 1, meeting.done)
         return meeting
 
-    def _communicate(self, action: Action, meeting: _Meeting) -> Generator[Any, Any, None]:
-        if isinstance(action, Collective):
-            for _ in range(action.repeat):
-                yield self.comm.run(action.op, action.ranks, action.size_bytes)
+    def _chain(
+        self, op: str, ranks: tuple[int, ...], size_bytes: float, repeat: int, done: simpy.Event
+    ) -> None:
+        """Run ``repeat`` back-to-back calls, then succeed ``done`` (callbacks, no process)."""
+        event = self.comm.run(op, ranks, size_bytes)
+
+        def then(_: simpy.Event) -> None:
+            if repeat > 1:
+                self._chain(op, ranks, size_bytes, repeat - 1, done)
+            else:
+                done.succeed()
+
+        if event.callbacks is None:  # already processed
+            then(event)
         else:
-            assert isinstance(action, Transfer)
-            yield self.comm.run("send_recv", (action.src, action.dst), action.size_bytes)
-        assert meeting.done is not None
-        meeting.done.succeed()
+            event.callbacks.append(then)
 
     def _timeline(self) -> Timeline:
         spans: list[Span] = []
@@ -303,6 +346,9 @@ def _charge_wait(
     if not action.deps:
         return 0.0
     last = max(action.deps, key=lambda d: (records[d].end_s, -d))
+    releaser = actions[last]
+    if isinstance(releaser, Collective) and releaser.phase == "p2p" and releaser.deps:
+        last = releaser.deps[0]  # a scatter-gather receive: count from its transfer
     owner, since_s = _wait_owner(actions[last], records[last], free_s)
     if not owner:
         return 0.0

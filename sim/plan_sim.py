@@ -23,7 +23,7 @@ from schedules.plan import Plan, num_microbatches, resolve_plan
 from sim.calibration import Calibration
 from sim.comm import CommModel
 from sim.compute import ComputeCalibration, ComputeModel
-from sim.engine import Timeline
+from sim.engine import ClosedFormRunner, Timeline
 from sim.replay import replay_plan
 from sim.result import Breakdown, PlanResult
 from topologies.config import load_cluster
@@ -82,10 +82,11 @@ def simulate_plan(
     env = simpy.Environment()
     comm = CommModel(env, topology, fidelity=fidelity, calibration=comm_calibration)
     compute = ComputeModel(gpu, compute_calibration)
+    runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
     timeline = replay_plan(
         plan,
         env=env,
-        comm=comm,
+        comm=runner,
         compute=compute,
         fold=fold,
         gpus_per_node=topology.gpus_per_node,

@@ -334,6 +334,7 @@ def pipeline_programs(
             next_rank=layout.rank(**{**coords, "pp": (stage + 1) % par.pp}),
             p2p_bytes=costs.p2p_bytes,
             blocking_p2p=par.schedule != "interleaved",
+            scatter_gather_p2p=par.pp_scatter_gather and not par.sequence_parallel,
             groups=(
                 fsdp_groups(plan, rank, gpus_per_node)
                 if fsdp

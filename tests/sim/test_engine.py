@@ -8,7 +8,7 @@ import pytest
 import simpy
 
 from schedules.program import Collective, Compute, Program, Transfer
-from sim.engine import Engine, Timeline
+from sim.engine import ClosedFormRunner, Engine, Timeline
 
 
 class UnitComm:
@@ -168,3 +168,30 @@ def test_optimizer_phase_wait_counts_as_optimizer() -> None:
     assert times.optimizer_s == 3.0
     assert times.exposed_comm_s == {}
     assert times.end_s == 3.0
+
+
+def test_closed_form_runner_estimates_each_distinct_collective_once() -> None:
+    env = simpy.Environment()
+    unit = UnitComm(env)
+    estimates: list[tuple[str, tuple[int, ...], float]] = []
+
+    def estimate_s(op: str, ranks: tuple[int, ...], size_bytes: float) -> float:
+        estimates.append((op, ranks, size_bytes))
+        return unit.estimate_s(op, ranks, size_bytes)
+
+    program = Program(
+        rank=0,
+        actions=(
+            Collective(name="a", group="tp", ranks=(0, 1), op="all_reduce", size_bytes=2.0),
+            Collective(name="b", group="tp", ranks=(0, 1), op="all_reduce", size_bytes=2.0),
+            Collective(name="c", group="dp", ranks=(0, 2), op="all_reduce", size_bytes=2.0),
+            Collective(
+                name="d", group="tp", ranks=(0, 1), op="all_reduce", size_bytes=1.0, repeat=3
+            ),
+        ),
+    )
+    timeline = Engine(env, ClosedFormRunner(env, estimate_s), [program]).run()
+    assert log(timeline) == [("c", 0.0, 2.0), ("a", 0.0, 2.0), ("b", 2.0, 4.0), ("d", 4.0, 7.0)]
+    assert estimates == [
+        ("all_reduce", (0, 1), 2.0), ("all_reduce", (0, 2), 2.0), ("all_reduce", (0, 1), 1.0),
+    ]  # fmt: skip

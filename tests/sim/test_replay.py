@@ -117,6 +117,38 @@ def test_zb_h1_beats_1f1b_with_blocking_p2p(p: int, m: int) -> None:
     assert all(times.compute_s == m * 3.0 for times in zb.ranks.values())
 
 
+def test_scatter_gather_p2p_sends_a_tp_shard_and_all_gathers_it_on_the_receiver() -> None:
+    # tp = 2, pp = 2, m = 1, p2p 4 bytes (1 byte = 1 s): each transfer moves 4 / 2 = 2 bytes,
+    # the receiver then all-gathers the 4-byte activation over its TP group before the pass.
+    # rank 0: F0 [0, 1], send F0 [1, 3]; rank 2: AG [3, 7], F0 [7, 8], B0 [8, 10];
+    # send B0 [10, 12], rank 0: AG [12, 16], B0 [16, 18]
+    orders = pipeline_orders("1f1b", 2, 1, 1)
+    programs = [
+        pipeline_program(
+            PipelineRank(
+                rank=2 * r, order=orders[r], chunks=(work(1.0, 2.0),), stage=r, pp=2,
+                prev_rank=2 * (1 - r), next_rank=2 * (1 - r), p2p_bytes=4.0,
+                groups={"tp": (2 * r, 2 * r + 1)}, scatter_gather_p2p=True,
+            )
+        )
+        for r in range(2)
+    ]  # fmt: skip
+    timeline = run(programs, UnitComm)
+    assert passes(timeline, 0) == [("F0", 0.0, 1.0), ("B0", 16.0, 18.0)]
+    assert passes(timeline, 2) == [("F0", 7.0, 8.0), ("B0", 8.0, 10.0)]
+    moved = [(s.name, s.start_s, s.end_s, s.size_bytes) for s in timeline.spans if s.rank == 0]
+    assert ("send F0 0->2", 1.0, 3.0, 2.0) in moved
+    assert ("recv B0 2->0", 10.0, 12.0, 2.0) in moved
+    assert ("recv B0 all_gather", 12.0, 16.0, 4.0) in moved
+    # the wait counts as pipeline communication from the transfer's start
+    assert timeline.ranks[0].exposed_comm_s == {"pp": 6.0}
+    assert timeline.ranks[0].idle_s == 9.0
+    # rank 2: F0 waits 1 -> 7 (6 s), the step's end waits for the blocking send B0 (2 s)
+    assert timeline.ranks[2].exposed_comm_s == {"pp": 8.0}
+    assert timeline.ranks[2].idle_s == 1.0
+    assert timeline.step_time_s == 18.0
+
+
 @pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 4, 3)])
 def test_interleaving_shrinks_the_bubble_by_v(p: int, m: int, v: int) -> None:
     # each chunk holds 1/v of the stage: bubble (p - 1)(F + B) / v
