@@ -75,10 +75,16 @@ def as_number(value: Any) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
+MAX_INTEGER = 2**53
+"""Largest count or dimension taken at face value (beyond it a float no longer holds integers)."""
+
+
 def as_integer(value: Any) -> int | None:
-    """A positive whole number (a count or a dimension), or None (see ``as_number``)."""
+    """A positive whole number (a count or a dimension) up to ``MAX_INTEGER``, or None."""
     number = as_number(value)
-    return int(number) if number is not None and number.is_integer() else None
+    if number is None or not number.is_integer() or number > MAX_INTEGER:
+        return None
+    return int(number)
 
 
 # --- measured step time ---
