@@ -105,6 +105,11 @@ def canonical_dtype(name: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # "-1K" is a (bad) size value, not an option: let it reach the size check that names it.
+        self._negative_number_matcher = re.compile(r"^-\d[\w.]*$")
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ValueError(message)
 
@@ -143,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_options(argv: Sequence[str]) -> BenchOptions:
     """Parse and validate ``argv``; ``ValueError`` with one line on any bad value."""
     args = build_parser().parse_args(list(argv))
+    if args.per_iter_timing not in (0, 1):
+        raise ValueError(f"-I must be 0 or 1, got {args.per_iter_timing}")
     options = BenchOptions(
         ops=tuple(parse_ops(args.ops)),
         min_bytes=parse_size(args.minbytes),

@@ -85,7 +85,7 @@ def read_results(path: str | Path) -> list[Record]:
     first = next((ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")), "")
     header = tuple(col.strip() for col in first.split(","))
     if header == FIELD_NAMES:
-        return _read_commbench_csv(text)
+        return _read_commbench_csv(text, path)
     if header == BUSBW_COLUMNS:
         return parse_busbw_csv(text)
     records = parse_nccl_tests_text(text, name=path.name)
@@ -100,11 +100,44 @@ def read_many(paths: Iterable[str | Path]) -> list[Record]:
 
 
 def _read_json(text: str, path: Path) -> list[Record]:
-    document = json.loads(text)
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: malformed JSON: {exc}") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         found = document.get("schema") if isinstance(document, dict) else type(document).__name__
         raise UnknownFormatError(f"{path}: schema {found!r} is not {SCHEMA!r}")
-    return [Record.from_dict(row) for row in document["results"]]
+    rows = document.get("results")
+    if not isinstance(rows, list):
+        raise ValueError(f"{path}: 'results' must be a list of records, got {rows!r}")
+    return [_record(row, path, index) for index, row in enumerate(rows)]
+
+
+def _record(row: Any, path: Path, index: int) -> Record:
+    """``Record.from_dict(row)``, checked; ValueError naming the file, the row and the value."""
+    where = f"{path}: result {index}"
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a mapping of record fields, got {row!r}")
+    try:
+        record = Record.from_dict(row)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if record.op not in OPS:
+        raise ValueError(f"{where}: unknown op {record.op!r}; valid: {', '.join(OPS)}")
+    checks = (
+        ("size_bytes", record.size_bytes, 0),
+        ("count", record.count, 0),
+        ("world_size", record.world_size, 1),
+        ("num_nodes", record.num_nodes, 1),
+        ("time_us", record.time_us, 0),
+        ("algbw_gbps", record.algbw_gbps, 0),
+        ("busbw_gbps", record.busbw_gbps, 0),
+    )
+    for name, value, low in checks:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not value >= low or value == float("inf"):
+            raise ValueError(f"{where}: {name}={value!r}; must be a finite number >= {low}")
+    return record
 
 
 def _csv_value(name: str, text: str) -> Any:
@@ -119,14 +152,17 @@ def _csv_value(name: str, text: str) -> Any:
     return float(text)
 
 
-def _read_commbench_csv(text: str) -> list[Record]:
+def _read_commbench_csv(text: str, path: Path) -> list[Record]:
     reader = csv.DictReader(io.StringIO(text))
     records = []
-    for row in reader:
-        values = {name: _csv_value(name, row[name]) for name in FIELD_NAMES}
+    for index, row in enumerate(reader):
+        try:
+            values = {name: _csv_value(name, row[name] or "") for name in FIELD_NAMES}
+        except ValueError as exc:
+            raise ValueError(f"{path}: result {index}: {exc}") from None
         values["redop"] = values["redop"] or "none"
         values["source"] = values["source"] or "measured"
-        records.append(Record.from_dict(values))
+        records.append(_record(values, path, index))
     return records
 
 

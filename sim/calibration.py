@@ -135,22 +135,28 @@ def key(op: str, algo: str, scope: str) -> str:
 
 def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
     """Parse a calibration document (ValueError naming what is wrong)."""
-    if doc.get("schema") != SCHEMA:
-        raise ValueError(f"calibration schema is {doc.get('schema')!r}; expected {SCHEMA!r}")
+    if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA:
+        found = doc.get("schema") if isinstance(doc, Mapping) else type(doc).__name__
+        raise ValueError(f"calibration schema is {found!r}; expected {SCHEMA!r}")
+    entries = doc.get("params", {})
+    if not isinstance(entries, Mapping):
+        raise ValueError(f"calibration 'params' must map op/algo/scope to values, got {entries!r}")
     params: dict[str, CommParams] = {}
     quality: dict[str, FitQuality] = {}
-    for entry_key, entry in dict(doc.get("params", {})).items():
-        parts = entry_key.split("/")
+    for entry_key, entry in entries.items():
+        parts = str(entry_key).split("/")
         if (
             len(parts) != 3
             or parts[0] not in OPS
             or parts[1] not in ALGORITHMS
             or parts[2] not in SCOPES
+            or not isinstance(entry, Mapping)
         ):
-            raise ValueError(f"bad calibration key {entry_key!r}; expected op/algo/scope")
+            raise ValueError(f"bad calibration key {entry_key!r}; expected op/algo/scope: {{...}}")
         values = dict(entry)
         fit = values.pop("fit", None)
         try:
+            _check_numbers(entry_key, values)
             params[entry_key] = CommParams(**values)
             quality[entry_key] = (
                 FitQuality(**fit)
@@ -167,9 +173,30 @@ def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
     )
 
 
+def _check_numbers(entry_key: str, values: Mapping[str, Any]) -> None:
+    """ValueError unless every numeric parameter is a finite number >= 0 (> 0 for ratios)."""
+    for name, value in values.items():
+        if name == "protocol":
+            continue
+        positive = name in ("efficiency_max", "shape")
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
+            bound = "> 0" if positive else ">= 0"
+            raise ValueError(
+                f"bad calibration entry {entry_key!r}: {name}={value!r}; must be a number {bound}"
+            )
+
+
 def load_calibration(path: str | Path) -> Calibration:
     """Read a calibration JSON file written by ``commsim calibrate``."""
-    return calibration_from_json(json.loads(Path(path).read_text()))
+    try:
+        doc = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    try:
+        return calibration_from_json(doc)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 # --- fitting ------------------------------------------------------------------------------------

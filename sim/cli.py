@@ -17,8 +17,10 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
@@ -37,6 +39,11 @@ class UsageError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # "-1K" is a (bad) size value, not an option: let it reach the size check that names it.
+        self._negative_number_matcher = re.compile(r"^-\d[\w.]*$")
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
 
@@ -69,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (ValueError, FileNotFoundError, IsADirectoryError, yaml.YAMLError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+            mark = exc.problem_mark
+            where = "" if mark.name.startswith("<") else f"{mark.name}, "
+            message = f"{exc.problem} ({where}line {mark.line + 1}, column {mark.column + 1})"
         if isinstance(exc, json.JSONDecodeError | yaml.YAMLError):
             message = f"malformed input: {message}"
         print(f"commsim: error: {message}", file=sys.stderr)

@@ -11,12 +11,13 @@ by ``calibrate`` and ``compare``.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
 import simpy
 
-from comm_bench.collectives import dtype_bytes, get, parse_ops
+from comm_bench.collectives import REDUCTIONS, dtype_bytes, get, parse_ops
 from comm_bench.options import parse_size
 from comm_bench.records import Record
 from comm_bench.report import footer, format_row, op_banner, table_header
@@ -45,6 +46,8 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
 def topology_factory(args: argparse.Namespace) -> TopologyFactory:
     """(num_nodes, ranks_per_node) -> Topology, from the shared topology flags."""
     name = args.topology
+    if args.nodes is not None and args.nodes < 1:
+        raise ValueError(f"--nodes {args.nodes}: must be an integer >= 1")
     if name not in NODE_PRESETS:
         if args.nodes is not None or args.fabric is not None:
             raise ValueError(f"--nodes/--fabric apply to node presets, not to the file {name!r}")
@@ -91,8 +94,8 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     """Sizes from ``min_bytes`` to ``max_bytes`` multiplying by ``factor`` (nccl-tests' -f)."""
     if min_bytes < 0 or max_bytes < min_bytes:
         raise ValueError(f"-b {min_bytes} / -e {max_bytes}: need 0 <= minbytes <= maxbytes")
-    if factor <= 1:
-        raise ValueError(f"-f must be > 1, got {factor}")
+    if not factor > 1 or not math.isfinite(factor):
+        raise ValueError(f"-f must be a finite number > 1, got {factor}")
     sizes, size = [], min_bytes
     while size <= max_bytes:
         sizes.append(size)
@@ -134,8 +137,12 @@ def run(args: argparse.Namespace) -> int:
     ops = parse_ops(args.ops)
     sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
     dtype_bytes(args.datatype)
+    if args.redop not in REDUCTIONS:
+        raise ValueError(f"unknown reduction -o {args.redop!r}; valid: {', '.join(REDUCTIONS)}")
+    if args.output and Path(args.output).suffix != ".json":
+        raise ValueError(f"--output must end in .json: {args.output}")
     factory = topology_factory(args)
-    topology = factory(args.nodes or 1, 1)
+    topology = factory(args.nodes or 1, _localhost_ranks_per_node(args))
     num_ranks = topology.num_gpus if args.ranks is None else args.ranks
     if not 1 <= num_ranks <= topology.num_gpus:
         raise ValueError(
@@ -169,6 +176,13 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         _write(Path(args.output), args, topology, layout.num_nodes, num_ranks, records)
     return 0
+
+
+def _localhost_ranks_per_node(args: argparse.Namespace) -> int:
+    """Processes per host for ``localhost``: enough for ``--ranks``, else the preset's count."""
+    if args.ranks is None or args.ranks < 1:
+        return NODE_PRESETS["localhost"].num_gpus
+    return -(-args.ranks // (args.nodes or 1))
 
 
 def _algo_ranges(records: list[Record]) -> str:

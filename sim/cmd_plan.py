@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,8 @@ def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, To
     from sim.plan_sim import plan_topology, simulate_plan
 
     comm_calibration, compute_calibration = load_calibrations(args)
+    if comm_calibration is not None and (note := calibration_mismatch(comm_calibration, plan)):
+        print(f"commsim: warning: --calibration {args.calibration}: {note}", file=sys.stderr)
     topology = plan_topology(plan)
     plan = resolve_plan(plan, topology.num_gpus)
     result = simulate_plan(
@@ -139,6 +142,19 @@ def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, To
         fold=not args.no_fold,
     )
     return result, plan, topology
+
+
+def calibration_mismatch(calibration: Any, plan: Plan) -> str | None:
+    """A note when a network calibration was fitted on another node preset than the plan's."""
+    from topologies.presets import NODE_PRESETS
+
+    fitted_on, node = calibration.topology, plan.cluster.node
+    if fitted_on in NODE_PRESETS and isinstance(node, str) and node != fitted_on:
+        return (
+            f"fitted on {fitted_on!r}, not on this plan's {node!r}; its latencies and "
+            "efficiencies are applied as they are"
+        )
+    return None
 
 
 def load_calibrations(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -151,7 +151,13 @@ def load_compute_calibration(path: str | Path) -> ComputeCalibration:
             raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: a compute calibration must be a JSON object")
-    return ComputeCalibration.from_json(data)
+    try:
+        return ComputeCalibration.from_json(data)
+    except (TypeError, AttributeError) as exc:
+        # A field of the wrong type (a string where a number or an object belongs).
+        raise ValueError(f"{path}: bad compute calibration: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def save_compute_calibration(calibration: ComputeCalibration, path: str | Path) -> None:

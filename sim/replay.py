@@ -15,6 +15,7 @@ injected (the representative's collectives see an otherwise idle fabric).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import simpy
@@ -178,8 +179,20 @@ def chunk_params(plan: Plan, stage: int, chunk: int) -> float:
     return layers * per_layer + (extra if owns_extra else 0.0)
 
 
-def _buckets(total: float, cap: float, first_cap: float | None = None) -> tuple[float, ...]:
+MAX_BUCKETS = 250_000
+"""Most gradient buckets one model chunk may have; more is a bucket size typed in the wrong unit."""
+
+
+def _buckets(
+    total: float, cap: float, first_cap: float | None = None, *, knob: str
+) -> tuple[float, ...]:
     """Split ``total`` bytes into buckets of ``cap`` (the first of ``first_cap``)."""
+    count = math.ceil(max(total - (first_cap or 0.0), 0.0) / cap)
+    if count > MAX_BUCKETS:
+        raise ValueError(
+            f"{knob} splits {total:.3g} gradient bytes of one model chunk into {count:,} "
+            f"buckets; at most {MAX_BUCKETS:,} are simulated: use larger buckets"
+        )
     sizes: list[float] = []
     remaining = total
     for limit in [first_cap] if first_cap else []:
@@ -198,13 +211,16 @@ def grad_buckets(plan: Plan, stage: int, chunk: int) -> tuple[float, ...]:
     per_param = grad_bytes_per_param(kind)
     total = chunk_params(plan, stage, chunk) * per_param
     if kind == "ddp":
-        return _buckets(total, parallel.ddp_bucket_mb * MIB, parallel.ddp_first_bucket_mb * MIB)
+        knob = f"parallel.ddp_bucket_mb={parallel.ddp_bucket_mb}"
+        cap, first = parallel.ddp_bucket_mb * MIB, parallel.ddp_first_bucket_mb * MIB
+        return _buckets(total, cap, first, knob=knob)
     if kind == "distributed_optimizer":
         if stage > 0 or chunk > 0 or not parallel.overlap_grad_reduce:
             return (total,)
         elems = max(MEGATRON_MIN_BUCKET_ELEMS, 1_000_000 * parallel.dp)
-        return _buckets(total, elems * per_param)
-    return _buckets(total, parallel.zero_bucket_elems * per_param)
+        return _buckets(total, elems * per_param, knob=f"Megatron's bucket of {elems} elements")
+    knob = f"parallel.zero_bucket_elems={parallel.zero_bucket_elems}"
+    return _buckets(total, parallel.zero_bucket_elems * per_param, knob=knob)
 
 
 def _chunk_work(plan: Plan, costs: StepCosts, stage: int, chunk: int) -> ChunkWork:

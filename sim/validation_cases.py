@@ -73,7 +73,10 @@ class CaseMapping:
 
 def load_cases(path: str | Path) -> list[dict[str, Any]]:
     """The list of cases in a cases.json file (FileNotFoundError / ValueError on bad input)."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"malformed input: {path}: {exc}") from None
     if not isinstance(data, list) or not all(isinstance(c, dict) and "id" in c for c in data):
         raise ValueError(f"{path}: expected a JSON list of cases, each with an 'id'")
     return data

@@ -68,7 +68,8 @@ def cluster_mapping(source: str | Path) -> Mapping[str, Any]:
             f"unknown cluster {text!r}; give a node preset ({', '.join(NODE_PRESETS)}) "
             "or a YAML file"
         )
-    data = yaml.safe_load(path.read_text())
+    with path.open() as handle:  # a stream, so YAML errors name the file
+        data = yaml.safe_load(handle)
     if not isinstance(data, Mapping):
         raise ValueError(f"{text}: expected a mapping with keys {', '.join(CLUSTER_KEYS)}")
     return data

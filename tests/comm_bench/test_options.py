@@ -83,6 +83,9 @@ def test_nccl_tests_flags_map_to_fields():
         (["--output", "x.txt"], "--output must end in .json"),
         (["--op", "sum"], None),  # nccl-tests' long name of -o is accepted, not --ops
         (["--nope"], "unrecognized arguments: --nope"),
+        (["-b", "-1K"], "bad size '-1K'"),
+        (["-I", "5"], "-I must be 0 or 1, got 5"),
+        (["-e", "-16M"], "bad size '-16M'"),
     ],
 )
 def test_bad_values_raise_one_line(argv, message):

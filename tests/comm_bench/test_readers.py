@@ -145,3 +145,24 @@ def test_unknown_files_are_a_clear_error(tmp_path):
     other.write_text('{"schema": "other/2", "results": []}')
     with pytest.raises(UnknownFormatError, match="schema 'other/2'"):
         read_results(other)
+
+
+def test_malformed_commbench_files_name_the_file_and_row(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"schema": ')
+    with pytest.raises(ValueError, match=r"broken\.json: malformed JSON"):
+        read_results(broken)
+    partial = tmp_path / "partial.json"
+    partial.write_text('{"schema": "commbench/1", "results": [{"op": "all_reduce"}]}')
+    with pytest.raises(ValueError, match=r"partial\.json: result 0: .*missing"):
+        read_results(partial)
+    not_list = tmp_path / "notlist.json"
+    not_list.write_text('{"schema": "commbench/1", "results": 3}')
+    with pytest.raises(ValueError, match="'results' must be a list"):
+        read_results(not_list)
+    header = "op,size_bytes,count,dtype,world_size,num_nodes,in_place,time_us,algbw_gbps,busbw_gbps"
+    rest = ",num_wrong,redop,root,time_min_us,time_median_us,time_p99_us,num_iters,algo,source"
+    junk = tmp_path / "junk.csv"
+    junk.write_text(f"{header}{rest}\nall_reduce,abc,1,float32,4,1,false,1,1,1,,,,,,,,,\n")
+    with pytest.raises(ValueError, match=r"junk\.csv: result 0: .*'abc'"):
+        read_results(junk)

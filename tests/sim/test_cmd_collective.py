@@ -86,6 +86,13 @@ def test_compare_holdout_on_published_tables(tmp_path, capsys):
         ),
         (["compare", "/nonexistent.json", "--topology", "dgx-h100"], "nonexistent"),
         (["collective"], "--topology"),
+        (["collective", "--topology", "dgx-h100", "-b", "-1K"], "bad size '-1K'"),
+        (["collective", "--topology", "dgx-h100", "-f", "inf"], "-f must be a finite number"),
+        (["collective", "--topology", "dgx-h100", "-f", "nan"], "got nan"),
+        (["collective", "--topology", "dgx-h100", "-o", "xor"], "unknown reduction -o 'xor'"),
+        (["collective", "--topology", "dgx-h100", "--nodes", "0"], "--nodes 0"),
+        (["collective", "--topology", "dgx-h100", "--output", "x.txt"], "must end in .json"),
+        (["collective", "--topology", "localhost", "--nodes", "-1"], "--nodes -1"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, message, capsys):
@@ -129,3 +136,42 @@ def test_size_sweep_follows_nccl_tests():
     assert size_sweep(1024, 8192, 2) == [1024, 2048, 4096, 8192]
     with pytest.raises(ValueError, match="-f"):
         size_sweep(1, 2, 1.0)
+
+
+def test_localhost_has_as_many_processes_as_ranks_asked(capsys):
+    sweep = ["-b", "1M", "-e", "1M"]
+    assert main(["collective", "--topology", "localhost", "--ranks", "4", *sweep]) == 0
+    assert "4 ranks on 1 node(s)" in capsys.readouterr().out
+    assert main(["collective", "--topology", "localhost", *sweep]) == 0
+    assert "2 ranks on 1 node(s)" in capsys.readouterr().out  # the preset's two processes
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ("[1, 2]", "expected 'commsim-calibration/1'"),
+        ("{not json", "not valid JSON"),
+        ('{"schema": "commsim-calibration/1", "params": [1]}', "'params' must map op/algo/scope"),
+        ('{"schema": "commsim-calibration/1", "params": {"all_reduce/ring/intra": 5}}', "5"),
+    ],
+)
+def test_bad_calibration_files_are_one_line_errors(tmp_path, capsys, document, message):
+    path = tmp_path / "cal.json"
+    path.write_text(document)
+    assert main(["collective", "--topology", "dgx-h100", "--calibration", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"commsim: error: {path}") and err.count("\n") == 1
+    assert message in err or "bad calibration key" in err
+
+
+def test_bad_measured_records_name_the_file_and_the_value(tmp_path, capsys):
+    row = {"op": "all_reduce", "size_bytes": 1024, "count": 1, "dtype": "float32", "world_size": 4,
+           "num_nodes": 1, "in_place": False, "time_us": 1.0, "algbw_gbps": 1.0,
+           "busbw_gbps": 1.0}  # fmt: skip
+    path = tmp_path / "m.json"
+    for bad, message in [({"size_bytes": -5}, "size_bytes=-5"), ({"op": "gather"}, "'gather'"),
+                         ({"time_us": "x"}, "time_us='x'")]:  # fmt: skip
+        path.write_text(json.dumps({"schema": "commbench/1", "results": [{**row, **bad}]}))
+        assert main(["calibrate", str(path), "--topology", "localhost", "-o", "c.json"]) == 2
+        err = capsys.readouterr().err
+        assert f"{path}: result 0" in err and message in err and err.count("\n") == 1

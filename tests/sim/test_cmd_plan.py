@@ -258,3 +258,44 @@ def test_small_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "zb-h1" in capsys.readouterr().out
     categories = {e.get("cat") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {"compute", "collective", "p2p", "optimizer"} <= categories
+
+
+def test_absurdly_small_buckets_are_an_error_not_a_hang(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write_plan(tmp_path, _with("parallel", ddp_bucket_mb=1e-6))
+    assert main(["plan", str(path), *_outputs(tmp_path)]) == 2
+    _assert_one_line_error(capsys, "parallel.ddp_bucket_mb=1e-06", "buckets")
+    assert not list((tmp_path / "out").iterdir())
+
+
+def test_calibration_fitted_on_another_node_is_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calibration = tmp_path / "cal.json"
+    calibration.write_text('{"schema": "commsim-calibration/1", "topology": "localhost"}')
+    path = _write_plan(tmp_path, TINY_PLAN)
+    assert main(["plan", str(path), "--calibration", str(calibration)]) == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "'localhost'" in err and "'dgx-h100'" in err
+    calibration.write_text('{"schema": "commsim-calibration/1", "topology": "dgx-h100"}')
+    assert main(["plan", str(path), "--calibration", str(calibration)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ('{"schema": "commsim-compute/1", "kernels": {"bf16": {"gemm": "x"}}}', "bad compute"),
+        ('{"schema": "commsim-compute/1", "kernels": [1]}', "bad compute"),
+        ('{"schema": "commsim-compute/1", "efficiency": {"gemm": "x"}}', "'x'"),
+    ],
+)
+def test_junk_compute_calibration_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], document: str, message: str
+) -> None:
+    calibration = tmp_path / "compute.json"
+    calibration.write_text(document)
+    path = _write_plan(tmp_path, TINY_PLAN)
+    assert main(["plan", str(path), "--compute-calibration", str(calibration)]) == 2
+    _assert_one_line_error(capsys, "compute.json", message)

@@ -79,3 +79,14 @@ def test_no_torch_import():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_malformed_cluster_yaml_is_one_line_with_file_and_line(tmp_path, capsys):
+    from sim.cli import main
+
+    path = tmp_path / "broken.yaml"
+    path.write_text("node: [dgx-h100\n")
+    assert main(["topo", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("commsim: error: malformed input:") and err.count("\n") == 1
+    assert f"{path}, line 2, column 1" in err

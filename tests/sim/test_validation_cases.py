@@ -299,3 +299,12 @@ def test_mangled_fields_never_crash_the_mapping(index: int, section: str, data) 
             assert str(exc) and "\n" not in str(exc)
     else:
         assert mapping.plan is None and mapping.missing
+
+
+def test_malformed_cases_file_names_the_file(tmp_path: Path) -> None:
+    from sim.validation_cases import load_cases
+
+    path = tmp_path / "cases.json"
+    path.write_text("[{")
+    with pytest.raises(ValueError, match=r"malformed input: .*cases\.json: "):
+        load_cases(path)

@@ -116,3 +116,11 @@ def test_bad_sources(tmp_path):
     typo.write_text("node: dgx-h100\nnum_nodes: 2\nfabirc: ib-ndr\n")
     with pytest.raises(ValueError, match=r"typo\.yaml: unknown key 'fabirc'"):
         load_cluster(typo)
+
+
+def test_malformed_yaml_error_names_the_file(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("node: [dgx-h100\n")
+    with pytest.raises(yaml.YAMLError) as error:
+        load_cluster(str(path))
+    assert "broken.yaml" in str(error.value)
