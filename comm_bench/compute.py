@@ -17,6 +17,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -81,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu", default=None, help="catalogue GPU key to record (auto)")
     parser.add_argument("--output", "-o", default=None, help="write the calibration JSON here")
     return parser
+
+
+def _check_output(path: str) -> None:
+    """Refuse an output the run could not write, before spending time measuring."""
+    target = Path(path)
+    if target.suffix != ".json":
+        raise UsageError(f"--output must be a .json file, got {path!r}")
+    if not target.parent.is_dir():
+        raise UsageError(f"--output: directory {str(target.parent)!r} does not exist")
 
 
 def _ints(flag: str, text: str) -> list[int]:
@@ -297,6 +307,8 @@ def run(args: argparse.Namespace) -> ComputeCalibration:
     }
     if timing["iters"] <= 0 or timing["warmup"] < 0 or timing["repeats"] <= 0:
         raise UsageError(f"--iters and --repeats must be > 0 and --warmup >= 0, got {timing}")
+    if args.output:
+        _check_output(args.output)
     sizes = _ints("--sizes", args.sizes or str(defaults["sizes"]))
     shapes = [(s, s, s) for s in sizes] + parse_shapes(args.shapes or str(defaults["shapes"]))
     samples = measure_gemms(shapes, dtype, device, **timing)

@@ -91,3 +91,14 @@ def test_gpu_bf16_curve(tmp_path: Path) -> None:
     assert compute.main([*argv, "--seq-lens", "1024,2048", "--output", str(output)]) == 0
     fit = load_compute_calibration(output).kernels["bf16"]["gemm"]
     assert fit.max_flops_per_s > 1e13
+
+
+def test_an_unwritable_output_is_refused_before_measuring(tmp_path, capsys):
+    from comm_bench.compute import main
+
+    missing_dir = tmp_path / "nope" / "c.json"
+    assert main(["--device", "cpu", "--output", str(missing_dir)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["--device", "cpu", "--output", str(tmp_path / "c.txt")]) == 2
+    assert "must be a .json file" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
