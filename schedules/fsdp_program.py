@@ -11,8 +11,8 @@ passes run with ``set_requires_gradient_sync(False)`` and ``set_reshard_after_ba
 and the stage's ``REDUCE_GRAD`` (``perform_reduce_grad``) reduce-scatters every unit (root first,
 then the layers in module order) after the stage's last backward.
 
-    program = fsdp_program(FsdpRank(rank=0, num_microbatches=2, num_units=4, layer=w,
-                                    unit_param_bytes=1e8, unit_grad_bytes=1e8, groups=groups))
+    units = FsdpUnits(num_units=4, layer=w, unit_param_bytes=1e8, unit_grad_bytes=1e8)
+    program = fsdp_program(FsdpRank(rank=0, num_microbatches=2, units=units, groups=groups))
 """
 
 from __future__ import annotations
@@ -31,6 +31,28 @@ NO_WORK = ChunkWork(forward=(), backward=())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FsdpUnits:
+    """One pipeline chunk as FSDP2 units: ``num_units`` layers and a root (embedding, head)."""
+
+    num_units: int
+    """Layers of the chunk, each its own ``fully_shard`` unit."""
+    layer: ChunkWork
+    """One layer's forward, backward, Bi and W recipes."""
+    unit_param_bytes: float
+    """All-gather output of one layer unit."""
+    unit_grad_bytes: float
+    """Reduce-scatter input of one layer unit."""
+    root_param_bytes: float = 0.0
+    """All-gather output of the root (0 for a chunk with neither embedding nor head)."""
+    root_grad_bytes: float = 0.0
+    """Reduce-scatter input of the root."""
+    embed: ChunkWork = NO_WORK
+    """Work before the layers in forward and after them in backward (first stage)."""
+    head: ChunkWork = NO_WORK
+    """Work after the layers in forward and before them in backward (last stage)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FsdpRank:
     """Everything one rank's FSDP1 / ZeRO-3 step program depends on (one unit per layer)."""
 
@@ -38,22 +60,8 @@ class FsdpRank:
     """Global rank."""
     num_microbatches: int
     """Gradient-accumulation micro-batches."""
-    num_units: int
-    """Wrapped units (transformer layers); the root holds embedding, final norm and head."""
-    layer: ChunkWork
-    """One layer's forward/backward recipes."""
-    unit_param_bytes: float
-    """All-gather output of one unit."""
-    unit_grad_bytes: float
-    """Reduce-scatter input of one unit."""
-    root_param_bytes: float = 0.0
-    """All-gather output of the root unit."""
-    root_grad_bytes: float = 0.0
-    """Reduce-scatter input of the root unit."""
-    embed: ChunkWork = NO_WORK
-    """Embedding (start of forward, end of backward)."""
-    head: ChunkWork = NO_WORK
-    """Final norm, LM head and loss."""
+    units: FsdpUnits
+    """The model as FSDP units: one per transformer layer, and the root (embedding, head)."""
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """``dp`` = the shard group; ``hsdp`` = the replicate group (HSDP), ``tp``/``cp`` as usual."""
     backward_prefetch: str = "backward_pre"
@@ -116,36 +124,37 @@ class _Fsdp:
             self.frees.append(self.b.last_compute)
 
     def forward(self, mb: int, waits: list[int]) -> list[int]:
-        spec, b = self.spec, self.b
+        spec, units, b = self.spec, self.spec.units, self.b
         start = b.after_compute()
-        root = self.gather(f"AG root mb{mb}", spec.root_param_bytes, start)
-        waits = b.run_steps(f"F{mb} embed", spec.embed.forward, (*waits, *root))
-        for u in range(spec.num_units):
-            ag = self.gather(f"AG u{u} mb{mb}", spec.unit_param_bytes, start)
-            waits = b.run_steps(f"F{mb} u{u}", spec.layer.forward, (*waits, *ag))
+        root = self.gather(f"AG root mb{mb}", units.root_param_bytes, start)
+        waits = b.run_steps(f"F{mb} embed", units.embed.forward, (*waits, *root))
+        for u in range(units.num_units):
+            ag = self.gather(f"AG u{u} mb{mb}", units.unit_param_bytes, start)
+            waits = b.run_steps(f"F{mb} u{u}", units.layer.forward, (*waits, *ag))
             if spec.reshard_after_forward:
                 self.free()
-        return b.run_steps(f"F{mb} head", spec.head.forward, tuple(waits))
+        return b.run_steps(f"F{mb} head", units.head.forward, tuple(waits))
 
     def backward(self, mb: int, waits: list[int]) -> list[int]:
-        spec, b, n = self.spec, self.b, self.spec.num_units
+        spec, units, b = self.spec, self.spec.units, self.b
+        n = units.num_units
         regather, prefetch = spec.reshard_after_forward, spec.backward_prefetch
         gathers: dict[int, list[int]] = {}
         if regather and prefetch != "none" and n > 0:
-            gathers[n - 1] = self.gather(f"AG u{n - 1} mb{mb} bwd", spec.unit_param_bytes)
-        waits = b.run_steps(f"B{mb} head", spec.head.backward, tuple(waits))
+            gathers[n - 1] = self.gather(f"AG u{n - 1} mb{mb} bwd", units.unit_param_bytes)
+        waits = b.run_steps(f"B{mb} head", units.head.backward, tuple(waits))
         for u in range(n - 1, -1, -1):
             if regather and u not in gathers:
-                gathers[u] = self.gather(f"AG u{u} mb{mb} bwd", spec.unit_param_bytes)
+                gathers[u] = self.gather(f"AG u{u} mb{mb} bwd", units.unit_param_bytes)
             if regather and prefetch == "backward_pre" and u > 0:
-                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes)
-            waits = b.run_steps(f"B{mb} u{u}", spec.layer.backward, (*waits, *gathers.get(u, [])))
+                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", units.unit_param_bytes)
+            waits = b.run_steps(f"B{mb} u{u}", units.layer.backward, (*waits, *gathers.get(u, [])))
             self.free()
             if regather and prefetch == "backward_post" and u > 0:
-                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", spec.unit_param_bytes)
-            self.reduced += _reduce(b, f"u{u} mb{mb}", spec.unit_grad_bytes, waits)
-        waits = b.run_steps(f"B{mb} embed", spec.embed.backward, tuple(waits))
-        self.reduced += _reduce(b, f"root mb{mb}", spec.root_grad_bytes, waits)
+                gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", units.unit_param_bytes)
+            self.reduced += _reduce(b, f"u{u} mb{mb}", units.unit_grad_bytes, waits)
+        waits = b.run_steps(f"B{mb} embed", units.embed.backward, tuple(waits))
+        self.reduced += _reduce(b, f"root mb{mb}", units.root_grad_bytes, waits)
         return waits
 
 
@@ -166,28 +175,6 @@ def _reduce(b: ProgramBuilder, label: str, size: float, waits: list[int]) -> lis
 
 ROOT = -1
 """Unit id of a chunk's root (the stage module itself: embedding, final norm and head)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FsdpUnits:
-    """One pipeline chunk as FSDP2 units: ``num_units`` layers and a root (embedding, head)."""
-
-    num_units: int
-    """Layers of the chunk, each its own ``fully_shard`` unit."""
-    layer: ChunkWork
-    """One layer's forward, backward, Bi and W recipes."""
-    unit_param_bytes: float
-    """All-gather output of one layer unit."""
-    unit_grad_bytes: float
-    """Reduce-scatter input of one layer unit."""
-    root_param_bytes: float = 0.0
-    """All-gather output of the root (0 for a chunk with neither embedding nor head)."""
-    root_grad_bytes: float = 0.0
-    """Reduce-scatter input of the root."""
-    embed: ChunkWork = NO_WORK
-    """Work before the layers in forward and after them in backward (first stage)."""
-    head: ChunkWork = NO_WORK
-    """Work after the layers in forward and before them in backward (last stage)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

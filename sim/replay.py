@@ -382,20 +382,23 @@ def fsdp_programs(
     unit_params = layer_params_per_gpu(plan.model, par.tp)
     root_params = stage_params_per_gpu(plan, 0) - unit_params * plan.model.num_layers
     prefetch = par.fsdp_backward_prefetch if par.data_parallel != "zero3" else "backward_pre"
+    units = FsdpUnits(
+        num_units=plan.model.num_layers,
+        layer=ChunkWork(forward=recipes["F"], backward=recipes["B"]),
+        unit_param_bytes=unit_params * 2.0,
+        unit_grad_bytes=unit_params * per_param,
+        root_param_bytes=root_params * 2.0,
+        root_grad_bytes=root_params * per_param,
+        embed=ChunkWork(forward=tuple(x["fwd_pre"]), backward=tuple(x["bwd_post"])),
+        head=ChunkWork(forward=tuple(x["fwd_post"]), backward=tuple(x["bwd_pre"])),
+    )
     programs = []
     for rank in ranks:
         groups = fsdp_groups(plan, rank, gpus_per_node)
         spec = FsdpRank(
             rank=rank,
             num_microbatches=num_microbatches(plan),
-            num_units=plan.model.num_layers,
-            layer=ChunkWork(forward=recipes["F"], backward=recipes["B"]),
-            unit_param_bytes=unit_params * 2.0,
-            unit_grad_bytes=unit_params * per_param,
-            root_param_bytes=root_params * 2.0,
-            root_grad_bytes=root_params * per_param,
-            embed=ChunkWork(forward=tuple(x["fwd_pre"]), backward=tuple(x["bwd_post"])),
-            head=ChunkWork(forward=tuple(x["fwd_post"]), backward=tuple(x["bwd_pre"])),
+            units=units,
             groups=groups,
             backward_prefetch=prefetch,
             limit_all_gathers=par.fsdp_limit_all_gathers,

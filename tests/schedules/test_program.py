@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from schedules.fsdp_program import FsdpRank, fsdp_program
+from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
 from schedules.pipeline import one_f_one_b
 from schedules.program import (
     ChunkWork,
@@ -180,12 +180,14 @@ def fsdp_spec(prefetch: str) -> FsdpRank:
     return FsdpRank(
         rank=0,
         num_microbatches=1,
-        num_units=4,
-        layer=unit_work(),
-        unit_param_bytes=1.0,
-        unit_grad_bytes=1.0,
-        root_param_bytes=1.0,
-        root_grad_bytes=1.0,
+        units=FsdpUnits(
+            num_units=4,
+            layer=unit_work(),
+            unit_param_bytes=1.0,
+            unit_grad_bytes=1.0,
+            root_param_bytes=1.0,
+            root_grad_bytes=1.0,
+        ),
         groups={"dp": (0, 1)},
         backward_prefetch=prefetch,
     )

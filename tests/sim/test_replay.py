@@ -199,10 +199,9 @@ def test_fsdp_collectives_run_in_fifo_order_and_overlap_compute() -> None:
     spec = FsdpRank(
         rank=0,
         num_microbatches=1,
-        num_units=3,
-        layer=work(2.0, 4.0),
-        unit_param_bytes=1.0,
-        unit_grad_bytes=1.0,
+        units=FsdpUnits(
+            num_units=3, layer=work(2.0, 4.0), unit_param_bytes=1.0, unit_grad_bytes=1.0
+        ),
         groups={"dp": (0, 1)},
     )
     timeline = run([fsdp_program(spec)], UnitComm)
