@@ -17,38 +17,9 @@ from schedules.plan import (
     TrainingConfig,
     resolve_plan,
 )
-
-
-def gpt(num_layers: int, hidden_size: int, num_heads: int, *, seq_len: int = 2048) -> ModelConfig:
-    """A Megatron GPT: GeLU MLP 4h, LayerNorm, biases, learned positions, tied embeddings."""
-    return ModelConfig(
-        name="gpt",
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        num_heads=num_heads,
-        ffn_hidden_size=4 * hidden_size,
-        vocab_size=51200,
-        seq_len=seq_len,
-        mlp_activation="gelu",
-        tied_embeddings=True,
-        position_embedding="learned",
-        norm="layernorm",
-        linear_bias=True,
-        dropout=True,
-    )
-
+from tests.model_configs import LLAMA3_70B, gpt
 
 GPT3 = gpt(96, 12288, 96)
-LLAMA3_70B = ModelConfig(
-    name="llama3-70b",
-    num_layers=80,
-    hidden_size=8192,
-    num_heads=64,
-    num_kv_heads=8,
-    ffn_hidden_size=28672,
-    vocab_size=128256,
-    seq_len=8192,
-)
 
 
 def make_plan(model: ModelConfig, world_size: int, **parallel: object) -> Plan:

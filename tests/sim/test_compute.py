@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedules.flops import layer_flops
-from schedules.plan import ClusterConfig, ModelConfig, ParallelConfig, Plan, TrainingConfig
+from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
 from sim.compute import (
     ComputeCalibration,
     ComputeModel,
@@ -22,20 +22,11 @@ from sim.compute import (
     save_compute_calibration,
 )
 from sim.compute_layer import weight_gemm_shapes
+from tests.model_configs import LLAMA3_70B
 from topologies.hardware import GPUS
 
 H100 = GPUS["h100-sxm"]
 A100 = GPUS["a100-sxm-80gb"]
-LLAMA = ModelConfig(
-    name="llama3-70b",
-    num_layers=80,
-    hidden_size=8192,
-    num_heads=64,
-    num_kv_heads=8,
-    ffn_hidden_size=28672,
-    vocab_size=128256,
-    seq_len=8192,
-)
 
 
 def plan(**parallel: object) -> Plan:
@@ -43,7 +34,7 @@ def plan(**parallel: object) -> Plan:
     precision = str(parallel.pop("precision", "bf16"))
     flash = bool(parallel.pop("flash_attention", True))
     return Plan(
-        model=LLAMA,
+        model=LLAMA3_70B,
         cluster=ClusterConfig(node="dgx-h100"),
         parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
         training=TrainingConfig(
@@ -117,7 +108,7 @@ def test_layer_times_structure() -> None:
     selective = model.layer_times(plan(tp=4, recompute="selective"))
     assert selective.recompute_s == pytest.approx(attention_fwd)
     # Model-FLOP throughput of the layer is a sensible fraction of the bf16 peak.
-    flops = layer_flops(LLAMA, 1, tp=4)
+    flops = layer_flops(LLAMA3_70B, 1, tp=4)
     rate = flops.forward / times.forward_s / H100.peak_flops_per_s["bf16"]
     assert 0.5 < rate < 0.8
 
