@@ -22,8 +22,6 @@ from typing import Any
 
 import yaml
 
-from schedules import plan_checks
-
 MLP_ACTIVATIONS = {"gelu": False, "relu": False, "swiglu": True, "geglu": True}
 """Known MLP activations and whether each is gated (three matrices instead of two)."""
 POSITION_EMBEDDINGS = ("rope", "learned")
@@ -383,25 +381,6 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {s: dataclasses.asdict(getattr(plan, s)) for s in _SECTIONS}
     out.update({k: getattr(plan, k) for k in _TOP_LEVEL_SCALARS if getattr(plan, k)})
     return out
-
-
-def resolve_plan(plan: Plan, world_size: int) -> Plan:
-    """The plan with ``dp`` filled in, after checking every constraint against ``world_size``."""
-    if world_size <= 0:
-        raise ValueError(f"world size must be > 0, got {world_size}")
-    parallel = plan.parallel
-    dp = plan_checks.resolve_dp(parallel, world_size)
-    plan_checks.check_model_split(plan.model, parallel)
-    training = plan.training
-    per_step = training.micro_batch_size * dp
-    if training.global_batch_size % per_step:
-        raise ValueError(
-            f"training.global_batch_size={training.global_batch_size} is not divisible by "
-            f"micro_batch_size*dp = {training.micro_batch_size}*{dp} = {per_step}"
-        )
-    plan_checks.check_schedule(parallel, training.global_batch_size // per_step)
-    plan_checks.check_knobs(parallel, dp)
-    return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))
 
 
 def num_microbatches(plan: Plan) -> int:

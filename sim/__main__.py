@@ -1,5 +1,5 @@
 """``python -m sim`` runs the commsim command."""
 
-from sim.cli import main
+from sim.cli.main import main
 
 raise SystemExit(main())

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from topologies.hardware import LINKS, LinkSpec, lookup
-from topologies.topology import add_link
+from topologies.links import add_link
 
 Endpoint = tuple[str, int, int]
 """A NIC to attach: (node id, server index, rail = NIC index inside its server)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import networkx as nx
 
 from topologies.hardware import GPUS, LINKS, NVSWITCHES, LinkSpec, lookup
-from topologies.topology import add_link
+from topologies.links import add_link
 
 INTRA_KINDS = ("nvswitch", "pcie", "nvlink-bridge", "loopback")
 """How GPUs inside a server talk to each other."""

@@ -19,15 +19,13 @@ import hashlib
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import networkx as nx
 
-from topologies.hardware import GPUSpec, LinkSpec
-
-if TYPE_CHECKING:
-    from topologies.fabrics import FabricLayout
-    from topologies.nodes import NodeSpec
+from topologies.fabrics import FabricLayout
+from topologies.hardware import GPUSpec
+from topologies.nodes import NodeSpec
 
 Edge = tuple[str, str]
 """A directed link (from node id, to node id)."""
@@ -42,22 +40,6 @@ TIERS = ("nvlink", "network", "pcie")
 """Tiers accepted by ``Topology.injection_bandwidth_bytes_per_s``."""
 FABRIC_KINDS = ("leaf", "spine", "core")
 """Node kinds that belong to the network fabric rather than to a server."""
-
-
-def add_link(graph: nx.DiGraph, u: str, v: str, link: LinkSpec, *, multiplicity: int = 1) -> None:
-    """Join ``u`` and ``v`` by a full-duplex ``link`` (two directed edges).
-
-    ``multiplicity`` parallel cables are merged into one edge of that many times the bandwidth.
-    """
-    attrs = {
-        "bandwidth_bytes_per_s": link.nominal_bandwidth_bytes_per_s * multiplicity,
-        "effective_bandwidth_bytes_per_s": link.effective_bandwidth_bytes_per_s * multiplicity,
-        "latency_s": link.latency_s,
-        "kind": link.kind,
-        "link": link.name,
-    }
-    graph.add_edge(u, v, **attrs)
-    graph.add_edge(v, u, **attrs)
 
 
 def stable_hash(*parts: object) -> int:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from comm_bench import compute
-from sim.compute import ComputeModel, load_compute_calibration
+from sim.compute.model import ComputeModel, load_compute_calibration
 from topologies.hardware import GPUS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,8 +22,8 @@ from schedules.plan import (
     ParallelConfig,
     Plan,
     TrainingConfig,
-    resolve_plan,
 )
+from schedules.resolve import resolve_plan
 
 SMALL = ModelConfig(
     name="small",

@@ -15,8 +15,8 @@ from schedules.plan import (
     ParallelConfig,
     Plan,
     TrainingConfig,
-    resolve_plan,
 )
+from schedules.resolve import resolve_plan
 from tests.model_configs import LLAMA3_70B, gpt
 
 GPT3 = gpt(96, 12288, 96)

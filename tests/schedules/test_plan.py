@@ -17,8 +17,8 @@ from schedules.plan import (
     load_plan,
     num_microbatches,
     plan_to_dict,
-    resolve_plan,
 )
+from schedules.resolve import resolve_plan
 
 LLAMA_70B_PLAN = """
 model:

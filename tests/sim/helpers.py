@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from sim.analytical import CommParams
-from sim.calibration import Calibration, FitQuality
+from sim.network.analytical import CommParams
+from sim.network.calibration import Calibration, FitQuality
 from topologies.hardware import GPUS
 from topologies.topology import Topology
 

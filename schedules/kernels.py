@@ -1,0 +1,287 @@
+"""What a transformer layer, the embedding and the LM head run on one GPU: lists of kernels.
+
+A description only: each kernel has a kind, FLOPs, the dimensions that set how well it fills the
+GPU, the bytes it moves and its dtype; ``sim.compute`` prices such lists and never calls back.
+
+Per micro-batch of b sequences on one GPU, with T = b s / cp tokens, t = tp, kd the key/value
+width, f the MLP width: weight GEMMs QKV (T x (h + 2kd)/t x h), attention projection
+(T x h x h/t), MLP up (T x f/t x h, 2f/t when gated) and down (T x h x f/t); the attention core
+(fused, or eager batched GEMMs plus a softmax when ``flash_attention`` is off); memory-bound
+kernels: 2 norms and 2 residual adds (on T/t tokens with sequence parallelism, else T), rotary
+embeddings on Q and K, the MLP activation. The backward of a weight GEMM (m, n, k) is an
+input-gradient GEMM (m, k, n) and a weight-gradient GEMM (k, n, m); elementwise backward moves
+twice the forward bytes.
+
+    kernels = layer_kernels(plan); [k.name for k in kernels.forward]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedules.activations import ACTIVATION_BYTES
+from schedules.plan import Plan
+
+KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward", "memory")
+"""What prices a kernel: a GEMM curve, a fused-attention curve, or memory bandwidth alone."""
+ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+"""Fused attention backward FLOPs / forward FLOPs (5 matmuls instead of 2, FlashAttention)."""
+CROSS_ENTROPY_FORWARD_PASSES = 4
+"""fp32 passes over the logits in the forward of vocab-parallel cross-entropy (cast, max, exp-sum,
+loss); approximate, from Megatron's ``vocab_parallel_cross_entropy``."""
+CROSS_ENTROPY_BACKWARD_PASSES = 2
+"""fp32 passes over the logits in its backward (softmax minus one-hot, scaled)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Kernel:
+    """One kernel on one GPU."""
+
+    name: str
+    """What it computes (``qkv``, ``attention``, ``elementwise``, ...)."""
+    kind: str
+    """One of ``KERNEL_KINDS``."""
+    dtype: str = "bf16"
+    """Math dtype (picks the peak and the fitted curve)."""
+    flops: float = 0.0
+    """Floating-point operations (0 for memory-bound kernels)."""
+    dims: tuple[float, ...] = ()
+    """Dimensions whose size sets the fraction of peak reached (m, n, k; query/key lengths)."""
+    bytes: float = 0.0
+    """Bytes read plus written: the roofline floor (the whole cost of a ``memory`` kernel)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KERNEL_KINDS:
+            raise ValueError(f"kernel kind must be one of {', '.join(KERNEL_KINDS)}: {self.kind!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PieceKernels:
+    """The kernels of one piece of the model (a layer, the embedding, the head), per phase."""
+
+    forward: tuple[Kernel, ...]
+    """Forward pass."""
+    backward_input: tuple[Kernel, ...]
+    """Input-gradient half of the backward (with the attention and elementwise backward)."""
+    backward_weight: tuple[Kernel, ...]
+    """Weight-gradient GEMMs (the deferrable 'W' of zero-bubble schedules)."""
+    recompute: tuple[Kernel, ...] = ()
+    """Rerun before the backward (none; selective: the attention core; full: the forward)."""
+
+
+def element_bytes(dtype: str) -> int:
+    """Bytes per element of a GEMM operand in ``dtype``."""
+    return 1 if dtype == "fp8" else (4 if dtype in ("fp32", "tf32") else 2)
+
+
+def gemm(name: str, m: float, n: float, k: float, dtype: str = "bf16") -> Kernel:
+    """(m x k) @ (k x n): 2mnk FLOPs; reads both operands, writes a 16-bit (m x n) result."""
+    operand_bytes = element_bytes(dtype) * (m * k + k * n) + 2 * m * n
+    return Kernel(
+        name=name,
+        kind="gemm",
+        dtype=dtype,
+        flops=2.0 * m * n * k,
+        dims=(m, n, k),
+        bytes=operand_bytes,
+    )
+
+
+def attention(
+    *,
+    batch: float,
+    num_heads: float,
+    seq_q: float,
+    seq_kv: float,
+    head_dim: float,
+    causal: bool = True,
+    dtype: str = "bf16",
+    backward: bool = False,
+) -> Kernel:
+    """Fused attention (scores, softmax, AV) forward, or its backward with ``backward``."""
+    flops = 4.0 * batch * num_heads * seq_q * seq_kv * head_dim * (0.5 if causal else 1.0)
+    if backward:
+        flops *= ATTENTION_BACKWARD_FLOPS_RATIO
+    io_bytes = ACTIVATION_BYTES * batch * num_heads * head_dim * (2 * seq_q + 2 * seq_kv)
+    io_bytes *= 2 if backward else 1
+    return Kernel(
+        name="attention_backward" if backward else "attention",
+        kind="attention_backward" if backward else "attention_forward",
+        dtype=dtype,
+        flops=flops,
+        dims=(seq_q, seq_kv),
+        bytes=io_bytes,
+    )
+
+
+def memory(name: str, num_bytes: float) -> Kernel:
+    """A memory-bound kernel moving ``num_bytes`` (read + written)."""
+    return Kernel(name=name, kind="memory", bytes=num_bytes)
+
+
+def dtypes(plan: Plan) -> tuple[str, str]:
+    """(GEMM dtype, dtype of everything else): FP8 plans run only the layer GEMMs in FP8."""
+    precision = plan.training.precision
+    other = "fp16" if precision == "fp16" else "bf16"
+    return ("fp8" if precision == "fp8" else other), other
+
+
+def _tokens(plan: Plan) -> float:
+    return plan.training.micro_batch_size * plan.model.seq_len / plan.parallel.cp
+
+
+WEIGHT_GEMMS = ("qkv", "proj", "fc1", "fc2")
+"""Names of a layer's weight GEMMs, in ``weight_gemm_shapes`` order."""
+
+
+def weight_gemm_shapes(plan: Plan) -> tuple[tuple[float, float, float], ...]:
+    """Forward (m, n, k) of the QKV, projection, MLP up and MLP down GEMMs on one GPU."""
+    model, t = plan.model, plan.parallel.tp
+    tokens, h, f = _tokens(plan), model.hidden_size, model.ffn_hidden_size
+    up_width = 2 * f if model.gated_mlp else f
+    return (
+        (tokens, (h + 2 * model.kv_size) / t, h),
+        (tokens, h, h / t),
+        (tokens, up_width / t, h),
+        (tokens, h, f / t),
+    )
+
+
+def elementwise_forward_bytes(plan: Plan) -> float:
+    """Bytes the memory-bound kernels of one layer's forward move on one GPU."""
+    model, parallel = plan.model, plan.parallel
+    tokens, t, h = _tokens(plan), parallel.tp, model.hidden_size
+    norm_tokens = tokens / t if parallel.sequence_parallel else tokens
+    norms = 2 * 2 * ACTIVATION_BYTES * norm_tokens * h  # read + write, 2 norms
+    residuals = 2 * 3 * ACTIVATION_BYTES * norm_tokens * h  # 2 reads + 1 write, 2 adds
+    rotary = 0.0
+    if model.position_embedding == "rope":
+        rotary = 2 * ACTIVATION_BYTES * tokens * (h + model.kv_size) / t
+    mlp_in = 2 * model.ffn_hidden_size if model.gated_mlp else model.ffn_hidden_size
+    activation = ACTIVATION_BYTES * tokens * (mlp_in + model.ffn_hidden_size) / t
+    return norms + residuals + rotary + activation
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionShape:
+    """The attention core's dimensions on one GPU."""
+
+    batch: float
+    """Sequences in the micro-batch."""
+    num_heads: float
+    """Query heads on this GPU, a / t."""
+    seq_q: float
+    """Query tokens on this GPU, s / cp."""
+    seq_kv: float
+    """Key/value tokens attended to, s (context parallelism passes all of them around)."""
+    head_dim: float
+    """h / a."""
+
+
+def attention_shape(plan: Plan) -> AttentionShape:
+    """The attention core's dimensions on one GPU of the plan."""
+    model, parallel = plan.model, plan.parallel
+    return AttentionShape(
+        batch=plan.training.micro_batch_size,
+        num_heads=model.num_heads / parallel.tp,
+        seq_q=model.seq_len / parallel.cp,
+        seq_kv=model.seq_len,
+        head_dim=model.head_dim,
+    )
+
+
+def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """(forward, backward) kernels of the attention core on one GPU.
+
+    Fused: one kernel, causal. Eager: QK^T and AV as batched GEMMs over the full s x s scores
+    (the causal mask is applied after the product) plus a softmax reading and writing them; the
+    backward runs each of them twice (dS/dV and dQ/dK products, softmax backward). The eager
+    score GEMMs are priced by their FLOPs alone: the softmax kernel carries the scores' bytes.
+    """
+    _, dtype = dtypes(plan)
+    shape = attention_shape(plan)
+    seq_q, seq_kv, d = shape.seq_q, shape.seq_kv, shape.head_dim
+    if plan.training.flash_attention:
+        forward, backward = (
+            attention(
+                batch=shape.batch,
+                num_heads=shape.num_heads,
+                seq_q=seq_q,
+                seq_kv=seq_kv,
+                head_dim=d,
+                causal=True,
+                dtype=dtype,
+                backward=is_backward,
+            )
+            for is_backward in (False, True)
+        )
+        return (forward,), (backward,)
+    scores = shape.batch * shape.num_heads * seq_q * seq_kv
+    gemm_flops = 2.0 * scores * d
+    qk = Kernel(name="scores", kind="gemm", dtype=dtype, flops=gemm_flops, dims=(seq_q, seq_kv, d))
+    av = Kernel(name="context", kind="gemm", dtype=dtype, flops=gemm_flops, dims=(seq_q, d, seq_kv))
+    softmax = memory("softmax", 2 * ACTIVATION_BYTES * scores)
+    softmax_backward = memory("softmax_backward", 2 * 2 * ACTIVATION_BYTES * scores)
+    return (qk, av, softmax), (qk, av, qk, av, softmax_backward)
+
+
+def layer_kernels(plan: Plan) -> PieceKernels:
+    """One transformer layer, one micro-batch, one GPU: forward, backward split, recompute."""
+    gemm_dtype, _ = dtypes(plan)
+    shapes = weight_gemm_shapes(plan)
+    core_forward, core_backward = attention_core_kernels(plan)
+    elementwise_bytes = elementwise_forward_bytes(plan)
+    named = list(zip(WEIGHT_GEMMS, shapes, strict=True))
+    forward = (
+        *(gemm(name, m, n, k, gemm_dtype) for name, (m, n, k) in named),
+        *core_forward,
+        memory("elementwise", elementwise_bytes),
+    )
+    recompute = {"none": (), "selective": core_forward, "full": forward}[plan.parallel.recompute]
+    return PieceKernels(
+        forward=forward,
+        backward_input=(
+            *(gemm(f"{name}_dgrad", m, k, n, gemm_dtype) for name, (m, n, k) in named),
+            *core_backward,
+            memory("elementwise_backward", 2 * elementwise_bytes),
+        ),
+        backward_weight=tuple(
+            gemm(f"{name}_wgrad", k, n, m, gemm_dtype) for name, (m, n, k) in named
+        ),
+        recompute=recompute,
+    )
+
+
+def embedding_kernels(plan: Plan) -> PieceKernels:
+    """Word (and learned position) embedding: a row gather forward, a scatter-add backward."""
+    tokens, h = _tokens(plan), plan.model.hidden_size
+    passes = 2 + (3 if plan.model.position_embedding == "learned" else 0)
+    return PieceKernels(
+        forward=(memory("embedding", passes * ACTIVATION_BYTES * tokens * h),),
+        backward_input=(),
+        backward_weight=(memory("embedding_backward", 3 * ACTIVATION_BYTES * tokens * h),),
+    )
+
+
+def head_kernels(plan: Plan) -> PieceKernels:
+    """Final norm, LM head (T x V/t x h, kept in 16-bit as Megatron does) and cross-entropy."""
+    model, parallel = plan.model, plan.parallel
+    _, dtype = dtypes(plan)
+    tokens, h = _tokens(plan), model.hidden_size
+    vocab = model.vocab_size / parallel.tp
+    norm_tokens = tokens / parallel.tp if parallel.sequence_parallel else tokens
+    norm_bytes = 2 * 2 * ACTIVATION_BYTES * norm_tokens * h
+    logits_bytes = 4.0 * tokens * vocab
+    return PieceKernels(
+        forward=(
+            memory("final_norm", norm_bytes),
+            gemm("lm_head", tokens, vocab, h, dtype),
+            memory("cross_entropy", CROSS_ENTROPY_FORWARD_PASSES * logits_bytes),
+        ),
+        backward_input=(
+            memory("final_norm_backward", 2 * norm_bytes),
+            gemm("lm_head_dgrad", tokens, h, vocab, dtype),
+            memory("cross_entropy_backward", CROSS_ENTROPY_BACKWARD_PASSES * logits_bytes),
+        ),
+        backward_weight=(gemm("lm_head_wgrad", h, vocab, tokens, dtype),),
+    )

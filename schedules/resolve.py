@@ -1,0 +1,146 @@
+"""Resolving a plan on its world: cross-field checks, then ``dp`` filled in (``resolve_plan``).
+
+Each check raises a ``ValueError`` that prints every value involved, so a user sees at once which
+degree, batch or model dimension to change.
+
+    plan = resolve_plan(load_plan("plan.yaml"), world_size=256)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schedules.plan import ModelConfig, ParallelConfig, Plan
+
+FSDP_KINDS = ("fsdp", "hsdp")
+ZERO_KINDS = ("zero1", "zero2", "zero3")
+
+
+def _degrees(parallel: ParallelConfig, dp: int | None = None) -> str:
+    dp_text = "" if dp is None else f", dp={dp}"
+    return f"tp={parallel.tp}, cp={parallel.cp}, pp={parallel.pp}{dp_text}"
+
+
+def resolve_dp(parallel: ParallelConfig, world_size: int) -> int:
+    """The data-parallel degree: given and checked, or derived as world / (tp*cp*pp)."""
+    model_parallel = parallel.model_parallel_size
+    if parallel.dp == 0:
+        if world_size % model_parallel:
+            raise ValueError(
+                f"world size {world_size} is not divisible by tp*cp*pp = {model_parallel} "
+                f"({_degrees(parallel)})"
+            )
+        return world_size // model_parallel
+    if model_parallel * parallel.dp != world_size:
+        raise ValueError(
+            f"world size {world_size} != tp*cp*pp*dp = {model_parallel * parallel.dp} "
+            f"({_degrees(parallel, parallel.dp)})"
+        )
+    return parallel.dp
+
+
+def check_model_split(model: ModelConfig, parallel: ParallelConfig) -> None:
+    """Heads, kv heads and ffn split over tp; layers over pp*vpp; the sequence over cp (and tp)."""
+    t = parallel.tp
+    checks = (
+        ("model.num_heads", model.num_heads, "tp", t),
+        ("model.num_kv_heads", model.num_kv_heads, "tp", t),
+        ("model.ffn_hidden_size", model.ffn_hidden_size, "tp", t),
+        ("model.num_layers", model.num_layers, "pp*vpp", parallel.pp * parallel.vpp),
+    )
+    for key, value, divisor_name, divisor in checks:
+        if value % divisor:
+            raise ValueError(
+                f"{key}={value} is not divisible by {divisor_name}={divisor} "
+                f"(tp={t}, pp={parallel.pp}, vpp={parallel.vpp})"
+            )
+    # Megatron's load-balanced causal CP splits the sequence into 2*cp chunks.
+    cp_chunks = 2 * parallel.cp if parallel.cp > 1 else 1
+    if model.seq_len % cp_chunks:
+        raise ValueError(
+            f"model.seq_len={model.seq_len} is not divisible by 2*cp={cp_chunks} (cp={parallel.cp})"
+        )
+    if parallel.sequence_parallel and (model.seq_len // parallel.cp) % t:
+        raise ValueError(
+            f"with sequence_parallel, seq_len/cp = {model.seq_len}/{parallel.cp} must be "
+            f"divisible by tp={t}"
+        )
+
+
+def check_schedule(parallel: ParallelConfig, num_micro: int) -> None:
+    """vpp > 1 only with the interleaved schedule, which needs pp > 1 and m % pp == 0."""
+    p, v = parallel.pp, parallel.vpp
+    if parallel.schedule == "interleaved":
+        if p < 2 or v < 2:
+            raise ValueError(
+                f"schedule 'interleaved' needs pp > 1 and vpp > 1, got pp={p}, vpp={v}"
+            )
+        # Megatron (current): p <= g <= m and (m % g == 0 or m % g >= p) with g = p by default,
+        # which reduces to m % p == 0 and m >= p.
+        if num_micro % p or num_micro < p:
+            raise ValueError(
+                f"schedule 'interleaved' needs the micro-batch count to be a multiple of pp "
+                f"(Megatron), got micro-batches={num_micro}, pp={p}, vpp={v}"
+            )
+    elif v > 1:
+        raise ValueError(
+            f"vpp={v} > 1 needs schedule 'interleaved', got schedule={parallel.schedule!r}"
+        )
+
+
+_KNOB_OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ddp_bucket_mb", ("ddp",)),
+    ("ddp_first_bucket_mb", ("ddp",)),
+    ("ddp_gradient_as_bucket_view", ("ddp",)),
+    ("fsdp_backward_prefetch", FSDP_KINDS),
+    ("fsdp_forward_prefetch", FSDP_KINDS),
+    ("fsdp_limit_all_gathers", FSDP_KINDS),
+    ("fsdp_reshard_after_forward", FSDP_KINDS),
+    ("hsdp_shard_size", ("hsdp",)),
+    ("zero_bucket_elems", ZERO_KINDS),
+    ("zero_allgather_bucket_elems", ("zero1", "zero2")),
+    ("zero_overlap_comm", ZERO_KINDS),
+    ("zero_prefetch_bucket_elems", ("zero3",)),
+    ("overlap_param_gather", ("distributed_optimizer",)),
+)
+
+
+def check_knobs(parallel: ParallelConfig, dp: int) -> None:
+    """Framework knobs set away from their default must belong to the data-parallel kind."""
+    defaults = type(parallel)()
+    kind = parallel.data_parallel
+    for knob, owners in _KNOB_OWNERS:
+        value = getattr(parallel, knob)
+        if value != getattr(defaults, knob) and kind not in owners:
+            raise ValueError(
+                f"parallel.{knob}={value!r} applies only to data_parallel "
+                f"{' | '.join(owners)}, got data_parallel={kind!r}"
+            )
+    if parallel.tp_comm_overlap and not (parallel.sequence_parallel and parallel.tp > 1):
+        raise ValueError(
+            f"parallel.tp_comm_overlap needs sequence_parallel and tp > 1, got "
+            f"sequence_parallel={parallel.sequence_parallel}, tp={parallel.tp}"
+        )
+    if parallel.sequence_parallel and parallel.tp == 1:
+        raise ValueError("parallel.sequence_parallel needs tp > 1, got tp=1")
+    if kind == "hsdp" and parallel.hsdp_shard_size and dp % parallel.hsdp_shard_size:
+        raise ValueError(f"parallel.hsdp_shard_size={parallel.hsdp_shard_size} must divide dp={dp}")
+
+
+def resolve_plan(plan: Plan, world_size: int) -> Plan:
+    """The plan with ``dp`` filled in, after checking every constraint against ``world_size``."""
+    if world_size <= 0:
+        raise ValueError(f"world size must be > 0, got {world_size}")
+    parallel = plan.parallel
+    dp = resolve_dp(parallel, world_size)
+    check_model_split(plan.model, parallel)
+    training = plan.training
+    per_step = training.micro_batch_size * dp
+    if training.global_batch_size % per_step:
+        raise ValueError(
+            f"training.global_batch_size={training.global_batch_size} is not divisible by "
+            f"micro_batch_size*dp = {training.micro_batch_size}*{dp} = {per_step}"
+        )
+    check_schedule(parallel, training.global_batch_size // per_step)
+    check_knobs(parallel, dp)
+    return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

@@ -1,0 +1,98 @@
+"""``commsim calibrate``: fit the network model's parameters to measured collectives.
+
+Reads commbench JSON/CSV, nccl-tests logs and busbw tables (``comm_bench.readers``), fits per
+(op, algorithm, scope) a base latency, a per-step latency (when the data has several step
+counts) and an efficiency curve over size, prints the fit quality (MAPE per group) and writes
+the versioned calibration JSON.
+
+    commsim calibrate results/localhost/commbench_gloo_4ranks.json --topology localhost -o cal.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+from comm_bench.readers import read_results
+from comm_bench.records import Record
+from sim.cli.collective import add_topology_arguments, topology_factory
+from sim.network.analytical import ALGORITHMS
+from sim.network.calibration import Calibration, fit_calibration
+from sim.network.compare import any_matches, parse_selector
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``commsim calibrate``."""
+    parser.add_argument("measured", nargs="+", help="commbench JSON/CSV, nccl-tests logs or tables")
+    add_topology_arguments(parser)
+    parser.add_argument(
+        "--algo", default="auto",
+        help=f"algorithm of records that do not name one: auto (the model's fastest, as NCCL "
+        f"picks) or one of {', '.join(ALGORITHMS)}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="EXPR",
+        help="fit only records matching EXPR (e.g. 'op=all_reduce', 'size>=1M'); repeatable",
+    )  # fmt: skip
+    parser.add_argument("-o", "--output", required=True, help="calibration JSON to write")
+
+
+def read_measured(paths: list[str], only: list[str]) -> list[Record]:
+    """Records of every file, filtered by the ``--only`` selectors; reader warnings printed."""
+    selectors = [parse_selector(text) for text in only]
+    records: list[Record] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for path in paths:
+            records.extend(read_results(path))
+    for warning in caught:
+        print(f"# note: {warning.message}")
+    if selectors:
+        records = [r for r in records if any_matches(selectors, r)]
+    if not records:
+        raise ValueError(f"no measured records in {', '.join(paths)} (after --only {only})")
+    return records
+
+
+def describe(calibration: Calibration) -> list[str]:
+    """Readable lines: one per fitted group with its parameters and MAPE."""
+    lines = [
+        "#  op/algo/scope                    points  MAPE(%)  base(us)  step(us)  eff_max"
+        "  half(KiB)  shape  nccl_lat_x"
+    ]
+    for group_key, p in sorted(calibration.params.items()):
+        q = calibration.quality[group_key]
+        step = p.intra_step_latency_s if group_key.endswith("intra") else p.inter_step_latency_s
+        lines.append(
+            f"   {group_key:<32} {q.num_points:6d}  {q.mape:7.2f}  {p.base_latency_s * 1e6:8.2f}"
+            f"  {step * 1e6:8.2f}  {p.efficiency_max:7.3f}  {p.half_size_bytes / 1024:9.1f}"
+            f"  {p.shape:5.2f}  {p.protocol_latency_scale:10.3f}"
+        )
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit, print the quality, write the calibration."""
+    records = read_measured(args.measured, args.only)
+    factory = topology_factory(args)
+    calibration, notes = fit_calibration(
+        records, factory, topology_name=args.topology, sources=args.measured,
+        assumed_algo=args.algo,
+    )  # fmt: skip
+    if not calibration.params:
+        raise ValueError(f"nothing could be fitted: {'; '.join(notes)}")
+    print(
+        f"# commsim calibrate: {len(records)} records from {len(args.measured)} file(s), "
+        f"topology {args.topology}"
+    )
+    print("\n".join(describe(calibration)))
+    for note in notes:
+        print(f"# note: {note}")
+    fitted = sorted({k.split("/")[0] for k in calibration.params})
+    print(
+        f"# other (op, algo, scope) fall back: same algorithm other op, then the scope's "
+        f"machine overhead and efficiency, then defaults (fitted ops: {', '.join(fitted)})"
+    )
+    calibration.save(args.output)
+    print(f"# wrote {args.output}")
+    return 0

@@ -1,0 +1,218 @@
+"""``commsim collective``: simulate collectives over a size sweep, reported like nccl-tests.
+
+Prints the nccl-tests table (size, count, type, redop, root, time, algbw, busbw, #wrong = N/A)
+for each op and writes the commbench JSON schema (``env.simulated = true``) plus a CSV beside
+it, so simulated and measured files are interchangeable. Also home of the topology flags shared
+by ``calibrate`` and ``compare``.
+
+    commsim collective --topology dgx-h100 --nodes 2 --ops all_reduce -b 1K -e 8G -f 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import simpy
+
+from comm_bench.collectives import REDUCTIONS, dtype_bytes, get, parse_ops
+from comm_bench.options import parse_size
+from comm_bench.records import Record
+from comm_bench.report import footer, format_row, op_banner, table_header
+from comm_bench.writer import csv_path, results_csv, results_json
+from sim.network.analytical import ALGORITHMS
+from sim.network.calibration import Calibration, TopologyFactory, load_calibration
+from sim.network.model import FIDELITIES, CommModel
+from topologies.config import load_cluster
+from topologies.presets import NODE_PRESETS, build_cluster
+from topologies.topology import Topology
+
+
+def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--topology``, ``--nodes``, ``--fabric``, ``--oversubscription`` (shared by commands)."""
+    parser.add_argument(
+        "--topology", required=True,
+        help=f"node preset ({', '.join(NODE_PRESETS)}) or a cluster YAML file",
+    )  # fmt: skip
+    parser.add_argument("--nodes", type=int, default=None, help="servers (presets only)")
+    parser.add_argument("--fabric", default=None, help="fabric preset for several servers")
+    parser.add_argument(
+        "--oversubscription", type=float, default=1.0, help="leaf down:up capacity ratio"
+    )
+
+
+def topology_factory(args: argparse.Namespace) -> TopologyFactory:
+    """(num_nodes, ranks_per_node) -> Topology, from the shared topology flags."""
+    name = args.topology
+    if args.nodes is not None and args.nodes < 1:
+        raise ValueError(f"--nodes {args.nodes}: must be an integer >= 1")
+    if name not in NODE_PRESETS:
+        if args.nodes is not None or args.fabric is not None:
+            raise ValueError(f"--nodes/--fabric apply to node presets, not to the file {name!r}")
+        fixed = load_cluster(name)
+        return lambda _nodes, _per_node: fixed
+    cache: dict[tuple[int, int], Topology] = {}
+
+    def build(num_nodes: int, ranks_per_node: int) -> Topology:
+        count = max(num_nodes, args.nodes or 1)
+        per_node = ranks_per_node if name == "localhost" else None
+        found = cache.get((count, ranks_per_node))
+        if found is None:
+            fabric = args.fabric if count > 1 else None
+            found = build_cluster(name, count, fabric, args.oversubscription, per_node)
+            cache[(count, ranks_per_node)] = found
+        return found
+
+    return build
+
+
+def load_optional_calibration(path: str | None) -> Calibration | None:
+    """The calibration at ``path``, or None."""
+    return None if path is None else load_calibration(path)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``commsim collective``."""
+    add_topology_arguments(parser)
+    parser.add_argument("--ranks", type=int, default=None, help="use only the first N GPUs")
+    parser.add_argument("--ops", default="all_reduce", help="comma list of ops, or 'all'")
+    parser.add_argument("-b", "--minbytes", default="32M", help="smallest size (K/M/G binary)")
+    parser.add_argument("-e", "--maxbytes", default="32M", help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor")
+    parser.add_argument("-d", "--datatype", default="float32", help="dtype of the elements")
+    parser.add_argument("-o", "--op", dest="redop", default="sum", help="reduction name")
+    parser.add_argument("-r", "--root", type=int, default=0, help="root rank (broadcast, reduce)")
+    parser.add_argument("--algo", default="auto", help=f"auto or one of {', '.join(ALGORITHMS)}")
+    parser.add_argument("--fidelity", default="analytical", help=" or ".join(FIDELITIES))
+    parser.add_argument("--calibration", default=None, help="calibration JSON (commsim calibrate)")
+    parser.add_argument("--output", default=None, help="results JSON (CSV written beside it)")
+
+
+def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
+    """Sizes from ``min_bytes`` to ``max_bytes`` multiplying by ``factor`` (nccl-tests' -f)."""
+    if min_bytes < 0 or max_bytes < min_bytes:
+        raise ValueError(f"-b {min_bytes} / -e {max_bytes}: need 0 <= minbytes <= maxbytes")
+    if not factor > 1 or not math.isfinite(factor):
+        raise ValueError(f"-f must be a finite number > 1, got {factor}")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size = max(int(size * factor), size + 1)
+    return sizes
+
+
+def simulate_sweep(
+    model: CommModel, ops: list[str], ranks: list[int], sizes: list[int], *,
+    dtype: str, redop: str, root: int,
+) -> list[Record]:  # fmt: skip
+    """One out-of-place and one in-place record per (op, size), each collective run alone."""
+    records = []
+    n = len(ranks)
+    num_nodes = model.layout(ranks).num_nodes
+    for op in ops:
+        definition = get(op)
+        for size in sizes:
+            counts = definition.counts(size, dtype_bytes(dtype), n)
+            algo = model.algorithm(op, ranks, counts.size_bytes)
+            start = model.env.now
+            model.env.run(model.run(op, ranks, counts.size_bytes, algo=algo, root=root))
+            time_s = model.env.now - start
+            fields: dict[str, Any] = {
+                "op": op, "size_bytes": counts.size_bytes, "count": counts.count, "dtype": dtype,
+                "world_size": n, "num_nodes": num_nodes, "time_us": time_s * 1e6,
+                "algbw_gbps": counts.size_bytes / time_s / 1e9 if time_s > 0 else 0.0,
+                "busbw_gbps": 0.0, "redop": redop if definition.reduces else "none",
+                "root": root if definition.rooted else -1, "algo": algo, "source": "simulated",
+            }  # fmt: skip
+            fields["busbw_gbps"] = fields["algbw_gbps"] * definition.busbw_factor(n)
+            records.append(Record(in_place=False, **fields))
+            records.append(Record(in_place=True, **fields))
+    return records
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate the sweep, print the tables, write JSON + CSV when ``--output`` is given."""
+    ops = parse_ops(args.ops)
+    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    dtype_bytes(args.datatype)
+    if args.redop not in REDUCTIONS:
+        raise ValueError(f"unknown reduction -o {args.redop!r}; valid: {', '.join(REDUCTIONS)}")
+    if args.output and Path(args.output).suffix != ".json":
+        raise ValueError(f"--output must end in .json: {args.output}")
+    factory = topology_factory(args)
+    topology = factory(args.nodes or 1, _localhost_ranks_per_node(args))
+    num_ranks = topology.num_gpus if args.ranks is None else args.ranks
+    if not 1 <= num_ranks <= topology.num_gpus:
+        raise ValueError(
+            f"--ranks {num_ranks}: topology {topology.name} has {topology.num_gpus} GPUs"
+        )
+    if not 0 <= args.root < num_ranks:
+        raise ValueError(f"-r {args.root}: root must be in 0..{num_ranks - 1}")
+    calibration = load_optional_calibration(args.calibration)
+    model = CommModel(
+        simpy.Environment(), topology, fidelity=args.fidelity, calibration=calibration,
+        algo=args.algo,
+    )  # fmt: skip
+    ranks = list(range(num_ranks))
+    records = simulate_sweep(
+        model, ops, ranks, sizes, dtype=args.datatype, redop=args.redop, root=args.root
+    )
+    layout = model.layout(ranks)
+    print(
+        f"# commsim collective: topology {topology.name}, {num_ranks} ranks on "
+        f"{layout.num_nodes} node(s), fidelity {args.fidelity}, algo {args.algo}, "
+        f"calibration {args.calibration or 'none (defaults)'}"
+    )
+    for op in ops:
+        print(op_banner(op))
+        print("\n".join(table_header()))
+        mine = [r for r in records if r.op == op]
+        for out_of_place, in_place in zip(mine[::2], mine[1::2], strict=True):
+            print(format_row(out_of_place, in_place))
+        print(f"# algorithms: {_algo_ranges(mine[::2])}")
+    print("\n".join(footer(records)))
+    if args.output:
+        _write(Path(args.output), args, topology, layout.num_nodes, num_ranks, records)
+    return 0
+
+
+def _localhost_ranks_per_node(args: argparse.Namespace) -> int:
+    """Processes per host for ``localhost``: enough for ``--ranks``, else the preset's count."""
+    if args.ranks is None or args.ranks < 1:
+        return NODE_PRESETS["localhost"].num_gpus
+    return -(-args.ranks // (args.nodes or 1))
+
+
+def _algo_ranges(records: list[Record]) -> str:
+    """``"1024-65536 ring, 131072-8589934592 nvls"``: which algorithm ran over which sizes."""
+    spans: list[list[Any]] = []
+    for r in records:
+        if spans and spans[-1][2] == r.algo:
+            spans[-1][1] = r.size_bytes
+        else:
+            spans.append([r.size_bytes, r.size_bytes, r.algo])
+    return ", ".join(f"{lo}-{hi} {algo}" for lo, hi, algo in spans)
+
+
+def _write(
+    path: Path, args: argparse.Namespace, topology: Topology, num_nodes: int, num_ranks: int,
+    records: list[Record],
+) -> None:  # fmt: skip
+    env = {
+        "simulated": True, "topology": topology.name, "fidelity": args.fidelity,
+        "calibration": args.calibration, "world_size": num_ranks, "num_nodes": num_nodes,
+        "ranks_per_node": -(-num_ranks // num_nodes),
+    }  # fmt: skip
+    config = {
+        "ops": parse_ops(args.ops), "min_bytes": parse_size(args.minbytes),
+        "max_bytes": parse_size(args.maxbytes), "step_factor": args.stepfactor,
+        "dtype": args.datatype, "redop": args.redop, "root": args.root, "algo": args.algo,
+        "topology": args.topology, "nodes": args.nodes, "fabric": args.fabric,
+        "oversubscription": args.oversubscription,
+    }  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(results_json(env, config, records))
+    csv_path(path).write_text(results_csv(records))
+    print(f"# wrote {path} and {csv_path(path)}")

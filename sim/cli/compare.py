@@ -1,0 +1,141 @@
+"""``commsim compare``: score and plot simulated against measured collectives.
+
+Simulates every measured record (its own algorithm when it names one), prints busbw measured vs
+simulated with the error per size and the MAPE, writes a JSON and a PNG (busbw vs size, log x;
+filled markers were used for fitting, hollow ones were not). ``--holdout EXPR`` fits a
+calibration on the records that do NOT match and scores only those that do: the number to quote.
+
+    commsim compare data.txt --topology dgx-h100 --holdout 'op=all_gather' -o plot.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from comm_bench.options import parse_size
+from comm_bench.records import Record
+from sim.cli.calibrate import read_measured
+from sim.cli.collective import add_topology_arguments, load_optional_calibration, topology_factory
+from sim.network.analytical import ALGORITHMS
+from sim.network.calibration import Calibration, fit_calibration
+from sim.network.compare import (
+    any_matches,
+    compare_records,
+    format_table,
+    parse_selector,
+    plot_comparison,
+    points_json,
+    summary,
+)
+from sim.network.model import FIDELITIES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``commsim compare``."""
+    parser.add_argument("measured", nargs="+", help="commbench JSON/CSV, nccl-tests logs or tables")
+    add_topology_arguments(parser)
+    parser.add_argument("--calibration", default=None, help="calibration JSON to simulate with")
+    parser.add_argument(
+        "--holdout", action="append", default=[], metavar="EXPR",
+        help="fit on records NOT matching EXPR, score on those matching (e.g. 'op=all_gather', "
+        "'nodes=8', 'size<1M'); repeatable (a record matching any is held out)",
+    )  # fmt: skip
+    parser.add_argument("--fit", action="store_true", help="fit on all records (in-sample score)")
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="EXPR", help="use only matching records"
+    )
+    parser.add_argument("--algo", default="auto", help=f"auto or one of {', '.join(ALGORITHMS)}")
+    parser.add_argument("--fidelity", default="analytical", help=" or ".join(FIDELITIES))
+    parser.add_argument("--min-size", default="1M", help="also report MAPE for sizes >= this")
+    parser.add_argument("-o", "--output", default=None, help="plot PNG to write")
+    parser.add_argument("--json", default=None, help="comparison JSON to write")
+
+
+def _calibration(
+    args: argparse.Namespace, records: list[Record]
+) -> tuple[Calibration | None, list[Record], str]:
+    """(calibration, records it was fitted on, description)."""
+    modes = sum([bool(args.holdout), args.fit, args.calibration is not None])
+    if modes > 1:
+        raise ValueError("choose one of --holdout, --fit and --calibration")
+    if args.calibration is not None:
+        calibration = load_optional_calibration(args.calibration)
+        assert calibration is not None
+        return (
+            calibration,
+            _fitted_records(calibration, records, args.measured),
+            (f"calibration {args.calibration}"),
+        )
+    if not args.holdout and not args.fit:
+        return None, [], "uncalibrated (default parameters)"
+    selectors = [parse_selector(text) for text in args.holdout]
+    train = [r for r in records if not any_matches(selectors, r)]
+    if not train or len(train) == len(records):
+        raise ValueError(f"--holdout {args.holdout} must leave records on both sides")
+    calibration, notes = fit_calibration(
+        train, topology_factory(args), topology_name=args.topology, sources=args.measured,
+        assumed_algo=args.algo,
+    )  # fmt: skip
+    for note in notes:
+        print(f"# note: {note}")
+    what = "all records" if args.fit else f"records not matching {' | '.join(args.holdout)}"
+    return calibration, train, f"fitted on {what}"
+
+
+def _fitted_records(
+    calibration: Calibration, records: list[Record], paths: list[str]
+) -> list[Record]:
+    """Records the calibration's provenance says it was fitted on (same file, op, size, world)."""
+    source = calibration.fitted_from
+    if not set(map(str, source.get("sources", []))) & set(paths):
+        return []
+    ops, sizes, worlds = (set(source.get(k, [])) for k in ("ops", "sizes_bytes", "world_sizes"))
+    return [r for r in records if r.op in ops and r.size_bytes in sizes and r.world_size in worlds]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compare, print, write JSON and PNG."""
+    records = read_measured(args.measured, args.only)
+    min_size = parse_size(args.min_size)
+    calibration, train, how = _calibration(args, records)
+    trained = {id(r) for r in train}
+    points = compare_records(
+        records, topology_factory(args), calibration, fidelity=args.fidelity, algo=args.algo,
+        used_for_fit=lambda r: id(r) in trained,
+    )  # fmt: skip
+    result = summary(points, min_size_bytes=min_size)
+    print(f"# commsim compare: topology {args.topology}, {how}, fidelity {args.fidelity}")
+    print("\n".join(format_table(points)))
+    for name, stats in result["series"].items():
+        print(
+            f"# MAPE {name}: {_pct(stats['mape_pct'])} all sizes, "
+            f"{_pct(stats['mape_pct_min_size'])} for sizes >= {args.min_size}"
+        )
+    print(
+        f"# MAPE ({result['scored_on']}, {result['num_points']} points): "
+        f"{_pct(result['mape_pct'])} all sizes, {_pct(result['mape_pct_min_size'])} "
+        f"for sizes >= {args.min_size}"
+    )
+    if args.json:
+        document = {
+            "schema": "commsim-compare/1", "measured": args.measured, "topology": args.topology,
+            "nodes": args.nodes, "fabric": args.fabric, "calibration": how,
+            "holdout": args.holdout, "only": args.only, "fidelity": args.fidelity,
+            "algo": args.algo, "summary": result, "points": points_json(points),
+            "fitted_params": calibration.to_json() if calibration is not None else None,
+        }  # fmt: skip
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
+        print(f"# wrote {args.json}")
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        title = f"{args.topology}: measured vs simulated ({how}); MAPE {_pct(result['mape_pct'])}"
+        plot_comparison(points, args.output, title=title)
+        print(f"# wrote {args.output}")
+    return 0
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}%"

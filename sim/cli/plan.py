@@ -1,0 +1,228 @@
+"""``commsim plan``: simulate one training step of a parallel plan and report it.
+
+Reads a plan YAML (model, cluster, parallel, training), replays one optimizer step on the
+cluster's topology and prints the text report (or ``--json``); optionally writes the result JSON,
+a Chrome trace for ui.perfetto.dev and a timeline plot. Every file is rendered first and written
+atomically afterwards, so a run that fails leaves no file behind, half-written or otherwise.
+
+    commsim plan examples/small-zb.yaml --trace step.json --timeline step.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from sim.output.report import format_duration, format_report, pipeline_stage, rank_title
+from sim.output.timeline import figure_bytes, representative_ranks, timeline_figure
+from sim.output.trace import chrome_trace, trace_json
+from sim.replay.result import PlanResult
+
+if TYPE_CHECKING:
+    from schedules.plan import Plan
+    from topologies.topology import Topology
+
+FIDELITIES = ("analytical", "flow")
+"""Network fidelities ``simulate_plan`` accepts (see sim/network/model.py)."""
+
+IMAGE_FORMATS = ("png", "svg", "pdf")
+"""File types ``--timeline`` can write, chosen by the file's suffix."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Define the ``commsim plan`` flags."""
+    parser.add_argument("plan", type=Path, metavar="PLAN.yaml", help="plan file (see docs/plan.md)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON, not text")
+    parser.add_argument("-o", "--output", type=Path, metavar="FILE.json", help="write result JSON")
+    parser.add_argument("--trace", type=Path, metavar="TRACE.json", help="write a Chrome trace")
+    parser.add_argument(
+        "--timeline", type=Path, metavar="PLOT.png", help="write a timeline plot (png, svg, pdf)"
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="network calibration JSON (commsim calibrate)",
+    )
+    parser.add_argument(
+        "--compute-calibration", type=Path, metavar="FILE", help="compute calibration JSON"
+    )
+    parser.add_argument(
+        "--fidelity",
+        choices=FIDELITIES,
+        default="analytical",
+        help="network model (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-fold",
+        action="store_true",
+        help="simulate every rank instead of one per symmetric set",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate the plan, print the report or JSON, write the requested files; returns 0."""
+    outputs = {"--output": args.output, "--trace": args.trace, "--timeline": args.timeline}
+    check_output_paths(outputs, plan_path=args.plan)
+    plan = load_plan_file(args.plan)
+    result, plan, topology = simulate(plan, args)
+    files = render_files(result, plan, outputs)
+    for path, data in files.items():
+        write_atomic(path, data)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, allow_nan=False))
+    else:
+        print(format_report(result, plan, gpu=topology.gpu_spec(0), fidelity=args.fidelity), end="")
+    return 0
+
+
+def check_output_paths(outputs: dict[str, Path | None], *, plan_path: Path) -> None:
+    """Fail before simulating if an output file could not be written where asked."""
+    chosen = {flag: path for flag, path in outputs.items() if path is not None}
+    if len({path.resolve() for path in chosen.values()}) < len(chosen):
+        raise ValueError(f"output files must differ: {', '.join(map(str, chosen.values()))}")
+    for flag, path in chosen.items():
+        if path.resolve() == plan_path.resolve():
+            raise ValueError(f"{flag} {path}: would overwrite the plan file")
+        if path.is_dir():
+            raise ValueError(f"{flag} {path}: is a directory, expected a file name")
+        if not path.resolve().parent.is_dir():
+            raise ValueError(f"{flag} {path}: directory {path.parent} does not exist")
+    timeline = outputs.get("--timeline")
+    if timeline is not None and timeline.suffix.lstrip(".").lower() not in IMAGE_FORMATS:
+        raise ValueError(
+            f"--timeline {timeline}: unknown image type {timeline.suffix or '(none)'!r}, "
+            f"expected one of {', '.join('.' + f for f in IMAGE_FORMATS)}"
+        )
+
+
+def load_plan_file(path: Path) -> Plan:
+    """``schedules.plan.load_plan`` on a file, with YAML syntax errors turned into one line."""
+    from schedules.plan import load_plan
+
+    if not path.is_file():
+        raise FileNotFoundError(f"plan file not found: {path}")
+    try:
+        return load_plan(path)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: malformed YAML: {yaml_error_line(exc)}") from exc
+
+
+def yaml_error_line(exc: yaml.YAMLError) -> str:
+    """One line naming the problem and where it is (line and column, 1-based)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
+def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, Topology]:
+    """Resolve the plan on its cluster and replay one step with the requested calibrations."""
+    from schedules.resolve import resolve_plan
+    from sim.replay.simulate import plan_topology, simulate_plan
+
+    comm_calibration, compute_calibration = load_calibrations(args)
+    if comm_calibration is not None and (note := calibration_mismatch(comm_calibration, plan)):
+        print(f"commsim: warning: --calibration {args.calibration}: {note}", file=sys.stderr)
+    topology = plan_topology(plan)
+    plan = resolve_plan(plan, topology.num_gpus)
+    result = simulate_plan(
+        plan,
+        topology=topology,
+        comm_calibration=comm_calibration,
+        compute_calibration=compute_calibration,
+        fidelity=args.fidelity,
+        fold=not args.no_fold,
+    )
+    return result, plan, topology
+
+
+def calibration_mismatch(calibration: Any, plan: Plan) -> str | None:
+    """A note when a network calibration was fitted on another node preset than the plan's."""
+    from topologies.presets import NODE_PRESETS
+
+    fitted_on, node = calibration.topology, plan.cluster.node
+    if fitted_on in NODE_PRESETS and isinstance(node, str) and node != fitted_on:
+        return (
+            f"fitted on {fitted_on!r}, not on this plan's {node!r}; its latencies and "
+            "efficiencies are applied as they are"
+        )
+    return None
+
+
+def load_calibrations(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The network and compute calibrations named on the command line (None when not given)."""
+    from comm_bench.compute_calibration import load_compute_calibration
+    from sim.network.calibration import load_calibration
+
+    comm = _load_json_file("--calibration", args.calibration, load_calibration)
+    compute = _load_json_file(
+        "--compute-calibration", args.compute_calibration, load_compute_calibration
+    )
+    return comm, compute
+
+
+def _load_json_file(flag: str, path: Path | None, loader: Callable[[Path], Any]) -> Any:
+    if path is None:
+        return None
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag} {path}: file not found")
+    try:
+        return loader(path)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+
+
+def render_files(
+    result: PlanResult, plan: Plan, outputs: dict[str, Path | None]
+) -> dict[Path, bytes]:
+    """The bytes of every requested output file, rendered before any is written."""
+    files: dict[Path, bytes] = {}
+    if (output := outputs.get("--output")) is not None:
+        files[output] = (json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n").encode()
+    titles = rank_titles(result, plan)
+    if (trace := outputs.get("--trace")) is not None:
+        files[trace] = trace_json(chrome_trace(result.spans, rank_titles=titles)).encode()
+    if (timeline := outputs.get("--timeline")) is not None:
+        ranks = representative_ranks(result.spans, lambda r: pipeline_stage(r, plan))
+        fig = timeline_figure(
+            result.spans, ranks=ranks, rank_titles=titles, title=plot_title(result, plan)
+        )
+        files[timeline] = figure_bytes(fig, timeline.suffix.lstrip(".").lower())
+    return files
+
+
+def rank_titles(result: PlanResult, plan: Plan) -> dict[int, str]:
+    """A title per simulated rank, e.g. ``"rank 8 (pp stage 1)"``."""
+    return {r: rank_title(r, plan) for r in sorted({span.rank for span in result.spans})}
+
+
+def plot_title(result: PlanResult, plan: Plan) -> str:
+    """The timeline's title: model, parallel degrees, schedule and step time."""
+    par = plan.parallel
+    return (
+        f"{plan.model.name} on {result.num_gpus} GPUs: tp{par.tp} pp{par.pp} cp{par.cp} "
+        f"dp{par.dp} ({par.data_parallel}), {par.schedule}, "
+        f"step {format_duration(result.step_time_s)}"
+    )
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # os.open with 0o666 lets the umask decide the mode, as for any file the user creates.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,263 @@
+"""``commsim validate``: simulate the published training runs and report the error honestly.
+
+Every run of the cases file that can be simulated faithfully is replayed with ``simulate_plan``;
+predicted and measured step times are printed per case with the error, and the MAPE per source
+over the held-out cases (the few cases the compute calibration is fitted on are marked ``*`` and
+excluded). Runs that cannot be simulated are listed with the knob their source does not state.
+
+    commsim validate --json results/validation/validation.json --plot validation.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+from io import BytesIO
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
+from sim.validation.runner import ValidationReport, run_validation
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+FIDELITIES = ("analytical", "flow")
+"""Network fidelities ``simulate_plan`` accepts."""
+
+IMAGE_FORMATS = ("png", "svg", "pdf")
+"""File types ``--plot`` can write, chosen by the file's suffix."""
+
+BAND = 0.10
+"""The +-10 % band drawn around y = x and used as the accuracy target."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Define the ``commsim validate`` flags."""
+    parser.add_argument(
+        "cases",
+        nargs="?",
+        type=Path,
+        default=DEFAULT_CASES_PATH,
+        metavar="CASES.json",
+        help=f"published runs (default: {DEFAULT_CASES_PATH})",
+    )
+    parser.add_argument(
+        "--calibrate-on",
+        metavar="ID,ID,...|none",
+        help="cases to fit the compute calibration on (default: per source and GPU type the run "
+        "with the fewest GPUs); 'none' keeps the compute model's defaults",
+    )
+    parser.add_argument(
+        "--ids", metavar="ID,ID,...", help="simulate only these cases (shell patterns: 'nemo*')"
+    )
+    parser.add_argument("--json", type=Path, metavar="OUT.json", help="write the report as JSON")
+    parser.add_argument("--plot", type=Path, metavar="OUT.png", help="plot predicted vs measured")
+    parser.add_argument(
+        "--fidelity", choices=FIDELITIES, default="analytical", help="network model fidelity"
+    )
+    parser.add_argument("--calibration", type=Path, metavar="FILE", help="network calibration JSON")
+    parser.add_argument(
+        "-j", "--jobs", type=int, default=1, metavar="N", help="simulate cases in N processes"
+    )
+
+
+def _id_list(text: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (text or "").split(",") if part.strip())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the validation; print the table; write the JSON and plot if asked."""
+    if not Path(args.cases).is_file():
+        raise FileNotFoundError(f"cases file not found: {args.cases} (give CASES.json)")
+    if args.plot is not None and args.plot.suffix.lstrip(".").lower() not in IMAGE_FORMATS:
+        raise ValueError(
+            f"--plot {args.plot}: unknown image type {args.plot.suffix!r}; use one of "
+            f"{', '.join('.' + f for f in IMAGE_FORMATS)}"
+        )
+    comm_calibration = None
+    if args.calibration is not None:
+        from sim.network.calibration import load_calibration
+
+        comm_calibration = load_calibration(args.calibration)
+    calibrate_on = None if args.calibrate_on is None else _id_list(args.calibrate_on)
+    if calibrate_on == ("none",):
+        calibrate_on = ()
+    report = run_validation(
+        load_cases(args.cases),
+        ids=_id_list(args.ids),
+        calibrate_on=calibrate_on,
+        fidelity=args.fidelity,
+        comm_calibration=comm_calibration,
+        progress=_progress if sys.stderr.isatty() else None,
+        jobs=args.jobs,
+    )
+    outputs: dict[Path, bytes] = {}
+    if args.json is not None:
+        document = report.to_json()
+        document["config"].update(provenance(Path(args.cases), jobs=args.jobs))
+        document["env"] = environment()
+        outputs[args.json] = (json.dumps(document, indent=2) + "\n").encode()
+    if args.plot is not None:
+        outputs[args.plot] = plot_bytes(report, args.plot.suffix.lstrip(".").lower())
+    for path, data in outputs.items():
+        _write_atomically(path, data)
+    print(format_report(report))
+    return 0
+
+
+def provenance(cases_path: Path, *, jobs: int) -> dict[str, object]:
+    """The cases file (path and SHA-256) and the run settings, for the JSON ``config`` block."""
+    digest = hashlib.sha256(cases_path.read_bytes()).hexdigest()
+    return {"cases": str(cases_path), "cases_sha256": digest, "jobs": jobs}
+
+
+def environment() -> dict[str, object]:
+    """The machine the validation ran on, for the JSON ``env`` block."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "command": "commsim validate",
+    }
+
+
+def _progress(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)
+
+
+def format_report(report: ValidationReport) -> str:
+    """The text report: per-case table, MAPE per source, cases not simulated, runtime."""
+    lines = [
+        f"commsim validate: {len(report.results)} published runs simulated "
+        f"({report.fidelity} network); {len(report.skipped)} cannot be simulated faithfully",
+        f"{'case':<50} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8}"
+        f" {'exposed comm s':>15} {'bubble s':>9}",
+    ]
+    for result in report.results:
+        mark = " *" if result.calibration else ""
+        exposed_s = sum(v for k, v in result.breakdown.items() if k.startswith("exposed_"))
+        bubble_s = result.breakdown.get("bubble_s", 0.0)
+        lines.append(
+            f"{result.case_id + mark:<50} {result.num_gpus:>5} "
+            f"{result.measured_step_time_s:>11.3f} {result.predicted_step_time_s:>12.3f} "
+            f"{result.error:>+8.1%} {exposed_s:>15.3f} {bubble_s:>9.3f}"
+        )
+    if report.calibration_cases:
+        lines.append("* calibration case: compute efficiency fitted on it, excluded from MAPE")
+        for gpu, fit in report.calibration.items():
+            lines.append(
+                f"  {gpu}: efficiency scale {fit['efficiency_scale']:.3f} of the defaults, "
+                f"fitted on {', '.join(fit['cases'])}"
+            )
+    lines.append("MAPE over held-out cases, per source:")
+    lines.extend(_summary_lines(report.summary()))
+    lines.append("... and per source table:")
+    lines.extend(_summary_lines(report.summary_by_table()))
+    for case_id, message in report.failed:
+        lines.append(f"FAILED {case_id}: {message}")
+    if report.skipped:
+        lines.append("Not simulated (what the source does not state):")
+        lines.extend(f"  {m.case_id}: {'; '.join(m.missing)}" for m in report.skipped)
+    lines.append(f"Validation runtime: {report.runtime_s:.1f} s")
+    return "\n".join(lines)
+
+
+def _summary_lines(summary: dict[str, dict[str, float]]) -> list[str]:
+    return [
+        f"  {name:<28} {int(figures['num_cases']):>3} cases  MAPE {figures['mape']:6.1%}  "
+        f"max |error| {figures['max_abs_error']:6.1%}  mean error {figures['mean_error']:+6.1%}"
+        for name, figures in summary.items()
+    ]
+
+
+def plot_bytes(report: ValidationReport, image_format: str = "png") -> bytes:
+    """Predicted vs measured step time, log-log, y = x with +-10 % bands, coloured by source."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7.0, 6.0), dpi=120)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    values = [r.measured_step_time_s for r in report.results]
+    values += [r.predicted_step_time_s for r in report.results]
+    low, high = (min(values) / 1.5, max(values) * 1.5) if values else (0.1, 100.0)
+    line = [low, high]
+    axes.plot(line, line, color="black", linewidth=1.0, label="y = x")
+    axes.fill_between(
+        line,
+        [v * (1 - BAND) for v in line],
+        [v * (1 + BAND) for v in line],
+        color="grey",
+        alpha=0.2,
+        label=f"+-{BAND:.0%}",
+    )
+    _scatter_groups(axes, report)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlim(low, high)
+    axes.set_ylim(low, high)
+    axes.set_xlabel("measured step time (s)")
+    axes.set_ylabel("predicted step time (s)")
+    overall = report.summary().get("all", {}).get("mape", math.nan)
+    axes.set_title(f"commsim validate: published training runs (held-out MAPE {overall:.1%})")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(loc="upper left", fontsize=8)
+    buffer = BytesIO()
+    figure.savefig(buffer, format=image_format)
+    return buffer.getvalue()
+
+
+COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+"""Colour per source (cycled)."""
+MARKERS = ("o", "s", "^", "D", "v", "P")
+"""Marker per table within a source (cycled)."""
+
+
+def _scatter_groups(axes: Axes, report: ValidationReport) -> None:
+    """One scatter per source table: colour by source, marker by table, calibration hollow."""
+    by_table = report.summary_by_table()
+    sources = sorted({r.source for r in report.results})
+    for source_index, source in enumerate(sources):
+        colour = COLOURS[source_index % len(COLOURS)]
+        groups = sorted({r.group for r in report.results if r.source == source})
+        for group_index, group in enumerate(groups):
+            marker = MARKERS[group_index % len(MARKERS)]
+            for calibration in (False, True):
+                chosen = [
+                    r for r in report.results if r.group == group and r.calibration == calibration
+                ]
+                if not chosen:
+                    continue
+                mape = by_table.get(group, {}).get("mape", math.nan)
+                label = f"{group}, calibration" if calibration else f"{group} (MAPE {mape:.1%})"
+                axes.scatter(
+                    [r.measured_step_time_s for r in chosen],
+                    [r.predicted_step_time_s for r in chosen],
+                    s=36,
+                    label=label,
+                    marker=marker,
+                    facecolors="none" if calibration else colour,
+                    edgecolors=colour,
+                )
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.chmod(temporary, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

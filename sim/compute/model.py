@@ -1,0 +1,214 @@
+"""Compute time of kernels on one GPU: a roofline with shape-dependent efficiency.
+
+Prices the kernels ``schedules.kernels`` describes (a layer, the embedding, the head) without
+calling back into the description.
+
+Each kernel takes ``max(flops / rate(shape), bytes / memory_bandwidth)`` (plus a fitted per-kernel
+latency when calibrated), where ``rate = peak[dtype] * eff_max * prod(d / (d + dim_half))`` over
+the kernel's dimensions: small m, n, k (or sequence lengths) fill the GPU less. Defaults, used
+without a calibration (``commbench --compute`` measures the real curve):
+
+- GEMM ``eff_max`` 0.82 on Hopper and 0.86 on Ampere with dim_half 128, i.e. ~78% / ~82% of the
+  dense peak on 8192^3 bf16 GEMMs (published cuBLAS and Megatron-LM figures: large bf16 GEMMs
+  reach ~75-80% of dense peak on H100, ~80-85% on A100); FP8 GEMMs 0.70 of the FP8 peak.
+- attention (fused, FlashAttention-style) forward 0.60 of peak and backward 0.50 with
+  dim_half 256 on the query and key lengths (FlashAttention-2, Dao 2023: 50-73% of peak forward
+  on A100; FlashAttention-3, Shah et al. 2024: ~75% on H100; cuDNN's fused attention in
+  between). The backward kernel does 2.5x the forward FLOPs (it recomputes QK^T).
+- memory-bound kernels (norms, residual adds, activations, rotary, softmax) at 0.80 of the HBM
+  bandwidth (STREAM-like kernels reach ~80-90%).
+
+FP8 plans use the FP8 peak for the weight GEMMs only; attention and elementwise stay bf16.
+
+    times = ComputeModel(GPUS["h100-sxm"]).layer_times(plan)
+    seconds = ComputeModel(GPUS["h100-sxm"]).price(layer_kernels(plan).forward)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from comm_bench.compute_calibration import ComputeCalibration, KernelFit
+from schedules.kernels import (
+    Kernel,
+    PieceKernels,
+    attention,
+    embedding_kernels,
+    gemm,
+    head_kernels,
+    layer_kernels,
+    memory,
+)
+from schedules.plan import Plan
+from topologies.hardware import GPUSpec
+
+_DEFAULT_EFFICIENCY = {
+    # GPU family: (gemm 16-bit, gemm fp8, attention forward, attention backward, memory)
+    "hopper": (0.82, 0.70, 0.60, 0.50, 0.80),
+    "ampere": (0.86, 0.70, 0.65, 0.50, 0.80),
+    "other": (0.80, 0.70, 0.55, 0.45, 0.80),
+}
+GEMM_DIM_HALF = 128.0
+"""Default GEMM saturation dimension (a 128-wide tile dimension reaches half the rate)."""
+ATTENTION_DIM_HALF = 256.0
+"""Default attention saturation length for the query and key sequence lengths."""
+ADAM_BYTES_PER_PARAM = 26.0
+"""Fused Adam traffic per parameter besides the gradient: read and write fp32 master, m, v
+(24 bytes) and write the bf16 copy (2 bytes)."""
+
+
+def _family(gpu: GPUSpec) -> str:
+    name = gpu.name.lower()
+    if name.startswith(("h100", "h200", "h800", "gh200")):
+        return "hopper"
+    if name.startswith(("a100", "a800")):
+        return "ampere"
+    return "other"
+
+
+def default_efficiency(gpu: GPUSpec, kind: str, dtype: str) -> float:
+    """Default fraction of the dense peak (or of HBM bandwidth for ``memory``) for ``kind``."""
+    gemm16, gemm8, attention_fwd, attention_bwd, memory = _DEFAULT_EFFICIENCY[_family(gpu)]
+    table = {
+        "gemm": gemm8 if dtype == "fp8" else gemm16,
+        "attention_forward": attention_fwd,
+        "attention_backward": attention_bwd,
+        "memory": memory,
+    }
+    return table[kind]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerTimes:
+    """Seconds of one piece of the model on one GPU for one micro-batch."""
+
+    forward_s: float
+    """Forward pass."""
+    backward_input_s: float
+    """Input-gradient half of the backward (with the attention and elementwise backward)."""
+    backward_weight_s: float
+    """Weight-gradient GEMMs (the deferrable 'W' of zero-bubble schedules)."""
+    recompute_s: float = 0.0
+    """Recomputation before the backward (none: 0; selective: attention core; full: forward)."""
+
+    @property
+    def backward_s(self) -> float:
+        """The whole backward, input plus weight gradients (without recomputation)."""
+        return self.backward_input_s + self.backward_weight_s
+
+
+class ComputeModel:
+    """Kernel times on one GPU from its spec, default efficiencies and an optional calibration."""
+
+    def __init__(self, gpu: GPUSpec, calibration: ComputeCalibration | None = None) -> None:
+        if calibration is not None and calibration.gpu and calibration.gpu != gpu.name:
+            raise ValueError(
+                f"compute calibration is for GPU {calibration.gpu!r} ({calibration.device}), "
+                f"not {gpu.name!r}; measure this GPU or clear the calibration's 'gpu'"
+            )
+        self.gpu = gpu
+        self.calibration = calibration or ComputeCalibration()
+
+    def _peak(self, dtype: str) -> float:
+        peaks = self.gpu.peak_flops_per_s
+        if dtype not in peaks:
+            raise ValueError(
+                f"GPU {self.gpu.name} has no {dtype} peak (it has {', '.join(sorted(peaks))})"
+            )
+        return peaks[dtype]
+
+    def kernel_fit(self, kind: str, dtype: str) -> KernelFit:
+        """The curve used for ``kind`` in ``dtype``: calibrated, or the spec's peak x efficiency."""
+        fitted = self.calibration.kernel(kind, dtype)
+        if fitted is not None:
+            return fitted
+        efficiency = self.calibration.efficiency.get(kind)
+        if efficiency is None:
+            efficiency = default_efficiency(self.gpu, kind, dtype)
+        dim_half = GEMM_DIM_HALF if kind == "gemm" else ATTENTION_DIM_HALF
+        return KernelFit(max_flops_per_s=self._peak(dtype) * efficiency, dim_half=dim_half)
+
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        """Achievable memory bandwidth: measured, or the spec's HBM bandwidth x efficiency."""
+        measured = self.calibration.memory_bandwidth_bytes_per_s
+        if measured is not None:
+            return measured
+        efficiency = self.calibration.efficiency.get("memory")
+        if efficiency is None:
+            efficiency = default_efficiency(self.gpu, "memory", "bf16")
+        return self.gpu.hbm_bandwidth_bytes_per_s * efficiency
+
+    def memory_time_s(self, num_bytes: float) -> float:
+        """A memory-bound kernel moving ``num_bytes`` (read + written)."""
+        return num_bytes / self.memory_bandwidth_bytes_per_s()
+
+    def kernel_time_s(self, kernel: Kernel) -> float:
+        """One kernel: max(flops / rate(dims), latency + bytes / bandwidth); memory: bytes only."""
+        if kernel.kind == "memory":
+            return self.memory_time_s(kernel.bytes)
+        fit = self.kernel_fit(kernel.kind, kernel.dtype)
+        compute_s = fit.time_s(kernel.flops, kernel.dims)
+        return max(compute_s, fit.latency_s + self.memory_time_s(kernel.bytes))
+
+    def price(self, kernels: Iterable[Kernel]) -> float:
+        """Seconds of ``kernels`` run one after another."""
+        return sum((self.kernel_time_s(kernel) for kernel in kernels), 0.0)
+
+    def gemm_time_s(self, m: float, n: float, k: float, dtype: str = "bf16") -> float:
+        """(m x k) @ (k x n): max(2mnk / rate(m, n, k), operand bytes / bandwidth)."""
+        return self.kernel_time_s(gemm("gemm", m, n, k, dtype))
+
+    def attention_time_s(
+        self,
+        *,
+        batch: float,
+        num_heads: float,
+        seq_q: float,
+        seq_kv: float,
+        head_dim: float,
+        causal: bool = True,
+        dtype: str = "bf16",
+        backward: bool = False,
+    ) -> float:
+        """Fused attention (scores, softmax, AV) forward, or its backward with ``backward``."""
+        kernel = attention(
+            batch=batch,
+            num_heads=num_heads,
+            seq_q=seq_q,
+            seq_kv=seq_kv,
+            head_dim=head_dim,
+            causal=causal,
+            dtype=dtype,
+            backward=backward,
+        )
+        return self.kernel_time_s(kernel)
+
+    def piece_times(self, kernels: PieceKernels) -> LayerTimes:
+        """Each phase of one piece of the model, priced."""
+        return LayerTimes(
+            forward_s=self.price(kernels.forward),
+            backward_input_s=self.price(kernels.backward_input),
+            backward_weight_s=self.price(kernels.backward_weight),
+            recompute_s=self.price(kernels.recompute),
+        )
+
+    def layer_times(self, plan: Plan) -> LayerTimes:
+        """One transformer layer on one GPU for one micro-batch, sharded as the plan says."""
+        return self.piece_times(layer_kernels(plan))
+
+    def embedding_times(self, plan: Plan) -> LayerTimes:
+        """Input embedding of the first stage (memory-bound lookup, scatter-add backward)."""
+        return self.piece_times(embedding_kernels(plan))
+
+    def head_times(self, plan: Plan) -> LayerTimes:
+        """Final norm, LM head GEMM and vocab-parallel cross-entropy of the last stage."""
+        return self.piece_times(head_kernels(plan))
+
+    def optimizer_step_s(self, num_params: float, *, grad_bytes_per_param: float = 2.0) -> float:
+        """Fused Adam over ``num_params`` local parameters: memory-bound, 26 + grad bytes each."""
+        if num_params < 0:
+            raise ValueError(f"num_params must be >= 0, got {num_params}")
+        return self.kernel_time_s(
+            memory("adam", num_params * (ADAM_BYTES_PER_PARAM + grad_bytes_per_param))
+        )

@@ -1,0 +1,282 @@
+"""Measured against simulated collectives: per-point error, MAPE, hold-out selection, the plot.
+
+A ``Selector`` picks records with a small expression language (used by ``--holdout`` and
+``--only``): terms joined by ``&`` (all must hold); each term is ``KEY=V1,V2`` (one of the
+values), ``KEY!=V1,V2`` or ``KEY<V``, ``<=``, ``>``, ``>=`` for numbers. Keys: ``op``,
+``algo``, ``nodes``, ``world``, ``size`` (binary K/M/G suffixes allowed), ``placement``
+(``in``/``out``). Several selectors: a record matches if any does.
+
+    op=all_gather,reduce_scatter      nodes=8      size<1M      op=all_reduce & nodes>=2
+
+    points = compare_records(records, factory, calibration); print(format_table(points))
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import simpy
+
+from comm_bench.collectives import busbw_gbps
+from comm_bench.options import parse_size
+from comm_bench.records import Record
+from sim.network.calibration import (
+    NCCL_ALGO_NAMES,
+    Calibration,
+    TopologyFactory,
+    record_ranks,
+    record_time_s,
+)
+from sim.network.model import CommModel
+
+_COMPARATORS: dict[str, Callable[[Any, Any], bool]] = {
+    "<=": operator.le, ">=": operator.ge, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
+    "=": operator.eq,
+}  # fmt: skip
+_TERM = re.compile(r"^\s*(\w+)\s*(<=|>=|!=|<|>|=)\s*(.+?)\s*$")
+_KEYS = ("op", "algo", "nodes", "world", "size", "placement")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Term:
+    """One condition on a record field."""
+
+    key: str
+    """Field: op, algo, nodes, world, size or placement."""
+    comparator: str
+    """One of = != < <= > >=."""
+    values: tuple[Any, ...]
+    """Allowed values (= and !=) or the one bound."""
+
+    def matches(self, record: Record) -> bool:
+        """Whether ``record`` satisfies this condition."""
+        value = _field(record, self.key)
+        if self.comparator == "=":
+            return value in self.values
+        if self.comparator == "!=":
+            return value not in self.values
+        return bool(_COMPARATORS[self.comparator](value, self.values[0]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Selector:
+    """Terms that must all hold; the text it was parsed from."""
+
+    text: str
+    """The expression as given."""
+    terms: tuple[Term, ...]
+    """Conditions, AND-ed."""
+
+    def matches(self, record: Record) -> bool:
+        """Whether every term holds for ``record``."""
+        return all(term.matches(record) for term in self.terms)
+
+
+def _field(record: Record, key: str) -> Any:
+    if key == "op":
+        return record.op
+    if key == "algo":
+        return NCCL_ALGO_NAMES.get((record.algo or "").lower(), record.algo)
+    if key == "nodes":
+        return record.num_nodes
+    if key == "world":
+        return record.world_size
+    if key == "size":
+        return record.size_bytes
+    return "in" if record.in_place else "out"
+
+
+def parse_selector(text: str) -> Selector:
+    """Parse ``op=all_gather & size>=1M`` (see the module docstring); ValueError if malformed."""
+    terms = []
+    for part in text.split("&"):
+        match = _TERM.match(part)
+        if match is None or match.group(1) not in _KEYS:
+            raise ValueError(
+                f"bad selector term {part.strip()!r} in {text!r}; use KEY=V1,V2 or KEY<V with KEY "
+                f"in {', '.join(_KEYS)} (e.g. op=all_gather, nodes=8, size<1M)"
+            )
+        key, comparator, raw = match.groups()
+        values = tuple(_value(key, v.strip()) for v in raw.split(","))
+        if comparator not in ("=", "!=") and (len(values) != 1 or isinstance(values[0], str)):
+            raise ValueError(f"{key}{comparator}{raw}: ordering needs one number")
+        terms.append(Term(key=key, comparator=comparator, values=values))
+    return Selector(text=text, terms=tuple(terms))
+
+
+def _value(key: str, text: str) -> Any:
+    if key in ("nodes", "world"):
+        if not text.isdigit():
+            raise ValueError(f"{key} takes an integer, got {text!r}")
+        return int(text)
+    if key == "size":
+        return parse_size(text)
+    return text
+
+
+def any_matches(selectors: Sequence[Selector], record: Record) -> bool:
+    """Whether ``record`` matches at least one selector."""
+    return any(s.matches(record) for s in selectors)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Point:
+    """One measured record next to its simulation."""
+
+    op: str
+    """Collective."""
+    world_size: int
+    """Ranks."""
+    num_nodes: int
+    """Servers."""
+    size_bytes: int
+    """nccl-tests size."""
+    algo: str
+    """Algorithm simulated."""
+    measured_time_us: float
+    """Measured time."""
+    simulated_time_us: float
+    """Simulated time."""
+    measured_busbw_gbps: float
+    """Measured busbw."""
+    simulated_busbw_gbps: float
+    """Simulated busbw."""
+    error_pct: float
+    """(simulated - measured) / measured time, in percent."""
+    used_for_fit: bool
+    """Whether the calibration was fitted on this point."""
+
+    def series(self) -> str:
+        """Label of the curve the point belongs to."""
+        return f"{self.op}, {self.world_size} ranks / {self.num_nodes} node(s)"
+
+
+def compare_records(
+    records: Sequence[Record],
+    topology_for: TopologyFactory,
+    calibration: Calibration | None,
+    *,
+    fidelity: str = "analytical",
+    algo: str = "auto",
+    used_for_fit: Callable[[Record], bool] = lambda _r: False,
+) -> list[Point]:
+    """Simulate every out-of-place record (in-place when that is all there is), in order.
+
+    The record's own algorithm is simulated when it names one, else ``algo``.
+    """
+    chosen = [r for r in records if not r.in_place] or list(records)
+    points = []
+    for record in chosen:
+        topology = topology_for(record.num_nodes, record.world_size // max(record.num_nodes, 1))
+        ranks = record_ranks(record, topology)
+        model = CommModel(simpy.Environment(), topology, fidelity=fidelity, calibration=calibration)
+        forced = NCCL_ALGO_NAMES.get(record.algo.lower()) if record.algo else None
+        run_algo = model.algorithm(record.op, ranks, record.size_bytes, forced or algo)
+        model.env.run(model.run(record.op, ranks, record.size_bytes, algo=run_algo))
+        simulated_s = model.env.now
+        measured_s = record_time_s(record)
+        n = record.world_size
+        points.append(
+            Point(
+                op=record.op, world_size=record.world_size, num_nodes=record.num_nodes,
+                size_bytes=record.size_bytes, algo=run_algo, measured_time_us=measured_s * 1e6,
+                simulated_time_us=simulated_s * 1e6,
+                measured_busbw_gbps=busbw_gbps(record.op, record.size_bytes, measured_s, n),
+                simulated_busbw_gbps=busbw_gbps(record.op, record.size_bytes, simulated_s, n),
+                error_pct=(simulated_s - measured_s) / measured_s * 100.0,
+                used_for_fit=used_for_fit(record),
+            )
+        )  # fmt: skip
+    return points
+
+
+def mape(points: Sequence[Point], *, min_size_bytes: int = 0) -> float | None:
+    """Mean absolute percentage error of the time over points >= ``min_size_bytes`` (None: none)."""
+    chosen = [abs(p.error_pct) for p in points if p.size_bytes >= min_size_bytes]
+    return sum(chosen) / len(chosen) if chosen else None
+
+
+def summary(points: Sequence[Point], *, min_size_bytes: int) -> dict[str, Any]:
+    """MAPE overall and per series, on the scored points, all sizes and >= ``min_size_bytes``."""
+    scored = [p for p in points if not p.used_for_fit] or list(points)
+    series: dict[str, list[Point]] = {}
+    for p in scored:
+        series.setdefault(p.series(), []).append(p)
+    return {
+        "scored_on": "held-out points" if len(scored) < len(points) else "all points",
+        "num_points": len(scored),
+        "min_size_bytes": min_size_bytes,
+        "mape_pct": mape(scored),
+        "mape_pct_min_size": mape(scored, min_size_bytes=min_size_bytes),
+        "series": {
+            name: {
+                "mape_pct": mape(ps),
+                "mape_pct_min_size": mape(ps, min_size_bytes=min_size_bytes),
+                "num_points": len(ps),
+            }
+            for name, ps in series.items()
+        },
+    }  # fmt: skip
+
+
+def format_table(points: Sequence[Point]) -> list[str]:
+    """Text rows: series, size, algorithm, busbw measured / simulated, error, fit marker."""
+    lines = [
+        "#  op              ranks nodes         size  algo         measured  simulated"
+        "   error  fit",
+        "#                                       (B)                 (GB/s)     (GB/s)     (%)",
+    ]
+    for p in points:
+        lines.append(
+            f"   {p.op:<15} {p.world_size:5d} {p.num_nodes:5d} {p.size_bytes:12d}  {p.algo:<12}"
+            f" {p.measured_busbw_gbps:9.2f}  {p.simulated_busbw_gbps:9.2f}  {p.error_pct:+6.1f}"
+            f"  {'yes' if p.used_for_fit else 'no'}"
+        )
+    return lines
+
+
+def points_json(points: Sequence[Point]) -> list[dict[str, Any]]:
+    """The points as JSON rows."""
+    return [asdict(p) for p in points]
+
+
+def plot_comparison(points: Sequence[Point], path: str, *, title: str) -> None:
+    """busbw vs size (log x): measured and simulated per series; filled markers = fitted on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[Point]] = {}
+    for p in points:
+        series.setdefault(p.series(), []).append(p)
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (name, ps) in enumerate(series.items()):
+        ps = sorted(ps, key=lambda p: p.size_bytes)
+        color = colors[index % len(colors)]
+        sizes = [p.size_bytes for p in ps]
+        ax.plot(sizes, [p.simulated_busbw_gbps for p in ps], "-", color=color,
+                label=f"{name}: simulated (MAPE {mape(ps):.1f}%)")  # fmt: skip
+        for fitted in (True, False):
+            chosen = [p for p in ps if p.used_for_fit == fitted]
+            if chosen:
+                ax.plot(
+                    [p.size_bytes for p in chosen], [p.measured_busbw_gbps for p in chosen], "o",
+                    color=color, markerfacecolor=color if fitted else "white",
+                    label=f"{name}: measured ({'fitted on' if fitted else 'held out'})",
+                )  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes, nccl-tests definition)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(textwrap.fill(title, 90), fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

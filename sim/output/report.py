@@ -1,0 +1,196 @@
+"""The human-readable report of one simulated training step (``commsim plan`` without ``--json``).
+
+It echoes what was simulated (model, world size, parallel degrees, schedule, micro-batches), then
+the answer: step time, throughput, model TFLOP/s per GPU and MFU with the FLOP definition named,
+memory per GPU by component and whether it fits, and where the step's time goes on the critical
+rank (compute, exposed communication per process group, pipeline bubble, optimizer). Figures are
+SI inside; GiB, ms, TFLOP/s and percent only here, at the edge.
+
+    print(format_report(result, plan, gpu=topology.gpu_spec(0), fidelity="analytical"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sim.replay.result import PlanResult
+
+if TYPE_CHECKING:
+    from schedules.plan import ClusterConfig, Plan
+    from topologies.hardware import GPUSpec
+
+GIB_BYTES = 2**30
+"""Bytes per GiB, the unit of ``PlanResult.memory_gib``."""
+
+_LABEL_WIDTH = 28
+
+
+def format_report(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: str) -> str:
+    """The full text report: plan echo, headline figures, memory, time breakdown."""
+    sections = (
+        plan_echo_lines(result, plan, gpu=gpu, fidelity=fidelity),
+        headline_lines(result, plan, gpu=gpu),
+        memory_lines(result, hbm_bytes=gpu.hbm_bytes),
+        breakdown_lines(result, critical=_critical_rank(result, plan)),
+    )
+    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
+
+
+def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: str) -> list[str]:
+    """What was simulated: model, cluster, parallel degrees, schedule and batch."""
+    model, cluster, par, train = plan.model, plan.cluster, plan.parallel, plan.training
+    num_microbatches = result.extra.get("num_microbatches") or _microbatches(plan)
+    tokens = train.global_batch_size * model.seq_len
+    folded = "folded" if result.num_simulated_ranks < result.num_gpus else "unfolded"
+    return [
+        f"Plan: {model.name} ({model.num_layers} layers, hidden {model.hidden_size}, "
+        f"seq {model.seq_len}) on {result.num_gpus} x {gpu.name}",
+        _row("  cluster", cluster_line(cluster)),
+        _row(
+            "  parallel",
+            f"tp={par.tp} pp={par.pp} cp={par.cp} dp={par.dp} vpp={par.vpp}, "
+            f"data_parallel {par.data_parallel}",
+        ),
+        _row(
+            "  schedule",
+            f"{par.schedule}, sequence_parallel {_on_off(par.sequence_parallel)}, "
+            f"recompute {par.recompute}",
+        ),
+        _row(
+            "  batch",
+            f"{num_microbatches} micro-batches of {train.micro_batch_size} per step, "
+            f"global batch {train.global_batch_size} ({tokens:,} tokens), {train.precision}",
+        ),
+        _row(
+            "  simulated",
+            f"{result.num_simulated_ranks} of {result.num_gpus} ranks ({folded}), "
+            f"{fidelity} network",
+        ),
+    ]
+
+
+def cluster_line(cluster: ClusterConfig) -> str:
+    """``32 x dgx-h100, ib-ndr``, or the cluster file's name."""
+    if cluster.file:
+        return f"from {cluster.file}"
+    node = cluster.node
+    name = node.get("name", "custom node") if isinstance(node, Mapping) else node
+    fabric = f", {cluster.fabric}" if cluster.fabric else ""
+    oversubscribed = (
+        f" ({cluster.oversubscription:g}:1 oversubscribed)" if cluster.oversubscription > 1 else ""
+    )
+    return f"{cluster.num_nodes} x {name}{fabric}{oversubscribed}"
+
+
+def headline_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec) -> list[str]:
+    """Step time, throughput, TFLOP/s per GPU and MFU with the FLOP definition."""
+    precision = plan.training.precision
+    peak_tflops = gpu.peak_flops_per_s.get(precision, float("nan")) / 1e12
+    tokens_per_gpu = result.tokens_per_s / result.num_gpus if result.num_gpus else float("nan")
+    return [
+        _row("Step time", format_duration(result.step_time_s)),
+        _row("Throughput", f"{result.tokens_per_s:,.0f} tokens/s ({tokens_per_gpu:,.0f} per GPU)"),
+        _row(
+            "Model FLOP/s per GPU",
+            f"{result.tflops_per_gpu:.1f} TFLOP/s, MFU {result.mfu:.1%} "
+            f"of {peak_tflops:,.0f} TFLOP/s dense {precision}",
+        ),
+        _row("FLOP definition", result.flops_definition),
+        _row("Memory per GPU", fit_verdict(result, hbm_bytes=gpu.hbm_bytes)),
+    ]
+
+
+def memory_lines(result: PlanResult, *, hbm_bytes: float) -> list[str]:
+    """Memory per GPU by component in GiB, then the total against HBM and the verdict."""
+    hbm_gib = hbm_bytes / GIB_BYTES
+    components = {k: v for k, v in result.memory_gib.items() if k != "total"}
+    total_gib = result.memory_gib.get("total", sum(components.values()))
+    lines = ["Memory per GPU (GiB, worst pipeline stage)"]
+    lines += [_row(f"  {name}", f"{gib:8.2f}") for name, gib in components.items()]
+    lines.append(_row("  total", f"{total_gib:8.2f} of {hbm_gib:.2f} GiB HBM"))
+    lines.append(_row("  verdict", fit_verdict(result, hbm_bytes=hbm_bytes)))
+    return lines
+
+
+def fit_verdict(result: PlanResult, *, hbm_bytes: float) -> str:
+    """``fits (N GiB free)`` or a loud ``DOES NOT FIT`` with the total and the HBM size."""
+    hbm_gib = hbm_bytes / GIB_BYTES
+    total_gib = result.memory_gib.get("total", float("nan"))
+    if result.fits_in_memory:
+        return f"fits ({hbm_gib - total_gib:.2f} GiB free)"
+    over = f", {total_gib - hbm_gib:.2f} GiB over" if total_gib > hbm_gib else ""
+    return (
+        f"DOES NOT FIT: needs {total_gib:.2f} GiB of {hbm_gib:.2f} GiB HBM{over} "
+        "(the step time assumes it would fit)"
+    )
+
+
+def breakdown_lines(result: PlanResult, *, critical: str = "the critical rank") -> list[str]:
+    """Where the step's time goes on the critical rank, in ms and percent of the step."""
+    bd = result.breakdown
+    rows: list[tuple[str, float]] = [("compute", bd.compute_s)]
+    rows += [(f"exposed comm {group}", t) for group, t in sorted(bd.exposed_comm_s.items())]
+    rows += [("pipeline bubble", bd.bubble_s), ("optimizer", bd.optimizer_s)]
+    accounted_s = sum(t for _, t in rows)
+    step_s = result.step_time_s
+    lines = [
+        f"Step breakdown on {critical}",
+        f"{'':<{_LABEL_WIDTH}}{'ms':>12}{'% of step':>11}",
+    ]
+    lines += [_breakdown_row(f"  {name}", t, step_s) for name, t in rows]
+    # Show any remainder instead of hiding it: the rows should add up to the step.
+    if abs(step_s - accounted_s) > 1e-6 * max(step_s, 1e-12):
+        lines.append(_breakdown_row("  other / unaccounted", step_s - accounted_s, step_s))
+    lines.append(_breakdown_row("  step", step_s, step_s))
+    return lines
+
+
+def rank_coords(rank: int, plan: Plan) -> dict[str, int]:
+    """Coordinates (tp, cp, dp, pp) of a global rank in the replay's rank layout."""
+    from sim.replay.programs import layout_of
+
+    return layout_of(plan).coords(rank)
+
+
+def pipeline_stage(rank: int, plan: Plan) -> int:
+    """Pipeline stage of a global rank."""
+    return rank_coords(rank, plan)["pp"]
+
+
+def rank_title(rank: int, plan: Plan) -> str:
+    """``rank N (pp stage s)``, with the context-parallel rank too when cp > 1."""
+    coords = rank_coords(rank, plan)
+    cp = f", cp rank {coords['cp']}" if plan.parallel.cp > 1 else ""
+    return f"rank {rank} (pp stage {coords['pp']}{cp})"
+
+
+def format_duration(time_s: float) -> str:
+    """Seconds as ``12.346 s`` from one second up, else milliseconds as ``23.691 ms``."""
+    return f"{time_s:.3f} s" if time_s >= 1.0 else f"{time_s * 1e3:.3f} ms"
+
+
+def _breakdown_row(label: str, time_s: float, step_s: float) -> str:
+    share = time_s / step_s if step_s > 0 else float("nan")
+    return f"{label:<{_LABEL_WIDTH}}{time_s * 1e3:12.3f}{share:11.1%}"
+
+
+def _row(label: str, value: str) -> str:
+    return f"{label:<{_LABEL_WIDTH}}{value}"
+
+
+def _critical_rank(result: PlanResult, plan: Plan) -> str:
+    rank = result.extra.get("critical_rank")
+    if rank is None:
+        return "the critical rank"
+    return f"{rank_title(int(rank), plan)}, the critical rank (last to finish)"
+
+
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _microbatches(plan: Any) -> int:
+    from schedules.plan import num_microbatches
+
+    return num_microbatches(plan)

@@ -1,0 +1,201 @@
+"""Timeline plot of a simulated step: a few ranks' compute and communication lanes over time.
+
+One representative rank per pipeline stage (at most ``MAX_RANKS``, evenly spaced stages when
+there are more) gets a compute lane and a thin lane per communication stream it used (tp, dp,
+pp, ...). Forward, backward, weight-gradient, recompute and optimizer work and each stream's
+communication have their own colour, named in the legend; time is in milliseconds. Matplotlib's
+object API with the Agg canvas is used, so no display and no global pyplot state are involved.
+
+    png = figure_bytes(timeline_figure(result.spans, ranks=[0, 8], rank_titles=titles), "png")
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from sim.output.trace import stream_ids
+from sim.replay.result import Span
+
+MAX_RANKS = 8
+"""Most ranks drawn; more pipeline stages are sampled evenly (first and last included)."""
+
+COMPUTE_COLORS = {
+    "forward": "#4c72b0",
+    "backward": "#dd8452",
+    "weight grad": "#55a868",
+    "recompute": "#8172b3",
+    "other compute": "#937860",
+    "optimizer": "#da8bc3",
+}
+"""Colour per compute category (see ``span_category``)."""
+
+COMM_COLORS = {
+    "tp": "#c44e52",
+    "pp": "#ccb974",
+    "dp": "#64b5cd",
+    "cp": "#8c564b",
+    "hsdp": "#17becf",
+}
+"""Colour per communication stream; other streams get ``OTHER_COMM_COLOR``."""
+
+OTHER_COMM_COLOR = "#7f7f7f"
+"""Colour of communication on streams not in ``COMM_COLORS``."""
+
+_COMPUTE_PREFIXES = (
+    ("Bi", "backward"),
+    ("B", "backward"),
+    ("W", "weight grad"),
+    ("F", "forward"),
+    ("R", "recompute"),
+)
+_MAX_LABELLED_SPANS = 600
+_MAX_SEAMED_SPANS = 400
+_LABEL_MIN_FRACTION = 0.012
+_COMPUTE_HEIGHT = 0.8
+_COMM_HEIGHT = 0.45
+
+
+def span_category(span: Span) -> str | None:
+    """Legend category of a span, or ``None`` for spans not drawn (waits)."""
+    if span.kind == "wait":
+        return None
+    if span.kind == "optimizer":
+        return "optimizer"
+    if span.kind in ("collective", "p2p"):
+        return f"{span.stream} comm"
+    for prefix, category in _COMPUTE_PREFIXES:
+        if re.match(rf"{prefix}\d", span.name):
+            return category
+    return "other compute"
+
+
+def category_color(category: str) -> str:
+    """Colour of a legend category."""
+    if category in COMPUTE_COLORS:
+        return COMPUTE_COLORS[category]
+    return COMM_COLORS.get(category.removesuffix(" comm"), OTHER_COMM_COLOR)
+
+
+def representative_ranks(
+    spans: Iterable[Span], stage_of: Callable[[int], int], *, max_ranks: int = MAX_RANKS
+) -> list[int]:
+    """The lowest simulated rank of each pipeline stage, sampled down to ``max_ranks`` stages."""
+    first_rank: dict[int, int] = {}
+    for rank in sorted({s.rank for s in spans}):
+        first_rank.setdefault(stage_of(rank), rank)
+    stages = sorted(first_rank)
+    if len(stages) > max_ranks > 1:
+        picks = sorted({round(i * (len(stages) - 1) / (max_ranks - 1)) for i in range(max_ranks)})
+        stages = [stages[i] for i in picks]
+    return [first_rank[stage] for stage in stages[:max_ranks]]
+
+
+def timeline_figure(
+    spans: Iterable[Span],
+    *,
+    ranks: Sequence[int],
+    rank_titles: Mapping[int, str] | None = None,
+    title: str = "",
+) -> Figure:
+    """A figure with a compute lane and one lane per communication stream for each rank."""
+    by_lane: dict[tuple[int, str], list[Span]] = defaultdict(list)
+    wanted = set(ranks)
+    for span in spans:
+        if span.rank in wanted and span_category(span) is not None:
+            by_lane[(span.rank, "compute" if _on_compute_lane(span) else span.stream)].append(span)
+    lanes = _lane_order(by_lane, ranks)
+    fig = Figure(figsize=(14, 1.2 + 0.32 * len(lanes)), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    categories: set[str] = set()
+    num_compute_spans = sum(len(v) for k, v in by_lane.items() if k[1] == "compute")
+    end_ms = max((s.end_s for v in by_lane.values() for s in v), default=0.0) * 1e3
+    for y, lane in enumerate(lanes):
+        if lane[1] == "compute" and y > 0:
+            ax.axhline(y - 0.5, color="0.5", linewidth=0.8)
+        categories |= _draw_lane(ax, y, by_lane[lane], compute=lane[1] == "compute")
+        if lane[1] == "compute" and num_compute_spans <= _MAX_LABELLED_SPANS:
+            _label_spans(ax, y, by_lane[lane], min_width_ms=_LABEL_MIN_FRACTION * end_ms)
+    titles = rank_titles or {}
+    ax.set_yticks(range(len(lanes)), [_lane_label(lane, titles) for lane in lanes], fontsize=8)
+    ax.set_ylim(len(lanes) - 0.4, -0.6)
+    ax.set_xlabel("time (ms)")
+    ax.set_xlim(left=0.0)
+    ax.grid(axis="x", linewidth=0.3, alpha=0.6)
+    ax.set_title(title or "Simulated step timeline", fontsize=10)
+    handles = [Patch(color=category_color(c), label=c) for c in _legend_order(categories)]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return fig
+
+
+def figure_bytes(fig: Figure, image_format: str = "png") -> bytes:
+    """The rendered figure (png, svg or pdf) as bytes, so callers can write it atomically."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=image_format, dpi=150)
+    return buffer.getvalue()
+
+
+def _on_compute_lane(span: Span) -> bool:
+    return span.kind not in ("collective", "p2p")
+
+
+def _lane_order(
+    by_lane: Mapping[tuple[int, str], list[Span]], ranks: Sequence[int]
+) -> list[tuple[int, str]]:
+    lanes = []
+    for rank in ranks:
+        streams = list(stream_ids(s for r, s in by_lane if r == rank and s != "compute"))
+        lanes += [(rank, "compute"), *((rank, s) for s in streams)]
+    return lanes
+
+
+def _draw_lane(ax: Axes, y: int, spans: list[Span], *, compute: bool) -> set[str]:
+    """Draw one lane's spans, one ``broken_barh`` per category; returns the categories drawn."""
+    height = _COMPUTE_HEIGHT if compute else _COMM_HEIGHT
+    # White seams separate adjacent compute passes; thin bars (comm, crowded lanes) would vanish.
+    seams = compute and len(spans) <= _MAX_SEAMED_SPANS
+    bars: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for span in sorted(spans, key=lambda s: (s.start_s, s.end_s, s.name)):
+        bars[str(span_category(span))].append((span.start_s * 1e3, span.duration_s * 1e3))
+    for category, ranges in sorted(bars.items()):
+        ax.broken_barh(
+            ranges,
+            (y - height / 2, height),
+            facecolors=category_color(category),
+            edgecolor="white" if seams else "none",
+            linewidth=0.3,
+        )
+    return set(bars)
+
+
+def _label_spans(ax: Axes, y: int, spans: list[Span], *, min_width_ms: float) -> None:
+    """Write the pass label (``F3`` of ``F3.c0`` or ``F3 fwd``) inside bars wide enough for it."""
+    for span in spans:
+        width_ms = span.duration_s * 1e3
+        text = re.split(r"[.\s]", span.name, maxsplit=1)[0]
+        if width_ms >= min_width_ms * max(1.0, len(text) / 3):
+            x_ms = span.start_s * 1e3 + width_ms / 2
+            ax.text(
+                x_ms, y, text, ha="center", va="center", fontsize=6, color="white", clip_on=True
+            )
+
+
+def _lane_label(lane: tuple[int, str], titles: Mapping[int, str]) -> str:
+    rank, stream = lane
+    if stream == "compute":
+        return titles.get(rank, f"rank {rank}")
+    return f"{stream} comm"
+
+
+def _legend_order(categories: set[str]) -> list[str]:
+    compute = [c for c in COMPUTE_COLORS if c in categories]
+    comm = stream_ids(c.removesuffix(" comm") for c in categories.difference(compute))
+    return compute + [f"{stream} comm" for stream in comm]

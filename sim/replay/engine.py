@@ -1,0 +1,357 @@
+"""The replay engine: runs per-rank programs on SimPy streams and process-group FIFOs.
+
+Each simulated GPU has a compute stream (its ``Compute`` actions, one after another) and one
+FIFO per process group it belongs to (its ``Collective`` actions on that group, one at a time,
+in issue order: NCCL's one queue per communicator). A collective starts when every simulated
+member has issued it (its deps are done and it reached the head of the member's FIFO); its
+duration comes from the network model ``comm.run(op, ranks, size_bytes)`` on the group's full
+rank list, so concurrent collectives contend under ``flow`` fidelity. A ``Transfer`` starts when
+both its sender and its receiver have posted it. Group members that are not simulated (folded
+replicas) are not waited for. Everything is ordered by SimPy's event queue: deterministic.
+
+    timeline = Engine(env, comm, programs).run()
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Generator, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import simpy
+
+from schedules.program import Action, Collective, Compute, Program, Transfer
+from sim.replay.result import Span
+
+
+class CommRunner(Protocol):
+    """What the engine needs from a network model (``sim.network.model.CommModel`` has it)."""
+
+    def run(self, op: str, ranks: Sequence[int], size_bytes: float) -> simpy.Event:
+        """Start the collective's traffic now; the event succeeds when it completes."""
+        ...
+
+
+class ClosedFormRunner:
+    """A ``CommRunner`` whose collectives take a fixed closed-form time, computed once per
+    distinct (op, ranks, size): what ``CommModel.run`` does under ``analytical`` fidelity, without
+    re-deriving the same estimate for every micro-batch (state: the memo)."""
+
+    def __init__(self, env: simpy.Environment, estimate_s: Callable[..., float]) -> None:
+        self.env = env
+        self.estimate_s = estimate_s
+        self._memo: dict[tuple[str, tuple[int, ...], float], float] = {}
+
+    def run(self, op: str, ranks: Sequence[int], size_bytes: float) -> simpy.Event:
+        """A timeout of the collective's closed-form duration."""
+        key = (op, tuple(ranks), size_bytes)
+        seconds = self._memo.get(key)
+        if seconds is None:
+            seconds = self._memo[key] = self.estimate_s(op, key[1], size_bytes)
+        return self.env.timeout(seconds)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankTimes:
+    """Where one simulated rank's time went."""
+
+    end_s: float
+    """When its last action finished."""
+    compute_s: float
+    """Busy time of the compute stream (optimizer excluded)."""
+    optimizer_s: float
+    """Optimizer compute plus waits on the post-step parameter gather."""
+    exposed_comm_s: dict[str, float]
+    """Per group: compute-stream idle time spent waiting for that group's communication."""
+    idle_s: float
+    """Other compute-stream idle time (waiting for other stages: the pipeline bubble)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeline:
+    """Result of a replay: every span and per-rank accounting."""
+
+    spans: tuple[Span, ...]
+    """Compute, collective, transfer and wait spans, sorted by (rank, start, stream, name)."""
+    ranks: dict[int, RankTimes]
+    """Accounting per simulated rank."""
+
+    @property
+    def step_time_s(self) -> float:
+        """Latest end over all simulated ranks."""
+        return max((r.end_s for r in self.ranks.values()), default=0.0)
+
+    @property
+    def critical_rank(self) -> int:
+        """The rank that finishes last (lowest rank on ties)."""
+        end = self.step_time_s
+        return min(rank for rank, times in self.ranks.items() if times.end_s == end)
+
+
+@dataclass(slots=True)
+class _Meeting:
+    """Rendezvous of the simulated members of one collective or transfer instance."""
+
+    needed: int
+    arrived: int = 0
+    start_s: float = 0.0
+    done: simpy.Event | None = None
+
+
+@dataclass(slots=True)
+class _Record:
+    issue_s: float = 0.0
+    start_s: float = 0.0
+    end_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _State:
+    finished: list[bool]
+    records: list[_Record]
+    waiters: dict[int, simpy.Event] = field(default_factory=dict)
+    streams: dict[Hashable, list[int]] = field(default_factory=dict)
+
+
+class Engine:
+    """Runs programs to completion on a SimPy environment (state changes over simulated time)."""
+
+    def __init__(self, env: simpy.Environment, comm: CommRunner, programs: Sequence[Program]):
+        self.env = env
+        self.comm = comm
+        self.programs = {program.rank: program for program in programs}
+        if len(self.programs) != len(programs):
+            raise ValueError("two programs for the same rank")
+        self._meetings: dict[Hashable, _Meeting] = {}
+        self._states = {rank: self._state(p) for rank, p in sorted(self.programs.items())}
+
+    def _state(self, program: Program) -> _State:
+        state = _State(
+            finished=[False] * len(program.actions),
+            records=[_Record() for _ in program.actions],
+        )
+        streams: dict[Hashable, list[int]] = defaultdict(list)
+        for index, action in enumerate(program.actions):
+            if any(d >= index or d < 0 for d in action.deps):
+                raise ValueError(f"rank {program.rank} action {index} depends on a later action")
+            if isinstance(action, Compute):
+                streams["compute"].append(index)
+            elif isinstance(action, Collective):
+                streams[(action.group, action.ranks)].append(index)
+            else:
+                streams[("p2p", index)].append(index)
+        state.streams = dict(streams)
+        return state
+
+    def run(self) -> Timeline:
+        """Simulate every program; raises RuntimeError if some action can never run."""
+        for rank, state in self._states.items():
+            for key, indices in state.streams.items():
+                self.env.process(self._stream(rank, key, indices))
+        self.env.run()
+        stuck = [
+            (rank, i)
+            for rank, state in self._states.items()
+            for i, finished in enumerate(state.finished)
+            if not finished
+        ]
+        if stuck:
+            rank, i = stuck[0]
+            action = self.programs[rank].actions[i]
+            raise RuntimeError(
+                f"replay deadlock: {len(stuck)} actions never ran, first rank {rank} "
+                f"action {i} ({action.name})"
+            )
+        return self._timeline()
+
+    def _stream(self, rank: int, key: Hashable, indices: list[int]) -> Generator[Any, Any, None]:
+        state = self._states[rank]
+        actions = self.programs[rank].actions
+        seq = 0
+        for index in indices:
+            action = actions[index]
+            pending = [self._waiter(state, d) for d in action.deps if not state.finished[d]]
+            if pending:
+                yield pending[0] if len(pending) == 1 else simpy.AllOf(self.env, pending)
+            record = state.records[index]
+            record.issue_s = self.env.now
+            if isinstance(action, Compute):
+                record.start_s = self.env.now
+                if action.duration_s > 0:
+                    yield self.env.timeout(action.duration_s)
+            else:
+                meeting = self._arrive(action, key, seq)
+                seq += 1
+                assert meeting.done is not None
+                yield meeting.done
+                record.start_s = meeting.start_s
+            record.end_s = self.env.now
+            state.finished[index] = True
+            waiter = state.waiters.pop(index, None)
+            if waiter is not None:
+                waiter.succeed()
+
+    def _waiter(self, state: _State, index: int) -> simpy.Event:
+        """The event that succeeds when action ``index`` finishes (created on first need)."""
+        event = state.waiters.get(index)
+        if event is None:
+            event = state.waiters[index] = self.env.event()
+        return event
+
+    def _arrive(self, action: Action, key: Hashable, seq: int) -> _Meeting:
+        if isinstance(action, Collective):
+            members = [r for r in action.ranks if r in self.programs]
+            meeting_key: Hashable = (key, seq)
+        else:
+            assert isinstance(action, Transfer)
+            members = [r for r in (action.src, action.dst) if r in self.programs]
+            meeting_key = ("p2p", action.src, action.dst, action.tag)
+        meeting = self._meetings.get(meeting_key)
+        if meeting is None:
+            meeting = _Meeting(needed=len(members), done=self.env.event())
+            self._meetings[meeting_key] = meeting
+        meeting.arrived += 1
+        if meeting.arrived == meeting.needed:
+            meeting.start_s = self.env.now
+            assert meeting.done is not None
+            if isinstance(action, Collective):
+                self._chain(action.op, action.ranks, action.size_bytes, action.repeat, meeting.done)
+            else:
+                assert isinstance(action, Transfer)
+                pair = (action.src, action.dst)
+                self._chain("send_recv", pair, action.size_bytes, 1, meeting.done)
+        return meeting
+
+    def _chain(
+        self, op: str, ranks: tuple[int, ...], size_bytes: float, repeat: int, done: simpy.Event
+    ) -> None:
+        """Run ``repeat`` back-to-back calls, then succeed ``done`` (callbacks, no process)."""
+        event = self.comm.run(op, ranks, size_bytes)
+
+        def then(_: simpy.Event) -> None:
+            if repeat > 1:
+                self._chain(op, ranks, size_bytes, repeat - 1, done)
+            else:
+                done.succeed()
+
+        if event.callbacks is None:  # already processed
+            then(event)
+        else:
+            event.callbacks.append(then)
+
+    def _timeline(self) -> Timeline:
+        spans: list[Span] = []
+        ranks: dict[int, RankTimes] = {}
+        for rank, state in self._states.items():
+            rank_spans, times = _account(self.programs[rank], state.records)
+            spans += rank_spans
+            ranks[rank] = times
+        spans.sort(key=lambda s: (s.rank, s.start_s, s.stream, s.end_s, s.name))
+        return Timeline(spans=tuple(spans), ranks=ranks)
+
+
+def _span(rank: int, action: Action, record: _Record) -> Span:
+    if isinstance(action, Compute):
+        return Span(
+            rank=rank,
+            stream="compute",
+            name=action.name,
+            kind=action.kind,
+            start_s=record.start_s,
+            end_s=record.end_s,
+        )
+    if isinstance(action, Collective):
+        return Span(
+            rank=rank,
+            stream=action.group,
+            name=action.name,
+            kind="collective",
+            start_s=record.start_s,
+            end_s=record.end_s,
+            size_bytes=action.size_bytes * action.repeat,
+            group=action.group,
+        )
+    return Span(
+        rank=rank,
+        stream="pp",
+        name=action.name,
+        kind="p2p",
+        start_s=record.start_s,
+        end_s=record.end_s,
+        size_bytes=action.size_bytes,
+        group="pp",
+    )
+
+
+def _wait_owner(action: Action, record: _Record, since_s: float) -> tuple[str, float]:
+    """Which bucket a compute wait on ``action`` belongs to, and from when it counts."""
+    if isinstance(action, Collective):
+        owner = "optimizer" if action.phase == "optimizer" else action.group
+        return owner, max(since_s, record.issue_s)
+    if isinstance(action, Transfer):
+        return "pp", max(since_s, record.start_s)
+    return "", record.end_s
+
+
+def _account(program: Program, records: list[_Record]) -> tuple[list[Span], RankTimes]:
+    """Spans of one rank and the split of its compute-stream time."""
+    rank, actions = program.rank, program.actions
+    spans = [_span(rank, a, r) for a, r in zip(actions, records, strict=True)]
+    exposed: dict[str, float] = defaultdict(float)
+    busy = {"compute": 0.0, "optimizer": 0.0}
+    idle = 0.0
+    free_s = 0.0
+    for action, record in zip(actions, records, strict=True):
+        if not isinstance(action, Compute):
+            continue
+        gap = record.start_s - free_s
+        if gap > 0:
+            waited = _charge_wait(action, actions, records, free_s, record.start_s, exposed)
+            idle += gap - waited
+            if waited > 0:
+                spans.append(
+                    Span(
+                        rank=rank,
+                        stream="compute",
+                        name="wait",
+                        kind="wait",
+                        start_s=record.start_s - waited,
+                        end_s=record.start_s,
+                    )
+                )
+        busy["optimizer" if action.kind == "optimizer" else "compute"] += action.duration_s
+        free_s = record.end_s
+    end_s = max((r.end_s for r in records), default=0.0)
+    optimizer_s = busy["optimizer"] + exposed.pop("optimizer", 0.0)
+    times = RankTimes(
+        end_s=end_s,
+        compute_s=busy["compute"],
+        optimizer_s=optimizer_s,
+        exposed_comm_s=dict(sorted(exposed.items())),
+        idle_s=idle,
+    )
+    return spans, times
+
+
+def _charge_wait(
+    action: Compute,
+    actions: Sequence[Action],
+    records: list[_Record],
+    free_s: float,
+    start_s: float,
+    exposed: dict[str, float],
+) -> float:
+    """Charge the idle gap before ``action`` to the dep that released it; returns time charged."""
+    if not action.deps:
+        return 0.0
+    last = max(action.deps, key=lambda d: (records[d].end_s, -d))
+    releaser = actions[last]
+    if isinstance(releaser, Collective) and releaser.phase == "p2p" and releaser.deps:
+        last = releaser.deps[0]  # a scatter-gather receive: count from its transfer
+    owner, since_s = _wait_owner(actions[last], records[last], free_s)
+    if not owner:
+        return 0.0
+    waited = max(0.0, start_s - since_s)
+    exposed[owner] += waited
+    return waited

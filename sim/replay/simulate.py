@@ -1,0 +1,119 @@
+"""``simulate_plan``: one training step of a plan on a cluster, as a ``PlanResult``.
+
+It resolves the plan on its cluster, replays the step (``sim.replay.programs`` on the SimPy
+engine with the network model ``sim.network.model.CommModel`` and the compute model
+``sim.compute.model.ComputeModel``), and assembles the answer: step time (the latest rank),
+tokens/s, model TFLOP/s per GPU and MFU (FLOPs as ``schedules.model.model_flops_per_step``
+defines them, against the GPU's dense peak for the plan's precision), the memory per GPU of the
+worst stage, and the breakdown of the critical rank: compute, exposed communication per group,
+optimizer, and the remaining idle time as the pipeline bubble.
+
+    result = simulate_plan(load_plan("plan.yaml"))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import simpy
+
+from comm_bench.compute_calibration import ComputeCalibration
+from schedules.memory import memory_per_gpu
+from schedules.model import model_flops_per_step
+from schedules.plan import Plan, num_microbatches
+from schedules.resolve import resolve_plan
+from sim.compute.model import ComputeModel
+from sim.network.calibration import Calibration
+from sim.network.model import CommModel
+from sim.replay.engine import ClosedFormRunner, Timeline
+from sim.replay.programs import replay_plan
+from sim.replay.result import Breakdown, PlanResult
+from topologies.config import load_cluster
+from topologies.topology import Topology
+
+GIB = 2**30
+"""Bytes per GiB (memory figures)."""
+
+
+def plan_topology(plan: Plan) -> Topology:
+    """The plan's cluster (a relative cluster file is read beside the plan file)."""
+    source = plan.cluster.source()
+    if isinstance(source, str) and plan.base_dir:
+        source = str(Path(plan.base_dir) / source)
+    return load_cluster(source)
+
+
+def breakdown_of(timeline: Timeline, rank: int | None = None) -> Breakdown:
+    """Where the step went on ``rank`` (default: the critical rank, the last to finish)."""
+    chosen = timeline.critical_rank if rank is None else rank
+    times = timeline.ranks[chosen]
+    step_s = timeline.step_time_s
+    exposed = dict(times.exposed_comm_s)
+    bubble_s = step_s - times.compute_s - times.optimizer_s - sum(exposed.values())
+    return Breakdown(
+        compute_s=times.compute_s,
+        exposed_comm_s=exposed,
+        bubble_s=max(bubble_s, 0.0),
+        optimizer_s=times.optimizer_s,
+    )
+
+
+def _peak_flops_per_s(plan: Plan, topology: Topology) -> float:
+    peaks = topology.gpu_spec(0).peak_flops_per_s
+    precision = plan.training.precision
+    if precision not in peaks:
+        raise ValueError(
+            f"GPU {topology.gpu_spec(0).name} has no {precision} peak; it has {', '.join(peaks)}"
+        )
+    return float(peaks[precision])
+
+
+def simulate_plan(
+    plan: Plan,
+    *,
+    topology: Topology | None = None,
+    comm_calibration: Calibration | None = None,
+    compute_calibration: ComputeCalibration | None = None,
+    fidelity: str = "analytical",
+    fold: bool = True,
+) -> PlanResult:
+    """Simulate one steady-state training step of ``plan`` (resolved here on its cluster)."""
+    topology = plan_topology(plan) if topology is None else topology
+    plan = resolve_plan(plan, topology.num_gpus)
+    gpu = topology.gpu_spec(0)
+    env = simpy.Environment()
+    comm = CommModel(env, topology, fidelity=fidelity, calibration=comm_calibration)
+    compute = ComputeModel(gpu, compute_calibration)
+    runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
+    timeline = replay_plan(
+        plan,
+        env=env,
+        comm=runner,
+        compute=compute,
+        fold=fold,
+        gpus_per_node=topology.gpus_per_node,
+    )
+    step_s = timeline.step_time_s
+    flops, definition = model_flops_per_step(plan)
+    tflops_per_gpu = flops / step_s / topology.num_gpus / 1e12
+    memory = memory_per_gpu(plan, hbm_bytes=gpu.hbm_bytes, gpus_per_node=topology.gpus_per_node)
+    tokens = plan.training.global_batch_size * plan.model.seq_len
+    return PlanResult(
+        step_time_s=step_s,
+        tokens_per_s=tokens / step_s,
+        tflops_per_gpu=tflops_per_gpu,
+        mfu=tflops_per_gpu * 1e12 / _peak_flops_per_s(plan, topology),
+        flops_definition=definition,
+        memory_gib={k: v / GIB for k, v in memory.items()},
+        fits_in_memory=memory["total"] <= gpu.hbm_bytes,
+        breakdown=breakdown_of(timeline),
+        num_gpus=topology.num_gpus,
+        num_simulated_ranks=len(timeline.ranks),
+        spans=timeline.spans,
+        extra={
+            "num_microbatches": num_microbatches(plan),
+            "critical_rank": timeline.critical_rank,
+            "fidelity": fidelity,
+            "folded": fold,
+        },
+    )

@@ -1,0 +1,360 @@
+"""Published training runs as commsim plans: which ones can be replayed, and their step time.
+
+The runs in ``../shared/data/validation/cases.json`` are described in each paper's own words
+("full (uniform, every transformer layer)", "FP8 (Transformer Engine) + BF16", "Megatron-Core
+distributed optimizer (ZeRO-1-like)", "not stated"). This module reads every field it needs
+robustly and turns a run into a plain plan mapping (the plan-file format: ``model``, ``cluster``,
+``parallel``, ``training``) that goes through ``schedules.plan.load_plan``, or says which knob is
+missing so that the run cannot be simulated faithfully. The measured step time comes from
+``sim.validation.measured`` (the source's own FLOP formula where it reported throughput).
+
+    mapping = map_case(load_cases(DEFAULT_CASES_PATH)[0]); mapping.plan["parallel"]["tp"]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.validation.measured import Measurement, as_integer, measured_step_time
+
+DEFAULT_CASES_PATH = Path("..") / "shared" / "data" / "validation" / "cases.json"
+"""Where ``commsim validate`` looks for the cases when none is given (relative to the cwd)."""
+
+SOURCES: dict[str, str] = {
+    "narayanan21": "Narayanan et al. SC21 (Megatron-LM), A100",
+    "korthikanti22": "Korthikanti et al. 2022 (activation recomputation), A100",
+    "megatron_readme": "Megatron-LM README (H100 weak/strong scaling)",
+    "nemo2407": "NeMo 24.07 performance tables (H100, FP8)",
+    "fsdp_vldb23": "Zhao et al. VLDB23 (PyTorch FSDP), A100",
+    "bloom176B": "BLOOM 176B (Jean Zay, A100)",
+    "mtnlg530B": "Smith et al. 2022 (MT-NLG 530B), A100",
+    "opt175B": "Zhang et al. 2022 (OPT-175B), A100",
+}
+"""Short source key (the case-id prefix) -> the publication it comes from."""
+
+_PRE_FLASH_ATTENTION = ("narayanan21", "korthikanti22", "bloom176B", "mtnlg530B", "opt175B")
+"""Sources whose runs predate FlashAttention (2022): Megatron's fused softmax kept s x s scores."""
+_MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len")
+_NODE_FOR_GPU = {"a100-sxm-80gb": ("dgx-a100", "ib-hdr"), "h100-sxm": ("dgx-h100", "ib-ndr")}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaseMapping:
+    """One published run: the plan that replays it, or the knobs that are missing."""
+
+    case_id: str
+    """The case's ``id`` in cases.json."""
+    source: str
+    """Short source key (a key of ``SOURCES``)."""
+    gpu: str | None
+    """GPU key of ``topologies.hardware.GPUS`` (``None`` when not recognised)."""
+    num_gpus: int | None
+    """World size of the run (``None`` when the source gives a range)."""
+    plan: dict[str, Any] | None
+    """The plan mapping (plan-file format); ``None`` when a knob is missing."""
+    missing: tuple[str, ...]
+    """Knobs (or facts) the source does not state, each with what it says instead."""
+    assumptions: tuple[str, ...]
+    """Choices made where the source is ambiguous, e.g. fp16 for "16-bit mixed precision"."""
+    measured: Measurement | None
+    """The measured step time, or ``None`` when the source gives none usable."""
+    table: str = ""
+    """Where in the source the run is reported, shortened (e.g. "Table 1", "Section 6.3")."""
+
+    @property
+    def simulable(self) -> bool:
+        """Whether the run can be simulated faithfully and compared."""
+        return self.plan is not None and self.measured is not None and not self.missing
+
+
+def load_cases(path: str | Path) -> list[dict[str, Any]]:
+    """The list of cases in a cases.json file (FileNotFoundError / ValueError on bad input)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"malformed input: {path}: {exc}") from None
+    if not isinstance(data, list) or not all(isinstance(c, dict) and "id" in c for c in data):
+        raise ValueError(f"{path}: expected a JSON list of cases, each with an 'id'")
+    return data
+
+
+def source_table(case: dict[str, Any]) -> str:
+    """The table (or section) of the source that reports the run, e.g. "Table 2"; "" if none."""
+    text = str((case.get("source") or {}).get("table") or "")
+    match = re.search(r"Table \d+|Section [\d.]*\d|Appendix [A-Z]", text)
+    return match.group(0) if match else ""
+
+
+def source_key(case_id: str) -> str:
+    """The short source key of a case id (its prefix up to the first underscore, or a known key)."""
+    for key in SOURCES:
+        if case_id.startswith(key):
+            return key
+    return case_id.split("_", 1)[0]
+
+
+# --- robust field parsing ---
+
+
+def parse_gpu(text: Any) -> str | None:
+    """GPU key of the catalogue from the source's wording ("A100-SXM4-80GB", "H100 (SXM, 80GB)")."""
+    t = str(text or "").lower().replace(" ", "")
+    if "a100" in t and "80" in t and "pcie" not in t:
+        return "a100-sxm-80gb"
+    if "h100" in t and "pcie" not in t:
+        return "h100-sxm"
+    return None
+
+
+def parse_precision(text: Any) -> tuple[str | None, str | None]:
+    """(precision, assumption) from e.g. "fp16 mixed precision (--fp16 ...)", "FP8 (...) + BF16"."""
+    t = str(text or "").lower()
+    if "fp8" in t:
+        return "fp8", None
+    if "bf16" in t:
+        return "bf16", None
+    if "fp16" in t:
+        return "fp16", None
+    if "16-bit" in t:
+        return "fp16", "precision '16-bit mixed precision' taken as fp16 (same A100 peak as bf16)"
+    return None, None
+
+
+def parse_recompute(text: Any) -> tuple[str | None, str | None]:
+    """(mode, problem): mode in none|selective|full, or a problem naming the unsupported wording."""
+    t = str(text or "").strip().lower()
+    if t in ("", "not stated") or t.startswith("not stated"):
+        return None, f"recompute ({text or 'absent'})"
+    if "microbatch-level" in t:
+        return None, f"recompute mode '{text}' (no knob for micro-batch-level recomputation)"
+    if t.startswith(("none", "no ")) or t == "no":
+        return "none", None
+    if t.startswith("selective"):
+        return "selective", None
+    if t.startswith("full") or "(full)" in t:
+        return "full", None
+    return None, f"recompute '{text}' (not one of none|selective|full)"
+
+
+def parse_data_parallel(parallel: dict[str, Any]) -> tuple[str | None, dict[str, Any], str | None]:
+    """(data_parallel kind, framework knobs, problem) from zero_stage / dp_impl / fsdp wording."""
+    if parallel.get("fsdp"):
+        return "fsdp", {}, None
+    stage = parallel.get("zero_stage", 0)
+    knobs: dict[str, Any] = {}
+    if parallel.get("dp_grad_allreduce_overlap") is False:
+        knobs["overlap_grad_reduce"] = False
+    text = str(stage).lower()
+    if "distributed optimizer" in text:
+        return "distributed_optimizer", knobs, None
+    match = re.match(r"\s*([0-3])\b", text)
+    if match is None:
+        return None, knobs, f"zero_stage ({stage})"
+    level = int(match.group(1))
+    if level > 0:
+        return f"zero{level}", knobs, None
+    if "megatron local ddp" in str(parallel.get("dp_impl", "")).lower():
+        # Megatron's 2021 local DDP all-reduced the fp32 main grads once after the backward pass.
+        knobs["overlap_grad_reduce"] = False
+    return "ddp", knobs, None
+
+
+def parse_vpp(parallel: dict[str, Any]) -> tuple[int | None, str | None]:
+    """(virtual pipeline chunks per rank, problem); irrelevant (1) without pipeline parallelism."""
+    pp = as_integer(parallel.get("pp")) or 1
+    value = parallel.get("virtual_pipeline_stages", 1)
+    vpp = as_integer(value)
+    if vpp is not None:
+        return vpp, None
+    if pp == 1:
+        return 1, None
+    return None, f"virtual_pipeline_stages ({value})"
+
+
+def parse_schedule(parallel: dict[str, Any], vpp: int) -> str:
+    """Pipeline schedule: interleaved when there are virtual stages, else (PipeDream-flush) 1F1B."""
+    text = str(parallel.get("pipeline_schedule", "")).lower()
+    if vpp > 1 or "interleaved" in text:
+        return "interleaved"
+    if "gpipe" in text:
+        return "gpipe"
+    return "1f1b"
+
+
+_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    # Megatron GPT (Narayanan, Korthikanti) and NeMo's GPT-3: GeLU MLP, LayerNorm, biases,
+    # dropout 0.1, learned positions, output layer tied to the word embeddings.
+    "gpt": {
+        "mlp_activation": "gelu",
+        "norm": "layernorm",
+        "linear_bias": True,
+        "dropout": True,
+        "position_embedding": "learned",
+        "tied_embeddings": True,
+    },
+    "llama": {
+        "mlp_activation": "swiglu",
+        "norm": "rmsnorm",
+        "linear_bias": False,
+        "dropout": False,
+        "position_embedding": "rope",
+        "tied_embeddings": False,
+    },
+    # Nemotron: squared-ReLU (ungated) MLP, LayerNorm, no biases, RoPE, untied embeddings.
+    "nemotron": {
+        "mlp_activation": "relu",
+        "norm": "layernorm",
+        "linear_bias": False,
+        "dropout": False,
+        "position_embedding": "rope",
+        "tied_embeddings": False,
+    },
+}
+"""Model-section keys of each architecture family, from the sources' model descriptions."""
+
+
+def parse_architecture(model: dict[str, Any]) -> dict[str, Any]:
+    """Architecture keys of the plan's model section, from the family named in the case."""
+    arch = f"{model.get('arch') or ''} {model.get('name') or ''}".lower()
+    family = "gpt"
+    if "swiglu" in arch or "llama" in arch:
+        family = "llama"
+    elif "nemotron" in arch:
+        family = "nemotron"
+    keys = dict(_ARCHITECTURES[family])
+    if "untied" in arch:
+        keys["tied_embeddings"] = False
+    return keys
+
+
+# --- case -> plan ---
+
+
+def _model_section(model: dict[str, Any], missing: list[str]) -> dict[str, Any]:
+    section: dict[str, Any] = {"name": str(model.get("name", "model"))}
+    for key in _MODEL_KEYS:
+        value = as_integer(model.get(key))
+        if value is None:
+            missing.append(f"model.{key} ({model.get(key)})")
+        section[key] = value
+    section["num_kv_heads"] = as_integer(model.get("num_kv_heads")) or section["num_heads"]
+    section.update(parse_architecture(model))
+    return section
+
+
+def _cluster_section(
+    hardware: dict[str, Any], gpu: str | None, num_gpus: int | None, missing: list[str]
+) -> tuple[dict[str, Any], list[str]]:
+    assumptions: list[str] = []
+    if gpu not in _NODE_FOR_GPU:
+        missing.append(f"GPU type ({hardware.get('gpu')})")
+        return {}, assumptions
+    node, fabric = _NODE_FOR_GPU[gpu]
+    inter = str(hardware.get("inter_node") or "not stated")
+    per_node = as_integer(hardware.get("gpus_per_node")) or 8
+    if per_node != 8:
+        missing.append(f"gpus_per_node ({hardware.get('gpus_per_node')}; presets have 8)")
+    if "omni-path" in inter.lower() or "roce" in inter.lower():
+        missing.append(f"fabric ({inter}; presets: {fabric} for {node})")
+    elif "not stated" in inter.lower():
+        assumptions.append(f"inter-node fabric not stated: {fabric} assumed ({node} reference)")
+    if num_gpus is not None and num_gpus % per_node:
+        missing.append(f"num_gpus ({num_gpus}) is not a whole number of {per_node}-GPU nodes")
+    num_nodes = max(1, (num_gpus or per_node) // per_node)
+    return {"node": node, "num_nodes": num_nodes, "fabric": fabric}, assumptions
+
+
+def _parallel_section(
+    parallel: dict[str, Any], num_gpus: int | None, missing: list[str]
+) -> dict[str, Any]:
+    section: dict[str, Any] = {}
+    for key in ("tp", "pp", "cp"):
+        value = as_integer(parallel.get(key, 1))
+        if value is None:
+            missing.append(f"{key} ({parallel.get(key)})")
+        section[key] = value or 1  # only read when ``missing`` is empty
+    vpp, problem = parse_vpp(parallel)
+    if problem:
+        missing.append(problem)
+    section["vpp"] = vpp or 1
+    dp = as_integer(parallel.get("dp"))
+    model_parallel = section["tp"] * section["pp"] * section["cp"]
+    if dp is not None and num_gpus is not None and dp * model_parallel != num_gpus:
+        missing.append(f"consistent degrees (tp*pp*cp*dp = {dp * model_parallel} != {num_gpus})")
+    if dp is not None:
+        section["dp"] = dp
+    section["schedule"] = parse_schedule(parallel, section["vpp"])
+    sp = parallel.get("sequence_parallel", False)
+    if not isinstance(sp, bool):
+        missing.append(f"sequence_parallel ({sp})")
+    section["sequence_parallel"] = sp is True
+    mode, problem = parse_recompute(parallel.get("recompute"))
+    if problem:
+        missing.append(problem)
+    section["recompute"] = mode or "none"
+    kind, knobs, problem = parse_data_parallel(parallel)
+    if problem:
+        missing.append(problem)
+    section["data_parallel"] = kind or "ddp"
+    if isinstance(parallel.get("tp_comm_overlap"), bool):
+        knobs["tp_comm_overlap"] = parallel["tp_comm_overlap"]
+    section.update(knobs)
+    return section
+
+
+def _training_section(parallel: dict[str, Any], missing: list[str]) -> tuple[dict[str, Any], str]:
+    section: dict[str, Any] = {}
+    for key in ("micro_batch_size", "global_batch_size"):
+        value = as_integer(parallel.get(key))
+        if value is None:
+            missing.append(f"{key} ({parallel.get(key)})")
+        section[key] = value
+    precision, assumption = parse_precision(parallel.get("precision"))
+    if precision is None:
+        missing.append(f"precision ({parallel.get('precision')})")
+    section["precision"] = precision or "bf16"
+    return section, assumption or ""
+
+
+def map_case(case: dict[str, Any]) -> CaseMapping:
+    """The plan that replays a published run, or the knobs it lacks (see module docstring)."""
+    model, hardware = case.get("model") or {}, case.get("hardware") or {}
+    parallel = case.get("parallel") or {}
+    missing: list[str] = []
+    if case.get("granularity"):
+        missing.append(f"a whole training step (the source times: {case['granularity']})")
+    gpu = parse_gpu(hardware.get("gpu"))
+    num_gpus = as_integer(hardware.get("num_gpus"))
+    if num_gpus is None:
+        missing.append(f"num_gpus ({hardware.get('num_gpus')})")
+    model_section = _model_section(model, missing)
+    cluster, assumptions = _cluster_section(hardware, gpu, num_gpus, missing)
+    parallel_section = _parallel_section(parallel, num_gpus, missing)
+    training, assumption = _training_section(parallel, missing)
+    if assumption:
+        assumptions.append(assumption)
+    if "assumed" in str(parallel.get("recompute", "")):
+        assumptions.append(f"recompute: {parallel['recompute']}")
+    training["flash_attention"] = source_key(str(case["id"])) not in _PRE_FLASH_ATTENTION
+    measured = measured_step_time(case)
+    if measured is None:
+        missing.append("a measured step time (or throughput with a known FLOP formula)")
+    plan = None
+    if not missing:
+        plan = {"model": model_section, "cluster": cluster, "parallel": parallel_section}
+        plan["training"] = training
+    return CaseMapping(
+        case_id=str(case["id"]),
+        source=source_key(str(case["id"])),
+        gpu=gpu,
+        num_gpus=num_gpus,
+        plan=plan,
+        missing=tuple(missing),
+        assumptions=tuple(assumptions),
+        measured=measured,
+        table=source_table(case),
+    )

@@ -1,0 +1,177 @@
+"""The collective, calibrate and compare commands end to end, and their bad-input errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from comm_bench.readers import read_results
+from sim.cli.collective import size_sweep
+from sim.cli.main import main
+
+DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "nccl"
+
+
+def test_collective_prints_the_nccl_tests_table_and_writes_interchangeable_files(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    code = main(["collective", "--topology", "dgx-h100", "--ops", "all_reduce,all_gather",
+                 "-b", "1K", "-e", "1G", "-f", "32", "--output", str(out)])  # fmt: skip
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "# Collective test starting: all_reduce_perf" in text
+    assert "     1024           256     float     sum      -1" in text
+    assert text.count("N/A") == 2 * 2 * 5  # #wrong, both blocks, 2 ops x 5 sizes (1K..1G by 32)
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "commbench/1" and doc["env"]["simulated"] is True
+    records = read_results(out)
+    assert len(records) == 20 and {r.source for r in records} == {"simulated"}
+    assert read_results(out.with_suffix(".csv")) == records
+
+
+def test_collective_flow_multi_node_and_ranks(capsys):
+    assert main(["collective", "--topology", "dgx-h100", "--nodes", "2", "--fabric", "ib-ndr",
+                 "--ranks", "12", "--ops", "all_to_all", "-b", "1M", "-e", "1M",
+                 "--fidelity", "flow"]) == 0  # fmt: skip
+    assert "12 ranks on 2 node(s)" in capsys.readouterr().out
+
+
+def test_calibrate_then_compare_with_the_file(tmp_path, capsys):
+    measured = tmp_path / "m.json"
+    main(["collective", "--topology", "dgx-a100", "--ops", "all_reduce", "-b", "1K", "-e", "1G",
+          "-f", "4", "--output", str(measured)])  # fmt: skip
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", str(measured), "--topology", "dgx-a100", "-o", str(cal)]) == 0
+    assert json.loads(cal.read_text())["schema"] == "commsim-calibration/1"
+    plot, report = tmp_path / "p.png", tmp_path / "r.json"
+    assert main(["compare", str(measured), "--topology", "dgx-a100", "--calibration", str(cal),
+                 "-o", str(plot), "--json", str(report)]) == 0  # fmt: skip
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["mape_pct"] < 1.0  # the model fitted to its own output reproduces it
+    assert plot.stat().st_size > 0
+    assert "MAPE" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="shared nccl-tests data not present")
+def test_compare_holdout_on_published_tables(tmp_path, capsys):
+    files = [
+        str(DATA / f) for f in ("h100_8gpu_all_reduce_ring.txt", "h100_8gpu_all_gather_ring.txt")
+    ]
+    report = tmp_path / "r.json"
+    assert main(["compare", *files, "--topology", "dgx-h100", "--holdout", "op=all_gather",
+                 "--json", str(report)]) == 0  # fmt: skip
+    doc = json.loads(report.read_text())
+    assert doc["summary"]["scored_on"] == "held-out points"
+    assert doc["summary"]["mape_pct_min_size"] < 10.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["collective", "--topology", "nope"], "unknown cluster"),
+        (["collective", "--topology", "dgx-a100", "--algo", "nvls"], "NVLink SHARP"),
+        (["collective", "--topology", "dgx-h100", "--ops", "gather"], "unknown op"),
+        (["collective", "--topology", "dgx-h100", "-b", "1X"], "bad size"),
+        (["collective", "--topology", "dgx-h100", "-b", "2M", "-e", "1M"], "minbytes"),
+        (["collective", "--topology", "dgx-h100", "--ranks", "9"], "--ranks 9"),
+        (["collective", "--topology", "dgx-h100", "--fidelity", "packet"], "fidelity"),
+        (
+            ["collective", "--topology", "dgx-h100", "--calibration", "/nonexistent.json"],
+            "nonexistent",
+        ),
+        (
+            ["calibrate", "/nonexistent.json", "--topology", "dgx-h100", "-o", "x.json"],
+            "nonexistent",
+        ),
+        (["compare", "/nonexistent.json", "--topology", "dgx-h100"], "nonexistent"),
+        (["collective"], "--topology"),
+        (["collective", "--topology", "dgx-h100", "-b", "-1K"], "bad size '-1K'"),
+        (["collective", "--topology", "dgx-h100", "-f", "inf"], "-f must be a finite number"),
+        (["collective", "--topology", "dgx-h100", "-f", "nan"], "got nan"),
+        (["collective", "--topology", "dgx-h100", "-o", "xor"], "unknown reduction -o 'xor'"),
+        (["collective", "--topology", "dgx-h100", "--nodes", "0"], "--nodes 0"),
+        (["collective", "--topology", "dgx-h100", "--output", "x.txt"], "must end in .json"),
+        (["collective", "--topology", "localhost", "--nodes", "-1"], "--nodes -1"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("commsim: error:") and message in err and err.count("\n") == 1
+
+
+def test_compare_rejects_two_calibration_modes_and_bad_holdout(tmp_path, capsys):
+    measured = tmp_path / "m.json"
+    main(
+        [
+            "collective",
+            "--topology",
+            "dgx-a100",
+            "-b",
+            "1K",
+            "-e",
+            "1M",
+            "-f",
+            "4",
+            "--output",
+            str(measured),
+        ]
+    )
+    capsys.readouterr()
+    assert (
+        main(["compare", str(measured), "--topology", "dgx-a100", "--fit", "--holdout", "size<4K"])
+        == 2
+    )
+    assert "choose one of" in capsys.readouterr().err
+    assert main(["compare", str(measured), "--topology", "dgx-a100", "--holdout", "size>1T"]) == 2
+    assert "both sides" in capsys.readouterr().err
+    assert (
+        main(["compare", str(measured), "--topology", "dgx-a100", "--holdout", "colour=red"]) == 2
+    )
+    assert "bad selector" in capsys.readouterr().err
+
+
+def test_size_sweep_follows_nccl_tests():
+    assert size_sweep(1024, 8192, 2) == [1024, 2048, 4096, 8192]
+    with pytest.raises(ValueError, match="-f"):
+        size_sweep(1, 2, 1.0)
+
+
+def test_localhost_has_as_many_processes_as_ranks_asked(capsys):
+    sweep = ["-b", "1M", "-e", "1M"]
+    assert main(["collective", "--topology", "localhost", "--ranks", "4", *sweep]) == 0
+    assert "4 ranks on 1 node(s)" in capsys.readouterr().out
+    assert main(["collective", "--topology", "localhost", *sweep]) == 0
+    assert "2 ranks on 1 node(s)" in capsys.readouterr().out  # the preset's two processes
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ("[1, 2]", "expected 'commsim-calibration/1'"),
+        ("{not json", "not valid JSON"),
+        ('{"schema": "commsim-calibration/1", "params": [1]}', "'params' must map op/algo/scope"),
+        ('{"schema": "commsim-calibration/1", "params": {"all_reduce/ring/intra": 5}}', "5"),
+    ],
+)
+def test_bad_calibration_files_are_one_line_errors(tmp_path, capsys, document, message):
+    path = tmp_path / "cal.json"
+    path.write_text(document)
+    assert main(["collective", "--topology", "dgx-h100", "--calibration", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"commsim: error: {path}") and err.count("\n") == 1
+    assert message in err or "bad calibration key" in err
+
+
+def test_bad_measured_records_name_the_file_and_the_value(tmp_path, capsys):
+    row = {"op": "all_reduce", "size_bytes": 1024, "count": 1, "dtype": "float32", "world_size": 4,
+           "num_nodes": 1, "in_place": False, "time_us": 1.0, "algbw_gbps": 1.0,
+           "busbw_gbps": 1.0}  # fmt: skip
+    path = tmp_path / "m.json"
+    for bad, message in [({"size_bytes": -5}, "size_bytes=-5"), ({"op": "gather"}, "'gather'"),
+                         ({"time_us": "x"}, "time_us='x'")]:  # fmt: skip
+        path.write_text(json.dumps({"schema": "commbench/1", "results": [{**row, **bad}]}))
+        assert main(["calibrate", str(path), "--topology", "localhost", "-o", "c.json"]) == 2
+        err = capsys.readouterr().err
+        assert f"{path}: result 0" in err and message in err and err.count("\n") == 1

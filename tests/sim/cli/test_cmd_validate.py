@@ -1,0 +1,241 @@
+"""``commsim validate``: the text report, the plot, the JSON, and bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sim.cli.main import main
+from sim.cli.validate import format_report, plot_bytes
+from sim.validation.cases import CaseMapping
+from sim.validation.runner import CaseResult, ValidationReport
+
+CASES_PATH = (
+    Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "validation" / "cases.json"
+)
+needs_cases = pytest.mark.skipif(not CASES_PATH.exists(), reason="shared validation data absent")
+
+
+def _report() -> ValidationReport:
+    results = (
+        CaseResult(
+            case_id="nar_small",
+            source="narayanan21",
+            gpu="a100-sxm-80gb",
+            num_gpus=32,
+            measured_step_time_s=3.528,
+            measured_how="reported TFLOP/s/GPU with Narayanan eq.(3)",
+            predicted_step_time_s=3.5,
+            calibration=True,
+            table="Table 1",
+        ),
+        CaseResult(
+            case_id="nar_big",
+            source="narayanan21",
+            gpu="a100-sxm-80gb",
+            num_gpus=512,
+            measured_step_time_s=10.0,
+            measured_how="reported TFLOP/s/GPU with Narayanan eq.(3)",
+            predicted_step_time_s=11.0,
+            calibration=False,
+            breakdown={
+                "compute_s": 10.0,
+                "exposed_dp_s": 0.5,
+                "exposed_tp_s": 0.2,
+                "bubble_s": 0.3,
+            },
+            table="Table 1",
+        ),
+    )
+    skipped = (
+        CaseMapping(
+            case_id="mtnlg",
+            source="mtnlg530B",
+            gpu="a100-sxm-80gb",
+            num_gpus=2240,
+            plan=None,
+            missing=("micro_batch_size (not stated)",),
+            assumptions=(),
+            measured=None,
+        ),
+    )
+    return ValidationReport(
+        results=results,
+        skipped=skipped,
+        calibration_cases=("nar_small",),
+        runtime_s=1.25,
+    )
+
+
+def _summary_row(text: str, name: str) -> list[str]:
+    """The figures after ``name`` on its summary line (two-space indented)."""
+    for line in text.splitlines():
+        if line.startswith(f"  {name}  "):
+            return line[len(name) + 2 :].split()
+    raise AssertionError(f"no summary line for {name!r} in:\n{text}")
+
+
+def test_text_report_lists_cases_errors_mape_and_missing_knobs() -> None:
+    text = format_report(_report())
+    assert "nar_small *" in text
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("nar_")}
+    assert lines["nar_big"].split()[1:] == ["512", "10.000", "11.000", "+10.0%", "0.700", "0.300"]
+    # the calibration case (-0.8 %) is excluded: MAPE over the one held-out case is 10 %
+    assert _summary_row(text, "narayanan21")[:4] == ["1", "cases", "MAPE", "10.0%"]
+    assert _summary_row(text, "narayanan21 Table 1")[:4] == ["1", "cases", "MAPE", "10.0%"]
+    assert "mtnlg: micro_batch_size (not stated)" in text
+    assert "Validation runtime: 1.2 s" in text or "Validation runtime: 1.3 s" in text
+
+
+def test_json_has_schema_summary_and_held_out_flags() -> None:
+    data = _report().to_json()
+    assert data["schema"] == "commsim-validation/1"
+    assert data["summary"]["all"]["mape"] == pytest.approx(0.1)
+    assert [c["calibration"] for c in data["cases"]] == [True, False]
+    assert data["cases"][1]["error"] == pytest.approx(0.1)
+    assert data["not_simulated"] == [
+        {"id": "mtnlg", "source": "mtnlg530B", "missing": ["micro_batch_size (not stated)"]}
+    ]
+    json.dumps(data)  # JSON-ready
+
+
+def test_plot_is_a_png() -> None:
+    data = plot_bytes(_report(), "png")
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000
+
+
+def test_missing_cases_file_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    code = main(["validate", str(tmp_path / "absent.json")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("commsim: error: cases file not found") and err.count("\n") == 1
+
+
+def test_malformed_cases_file_is_exit_2(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "cases.json"
+    path.write_text("{not json")
+    assert main(["validate", str(path)]) == 2
+    assert "malformed input" in capsys.readouterr().err
+
+
+@needs_cases
+def test_unknown_case_id_is_exit_2_naming_it(capsys) -> None:
+    assert main(["validate", str(CASES_PATH), "--ids", "no_such_case"]) == 2
+    assert "no_such_case" in capsys.readouterr().err
+
+
+# --- end to end with the real simulator, on small published runs ---
+
+SMALL_H100 = "nemo2407_h100_fp8_LLAMA2-7B_8gpu"
+SMALL_A100 = "korthikanti22_t5_22B_selective_plus_sp"
+
+
+@needs_cases
+def test_calibrating_on_one_case_reproduces_its_step_time(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "validation.json"
+    code = main(
+        [
+            "validate",
+            str(CASES_PATH),
+            "--ids",
+            f"{SMALL_H100},nemo2407_h100_fp8_GPT3-5B_64gpu",
+            "--calibrate-on",
+            SMALL_H100,
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+    data = json.loads(out.read_text())
+    cases = {c["id"]: c for c in data["cases"]}
+    assert set(cases) == {SMALL_H100, "nemo2407_h100_fp8_GPT3-5B_64gpu"}
+    assert cases[SMALL_H100]["calibration"] is True
+    # one case, one parameter: the fit reproduces the measured 3.87 s
+    assert abs(cases[SMALL_H100]["error"]) < 0.005
+    assert cases[SMALL_H100]["measured_step_time_s"] == pytest.approx(128 * 4096 / (16934 * 8))
+    assert data["config"]["cases_sha256"] == hashlib.sha256(CASES_PATH.read_bytes()).hexdigest()
+    assert data["env"]["command"] == "commsim validate"
+    for case in cases.values():  # the critical rank's breakdown accounts for the whole step
+        assert case["breakdown"]["compute_s"] > 0
+        assert sum(case["breakdown"].values()) == pytest.approx(case["predicted_step_time_s"])
+    fit = data["calibration"]["h100-sxm"]
+    assert fit["cases"] == [SMALL_H100] and fit["dtype"] == "fp8"
+    assert 0.25 <= fit["efficiency_scale"] <= 1.5
+    # the held-out case alone makes up the summary
+    assert data["summary"]["all"]["num_cases"] == 1
+    assert data["summary"]["all"]["mape"] == pytest.approx(
+        abs(cases["nemo2407_h100_fp8_GPT3-5B_64gpu"]["error"])
+    )
+    text = capsys.readouterr().out
+    assert f"{SMALL_H100} *" in text and "MAPE over held-out cases, per source:" in text
+    assert f"h100-sxm: efficiency scale {fit['efficiency_scale']:.3f}" in text
+
+
+@needs_cases
+def test_default_rule_and_plot_on_a_small_selection(tmp_path: Path, capsys) -> None:
+    plot = tmp_path / "validation.png"
+    code = main(
+        ["validate", str(CASES_PATH), "--ids", f"{SMALL_A100},{SMALL_H100}", "--plot", str(plot)]
+    )
+    assert code == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = capsys.readouterr().out
+    # the rule calibrates H100 on LLAMA2-7B (8 GPUs, first of the two 8-GPU NeMo runs) and A100
+    # on the smallest Narayanan and Korthikanti runs, which are not among the ids shown
+    assert f"{SMALL_H100} *" in text and f"{SMALL_A100} *" not in text
+    assert _summary_row(text, "korthikanti22")[:2] == ["1", "cases"]
+    assert _summary_row(text, "korthikanti22 Table 5")[:2] == ["1", "cases"]
+
+
+@needs_cases
+def test_simulating_a_case_is_deterministic() -> None:
+    from sim.validation.cases import load_cases, map_case
+    from sim.validation.runner import simulate_case
+
+    case = next(c for c in load_cases(CASES_PATH) if c["id"] == SMALL_A100)
+    mapping = map_case(case)
+    assert simulate_case(mapping) == simulate_case(mapping)
+
+
+@needs_cases
+def test_worker_processes_give_the_same_answers() -> None:
+    from sim.validation.cases import load_cases
+    from sim.validation.runner import run_validation
+
+    cases = load_cases(CASES_PATH)
+    ids = (SMALL_A100, SMALL_H100, "korthikanti22_t5_22B_full_recompute")
+    serial = run_validation(cases, ids=ids, calibrate_on=())
+    parallel = run_validation(cases, ids=ids, calibrate_on=(), jobs=2)
+    assert [r.predicted_step_time_s for r in serial.results] == [
+        r.predicted_step_time_s for r in parallel.results
+    ]
+    assert [r.case_id for r in parallel.results] == [
+        "korthikanti22_t5_22B_full_recompute",
+        SMALL_A100,
+        SMALL_H100,
+    ]
+
+
+@needs_cases
+def test_unknown_plot_type_is_refused_before_simulating(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "validation.json"
+    code = main(
+        ["validate", str(CASES_PATH), "--plot", str(tmp_path / "p.txt"), "--json", str(out)]
+    )
+    assert code == 2
+    assert "unknown image type '.txt'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@needs_cases
+def test_jobs_must_be_positive(capsys) -> None:
+    assert main(["validate", str(CASES_PATH), "--jobs", "0"]) == 2
+    assert "jobs must be >= 1, got 0" in capsys.readouterr().err

@@ -1,0 +1,204 @@
+"""The compute model: roofline limits, shape efficiency, layer times, calibration round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from comm_bench.compute_calibration import (
+    ComputeCalibration,
+    KernelFit,
+    fit_kernel,
+    load_compute_calibration,
+    save_compute_calibration,
+)
+from schedules.flops import layer_flops
+from schedules.kernels import weight_gemm_shapes
+from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
+from sim.compute.model import ComputeModel
+from tests.model_configs import LLAMA3_70B
+from topologies.hardware import GPUS
+
+H100 = GPUS["h100-sxm"]
+A100 = GPUS["a100-sxm-80gb"]
+
+
+def plan(**parallel: object) -> Plan:
+    """The Llama plan with some parallel keys (unresolved is fine for compute)."""
+    precision = str(parallel.pop("precision", "bf16"))
+    flash = bool(parallel.pop("flash_attention", True))
+    return Plan(
+        model=LLAMA3_70B,
+        cluster=ClusterConfig(node="dgx-h100"),
+        parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
+        training=TrainingConfig(
+            micro_batch_size=1, global_batch_size=64, precision=precision, flash_attention=flash
+        ),
+    )
+
+
+def test_large_gemm_reaches_published_fraction_of_peak() -> None:
+    n = 8192
+    h100 = ComputeModel(H100)
+    achieved = 2 * n**3 / h100.gemm_time_s(n, n, n) / H100.peak_flops_per_s["bf16"]
+    assert achieved == pytest.approx(0.82 * (n / (n + 128)) ** 3)
+    assert 0.75 <= achieved <= 0.80
+    a100 = ComputeModel(A100)
+    achieved_a100 = 2 * n**3 / a100.gemm_time_s(n, n, n) / A100.peak_flops_per_s["bf16"]
+    assert 0.80 <= achieved_a100 <= 0.85
+
+
+def test_skinny_gemm_is_memory_bound() -> None:
+    model = ComputeModel(H100)
+    m, n, k = 1, 8192, 8192
+    operand_bytes = 2 * (m * k + k * n) + 2 * m * n
+    expected = operand_bytes / (H100.hbm_bandwidth_bytes_per_s * 0.80)
+    assert model.gemm_time_s(m, n, k) == pytest.approx(expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(1, 16384),
+    n=st.integers(1, 16384),
+    k=st.integers(1, 16384),
+    grow=st.integers(1, 4096),
+    axis=st.integers(0, 2),
+)
+def test_gemm_time_grows_and_never_beats_peak(m: int, n: int, k: int, grow: int, axis: int) -> None:
+    model = ComputeModel(H100)
+    time_s = model.gemm_time_s(m, n, k)
+    assert 2 * m * n * k / time_s <= H100.peak_flops_per_s["bf16"]
+    bigger = [m, n, k]
+    bigger[axis] += grow
+    assert model.gemm_time_s(bigger[0], bigger[1], bigger[2]) >= time_s
+
+
+def test_fp8_speeds_up_only_the_gemms() -> None:
+    model = ComputeModel(H100)
+    bf16 = model.layer_times(plan(tp=4))
+    fp8 = model.layer_times(plan(tp=4, precision="fp8"))
+    assert fp8.forward_s < bf16.forward_s
+    assert fp8.backward_weight_s < bf16.backward_weight_s
+    # The selective recompute is the attention core, which stays in bf16.
+    selective_bf16 = model.layer_times(plan(tp=4, recompute="selective"))
+    selective_fp8 = model.layer_times(plan(tp=4, recompute="selective", precision="fp8"))
+    assert selective_fp8.recompute_s == selective_bf16.recompute_s > 0
+
+
+def test_layer_times_structure() -> None:
+    model = ComputeModel(H100)
+    base = plan(tp=4, sequence_parallel=True)
+    times = model.layer_times(base)
+    wgrad = sum(model.gemm_time_s(k, n, m) for m, n, k in weight_gemm_shapes(base))
+    assert times.backward_weight_s == pytest.approx(wgrad)
+    assert times.recompute_s == 0.0
+    full = model.layer_times(
+        dataclasses.replace(base, parallel=ParallelConfig(tp=4, recompute="full"))
+    )
+    assert full.recompute_s == full.forward_s
+    attention_fwd = model.attention_time_s(
+        batch=1, num_heads=16, seq_q=8192, seq_kv=8192, head_dim=128, causal=True
+    )
+    selective = model.layer_times(plan(tp=4, recompute="selective"))
+    assert selective.recompute_s == pytest.approx(attention_fwd)
+    # Model-FLOP throughput of the layer is a sensible fraction of the bf16 peak.
+    flops = layer_flops(LLAMA3_70B, 1, tp=4)
+    rate = flops.forward / times.forward_s / H100.peak_flops_per_s["bf16"]
+    assert 0.5 < rate < 0.8
+
+
+def test_more_tensor_parallelism_means_less_time_per_gpu() -> None:
+    model = ComputeModel(H100)
+    times = [model.layer_times(plan(tp=t)).forward_s for t in (1, 2, 4, 8)]
+    assert times == sorted(times, reverse=True)
+    assert times[0] / times[3] > 6  # near-linear: GEMMs stay large
+
+
+def test_eager_attention_is_slower_than_fused() -> None:
+    model = ComputeModel(H100)
+    fused = model.layer_times(plan(tp=8))
+    eager = model.layer_times(plan(tp=8, flash_attention=False))
+    assert eager.forward_s > fused.forward_s
+
+
+def test_head_embedding_and_optimizer_times() -> None:
+    model = ComputeModel(H100)
+    head = model.head_times(plan(tp=4))
+    lm_gemm = model.gemm_time_s(8192, 128256 / 4, 8192)
+    assert head.forward_s > lm_gemm
+    assert head.backward_weight_s == pytest.approx(model.gemm_time_s(8192, 128256 / 4, 8192))
+    embedding = model.embedding_times(plan(tp=4))
+    assert embedding.forward_s == pytest.approx(2 * 2 * 8192 * 8192 / (3.35e12 * 0.8))
+    step = model.optimizer_step_s(1e9, grad_bytes_per_param=4)
+    assert step == pytest.approx(1e9 * 30 / (3.35e12 * 0.8))
+
+
+def test_gpu_without_the_dtype_is_an_error() -> None:
+    with pytest.raises(ValueError, match="a100-sxm-80gb has no fp8 peak"):
+        ComputeModel(A100).gemm_time_s(1024, 1024, 1024, "fp8")
+
+
+def test_fit_kernel_recovers_a_known_curve() -> None:
+    truth = KernelFit(max_flops_per_s=5e14, dim_half=128.0, latency_s=4e-6)
+    shapes = [(s, s, s) for s in (256, 512, 1024, 2048, 4096)] + [(8192, 1024, 4096)]
+    samples = [
+        (d, 2.0 * d[0] * d[1] * d[2], truth.time_s(2.0 * d[0] * d[1] * d[2], d)) for d in shapes
+    ]
+    fitted = fit_kernel(samples)
+    assert fitted.dim_half == pytest.approx(128.0, rel=1e-9)
+    assert fitted.max_flops_per_s == pytest.approx(5e14, rel=1e-6)
+    assert fitted.latency_s == pytest.approx(4e-6, rel=1e-5)
+    assert fit_kernel(samples) == fitted  # deterministic
+
+
+def test_calibration_drives_the_model_and_round_trips(tmp_path: Path) -> None:
+    fit = KernelFit(max_flops_per_s=6e14, dim_half=64.0, latency_s=2e-6)
+    calibration = ComputeCalibration(
+        device="NVIDIA H100 80GB HBM3",
+        gpu="h100-sxm",
+        kernels={"bf16": {"gemm": fit}},
+        efficiency={"attention_forward": 0.5},
+        memory_bandwidth_bytes_per_s=3.0e12,
+        measurements=(
+            {"kind": "gemm", "dtype": "bf16", "dims": [1, 2, 3], "flops": 12.0, "time_s": 1e-6},
+        ),
+    )
+    path = tmp_path / "compute.json"
+    save_compute_calibration(calibration, path)
+    loaded = load_compute_calibration(path)
+    assert loaded.to_json() == calibration.to_json()
+    model = ComputeModel(H100, loaded)
+    assert model.gemm_time_s(4096, 4096, 4096) == fit.time_s(2 * 4096**3, (4096, 4096, 4096))
+    assert model.kernel_fit("attention_forward", "bf16").max_flops_per_s == pytest.approx(
+        0.5 * H100.peak_flops_per_s["bf16"]
+    )
+    assert model.memory_time_s(3e12) == pytest.approx(1.0)
+
+
+def test_bad_calibration_files(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"schema": "commsim-compute/0"}))
+    with pytest.raises(ValueError, match="schema 'commsim-compute/0'"):
+        load_compute_calibration(path)
+    path.write_text(json.dumps({"schema": "commsim-compute/1", "gemms": {}}))
+    with pytest.raises(ValueError, match="unknown key 'gemms'"):
+        load_compute_calibration(path)
+    path.write_text(json.dumps({"schema": "commsim-compute/1", "efficiency": {"gemm": 3.0}}))
+    with pytest.raises(ValueError, match=re.escape("efficiency gemm=3.0 invalid")):
+        load_compute_calibration(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_compute_calibration(path)
+
+
+def test_calibration_for_another_gpu_is_refused() -> None:
+    calibration = ComputeCalibration(device="AMD EPYC", gpu="cpu")
+    with pytest.raises(ValueError, match="calibration is for GPU 'cpu'"):
+        ComputeModel(H100, calibration)
+    assert ComputeModel(H100, ComputeCalibration(efficiency={"gemm": 0.5})).gpu is H100

@@ -1,0 +1,142 @@
+"""Closed forms of the alpha-beta model against hand-derived values."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sim.network.algorithms import layout_of
+from sim.network.analytical import (
+    CommParams,
+    Layout,
+    available_algorithms,
+    cost_terms,
+    double_tree_edges,
+    double_tree_max_sends,
+    nvls_bytes,
+)
+from tests.sim.helpers import IDEAL, star_topology
+from topologies.presets import build_cluster
+
+GB = 1e9
+
+
+def _layout(**overrides: object) -> Layout:
+    values = dict(
+        num_ranks=16, num_nodes=2, ranks_per_node=8, intra_bandwidth_bytes_per_s=400 * GB,
+        net_bandwidth_bytes_per_s=50 * GB, intra_hop_latency_s=1e-6, inter_hop_latency_s=5e-6,
+        bisection_bandwidth_bytes_per_s=400 * GB, nvls=False,
+    )  # fmt: skip
+    values.update(overrides)
+    return Layout(**values)  # type: ignore[arg-type]
+
+
+def test_ring_all_reduce_on_a_uniform_switch_is_the_textbook_formula():
+    n, size, bw, hop = 8, 1 << 30, 100 * GB, 0.5e-6
+    layout = layout_of(star_topology(n, bw, hop), range(n))
+    terms = cost_terms("all_reduce", "ring", layout, size)
+    expected = 2 * (n - 1) / n * size / bw + 2 * (n - 1) * (2 * hop)
+    assert terms.time_s(IDEAL, size) == pytest.approx(expected, rel=1e-12)
+    assert terms.intra_steps == 14 and terms.inter_steps == 0
+
+
+def test_ring_all_gather_and_broadcast_steps_and_bytes():
+    layout = _layout(num_ranks=4, num_nodes=1, ranks_per_node=4)
+    ag = cost_terms("all_gather", "ring", layout, 4e9)
+    assert ag.bandwidth_time_s == pytest.approx(3e9 / (400 * GB))
+    assert ag.intra_steps == 3
+    bcast = cost_terms("broadcast", "ring", layout, 4e9)
+    assert bcast.bandwidth_time_s == pytest.approx(4e9 / (400 * GB))
+
+
+def test_multi_node_ring_is_bound_by_the_nodes_nics_or_nvlink():
+    # 2 nodes x 8: each GPU's NIC carries 1/8 of the wire bytes, its NVLink the other 7/8.
+    terms = cost_terms("all_reduce", "ring", _layout(), 1e9)
+    wire = 2 * 15 / 16 * 1e9
+    assert terms.bandwidth_time_s == pytest.approx(
+        max(wire / 8 / (50 * GB), wire * 7 / 8 / (400 * GB))
+    )
+    assert (terms.intra_steps, terms.inter_steps) == (30 - 2, 2)
+
+
+def test_nvls_moves_s_each_way_for_all_reduce_so_busbw_is_175_percent_of_the_link():
+    assert nvls_bytes("all_reduce", 8.0, 8) == (8.0, 8.0)
+    assert nvls_bytes("reduce_scatter", 8.0, 8) == (7.0, 1.0)
+    assert nvls_bytes("all_gather", 8.0, 8) == (1.0, 7.0)
+    layout = _layout(num_ranks=8, num_nodes=1, nvls=True)
+    terms = cost_terms("all_reduce", "nvls", layout, 8e9)
+    algbw = 8e9 / terms.bandwidth_time_s
+    assert algbw == pytest.approx(400 * GB * 0.85)  # NCCL's Hopper nvlsEfficiency
+    assert algbw * 2 * 7 / 8 == pytest.approx(1.75 * 0.85 * 400 * GB)  # busbw 1.49x the link
+
+
+def test_double_binary_tree_sends_at_most_four_half_buffers_per_node():
+    assert double_tree_edges(2) == (((0, 1),), ((1, 0),))
+    for n in (3, 4, 5, 8, 16, 64, 128):
+        first, second = double_tree_edges(n)
+        assert len(first) == len(second) == n - 1
+        assert {c for _, c in first} == set(range(1, n))  # every non-root has one parent
+        assert double_tree_max_sends(n) <= 4
+
+
+def test_tree_beats_ring_on_two_nodes_because_only_one_gpu_share_crosses_the_network():
+    layout = _layout(nvls=True)
+    ring = cost_terms("all_reduce", "ring", layout, 1e9).bandwidth_time_s
+    tree = cost_terms("all_reduce", "tree", layout, 1e9).bandwidth_time_s
+    # NVLS inside the node moves S each way at 0.85 of NVLink; each NIC carries S/8.
+    assert tree == pytest.approx(max(1e9 / 8 / (50 * GB), 1e9 / (400 * GB * 0.85)))
+    assert tree < ring
+
+
+def test_direct_all_to_all_is_bound_by_nics_and_bisection():
+    layout = _layout(bisection_bandwidth_bytes_per_s=100 * GB)
+    terms = cost_terms("all_to_all", "direct", layout, 16e9)
+    crossing = 16 * 16 / 4 * 1e9  # n^2/4 pairs x S/n per pair across the cut
+    assert terms.bandwidth_time_s == pytest.approx(max(8e9 / (50 * GB), crossing / (100 * GB)))
+
+
+def test_efficiency_curve_and_latency_terms():
+    params = CommParams(
+        base_latency_s=10e-6, intra_step_latency_s=1e-6, inter_step_latency_s=3e-6,
+        efficiency_max=0.8, half_size_bytes=1024.0,
+    )  # fmt: skip
+    assert params.efficiency(1024) == pytest.approx(0.4)
+    terms = cost_terms("all_reduce", "ring", _layout(), 1024)
+    plain = replace(params, protocol="none")
+    assert terms.latency_s(plain, 1024) == pytest.approx(10e-6 + 28 * 2e-6 + 2 * 8e-6)
+    # NCCL's LL on 2 nodes (no arch given): baseLat 6.6 us, hwLat fully in the hop latencies.
+    assert terms.split_s(params, 1024)[0] == "ll"
+    assert terms.latency_s(params, 1024) == pytest.approx(6.6e-6 + 10e-6 + 28 * 2e-6 + 2 * 8e-6)
+
+
+def test_protocols_follow_nccl_tables_on_one_h100_node():
+    # 8 x H100, ring all_reduce, 14 NVLink steps (hop latency 0.6 us each in the topology):
+    # LL 6.6 + 14 x 0.6 = 15.0 us, LL128 14 + 14 x 1.9 = 40.6 us, Simple 8.4 + 14 x 3.4 = 56 us.
+    layout = layout_of(build_cluster("dgx-h100"), range(8))
+    neutral = replace(IDEAL, protocol="auto")
+    terms = cost_terms("all_reduce", "ring", layout, 1 << 30)
+    for name, latency_us in (("ll", 15.0), ("ll128", 40.6), ("simple", 56.0)):
+        forced = replace(neutral, protocol=name)
+        assert terms.latency_s(forced, 1 << 30) == pytest.approx(latency_us * 1e-6)
+    # 1 GiB: Simple, bandwidth (S + 512 KiB chunk) x 1.75 / 370.8 GB/s.
+    name, _, bandwidth = terms.split_s(neutral, 1 << 30)
+    assert name == "simple"
+    assert bandwidth == pytest.approx(1.75 * ((1 << 30) + (1 << 19)) / 370.8e9)
+    # 64 KiB: LL; half the link (185.4 GB/s busbw) is above Hopper's llMaxBw 141 GB/s, so the
+    # cap holds; start-up is one 64 KiB LL slot (512 KiB / 8 steps): x (1 + 64K / 64K).
+    small = cost_terms("all_reduce", "ring", layout, 1 << 16)
+    name, _, bandwidth = small.split_s(neutral, 1 << 16)
+    assert name == "ll"
+    assert bandwidth == pytest.approx(1.75 * (1 << 16) / 141e9 * 2)
+
+
+def test_unsupported_algorithms_are_clear_errors():
+    a100 = layout_of(build_cluster("dgx-a100"), range(8))
+    assert "nvls" not in available_algorithms("all_reduce", a100)
+    with pytest.raises(ValueError, match=r"nvls.*NVLink SHARP"):
+        cost_terms("all_reduce", "nvls", a100, 1e6)
+    with pytest.raises(ValueError, match="does not implement all_to_all"):
+        cost_terms("all_to_all", "ring", a100, 1e6)
+    with pytest.raises(ValueError, match=">= 2 nodes"):
+        cost_terms("all_reduce", "tree", a100, 1e6)

@@ -1,0 +1,137 @@
+"""Calibration: recovering known parameters, fallbacks, the JSON file, the published tables."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from comm_bench.collectives import get
+from comm_bench.records import Record
+from sim.network.algorithms import layout_of
+from sim.network.analytical import CommParams, cost_terms
+from sim.network.calibration import (
+    DEFAULT_PARAMS,
+    UNCALIBRATED,
+    calibration_from_json,
+    fit_calibration,
+    load_calibration,
+)
+from sim.network.model import CommModel
+from topologies.presets import build_cluster
+
+DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "nccl"
+TRUE = CommParams(
+    base_latency_s=12e-6, intra_step_latency_s=0.8e-6, inter_step_latency_s=0.0,
+    efficiency_max=0.9, half_size_bytes=0.0, protocol_latency_scale=1.5,
+)  # fmt: skip
+"""Generating parameters: machine overhead, per-step latency, efficiency, NCCL latencies x 1.5."""
+
+
+def _factory(num_nodes: int, _per_node: int):
+    return build_cluster("dgx-h100", num_nodes, "ib-ndr" if num_nodes > 1 else None)
+
+
+def _synthetic(op: str, world: int, params: CommParams, algo: str = "ring") -> list[Record]:
+    layout = layout_of(_factory(1, world), range(world))
+    records = []
+    for k in range(10, 34):
+        size = get(op).counts(1 << k, 4, world).size_bytes
+        time_s = cost_terms(op, algo, layout, size).time_s(params, size)
+        records.append(Record(
+            op=op, size_bytes=size, count=size // 4, dtype="float32", world_size=world,
+            num_nodes=1, in_place=False, time_us=time_s * 1e6, algbw_gbps=0.0, busbw_gbps=0.0,
+            algo=algo,
+        ))  # fmt: skip
+    return records
+
+
+def test_fit_recovers_the_parameters_that_generated_the_data():
+    records = _synthetic("all_reduce", 8, TRUE) + _synthetic("all_reduce", 4, TRUE)
+    calibration, notes = fit_calibration(records, _factory, topology_name="dgx-h100")
+    assert notes == []
+    fitted = calibration.params["all_reduce/ring/intra"]
+    assert fitted.base_latency_s == pytest.approx(TRUE.base_latency_s, rel=1e-6)
+    assert fitted.intra_step_latency_s == pytest.approx(TRUE.intra_step_latency_s, rel=1e-6)
+    assert fitted.efficiency_max == pytest.approx(TRUE.efficiency_max, rel=1e-6)
+    assert fitted.protocol_latency_scale == pytest.approx(TRUE.protocol_latency_scale, rel=1e-6)
+    assert fitted.half_size_bytes == 0.0  # the protocols' own ramp, no free curve
+    assert calibration.quality["all_reduce/ring/intra"].mape < 1e-6
+
+
+def test_one_step_count_keeps_the_default_step_latency():
+    calibration, _ = fit_calibration(_synthetic("all_gather", 8, TRUE), _factory, topology_name="t")
+    fitted = calibration.params["all_gather/ring/intra"]
+    assert fitted.intra_step_latency_s == DEFAULT_PARAMS["ring"].intra_step_latency_s
+    # The base latency absorbs the 7 steps it cannot tell apart (same for every protocol).
+    assert fitted.base_latency_s == pytest.approx(12e-6 + 7 * 0.8e-6, rel=1e-6)
+
+
+def test_unknown_algorithms_are_attributed_to_the_fastest_and_refitted():
+    records = [replace(r, algo=None) for r in _synthetic("all_reduce", 8, TRUE, algo="nvls")]
+    calibration, _ = fit_calibration(records, _factory, topology_name="t")
+    assert "all_reduce/nvls/intra" in calibration.params
+    assert calibration.fitted_from["attributed"]
+
+
+def test_lookup_falls_back_and_says_how():
+    cal, _ = fit_calibration(_synthetic("all_reduce", 8, TRUE), _factory, topology_name="t")
+    assert cal.lookup("all_reduce", "ring", "intra")[1] == "fitted"
+    params, how = cal.lookup("all_gather", "ring", "intra")
+    assert how.startswith("fallback: all_reduce/ring/intra (same algorithm")
+    assert params == cal.params["all_reduce/ring/intra"]
+    nvls, how = cal.lookup("reduce_scatter", "nvls", "intra")
+    assert "machine overhead" in how
+    overhead = (
+        cal.params["all_reduce/ring/intra"].base_latency_s - DEFAULT_PARAMS["ring"].base_latency_s
+    )
+    assert nvls.base_latency_s == pytest.approx(DEFAULT_PARAMS["nvls"].base_latency_s + overhead)
+    assert nvls.intra_step_latency_s == DEFAULT_PARAMS["nvls"].intra_step_latency_s
+    assert cal.lookup("all_reduce", "ring", "inter") == (
+        DEFAULT_PARAMS["ring"],
+        "default (uncalibrated)",
+    )
+    assert UNCALIBRATED.lookup("all_to_all", "direct", "intra")[0] == DEFAULT_PARAMS["direct"]
+
+
+def test_json_round_trip_and_schema_errors(tmp_path):
+    cal, _ = fit_calibration(_synthetic("all_reduce", 8, TRUE), _factory, topology_name="dgx-h100",
+                             sources=["a.json"])  # fmt: skip
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "commsim-calibration/1" and doc["fitted_from"]["sources"] == ["a.json"]
+    assert load_calibration(path) == cal
+    with pytest.raises(ValueError, match="schema"):
+        calibration_from_json({"schema": "other/1"})
+    with pytest.raises(ValueError, match="bad calibration key"):
+        calibration_from_json({"schema": "commsim-calibration/1", "params": {"x/y": {}}})
+    bad = {"schema": "commsim-calibration/1", "params": {"all_reduce/ring/intra": {"speed": 1}}}
+    with pytest.raises(ValueError, match="bad calibration entry"):
+        calibration_from_json(bad)
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="shared nccl-tests data not present")
+def test_fit_on_ring_all_reduce_predicts_the_held_out_h100_tables():
+    from comm_bench.readers import read_results
+
+    train = read_results(DATA / "h100_8gpu_all_reduce_ring.txt")
+    calibration, _ = fit_calibration(train, _factory, topology_name="dgx-h100")
+    # Measured (docs/collectives.md): all_gather 8.6%, reduce_scatter NVLS 17.2% (NCCL's 0.85
+    # NVLS efficiency is too low for reduce_scatter, which reaches ~0.98 of the link).
+    for name, bound in (
+        ("h100_8gpu_all_gather_ring.txt", 0.10),
+        ("h100_8gpu_reduce_scatter_nvls.txt", 0.20),
+    ):
+        errors = []
+        for r in read_results(DATA / name):
+            if r.in_place or r.size_bytes < 1 << 20:
+                continue
+            model = CommModel(
+                __import__("simpy").Environment(), _factory(1, 8), calibration=calibration
+            )
+            predicted = model.estimate_s(r.op, range(8), r.size_bytes, algo=r.algo)
+            errors.append(abs(predicted - r.time_us * 1e-6) / (r.time_us * 1e-6))
+        assert sum(errors) / len(errors) < bound, name

@@ -1,0 +1,197 @@
+"""The replay engine on tiny hand-timed programs (a fake network: 1 byte takes 1 second)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import simpy
+
+from schedules.program import Collective, Compute, Program, Transfer
+from sim.replay.engine import ClosedFormRunner, Engine, Timeline
+
+
+class UnitComm:
+    """A network where a message of ``size_bytes`` takes ``size_bytes`` seconds, any op."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.calls: list[tuple[float, str, tuple[int, ...]]] = []
+
+    def run(self, op: str, ranks: Sequence[int], size_bytes: float) -> simpy.Event:
+        self.calls.append((self.env.now, op, tuple(ranks)))
+        return self.env.timeout(size_bytes)
+
+    def estimate_s(self, op: str, ranks: Sequence[int], size_bytes: float) -> float:
+        return size_bytes
+
+
+def replay(*programs: Program) -> Timeline:
+    env = simpy.Environment()
+    return Engine(env, UnitComm(env), programs).run()
+
+
+def log(timeline: Timeline, rank: int | None = None) -> list[tuple[str, float, float]]:
+    return [
+        (s.name, s.start_s, s.end_s)
+        for s in timeline.spans
+        if s.kind != "wait" and (rank is None or s.rank == rank)
+    ]
+
+
+def test_compute_stream_runs_in_program_order() -> None:
+    program = Program(
+        rank=0,
+        actions=(Compute(name="a", duration_s=1.0), Compute(name="b", duration_s=2.0)),
+    )
+    assert log(replay(program)) == [("a", 0.0, 1.0), ("b", 1.0, 3.0)]
+
+
+def test_same_group_serialises_and_other_groups_overlap() -> None:
+    program = Program(
+        rank=0,
+        actions=(
+            Collective(name="dp1", group="dp", ranks=(0, 1), op="all_reduce", size_bytes=2.0),
+            Collective(name="dp2", group="dp", ranks=(0, 1), op="all_reduce", size_bytes=1.0),
+            Collective(name="tp1", group="tp", ranks=(0, 2), op="all_reduce", size_bytes=1.0),
+        ),
+    )
+    assert log(replay(program)) == [("dp1", 0.0, 2.0), ("tp1", 0.0, 1.0), ("dp2", 2.0, 3.0)]
+
+
+def test_collective_waits_for_every_member_and_compute_waits_for_it() -> None:
+    def program(rank: int, work_s: float) -> Program:
+        return Program(
+            rank=rank,
+            actions=(
+                Compute(name="work", duration_s=work_s),
+                Collective(
+                    name="ar", group="dp", ranks=(0, 1), op="all_reduce", size_bytes=1.0, deps=(0,)
+                ),
+                Compute(name="next", duration_s=1.0, deps=(1,)),
+            ),
+        )
+
+    timeline = replay(program(0, 1.0), program(1, 3.0))
+    assert log(timeline, 0) == [("work", 0.0, 1.0), ("ar", 3.0, 4.0), ("next", 4.0, 5.0)]
+    assert log(timeline, 1) == [("work", 0.0, 3.0), ("ar", 3.0, 4.0), ("next", 4.0, 5.0)]
+    # Rank 0 waited 3 s: 2 s for rank 1 (imbalance, charged to dp as issued at 1.0) + 1 s wire.
+    assert timeline.ranks[0].exposed_comm_s == {"dp": 3.0}
+    assert timeline.ranks[1].exposed_comm_s == {"dp": 1.0}
+    assert timeline.step_time_s == 5.0
+
+
+def test_transfer_starts_when_sender_is_ready_and_waiting_is_split() -> None:
+    sender = Program(
+        rank=0,
+        actions=(
+            Compute(name="F", duration_s=2.0),
+            Transfer(name="send", src=0, dst=1, tag="x", size_bytes=0.5, deps=(0,)),
+        ),
+    )
+    receiver = Program(
+        rank=1,
+        actions=(
+            Transfer(name="recv", src=0, dst=1, tag="x", size_bytes=0.5),
+            Compute(name="F", duration_s=1.0, deps=(0,)),
+        ),
+    )
+    timeline = replay(sender, receiver)
+    assert log(timeline, 1) == [("recv", 2.0, 2.5), ("F", 2.5, 3.5)]
+    times = timeline.ranks[1]
+    assert times.exposed_comm_s == {"pp": 0.5}
+    assert times.idle_s == 2.0
+    assert times.compute_s == 1.0
+
+
+def test_unsimulated_members_are_not_waited_for() -> None:
+    program = Program(
+        rank=0,
+        actions=(
+            Collective(name="ar", group="dp", ranks=(0, 4, 8), op="all_reduce", size_bytes=1.0),
+        ),
+    )
+    env = simpy.Environment()
+    comm = UnitComm(env)
+    Engine(env, comm, [program]).run()
+    assert comm.calls == [(0.0, "all_reduce", (0, 4, 8))]
+
+
+def test_repeat_runs_back_to_back() -> None:
+    program = Program(
+        rank=0,
+        actions=(
+            Collective(
+                name="ar", group="tp", ranks=(0, 1), op="all_reduce", size_bytes=1.0, repeat=3
+            ),
+        ),
+    )
+    timeline = replay(program)
+    assert log(timeline) == [("ar", 0.0, 3.0)]
+    assert timeline.spans[0].size_bytes == 3.0
+
+
+def test_mismatched_programs_raise_deadlock() -> None:
+    lonely = Program(
+        rank=0,
+        actions=(Transfer(name="recv", src=1, dst=0, tag="never", size_bytes=1.0),),
+    )
+    other = Program(rank=1, actions=(Compute(name="c", duration_s=1.0),))
+    with pytest.raises(RuntimeError, match="deadlock"):
+        replay(lonely, other)
+
+
+def test_forward_dependency_is_rejected() -> None:
+    bad = Program(rank=0, actions=(Compute(name="c", duration_s=1.0, deps=(0,)),))
+    with pytest.raises(ValueError, match="later action"):
+        replay(bad)
+
+
+def test_optimizer_phase_wait_counts_as_optimizer() -> None:
+    program = Program(
+        rank=0,
+        actions=(
+            Compute(name="opt", duration_s=1.0, kind="optimizer"),
+            Collective(
+                name="AG params",
+                group="dp",
+                ranks=(0, 1),
+                op="all_gather",
+                size_bytes=2.0,
+                deps=(0,),
+                phase="optimizer",
+            ),
+            Compute(name="end", duration_s=0.0, kind="optimizer", deps=(1,)),
+        ),
+    )
+    times = replay(program).ranks[0]
+    assert times.optimizer_s == 3.0
+    assert times.exposed_comm_s == {}
+    assert times.end_s == 3.0
+
+
+def test_closed_form_runner_estimates_each_distinct_collective_once() -> None:
+    env = simpy.Environment()
+    unit = UnitComm(env)
+    estimates: list[tuple[str, tuple[int, ...], float]] = []
+
+    def estimate_s(op: str, ranks: tuple[int, ...], size_bytes: float) -> float:
+        estimates.append((op, ranks, size_bytes))
+        return unit.estimate_s(op, ranks, size_bytes)
+
+    program = Program(
+        rank=0,
+        actions=(
+            Collective(name="a", group="tp", ranks=(0, 1), op="all_reduce", size_bytes=2.0),
+            Collective(name="b", group="tp", ranks=(0, 1), op="all_reduce", size_bytes=2.0),
+            Collective(name="c", group="dp", ranks=(0, 2), op="all_reduce", size_bytes=2.0),
+            Collective(
+                name="d", group="tp", ranks=(0, 1), op="all_reduce", size_bytes=1.0, repeat=3
+            ),
+        ),
+    )
+    timeline = Engine(env, ClosedFormRunner(env, estimate_s), [program]).run()
+    assert log(timeline) == [("c", 0.0, 2.0), ("a", 0.0, 2.0), ("b", 2.0, 4.0), ("d", 4.0, 7.0)]
+    assert estimates == [
+        ("all_reduce", (0, 1), 2.0), ("all_reduce", (0, 2), 2.0), ("all_reduce", (0, 1), 1.0),
+    ]  # fmt: skip

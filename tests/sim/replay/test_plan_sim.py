@@ -1,0 +1,112 @@
+"""simulate_plan end to end: closed forms on one GPU, result consistency, determinism, errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schedules.model import model_flops_per_step, stage_params_per_gpu
+from schedules.plan import load_plan, num_microbatches
+from schedules.resolve import resolve_plan
+from sim.compute.model import ComputeModel
+from sim.replay.simulate import simulate_plan
+from topologies.presets import build_cluster
+
+MODEL = {
+    "name": "tiny-llama",
+    "num_layers": 8,
+    "hidden_size": 1024,
+    "num_heads": 16,
+    "num_kv_heads": 4,
+    "ffn_hidden_size": 2816,
+    "vocab_size": 32000,
+    "seq_len": 1024,
+}
+
+
+def plan_of(parallel: dict[str, Any], *, nodes: int = 1, gbs: int = 16) -> Any:
+    return load_plan(
+        {
+            "model": MODEL,
+            "cluster": {"node": "dgx-h100", "num_nodes": nodes},
+            "parallel": parallel,
+            "training": {"micro_batch_size": 1, "global_batch_size": gbs},
+        }
+    )
+
+
+def test_one_gpu_step_is_the_sum_of_its_kernels() -> None:
+    topology = build_cluster("dgx-h100", gpus_per_node=1)
+    plan = resolve_plan(plan_of({}, gbs=4), 1)
+    result = simulate_plan(plan, topology=topology)
+    compute = ComputeModel(topology.gpu_spec(0))
+    layer, embed, head = (
+        compute.layer_times(plan),
+        compute.embedding_times(plan),
+        compute.head_times(plan),
+    )
+    per_microbatch = (
+        8 * (layer.forward_s + layer.backward_s)
+        + embed.forward_s + embed.backward_s + head.forward_s + head.backward_s
+    )  # fmt: skip
+    optimizer_s = compute.optimizer_step_s(stage_params_per_gpu(plan, 0), grad_bytes_per_param=2)
+    assert result.breakdown.optimizer_s == optimizer_s
+    assert result.step_time_s == pytest.approx(4 * per_microbatch + optimizer_s, rel=1e-12)
+    assert result.breakdown.compute_s == pytest.approx(4 * per_microbatch, rel=1e-12)
+    assert result.breakdown.exposed_comm_s == {}
+    assert result.breakdown.bubble_s == pytest.approx(0.0, abs=1e-12)
+    assert result.num_gpus == result.num_simulated_ranks == 1
+
+
+def test_result_figures_are_consistent() -> None:
+    plan = plan_of({"tp": 2, "pp": 2, "data_parallel": "distributed_optimizer"}, nodes=2)
+    result = simulate_plan(plan)
+    resolved = resolve_plan(plan, 16)
+    step = result.step_time_s
+    flops, definition = model_flops_per_step(resolved)
+    assert result.tokens_per_s == pytest.approx(16 * 1024 / step)
+    assert result.tflops_per_gpu == pytest.approx(flops / step / 16 / 1e12)
+    assert result.mfu == pytest.approx(result.tflops_per_gpu * 1e12 / 989.4e12)
+    assert result.flops_definition == definition
+    bd = result.breakdown
+    total = bd.compute_s + bd.optimizer_s + bd.bubble_s + sum(bd.exposed_comm_s.values())
+    assert total == pytest.approx(step)
+    assert set(bd.exposed_comm_s) <= {"tp", "pp", "dp"}
+    assert result.num_simulated_ranks == 2  # one per pipeline stage
+    assert result.extra["num_microbatches"] == num_microbatches(resolved) == 4
+    hbm_bytes = build_cluster("dgx-h100").gpu_spec(0).hbm_bytes
+    assert result.fits_in_memory == (result.memory_gib["total"] * 2**30 <= hbm_bytes)
+    json = result.to_json()
+    assert json["step_time_s"] == step and json["num_gpus"] == 16
+
+
+def test_pipeline_parallelism_adds_a_bubble_and_tensor_parallelism_exposes_tp() -> None:
+    pp = simulate_plan(plan_of({"pp": 4, "data_parallel": "ddp"}, gbs=8))
+    assert pp.breakdown.bubble_s > 0.1 * pp.step_time_s
+    tp = simulate_plan(plan_of({"tp": 4}, gbs=8))
+    assert tp.breakdown.exposed_comm_s["tp"] > 0
+    assert tp.breakdown.bubble_s < 0.05 * tp.step_time_s
+
+
+def test_more_microbatches_shrink_the_bubble_fraction() -> None:
+    few = simulate_plan(plan_of({"pp": 4, "data_parallel": "ddp"}, gbs=8))
+    many = simulate_plan(plan_of({"pp": 4, "data_parallel": "ddp"}, gbs=64))
+    assert many.breakdown.bubble_s / many.step_time_s < few.breakdown.bubble_s / few.step_time_s
+
+
+def test_simulation_is_deterministic_bit_for_bit() -> None:
+    plan = plan_of({"tp": 2, "pp": 2, "schedule": "interleaved", "vpp": 2}, nodes=2)
+    first, second = simulate_plan(plan), simulate_plan(plan)
+    assert first.to_json() == second.to_json()
+    assert first.spans == second.spans
+
+
+def test_fsdp_with_pipelining_gathers_once_and_reduces_after_the_last_backward() -> None:
+    parallel = {"tp": 2, "pp": 2, "data_parallel": "fsdp", "fsdp_reshard_after_forward": False}
+    result = simulate_plan(plan_of(parallel))
+    dp = [s.name for s in result.spans if s.rank == 0 and s.stream == "dp"]
+    # stage 0 of 4 layers per stage: root + 4 unit gathers in F0, 1 root + 4 unit RS at the end
+    assert [n.split()[0] for n in dp] == ["AG"] * 5 + ["RS"] * 5
+    assert dp[0] == "AG root F0" and dp[-1] == "RS u3 c0"
+    assert result.breakdown.exposed_comm_s["dp"] > 0.0

@@ -1,0 +1,311 @@
+"""The published-run mapping: field parsing and real cases hand-checked against the papers."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedules.plan import load_plan
+from schedules.resolve import resolve_plan
+from sim.validation.cases import (
+    load_cases,
+    map_case,
+    parse_architecture,
+    parse_data_parallel,
+    parse_gpu,
+    parse_precision,
+    parse_recompute,
+    parse_vpp,
+    source_key,
+    source_table,
+)
+
+CASES_PATH = (
+    Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "validation" / "cases.json"
+)
+needs_cases = pytest.mark.skipif(not CASES_PATH.exists(), reason="shared validation data absent")
+
+
+def _cases() -> dict[str, dict[str, Any]]:
+    return {case["id"]: case for case in load_cases(CASES_PATH)}
+
+
+# --- field parsing ---
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "full (uniform, every transformer layer: --activations-checkpoint-method uniform)",
+            "full",
+        ),
+        ("activation checkpointing (full)", "full"),
+        ("selective (recompute QK^T, softmax, softmax-dropout, attn-over-V only)", "selective"),
+        ("none", "none"),
+        ("not stated", None),
+        ("selective + microbatch-level (store full activations)", None),
+    ],
+)
+def test_parse_recompute(text: str, expected: str | None) -> None:
+    mode, problem = parse_recompute(text)
+    assert mode == expected
+    assert (problem is None) == (expected is not None)
+
+
+def test_parse_recompute_names_the_unsupported_mode() -> None:
+    _, problem = parse_recompute("selective + microbatch-level")
+    assert problem is not None and "microbatch-level" in problem
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("fp16 mixed precision (--fp16, loss-scale 8192)", "fp16"),
+        ("FP8 (Transformer Engine, delayed scaling) + BF16", "fp8"),
+        ("BF16 (implied by MFU vs 989 TFLOP/s)", "bf16"),
+        ("mixed precision (BF16)", "bf16"),
+        ("16-bit mixed precision", "fp16"),
+        (None, None),
+    ],
+)
+def test_parse_precision(text: str | None, expected: str | None) -> None:
+    assert parse_precision(text)[0] == expected
+
+
+def test_parse_precision_records_the_16_bit_assumption() -> None:
+    assert parse_precision("16-bit mixed precision")[1] is not None
+    assert parse_precision("fp16")[1] is None
+
+
+@pytest.mark.parametrize(
+    ("parallel", "kind", "knobs"),
+    [
+        ({"zero_stage": 0, "dp_impl": "torch DDP"}, "ddp", {}),
+        ({"zero_stage": 0, "dp_impl": "Megatron local DDP"}, "ddp", {"overlap_grad_reduce": False}),
+        ({"zero_stage": 3}, "zero3", {}),
+        ({"zero_stage": "1 (DeepSpeed, per secondary sources)"}, "zero1", {}),
+        (
+            {"zero_stage": "Megatron-Core distributed optimizer (ZeRO-1-like)"},
+            "distributed_optimizer",
+            {},
+        ),
+        ({"fsdp": "FULL_SHARD (ZeRO-3)"}, "fsdp", {}),
+        (
+            {"zero_stage": 0, "dp_grad_allreduce_overlap": False},
+            "ddp",
+            {"overlap_grad_reduce": False},
+        ),
+    ],
+)
+def test_parse_data_parallel(parallel: dict[str, Any], kind: str, knobs: dict[str, Any]) -> None:
+    assert parse_data_parallel(parallel) == (kind, knobs, None)
+
+
+def test_parse_data_parallel_unknown_stage_is_a_problem() -> None:
+    kind, _, problem = parse_data_parallel({"zero_stage": "distributed optimizer implied"})
+    assert kind == "distributed_optimizer" and problem is None
+    kind, _, problem = parse_data_parallel({"zero_stage": "unknown"})
+    assert kind is None and problem == "zero_stage (unknown)"
+
+
+def test_parse_vpp_only_matters_with_a_pipeline() -> None:
+    assert parse_vpp({"pp": 1, "virtual_pipeline_stages": "not stated"}) == (1, None)
+    assert parse_vpp({"pp": 4, "virtual_pipeline_stages": 3}) == (3, None)
+    vpp, problem = parse_vpp({"pp": 12, "virtual_pipeline_stages": "not stated"})
+    assert vpp is None and problem == "virtual_pipeline_stages (not stated)"
+
+
+def test_parse_gpu_and_source_key() -> None:
+    assert parse_gpu("A100-SXM4-80GB") == "a100-sxm-80gb"
+    assert parse_gpu("A100 80GB SXM") == "a100-sxm-80gb"
+    assert parse_gpu("H100 (SXM, 80GB)") == "h100-sxm"
+    assert parse_gpu("H100-SXM5-80GB") == "h100-sxm"
+    assert parse_gpu("V100") is None
+    assert source_key("nemo2407_h100_fp8_GPT3-5B_64gpu") == "nemo2407"
+    assert source_key("megatron_readme_h100_weak_1.7B") == "megatron_readme"
+
+
+def test_parse_architecture_families() -> None:
+    gpt = parse_architecture({"arch": "GPT (GeLU 4h MLP), tied embeddings", "name": "GPT 22B"})
+    assert gpt["mlp_activation"] == "gelu" and gpt["tied_embeddings"] is True
+    llama = parse_architecture({"arch": "Llama (SwiGLU, RoPE, RMSNorm)", "name": "LLAMA2-7B"})
+    assert llama["mlp_activation"] == "swiglu" and llama["norm"] == "rmsnorm"
+    nemotron = parse_architecture({"arch": "Nemotron (squared-ReLU MLP, untied emb)"})
+    assert nemotron["mlp_activation"] == "relu" and nemotron["tied_embeddings"] is False
+    untied = parse_architecture({"arch": "GPT (GeLU 4h MLP, MHA); untied embeddings implied"})
+    assert untied["mlp_activation"] == "gelu" and untied["tied_embeddings"] is False
+
+
+def test_source_table_is_shortened() -> None:
+    assert source_table({"source": {"table": "Table 2 (also Figure 10)"}}) == "Table 2"
+    assert (
+        source_table({"source": {"table": "Section 6.3 text + Abstract (530B)"}}) == "Section 6.3"
+    )
+    assert source_table({"source": {"table": "Appendix C text"}}) == "Appendix C"
+    assert source_table({"source": {"repo": "NVIDIA/NeMo"}}) == ""
+
+
+def test_a_case_with_empty_sections_lists_what_is_missing() -> None:
+    mapping = map_case({"id": "bare", "model": None, "parallel": None, "hardware": None})
+    assert not mapping.simulable and mapping.plan is None
+    assert "num_gpus (None)" in mapping.missing and "model.num_layers (None)" in mapping.missing
+
+
+def test_load_cases_rejects_a_non_list(tmp_path: Path) -> None:
+    path = tmp_path / "cases.json"
+    path.write_text('{"cases": []}')
+    with pytest.raises(ValueError, match="expected a JSON list"):
+        load_cases(path)
+
+
+# --- real cases (hand-checked against the papers' tables) ---
+
+
+@needs_cases
+def test_narayanan_76b_maps_to_interleaved_tp8_pp4() -> None:
+    mapping = map_case(_cases()["narayanan21_t1_76.1B"])
+    assert mapping.simulable and mapping.plan is not None
+    assert mapping.plan["cluster"] == {"node": "dgx-a100", "num_nodes": 128, "fabric": "ib-hdr"}
+    parallel = mapping.plan["parallel"]
+    assert (parallel["tp"], parallel["pp"], parallel["dp"], parallel["vpp"]) == (8, 4, 32, 3)
+    assert parallel["schedule"] == "interleaved"
+    assert parallel["recompute"] == "full"
+    assert parallel["data_parallel"] == "ddp" and parallel["overlap_grad_reduce"] is False
+    training = mapping.plan["training"]
+    assert (training["micro_batch_size"], training["global_batch_size"]) == (2, 1792)
+    assert training["precision"] == "fp16"
+    model = mapping.plan["model"]
+    assert (model["num_layers"], model["hidden_size"], model["vocab_size"]) == (60, 10240, 51200)
+    assert model["mlp_activation"] == "gelu" and model["tied_embeddings"] is True
+    assert (model["position_embedding"], model["norm"], model["linear_bias"]) == (
+        "learned",
+        "layernorm",
+        True,
+    )
+    # Megatron in 2021 had no FlashAttention: the s x s attention scores were materialised.
+    assert mapping.plan["training"]["flash_attention"] is False
+
+
+@needs_cases
+def test_nemo_llama3_8b_maps_cp_fp8_and_distributed_optimizer() -> None:
+    mapping = map_case(_cases()["nemo2407_h100_fp8_LLAMA3-8B_8gpu"])
+    assert mapping.simulable and mapping.plan is not None
+    assert mapping.plan["cluster"]["node"] == "dgx-h100"
+    assert mapping.plan["cluster"]["num_nodes"] == 1
+    parallel = mapping.plan["parallel"]
+    assert (parallel["tp"], parallel["pp"], parallel["cp"], parallel["dp"]) == (1, 1, 2, 4)
+    assert parallel["data_parallel"] == "distributed_optimizer"
+    assert parallel["tp_comm_overlap"] is False
+    assert mapping.plan["training"]["precision"] == "fp8"
+    model = mapping.plan["model"]
+    assert model["mlp_activation"] == "swiglu" and model["tied_embeddings"] is False
+    assert (model["num_kv_heads"], model["position_embedding"], model["norm"]) == (
+        8,
+        "rope",
+        "rmsnorm",
+    )
+    assert mapping.plan["training"]["flash_attention"] is True
+    # 128 sequences x 8192 tokens / (12273 tokens/s/GPU x 8 GPUs)
+    assert mapping.measured is not None
+    assert mapping.measured.step_time_s == pytest.approx(128 * 8192 / (12273 * 8))
+
+
+@needs_cases
+def test_korthikanti_selective_keeps_sequence_parallel_and_reported_time() -> None:
+    mapping = map_case(_cases()["korthikanti22_t5_22B_selective_plus_sp"])
+    assert mapping.simulable and mapping.plan is not None
+    assert mapping.plan["parallel"]["sequence_parallel"] is True
+    assert mapping.plan["parallel"]["recompute"] == "selective"
+    assert mapping.measured is not None and mapping.measured.step_time_s == 1.1
+    assert any("16-bit" in note for note in mapping.assumptions)
+
+
+@needs_cases
+@pytest.mark.parametrize(
+    ("case_id", "knob"),
+    [
+        ("narayanan21_t2_ptdp_174B_384gpu", "virtual_pipeline_stages"),
+        ("korthikanti22_appC_175B_microbatch_level_recompute", "microbatch-level"),
+        ("korthikanti22_t4_22B_layer_selective_recompute", "whole training step"),
+        ("megatron_readme_h100_weak_1.7B", "micro_batch_size"),
+        ("bloom176B_384xA100", "Omni-Path"),
+        ("mtnlg530B_2240gpu", "micro_batch_size"),
+        ("fsdp_vldb23_gpt175B_bs1", "num_gpus"),
+        ("opt175B_992xA100", "micro_batch_size"),
+    ],
+)
+def test_unfaithful_cases_name_the_missing_knob(case_id: str, knob: str) -> None:
+    mapping = map_case(_cases()[case_id])
+    assert not mapping.simulable and mapping.plan is None
+    assert any(knob in item for item in mapping.missing), mapping.missing
+
+
+@needs_cases
+def test_every_simulable_case_is_a_valid_plan_for_its_world_size() -> None:
+    for case in load_cases(CASES_PATH):
+        mapping = map_case(case)
+        if mapping.simulable:
+            assert mapping.num_gpus is not None and mapping.plan is not None
+            plan = resolve_plan(load_plan(mapping.plan), mapping.num_gpus)
+            assert plan.parallel.dp * plan.parallel.model_parallel_size == mapping.num_gpus
+
+
+@needs_cases
+def test_simulable_case_count_per_source() -> None:
+    counts: dict[str, int] = {}
+    for case in load_cases(CASES_PATH):
+        mapping = map_case(case)
+        if mapping.simulable:
+            counts[mapping.source] = counts.get(mapping.source, 0) + 1
+    # Table 1 (10) + Table 2 ZeRO-3 (6); Table 5 (8) + 530B on 2240 GPUs (2); NeMo (12)
+    assert counts == {"narayanan21": 16, "korthikanti22": 10, "nemo2407": 12}
+
+
+_JUNK = st.one_of(
+    st.none(),
+    st.just("not stated"),
+    st.text(max_size=12),
+    st.integers(min_value=-3, max_value=5000),
+    st.floats(allow_nan=True),
+    st.booleans(),
+)
+
+
+@needs_cases
+@settings(max_examples=60, deadline=None)
+@given(
+    index=st.integers(min_value=0, max_value=67),
+    section=st.sampled_from(["model", "parallel", "hardware", "measured"]),
+    data=st.data(),
+)
+def test_mangled_fields_never_crash_the_mapping(index: int, section: str, data) -> None:
+    cases = load_cases(CASES_PATH)
+    case = copy.deepcopy(cases[index % len(cases)])
+    fields = case.setdefault(section, {}) or {}
+    case[section] = fields
+    key = data.draw(st.sampled_from(sorted(fields) or ["absent"]))
+    fields[key] = data.draw(_JUNK)
+    mapping = map_case(case)  # never raises, whatever the field holds
+    if mapping.simulable:
+        assert mapping.num_gpus is not None and mapping.plan is not None
+        try:
+            resolve_plan(load_plan(mapping.plan), mapping.num_gpus)
+        except ValueError as exc:  # e.g. a mangled hidden size; a clear one-line message
+            assert str(exc) and "\n" not in str(exc)
+    else:
+        assert mapping.plan is None and mapping.missing
+
+
+def test_malformed_cases_file_names_the_file(tmp_path: Path) -> None:
+    from sim.validation.cases import load_cases
+
+    path = tmp_path / "cases.json"
+    path.write_text("[{")
+    with pytest.raises(ValueError, match=r"malformed input: .*cases\.json: "):
+        load_cases(path)
