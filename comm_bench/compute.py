@@ -17,7 +17,6 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +28,7 @@ from comm_bench.compute_calibration import (
     fit_kernel,
     save_compute_calibration,
 )
+from fileio.output import OutputError, check_output
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 """dtype names accepted by --dtype (fp8 uses torch._scaled_mm and needs a CUDA GPU with FP8)."""
@@ -82,15 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu", default=None, help="catalogue GPU key to record (auto)")
     parser.add_argument("--output", "-o", default=None, help="write the calibration JSON here")
     return parser
-
-
-def _check_output(path: str) -> None:
-    """Refuse an output the run could not write, before spending time measuring."""
-    target = Path(path)
-    if target.suffix != ".json":
-        raise UsageError(f"--output must be a .json file, got {path!r}")
-    if not target.parent.is_dir():
-        raise UsageError(f"--output: directory {str(target.parent)!r} does not exist")
 
 
 def _ints(flag: str, text: str) -> list[int]:
@@ -307,8 +298,9 @@ def run(args: argparse.Namespace) -> ComputeCalibration:
     }
     if timing["iters"] <= 0 or timing["warmup"] < 0 or timing["repeats"] <= 0:
         raise UsageError(f"--iters and --repeats must be > 0 and --warmup >= 0, got {timing}")
+    target = None
     if args.output:
-        _check_output(args.output)
+        target = check_output(args.output, formats=(".json",), option="--output")
     sizes = _ints("--sizes", args.sizes or str(defaults["sizes"]))
     shapes = [(s, s, s) for s in sizes] + parse_shapes(args.shapes or str(defaults["shapes"]))
     samples = measure_gemms(shapes, dtype, device, **timing)
@@ -332,9 +324,10 @@ def run(args: argparse.Namespace) -> ComputeCalibration:
         memory_bandwidth_bytes_per_s=measure_memory_bandwidth(device, **timing),
         measurements=tuple(samples),
     )
-    if args.output:
-        save_compute_calibration(calibration, args.output)
-        print(f"# wrote {args.output}")
+    if target is not None:
+        save_compute_calibration(calibration, target)
+        if not target.is_stdout:
+            print(f"# wrote {target.name}")
     return calibration
 
 
@@ -343,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         run(args)
-    except UsageError as error:
+    except (UsageError, OutputError) as error:
         print(f"commbench --compute: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:

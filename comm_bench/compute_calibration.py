@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from fileio.output import Target, write_text
+
 COMPUTE_SCHEMA = "commsim-compute/1"
 """Version tag of the compute calibration JSON."""
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward")
@@ -160,10 +162,10 @@ def load_compute_calibration(path: str | Path) -> ComputeCalibration:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def save_compute_calibration(calibration: ComputeCalibration, path: str | Path) -> None:
+def save_compute_calibration(calibration: ComputeCalibration, target: Target | str | Path) -> None:
     """Write a compute calibration JSON file (sorted keys, so identical inputs give equal files)."""
     text = json.dumps(calibration.to_json(), indent=2, sort_keys=True)
-    Path(path).write_text(text + "\n")
+    write_text(target, text + "\n")
 
 
 def _fit_at(dims: np.ndarray, flops: np.ndarray, times: np.ndarray, dim_half: float) -> tuple:

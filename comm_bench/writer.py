@@ -1,8 +1,9 @@
 """Results files: the ``commbench/1`` JSON and its CSV twin, rewritten atomically as sizes finish.
 
-Torch-free. Every ``add`` rewrites both files through a temporary file and ``os.replace``, so a
-run that dies keeps everything measured up to its last finished size and never leaves a
-half-written file.
+Torch-free. Every ``add`` rewrites both files through ``fileio.output`` (a temporary file renamed
+over a regular file), so a run that dies keeps everything measured up to its last finished size
+and never leaves a half-written file. A device or FIFO (``--output /dev/null``) gets the JSON
+written in place and no CSV twin.
 
     writer = ResultsWriter(Path("run.json"), env={...}, config={...}); writer.add(records)
 """
@@ -12,20 +13,22 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from comm_bench.records import FIELD_NAMES, SCHEMA, Record
+from fileio.output import Target, check_output, twin, write_text
 
 DEFAULT_DIR = Path("results") / "commbench"
 """Where results go without ``--output`` (relative to the current directory)."""
 
 
 def default_output_path(ops: Iterable[str], now: float | None = None) -> Path:
-    """``results/commbench/commbench-<ops>-<YYYYmmdd-HHMMSS>.json``, made unique if taken."""
+    """``results/commbench/commbench-<ops>-<YYYYmmdd-HHMMSS>.json``, made unique if taken; the
+    folder is created."""
+    DEFAULT_DIR.mkdir(parents=True, exist_ok=True)
     ops = list(ops)
     label = ops[0] if len(ops) == 1 else f"{len(ops)}ops"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
@@ -40,15 +43,6 @@ def default_output_path(ops: Iterable[str], now: float | None = None) -> Path:
 def csv_path(json_path: Path) -> Path:
     """The CSV written beside a results JSON."""
     return json_path.with_suffix(".csv")
-
-
-def _replace_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def results_json(
@@ -77,13 +71,17 @@ def results_csv(records: Iterable[Record]) -> str:
 class ResultsWriter:
     """Accumulates a run's records and keeps the JSON and CSV files up to date on disk."""
 
-    def __init__(self, path: Path, *, env: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-        """Create the directory and write an empty result set right away."""
-        self.path = path
+    def __init__(
+        self, output: Target | Path | str, *, env: Mapping[str, Any], config: Mapping[str, Any]
+    ) -> None:
+        """Check the output (``fileio.output``) and write an empty result set right away."""
+        self.target = (
+            output if isinstance(output, Target) else check_output(output, formats=(".json",))
+        )
+        self.csv_target = twin(self.target, ".csv")
         self.env = dict(env)
         self.config = dict(config)
         self.records: list[Record] = []
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._flush()
 
     def add(self, records: Iterable[Record]) -> None:
@@ -92,5 +90,6 @@ class ResultsWriter:
         self._flush()
 
     def _flush(self) -> None:
-        _replace_atomically(self.path, results_json(self.env, self.config, self.records))
-        _replace_atomically(csv_path(self.path), results_csv(self.records))
+        write_text(self.target, results_json(self.env, self.config, self.records))
+        if self.csv_target is not None:
+            write_text(self.csv_target, results_csv(self.records))

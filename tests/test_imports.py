@@ -1,6 +1,7 @@
 """The import direction of DESIGN.md, enforced.
 
-``topologies`` and ``schedules`` import nothing else from the project; the torch-free parts of
+``fileio`` (safe outputs, strict inputs) imports nothing from the project and everything may import
+it; ``topologies`` and ``schedules`` import nothing else from the project; the torch-free parts of
 ``comm_bench`` import nothing else either, and no part of ``comm_bench`` imports ``sim``; ``sim``
 and those parts never import torch, directly or through anything they import; ``sim``'s
 sub-packages import each other in one direction only; no module imports itself back through any
@@ -18,7 +19,7 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT_PACKAGES = {"comm_bench", "sim", "topologies", "schedules"}
+PROJECT_PACKAGES = {"comm_bench", "sim", "topologies", "schedules", "fileio"}
 TORCH_FREE_COMM_BENCH = {"collectives.py", "records.py", "readers.py", "compute_calibration.py"}
 SIM_LAYERS = {
     "network": set(),
@@ -104,9 +105,9 @@ def test_sim_sub_packages_import_in_one_direction() -> None:
 
 
 def test_topologies_and_schedules_import_nothing_else_from_the_project() -> None:
-    for package in ("topologies", "schedules"):
+    for package in ("topologies", "schedules", "fileio"):
         for path in _modules(package):
-            others = (_imported_roots(path) & PROJECT_PACKAGES) - {package}
+            others = (_imported_roots(path) & PROJECT_PACKAGES) - {package, "fileio"}
             assert not others, f"{path.relative_to(ROOT)} imports {sorted(others)}"
             assert "torch" not in _imported_roots(path), path
 
@@ -119,6 +120,7 @@ def test_torch_free_comm_bench_modules_stay_torch_free() -> None:
         roots = _imported_roots(path)
         assert "torch" not in roots, path
         assert not (roots & {"sim", "topologies", "schedules"}), path
+        assert not (roots & PROJECT_PACKAGES - {"comm_bench", "fileio"}), path
 
 
 def test_sim_never_imports_torch_directly() -> None:
@@ -129,7 +131,7 @@ def test_sim_never_imports_torch_directly() -> None:
 def test_importing_every_sim_module_does_not_load_torch() -> None:
     modules = [
         ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        for package in ("sim", "topologies", "schedules")
+        for package in ("sim", "topologies", "schedules", "fileio")
         for path in _modules(package)
         if path.name != "__main__.py"
     ]

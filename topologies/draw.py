@@ -10,6 +10,7 @@ says how many servers and switches are not shown.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from matplotlib.axes import Axes
@@ -18,7 +19,11 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from fileio.output import Target, check_output, write_bytes
 from topologies.topology import Topology, count_by_kind
+
+FORMATS = (".png", ".svg", ".pdf")
+"""What a drawing can be written as."""
 
 ROWS = {"core": 7.0, "spine": 6.0, "leaf": 5.0, "nic": 4.0, "cpu": 3.2, "pcie_switch": 2.5,
         "gpu": 1.5, "nvswitch": 0.6}  # fmt: skip
@@ -95,9 +100,10 @@ def _natural(name: str) -> tuple[object, ...]:
 
 
 def draw_topology(
-    topology: Topology, path: str | Path, *, max_servers: int = 4, max_per_row: int = 8
+    topology: Topology, target: Target | str | Path, *, max_servers: int = 4, max_per_row: int = 8
 ) -> None:
-    """Write a PNG (or any format matplotlib knows from the suffix) of ``topology``."""
+    """Write a drawing of ``topology`` (PNG, SVG or PDF, from the target's extension)."""
+    checked = target if isinstance(target, Target) else check_output(target, formats=FORMATS)
     servers = min(topology.num_nodes, max_servers)
     positions, width = _server_positions(topology, servers)
     hidden = _fabric_positions(topology, positions, width, max_per_row)
@@ -124,7 +130,9 @@ def draw_topology(
                         ha="center", fontsize=6)  # fmt: skip
     _decorate(ax, topology, positions, servers, hidden, segments)
     figure.tight_layout()
-    figure.savefig(path)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=checked.format)
+    write_bytes(checked, buffer.getvalue())
 
 
 def _decorate(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 from typing import Any
 
 import simpy
@@ -21,7 +20,8 @@ from comm_bench.collectives import REDUCTIONS, dtype_bytes, get, parse_ops
 from comm_bench.options import parse_size
 from comm_bench.records import Record
 from comm_bench.report import footer, format_row, op_banner, table_header
-from comm_bench.writer import csv_path, results_csv, results_json
+from comm_bench.writer import results_csv, results_json
+from fileio.output import Target, check_outputs, twin, write_text
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration, TopologyFactory, load_calibration
 from sim.network.model import FIDELITIES, CommModel
@@ -139,8 +139,10 @@ def run(args: argparse.Namespace) -> int:
     dtype_bytes(args.datatype)
     if args.redop not in REDUCTIONS:
         raise ValueError(f"unknown reduction -o {args.redop!r}; valid: {', '.join(REDUCTIONS)}")
-    if args.output and Path(args.output).suffix != ".json":
-        raise ValueError(f"--output must end in .json: {args.output}")
+    inputs = (args.calibration, args.topology)
+    targets = check_outputs({"--output": (args.output, (".json",))}, inputs=inputs)
+    output = targets.get("--output")
+    csv_target = None if output is None else twin(output, ".csv", inputs=inputs)
     factory = topology_factory(args)
     topology = factory(args.nodes or 1, _localhost_ranks_per_node(args))
     num_ranks = topology.num_gpus if args.ranks is None else args.ranks
@@ -173,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
             print(format_row(out_of_place, in_place))
         print(f"# algorithms: {_algo_ranges(mine[::2])}")
     print("\n".join(footer(records)))
-    if args.output:
-        _write(Path(args.output), args, topology, layout.num_nodes, num_ranks, records)
+    if output is not None:
+        _write(output, csv_target, args, topology, layout.num_nodes, num_ranks, records)
     return 0
 
 
@@ -197,8 +199,8 @@ def _algo_ranges(records: list[Record]) -> str:
 
 
 def _write(
-    path: Path, args: argparse.Namespace, topology: Topology, num_nodes: int, num_ranks: int,
-    records: list[Record],
+    output: Target, csv_target: Target | None, args: argparse.Namespace, topology: Topology,
+    num_nodes: int, num_ranks: int, records: list[Record],
 ) -> None:  # fmt: skip
     env = {
         "simulated": True, "topology": topology.name, "fidelity": args.fidelity,
@@ -212,7 +214,9 @@ def _write(
         "topology": args.topology, "nodes": args.nodes, "fabric": args.fabric,
         "oversubscription": args.oversubscription,
     }  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(results_json(env, config, records))
-    csv_path(path).write_text(results_csv(records))
-    print(f"# wrote {path} and {csv_path(path)}")
+    write_text(output, results_json(env, config, records))
+    if csv_target is not None:
+        write_text(csv_target, results_csv(records))
+    if not output.is_stdout:
+        also = "" if csv_target is None else f" and {csv_target.name}"
+        print(f"# wrote {output.name}{also}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from fileio.output import Target, check_outputs, write_bytes
 from sim.output.report import format_duration, format_report, pipeline_stage, rank_title
 from sim.output.timeline import figure_bytes, representative_ranks, timeline_figure
 from sim.output.trace import chrome_trace, trace_json
@@ -69,38 +69,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Simulate the plan, print the report or JSON, write the requested files; returns 0."""
-    outputs = {"--output": args.output, "--trace": args.trace, "--timeline": args.timeline}
-    check_output_paths(outputs, plan_path=args.plan)
+    targets = check_outputs(
+        {
+            "--output": (args.output, (".json",)),
+            "--trace": (args.trace, (".json",)),
+            "--timeline": (args.timeline, tuple(f".{f}" for f in IMAGE_FORMATS)),
+        },
+        inputs=(args.plan, args.calibration, args.compute_calibration),
+    )
     plan = load_plan_file(args.plan)
     result, plan, topology = simulate(plan, args)
-    files = render_files(result, plan, outputs)
-    for path, data in files.items():
-        write_atomic(path, data)
+    files = render_files(result, plan, targets)
+    for target, data in files:
+        write_bytes(target, data)
     if args.json:
         print(json.dumps(result.to_json(), indent=2, allow_nan=False))
     else:
         print(format_report(result, plan, gpu=topology.gpu_spec(0), fidelity=args.fidelity), end="")
     return 0
-
-
-def check_output_paths(outputs: dict[str, Path | None], *, plan_path: Path) -> None:
-    """Fail before simulating if an output file could not be written where asked."""
-    chosen = {flag: path for flag, path in outputs.items() if path is not None}
-    if len({path.resolve() for path in chosen.values()}) < len(chosen):
-        raise ValueError(f"output files must differ: {', '.join(map(str, chosen.values()))}")
-    for flag, path in chosen.items():
-        if path.resolve() == plan_path.resolve():
-            raise ValueError(f"{flag} {path}: would overwrite the plan file")
-        if path.is_dir():
-            raise ValueError(f"{flag} {path}: is a directory, expected a file name")
-        if not path.resolve().parent.is_dir():
-            raise ValueError(f"{flag} {path}: directory {path.parent} does not exist")
-    timeline = outputs.get("--timeline")
-    if timeline is not None and timeline.suffix.lstrip(".").lower() not in IMAGE_FORMATS:
-        raise ValueError(
-            f"--timeline {timeline}: unknown image type {timeline.suffix or '(none)'!r}, "
-            f"expected one of {', '.join('.' + f for f in IMAGE_FORMATS)}"
-        )
 
 
 def load_plan_file(path: Path) -> Plan:
@@ -181,21 +167,22 @@ def _load_json_file(flag: str, path: Path | None, loader: Callable[[Path], Any])
 
 
 def render_files(
-    result: PlanResult, plan: Plan, outputs: dict[str, Path | None]
-) -> dict[Path, bytes]:
+    result: PlanResult, plan: Plan, targets: dict[str, Target]
+) -> list[tuple[Target, bytes]]:
     """The bytes of every requested output file, rendered before any is written."""
-    files: dict[Path, bytes] = {}
-    if (output := outputs.get("--output")) is not None:
-        files[output] = (json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n").encode()
+    files: list[tuple[Target, bytes]] = []
+    if (output := targets.get("--output")) is not None:
+        document = json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
+        files.append((output, document.encode()))
     titles = rank_titles(result, plan)
-    if (trace := outputs.get("--trace")) is not None:
-        files[trace] = trace_json(chrome_trace(result.spans, rank_titles=titles)).encode()
-    if (timeline := outputs.get("--timeline")) is not None:
+    if (trace := targets.get("--trace")) is not None:
+        files.append((trace, trace_json(chrome_trace(result.spans, rank_titles=titles)).encode()))
+    if (timeline := targets.get("--timeline")) is not None:
         ranks = representative_ranks(result.spans, lambda r: pipeline_stage(r, plan))
         fig = timeline_figure(
             result.spans, ranks=ranks, rank_titles=titles, title=plot_title(result, plan)
         )
-        files[timeline] = figure_bytes(fig, timeline.suffix.lstrip(".").lower())
+        files.append((timeline, figure_bytes(fig, timeline.format)))
     return files
 
 
@@ -212,17 +199,3 @@ def plot_title(result: PlanResult, plan: Plan) -> str:
         f"dp{par.dp} ({par.data_parallel}), {par.schedule}, "
         f"step {format_duration(result.step_time_s)}"
     )
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    # os.open with 0o666 lets the umask decide the mode, as for any file the user creates.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

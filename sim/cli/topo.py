@@ -14,7 +14,9 @@ import argparse
 import json
 from typing import Any
 
+from fileio.output import check_outputs
 from topologies.config import cluster_from_mapping, cluster_mapping
+from topologies.draw import FORMATS as DRAWING_FORMATS
 from topologies.hardware import GBPS, GIB, LINKS
 from topologies.nodes import NODE_PRESETS
 from topologies.topology import NODE_KINDS, Topology, count_by_kind
@@ -221,13 +223,15 @@ def render(summary: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Build the cluster, print its summary, and draw it if asked."""
     where = "cluster" if args.cluster in NODE_PRESETS else args.cluster
+    inputs = () if args.cluster in NODE_PRESETS else (args.cluster,)
+    targets = check_outputs({"--draw": (args.draw, DRAWING_FORMATS)}, inputs=inputs)
     topology = cluster_from_mapping(_mapping(args), where=where)
     summary = summarize(topology)
     print(json.dumps(summary, indent=2) if args.json else render(summary))
-    if args.draw:
+    if (drawing := targets.get("--draw")) is not None:
         from topologies.draw import draw_topology
 
-        draw_topology(topology, args.draw)
-        if not args.json:
-            print(f"drawing written to {args.draw}")
+        draw_topology(topology, drawing)
+        if not args.json and not drawing.is_stdout:
+            print(f"drawing written to {drawing.name}")
     return 0

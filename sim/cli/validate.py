@@ -17,11 +17,11 @@ import math
 import os
 import platform
 import sys
-import tempfile
 from io import BytesIO
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fileio.output import Target, check_outputs, write_bytes
 from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
 from sim.validation.runner import ValidationReport, run_validation
 
@@ -76,11 +76,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the validation; print the table; write the JSON and plot if asked."""
     if not Path(args.cases).is_file():
         raise FileNotFoundError(f"cases file not found: {args.cases} (give CASES.json)")
-    if args.plot is not None and args.plot.suffix.lstrip(".").lower() not in IMAGE_FORMATS:
-        raise ValueError(
-            f"--plot {args.plot}: unknown image type {args.plot.suffix!r}; use one of "
-            f"{', '.join('.' + f for f in IMAGE_FORMATS)}"
-        )
+    targets = check_outputs(
+        {
+            "--json": (args.json, (".json",)),
+            "--plot": (args.plot, tuple(f".{f}" for f in IMAGE_FORMATS)),
+        },
+        inputs=(args.cases, args.calibration),
+    )
     comm_calibration = None
     if args.calibration is not None:
         from sim.network.calibration import load_calibration
@@ -98,16 +100,16 @@ def run(args: argparse.Namespace) -> int:
         progress=_progress if sys.stderr.isatty() else None,
         jobs=args.jobs,
     )
-    outputs: dict[Path, bytes] = {}
-    if args.json is not None:
+    outputs: list[tuple[Target, bytes]] = []
+    if (json_target := targets.get("--json")) is not None:
         document = report.to_json()
         document["config"].update(provenance(Path(args.cases), jobs=args.jobs))
         document["env"] = environment()
-        outputs[args.json] = (json.dumps(document, indent=2) + "\n").encode()
-    if args.plot is not None:
-        outputs[args.plot] = plot_bytes(report, args.plot.suffix.lstrip(".").lower())
-    for path, data in outputs.items():
-        _write_atomically(path, data)
+        outputs.append((json_target, (json.dumps(document, indent=2) + "\n").encode()))
+    if (plot_target := targets.get("--plot")) is not None:
+        outputs.append((plot_target, plot_bytes(report, plot_target.format)))
+    for target, data in outputs:
+        write_bytes(target, data)
     print(format_report(report))
     return 0
 
@@ -246,18 +248,3 @@ def _scatter_groups(axes: Axes, report: ValidationReport) -> None:
                     facecolors="none" if calibration else colour,
                     edgecolors=colour,
                 )
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        os.chmod(temporary, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

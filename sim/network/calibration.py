@@ -25,6 +25,7 @@ import numpy as np
 
 from comm_bench.collectives import OPS, time_from_busbw_s
 from comm_bench.records import Record
+from fileio.output import Target, write_text
 from sim.network.algorithms import choose_algorithm, layout_of
 from sim.network.analytical import ALGORITHMS, CommParams, CostTerms, Layout, cost_terms
 from topologies.topology import Topology
@@ -119,9 +120,9 @@ class Calibration:
             },
         }
 
-    def save(self, path: str | Path) -> None:
-        """Write the JSON document to ``path``."""
-        Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n")
+    def save(self, target: Target | str | Path) -> None:
+        """Write the JSON document to ``target`` (through ``fileio.output``)."""
+        write_text(target, json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n")
 
 
 UNCALIBRATED = Calibration()

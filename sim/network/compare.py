@@ -13,6 +13,7 @@ values), ``KEY!=V1,V2`` or ``KEY<V``, ``<=``, ``>``, ``>=`` for numbers. Keys: `
 
 from __future__ import annotations
 
+import io
 import operator
 import re
 import textwrap
@@ -25,6 +26,7 @@ import simpy
 from comm_bench.collectives import busbw_gbps
 from comm_bench.options import parse_size
 from comm_bench.records import Record
+from fileio.output import Target, write_bytes
 from sim.network.calibration import (
     NCCL_ALGO_NAMES,
     Calibration,
@@ -245,7 +247,7 @@ def points_json(points: Sequence[Point]) -> list[dict[str, Any]]:
     return [asdict(p) for p in points]
 
 
-def plot_comparison(points: Sequence[Point], path: str, *, title: str) -> None:
+def plot_comparison(points: Sequence[Point], target: Target | str, *, title: str) -> None:
     """busbw vs size (log x): measured and simulated per series; filled markers = fitted on."""
     import matplotlib
 
@@ -278,5 +280,7 @@ def plot_comparison(points: Sequence[Point], path: str, *, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
+    write_bytes(target, buffer.getvalue())

@@ -91,7 +91,7 @@ def test_compare_holdout_on_published_tables(tmp_path, capsys):
         (["collective", "--topology", "dgx-h100", "-f", "nan"], "got nan"),
         (["collective", "--topology", "dgx-h100", "-o", "xor"], "unknown reduction -o 'xor'"),
         (["collective", "--topology", "dgx-h100", "--nodes", "0"], "--nodes 0"),
-        (["collective", "--topology", "dgx-h100", "--output", "x.txt"], "must end in .json"),
+        (["collective", "--topology", "dgx-h100", "--output", "x.txt"], "is not one this output writes"),
         (["collective", "--topology", "localhost", "--nodes", "-1"], "--nodes -1"),
     ],
 )

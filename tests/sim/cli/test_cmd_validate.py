@@ -231,7 +231,7 @@ def test_unknown_plot_type_is_refused_before_simulating(tmp_path: Path, capsys) 
         ["validate", str(CASES_PATH), "--plot", str(tmp_path / "p.txt"), "--json", str(out)]
     )
     assert code == 2
-    assert "unknown image type '.txt'" in capsys.readouterr().err
+    assert "the extension '.txt' is not one this output writes" in capsys.readouterr().err
     assert not out.exists()
 
 
