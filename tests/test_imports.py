@@ -19,7 +19,7 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT_PACKAGES = {"comm_bench", "sim", "topologies", "schedules", "fileio"}
+PROJECT_PACKAGES = {"comm_bench", "sim", "topologies", "schedules", "fileio", "refdata"}
 TORCH_FREE_COMM_BENCH = {"collectives.py", "records.py", "readers.py", "compute_calibration.py"}
 SIM_LAYERS = {
     "network": set(),
@@ -105,9 +105,10 @@ def test_sim_sub_packages_import_in_one_direction() -> None:
 
 
 def test_topologies_and_schedules_import_nothing_else_from_the_project() -> None:
-    for package in ("topologies", "schedules", "fileio"):
+    for package in ("topologies", "schedules", "fileio", "refdata"):
         for path in _modules(package):
             others = (_imported_roots(path) & PROJECT_PACKAGES) - {package, "fileio"}
+            assert package not in ("fileio", "refdata") or not others, path
             assert not others, f"{path.relative_to(ROOT)} imports {sorted(others)}"
             assert "torch" not in _imported_roots(path), path
 

@@ -1,12 +1,12 @@
 """Published training runs as commsim plans: which ones can be replayed, and their step time.
 
-The runs in ``../shared/data/validation/cases.json`` are described in each paper's own words
-("full (uniform, every transformer layer)", "FP8 (Transformer Engine) + BF16", "Megatron-Core
-distributed optimizer (ZeRO-1-like)", "not stated"). This module reads every field it needs
-robustly and turns a run into a plain plan mapping (the plan-file format: ``model``, ``cluster``,
-``parallel``, ``training``) that goes through ``schedules.plan.load_plan``, or says which knob is
-missing so that the run cannot be simulated faithfully. The measured step time comes from
-``sim.validation.measured`` (the source's own FLOP formula where it reported throughput).
+The runs in ``refdata/validation/cases.json`` (shipped with the project) are described in each
+paper's own words ("full (uniform, every transformer layer)", "FP8 (Transformer Engine) + BF16",
+"Megatron-Core distributed optimizer (ZeRO-1-like)", "not stated"). This module reads every field
+it needs robustly and turns a run into a plain plan mapping (the plan-file format: ``model``,
+``cluster``, ``parallel``, ``training``) that goes through ``schedules.plan.load_plan``, or says
+which knob is missing so that the run cannot be simulated faithfully. The measured step time comes
+from ``sim.validation.measured`` (the source's own FLOP formula where it reported throughput).
 
     mapping = map_case(load_cases(DEFAULT_CASES_PATH)[0]); mapping.plan["parallel"]["tp"]
 """
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from refdata import CASES_PATH
 from sim.validation.measured import Measurement, as_integer, measured_step_time
 
-DEFAULT_CASES_PATH = Path("..") / "shared" / "data" / "validation" / "cases.json"
-"""Where ``commsim validate`` looks for the cases when none is given (relative to the cwd)."""
+DEFAULT_CASES_PATH = CASES_PATH
+"""Where ``commsim validate`` looks for the cases when none is given (the shipped file)."""
 
 SOURCES: dict[str, str] = {
     "narayanan21": "Narayanan et al. SC21 (Megatron-LM), A100",

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+import refdata
 from comm_bench.readers import read_results
 from sim.cli.collective import size_sweep
 from sim.cli.main import main
 
-DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "nccl"
+DATA = refdata.NCCL_DIR
 
 
 def test_collective_prints_the_nccl_tests_table_and_writes_interchangeable_files(tmp_path, capsys):
@@ -53,7 +53,7 @@ def test_calibrate_then_compare_with_the_file(tmp_path, capsys):
     assert "MAPE" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="shared nccl-tests data not present")
+@pytest.mark.skipif(not DATA.exists(), reason="refdata is not installed")
 def test_compare_holdout_on_published_tables(tmp_path, capsys):
     files = [
         str(DATA / f) for f in ("h100_8gpu_all_reduce_ring.txt", "h100_8gpu_all_gather_ring.txt")
@@ -91,7 +91,10 @@ def test_compare_holdout_on_published_tables(tmp_path, capsys):
         (["collective", "--topology", "dgx-h100", "-f", "nan"], "got nan"),
         (["collective", "--topology", "dgx-h100", "-o", "xor"], "unknown reduction -o 'xor'"),
         (["collective", "--topology", "dgx-h100", "--nodes", "0"], "--nodes 0"),
-        (["collective", "--topology", "dgx-h100", "--output", "x.txt"], "is not one this output writes"),
+        (
+            ["collective", "--topology", "dgx-h100", "--output", "x.txt"],
+            "is not one this output writes",
+        ),
         (["collective", "--topology", "localhost", "--nodes", "-1"], "--nodes -1"),
     ],
 )

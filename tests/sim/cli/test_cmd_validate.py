@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
+import refdata
 from sim.cli.main import main
 from sim.cli.validate import format_report, plot_bytes
 from sim.validation.cases import CaseMapping
 from sim.validation.runner import CaseResult, ValidationReport
 
-CASES_PATH = (
-    Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "validation" / "cases.json"
-)
-needs_cases = pytest.mark.skipif(not CASES_PATH.exists(), reason="shared validation data absent")
+CASES_PATH = refdata.CASES_PATH
+needs_cases = pytest.mark.skipif(not CASES_PATH.exists(), reason="refdata is not installed")
 
 
 def _report() -> ValidationReport:

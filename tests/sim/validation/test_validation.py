@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
+import refdata
 from sim.validation.cases import CaseMapping, load_cases
 from sim.validation.measured import Measurement
 from sim.validation.runner import (
@@ -191,9 +191,7 @@ def test_simulation_errors_are_reported_per_case_not_raised() -> None:
     assert report.failed == (("bad", "pipeline too deep"),)
 
 
-CASES_PATH = (
-    Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "validation" / "cases.json"
-)
+CASES_PATH = refdata.CASES_PATH
 
 
 def test_ids_select_exact_ids_and_shell_patterns() -> None:
@@ -208,7 +206,7 @@ def test_ids_select_exact_ids_and_shell_patterns() -> None:
         map_cases(cases, ("gpt*",))
 
 
-@pytest.mark.skipif(not CASES_PATH.exists(), reason="shared validation data absent")
+@pytest.mark.skipif(not CASES_PATH.exists(), reason="refdata is not installed")
 def test_the_rule_picks_the_documented_calibration_cases() -> None:
     mappings = map_cases(load_cases(CASES_PATH))
     assert select_calibration_cases(mappings) == (

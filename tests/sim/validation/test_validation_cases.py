@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import refdata
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
 from sim.validation.cases import (
@@ -25,10 +26,8 @@ from sim.validation.cases import (
     source_table,
 )
 
-CASES_PATH = (
-    Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "validation" / "cases.json"
-)
-needs_cases = pytest.mark.skipif(not CASES_PATH.exists(), reason="shared validation data absent")
+CASES_PATH = refdata.CASES_PATH
+needs_cases = pytest.mark.skipif(not CASES_PATH.exists(), reason="refdata is not installed")
 
 
 def _cases() -> dict[str, dict[str, Any]]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+import refdata
 from sim.validation.cases import load_cases
 from sim.validation.measured import (
     as_integer,
@@ -16,10 +16,8 @@ from sim.validation.measured import (
     megatron_core_flops_per_step,
 )
 
-CASES_PATH = (
-    Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "validation" / "cases.json"
-)
-needs_cases = pytest.mark.skipif(not CASES_PATH.exists(), reason="shared validation data absent")
+CASES_PATH = refdata.CASES_PATH
+needs_cases = pytest.mark.skipif(not CASES_PATH.exists(), reason="refdata is not installed")
 
 
 def _cases() -> dict[str, dict[str, Any]]:
