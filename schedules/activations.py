@@ -108,15 +108,15 @@ def interleaved_in_flight_chunks(*, pp: int, vpp: int, stage: int, num_micro: in
 
 
 def stored_layer_activations(
-    schedule: str, *, pp: int, vpp: int, stage: int, num_micro: int, num_layers: int
+    schedule: str, *, pp: int, vpp: int, stage: int, num_micro: int, stage_layers: float
 ) -> float:
-    """Layer-micro-batches of activations rank ``stage`` holds at its peak (x per-layer bytes)."""
-    layers_per_chunk = num_layers / (pp * vpp)
+    """Layer-micro-batches of activations rank ``stage`` holds at its peak (x per-layer bytes);
+    ``stage_layers`` is the number of transformer layers on that rank (all of its chunks)."""
     if schedule == "interleaved":
         chunks = interleaved_in_flight_chunks(pp=pp, vpp=vpp, stage=stage, num_micro=num_micro)
-        return chunks * layers_per_chunk
+        return chunks * stage_layers / vpp
     micro = in_flight_microbatches(schedule, pp=pp, stage=stage, num_micro=num_micro)
-    return micro * layers_per_chunk * vpp
+    return micro * stage_layers
 
 
 def head_activation_bytes(

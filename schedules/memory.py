@@ -38,7 +38,7 @@ from schedules.activations import (
     stored_layer_activations,
 )
 from schedules.messages import PARAM_BYTES, grad_bytes_per_param
-from schedules.params import layer_params_per_gpu, stage_params_per_gpu
+from schedules.params import layer_params_per_gpu, layers_per_stage, stage_params_per_gpu
 from schedules.plan import Plan, num_microbatches
 
 FSDP_KINDS = ("fsdp", "hsdp", "zero3")
@@ -144,7 +144,7 @@ def activation_bytes(plan: Plan, stage: int) -> float:
         vpp=parallel.vpp,
         stage=stage,
         num_micro=num_micro,
-        num_layers=model.num_layers,
+        stage_layers=layers_per_stage(plan, stage),
     )
     total = stored * per_layer
     if stage == parallel.pp - 1:

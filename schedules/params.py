@@ -12,6 +12,7 @@ a final norm and an untied V x h LM head.
 from __future__ import annotations
 
 from schedules.plan import ModelConfig, Plan
+from schedules.stages import rank_layers
 
 
 def attention_params(model: ModelConfig) -> int:
@@ -87,9 +88,10 @@ def layer_params_per_gpu(model: ModelConfig, tp: int) -> float:
     return (layer_params(model) - replicated) / tp + replicated
 
 
-def layers_per_stage(plan: Plan) -> int:
-    """Transformer layers on one pipeline rank, L / p (all of its virtual chunks together)."""
-    return plan.model.num_layers // plan.parallel.pp
+def layers_per_stage(plan: Plan, stage: int) -> int:
+    """Transformer layers on pipeline rank ``stage`` (all of its virtual chunks together): L / p,
+    or the plan's uneven split (``schedules.stages``)."""
+    return rank_layers(plan.parallel, plan.model.num_layers)[stage]
 
 
 def stage_params_per_gpu(plan: Plan, stage: int) -> float:
@@ -105,7 +107,7 @@ def stage_params_per_gpu(plan: Plan, stage: int) -> float:
     if not 0 <= stage < p:
         raise ValueError(f"pipeline stage {stage} is outside 0..{p - 1} (pp={p})")
     vocab_shard = model.vocab_size * model.hidden_size / t
-    count = layers_per_stage(plan) * layer_params_per_gpu(model, t)
+    count = layers_per_stage(plan, stage) * layer_params_per_gpu(model, t)
     if stage == 0:
         count += vocab_shard + embedding_params(model) - model.vocab_size * model.hidden_size
     if stage == p - 1:

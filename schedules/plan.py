@@ -214,6 +214,20 @@ class ParallelConfig:
     """Megatron --overlap-param-gather (distributed optimizer only)."""
     tp_comm_overlap: bool = False
     """Megatron/TE --tp-comm-overlap (userbuffer AG/RS overlapped with GEMMs; needs SP)."""
+    pipeline_layers: tuple[int, ...] | None = None
+    """Transformer layers per pipeline rank (pp entries) or per virtual stage (pp*vpp, order
+    ``chunk * pp + rank``); unset: an even split (torchtitan's explicit per-stage split)."""
+    first_stage_layers: int | None = None
+    """Layers on the first pipeline rank (Megatron --decoder-first-pipeline-num-layers); the
+    ranks between split the rest evenly."""
+    last_stage_layers: int | None = None
+    """Layers on the last pipeline rank (Megatron --decoder-last-pipeline-num-layers)."""
+    embedding_as_layer: bool = False
+    """The input embedding counts as one layer of the even split (Megatron
+    --account-for-embedding-in-pipeline-split): the first rank holds one layer fewer."""
+    loss_as_layer: bool = False
+    """The LM head and loss count as one layer of the even split (Megatron
+    --account-for-loss-in-pipeline-split): the last rank holds one layer fewer."""
     pp_scatter_gather: bool = True
     """Megatron's scatter-gather pipeline p2p (--scatter-gather-tensors-in-pipeline, default on;
     not applied with SP): each TP rank sends 1/t of the activation, the receiver all-gathers it
@@ -235,6 +249,10 @@ class ParallelConfig:
         _check_positive(self, "parallel", ("zero_prefetch_bucket_elems",))
         if self.hsdp_shard_size < 0:
             raise ValueError(f"parallel.hsdp_shard_size must be >= 0, got {self.hsdp_shard_size}")
+        for name in ("first_stage_layers", "last_stage_layers"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"parallel.{name} must be >= 0, got {value}")
 
     @property
     def model_parallel_size(self) -> int:
@@ -306,6 +324,11 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
             return value
         if origin is dict and isinstance(value, Mapping):
             return dict(value)
+        if origin is tuple and isinstance(value, list | tuple):
+            bad = [v for v in value if not isinstance(v, int) or isinstance(v, bool) or v < 0]
+            if bad:
+                raise ValueError(f"{key} must list integers >= 0, got {str(bad[0])[:60]!r}")
+            return tuple(value)
     if int in options and isinstance(value, float) and value.is_integer():
         return int(value)
     names = " or ".join(getattr(o, "__name__", str(o)) for o in options)

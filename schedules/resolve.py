@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from schedules.plan import ModelConfig, ParallelConfig, Plan
+from schedules.stages import check_stage_split
 
 FSDP_KINDS = ("fsdp", "hsdp")
 ZERO_KINDS = ("zero1", "zero2", "zero3")
@@ -46,8 +47,8 @@ def check_model_split(model: ModelConfig, parallel: ParallelConfig) -> None:
         ("model.num_heads", model.num_heads, "tp", t),
         ("model.num_kv_heads", model.num_kv_heads, "tp", t),
         ("model.ffn_hidden_size", model.ffn_hidden_size, "tp", t),
-        ("model.num_layers", model.num_layers, "pp*vpp", parallel.pp * parallel.vpp),
     )
+    check_stage_split(parallel, model.num_layers)
     for key, value, divisor_name, divisor in checks:
         if value % divisor:
             raise ValueError(

@@ -27,6 +27,7 @@ from schedules.model import (
     cp_kv_message_bytes,
     grad_bytes_per_param,
     layer_params_per_gpu,
+    layers_per_stage,
     pp_message_bytes,
     stage_params_per_gpu,
     tp_message_bytes,
@@ -44,6 +45,7 @@ from schedules.program import (
     tp_backward_steps,
     tp_forward_steps,
 )
+from schedules.stages import chunk_layers
 from schedules.step_program import GradSync, PipelineRank, grad_sync_for, pipeline_program
 from sim.compute.model import ComputeModel, LayerTimes
 from sim.replay.engine import CommRunner, Engine, Timeline
@@ -173,8 +175,8 @@ def chunk_params(plan: Plan, stage: int, chunk: int) -> float:
     """Parameters of one model chunk on one GPU (embedding on the first, head on the last)."""
     p, v = plan.parallel.pp, plan.parallel.vpp
     per_layer = layer_params_per_gpu(plan.model, plan.parallel.tp)
-    layers = plan.model.num_layers // (p * v)
-    extra = stage_params_per_gpu(plan, stage) - per_layer * layers * v
+    layers = chunk_layers(plan.parallel, plan.model.num_layers)[chunk * p + stage]
+    extra = stage_params_per_gpu(plan, stage) - per_layer * layers_per_stage(plan, stage)
     owns_extra = (stage == 0 and chunk == 0) or (stage == p - 1 and chunk == v - 1)
     return layers * per_layer + (extra if owns_extra else 0.0)
 
@@ -225,8 +227,8 @@ def grad_buckets(plan: Plan, stage: int, chunk: int) -> tuple[float, ...]:
 
 def _chunk_work(plan: Plan, costs: StepCosts, stage: int, chunk: int) -> ChunkWork:
     p, v = plan.parallel.pp, plan.parallel.vpp
-    recipes = layer_recipes(plan, costs, plan.model.num_layers // (p * v))
     vstage = chunk * p + stage
+    recipes = layer_recipes(plan, costs, chunk_layers(plan.parallel, plan.model.num_layers)[vstage])
     x = _extras(plan, costs, first=vstage == 0, last=vstage == p * v - 1)
     return ChunkWork(
         forward=(*x["fwd_pre"], *recipes["F"], *x["fwd_post"]),
@@ -275,7 +277,7 @@ def fsdp_groups(plan: Plan, rank: int, gpus_per_node: int) -> dict[str, tuple[in
 def fsdp_stages(plan: Plan, costs: StepCosts, stage: int, gpus_per_node: int) -> FsdpStages:
     """The FSDP2 units of every chunk of pipeline rank ``stage`` (one unit per layer + root)."""
     par = plan.parallel
-    num_units = plan.model.num_layers // (par.pp * par.vpp)
+    units_per_chunk = chunk_layers(par, plan.model.num_layers)
     recipes = layer_recipes(plan, costs, 1)
     layer = ChunkWork(
         forward=recipes["F"],
@@ -288,6 +290,7 @@ def fsdp_stages(plan: Plan, costs: StepCosts, stage: int, gpus_per_node: int) ->
     chunks = []
     for chunk in range(par.vpp):
         vstage = chunk * par.pp + stage
+        num_units = units_per_chunk[vstage]
         x = _extras(plan, costs, first=vstage == 0, last=vstage == par.pp * par.vpp - 1)
         root_params = chunk_params(plan, stage, chunk) - unit_params * num_units
         chunks.append(

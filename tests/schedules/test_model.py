@@ -191,11 +191,11 @@ def test_in_flight_microbatches_per_schedule() -> None:
 def test_interleaved_first_stage_holds_korthikanti_layers() -> None:
     p, v, layers = 4, 3, 48
     stored = arithmetic.stored_layer_activations(
-        "interleaved", pp=p, vpp=v, stage=0, num_micro=16, num_layers=layers
+        "interleaved", pp=p, vpp=v, stage=0, num_micro=16, stage_layers=layers / p
     )
     assert stored == pytest.approx(layers * (1 + (p - 1) / (p * v)))
     one_f_one_b = arithmetic.stored_layer_activations(
-        "1f1b", pp=p, vpp=1, stage=0, num_micro=16, num_layers=layers
+        "1f1b", pp=p, vpp=1, stage=0, num_micro=16, stage_layers=layers / p
     )
     assert one_f_one_b == layers
 

@@ -41,6 +41,9 @@ PLANS: list[dict[str, Any]] = [
     {"tp": 2, "pp": 2, "sequence_parallel": True, "data_parallel": "fsdp"},
     {"pp": 2, "schedule": "interleaved", "vpp": 2, "data_parallel": "hsdp", "hsdp_shard_size": 2},
     {"tp": 2, "pp": 2, "schedule": "zb-h1", "data_parallel": "zero3"},
+    {"tp": 2, "pp": 2, "pipeline_layers": [1, 3]},
+    {"tp": 2, "pp": 2, "first_stage_layers": 3, "data_parallel": "fsdp"},
+    {"pp": 2, "schedule": "interleaved", "vpp": 2, "pipeline_layers": [1, 2, 0, 1]},
 ]
 
 
