@@ -131,8 +131,19 @@ class Layout:
 
     def group(self, kind: str, rank: int, *, shard_size: int = 0) -> tuple[int, ...]:
         """Ranks of ``rank``'s group: ``tp``, ``cp``, ``dp``, ``dpcp`` (DP x CP), ``pp``,
-        ``dp_shard`` / ``dp_replicate`` (HSDP split of DP into groups of ``shard_size``)."""
+        ``dp_shard`` / ``dp_replicate`` (HSDP split of DP into groups of ``shard_size``),
+        ``embd`` (first and last pipeline stage), ``mp`` (TP x PP, Megatron's model-parallel
+        group) and ``world``."""
         c = self.coords(rank)
+        if kind == "embd":
+            ends = sorted({0, self.pp - 1})
+            return tuple(self.rank(**{**c, "pp": s}) for s in ends)
+        if kind == "mp":
+            return tuple(
+                self.rank(**{**c, "tp": t, "pp": s}) for s in range(self.pp) for t in range(self.tp)
+            )
+        if kind == "world":
+            return tuple(range(self.world_size))
         if kind in ("tp", "cp", "dp", "pp"):
             size = getattr(self, kind)
             return tuple(self.rank(**{**c, kind: i}) for i in range(size))

@@ -52,6 +52,10 @@ class GradSync:
     forward: issued at the step's start, each chunk's first forward waits for it)."""
 
 
+GRAD_NORM_BYTES = 8.0
+"""The step-end all-reduce: an fp32 squared gradient norm and an fp32 found-inf flag."""
+
+
 def grad_sync_for(
     kind: str,
     *,
@@ -61,7 +65,11 @@ def grad_sync_for(
 ) -> GradSync:
     """The framework behaviour of a data-parallel kind (schedule_semantics §3, §4, §6)."""
     if kind == "ddp":
-        return GradSync(op="all_reduce")
+        # torch DDP always overlaps; Megatron's DDP without --overlap-grad-reduce (and its 2021
+        # local DDP) all-reduces every gradient once, after the whole backward.
+        return GradSync(
+            op="all_reduce", bucketed=overlap_grad_reduce, at_end=not overlap_grad_reduce
+        )
     if kind == "distributed_optimizer":
         gather = "overlapped" if overlap_param_gather else "after_step"
         return GradSync(
@@ -119,6 +127,12 @@ class PipelineRank:
     """Optimizer step time on this rank's shard."""
     fsdp: FsdpStages | None = None
     """FSDP2 units of every chunk (then ``sync`` is empty: the units gather and reduce)."""
+    tied_embedding_grad_bytes: float = 0.0
+    """Word-embedding gradient all-reduced over ``embd`` (first and last stage, which both hold
+    a copy of a tied embedding under PP) before the optimizer, as Megatron does; 0: none."""
+    grad_norm_group: str = ""
+    """Group of the step-end all-reduce of the gradient norm (and found-inf flag) that every
+    stage waits for before its optimizer step (Megatron, torchtitan under PP); empty: none."""
 
 
 def with_marks(steps: tuple[Step, ...], sizes: tuple[float, ...]) -> tuple[Step, ...]:
@@ -309,7 +323,8 @@ class _Pipeline:
             if hook is not None and spec.sync.every_microbatch:
                 outstanding += self.synced
             self.send(pos, step, outstanding)
-            if pos in self.grad_passes and spec.sync.op and not spec.sync.bucketed:
+            whole = spec.sync.op and not spec.sync.bucketed and not spec.sync.at_end
+            if pos in self.grad_passes and whole:
                 self._sync_whole(step.chunk, outstanding)
             if self.fsdp is not None:
                 self.fsdp.after_pass(step)
@@ -351,6 +366,26 @@ class _Pipeline:
 
     def _finish(self, waits: list[int], gathers: dict[int, list[int]]) -> None:
         spec, b = self.spec, self.b
+        if spec.tied_embedding_grad_bytes > 0:
+            tied = b.collective(
+                "AR tied embedding grads",
+                "embd",
+                "all_reduce",
+                spec.tied_embedding_grad_bytes,
+                deps=tuple(waits),
+                phase="optimizer",
+            )
+            waits = [*waits, *([] if tied is None else [tied])]
+        if spec.grad_norm_group:
+            norm = b.collective(
+                "AR grad norm",
+                spec.grad_norm_group,
+                "all_reduce",
+                GRAD_NORM_BYTES,
+                deps=tuple(waits),
+                phase="optimizer",
+            )
+            waits = [*waits, *([] if norm is None else [norm])]
         b.add(
             Compute(
                 name="optimizer", duration_s=spec.optimizer_s, kind="optimizer", deps=tuple(waits)

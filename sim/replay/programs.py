@@ -314,6 +314,30 @@ def _extra_work(forward: list[Step], backward: list[Step]) -> ChunkWork:
     )
 
 
+SHARDED_GRADIENTS = ("distributed_optimizer", "zero1", "zero2", *FSDP_KINDS)
+"""Kinds whose ranks hold different gradient shards: the gradient norm needs every rank."""
+
+
+def grad_norm_group(plan: Plan) -> str:
+    """Group of the step-end gradient-norm all-reduce: none for replicated gradients without PP;
+    Megatron's model-parallel group (TP x PP) for replicated ones under PP; everyone when the
+    gradients are sharded over data parallelism (distributed optimizer, ZeRO, FSDP)."""
+    kind = plan.parallel.data_parallel
+    if kind in SHARDED_GRADIENTS and plan.parallel.dp * plan.parallel.cp > 1:
+        return "world"
+    return "mp" if plan.parallel.pp > 1 else ""
+
+
+def tied_embedding_grad_bytes(plan: Plan, stage: int) -> float:
+    """Word-embedding gradient bytes the first and last stage all-reduce (tied embeddings under
+    PP: Megatron keeps a copy on the last stage and sums the two gradients before the step)."""
+    model, parallel = plan.model, plan.parallel
+    if not model.tied_embeddings or parallel.pp == 1 or stage not in (0, parallel.pp - 1):
+        return 0.0
+    params = model.vocab_size * model.hidden_size / parallel.tp
+    return params * grad_bytes_per_param(parallel.data_parallel)
+
+
 def pipeline_programs(
     plan: Plan,
     costs: StepCosts,
@@ -339,10 +363,19 @@ def pipeline_programs(
         r: tuple(_chunk_work(plan, costs, r, c) for c in range(par.vpp)) for r in range(par.pp)
     }
     stages = {r: fsdp_stages(plan, costs, r, gpus_per_node) for r in range(par.pp)} if fsdp else {}
+    norm_group = grad_norm_group(plan)
     programs = []
     for rank in ranks:
         coords = layout.coords(rank)
         stage = coords["pp"]
+        groups = (
+            fsdp_groups(plan, rank, gpus_per_node)
+            if fsdp
+            else {g: layout.group(k, rank) for g, k in (("tp", "tp"), ("cp", "cp"), ("dp", "dpcp"))}
+        )
+        groups["embd"] = layout.group("embd", rank)
+        if norm_group:
+            groups[norm_group] = layout.group(norm_group, rank)
         spec = PipelineRank(
             rank=rank,
             order=orders[stage],
@@ -354,17 +387,12 @@ def pipeline_programs(
             p2p_bytes=costs.p2p_bytes,
             blocking_p2p=par.schedule != "interleaved",
             scatter_gather_p2p=par.pp_scatter_gather and not par.sequence_parallel,
-            groups=(
-                fsdp_groups(plan, rank, gpus_per_node)
-                if fsdp
-                else {
-                    g: layout.group(k, rank)
-                    for g, k in (("tp", "tp"), ("cp", "cp"), ("dp", "dpcp"))
-                }
-            ),
+            groups=groups,
             sync=sync,
             optimizer_s=_optimizer_s(plan, compute, stage, gpus_per_node),
             fsdp=stages.get(stage),
+            tied_embedding_grad_bytes=tied_embedding_grad_bytes(plan, stage),
+            grad_norm_group=norm_group,
         )
         programs.append(pipeline_program(spec))
     return programs

@@ -83,7 +83,10 @@ def test_result_figures_are_consistent() -> None:
 
 def test_pipeline_parallelism_adds_a_bubble_and_tensor_parallelism_exposes_tp() -> None:
     pp = simulate_plan(plan_of({"pp": 4, "data_parallel": "ddp"}, gbs=8))
-    assert pp.breakdown.bubble_s > 0.1 * pp.step_time_s
+    # Every stage waits for the step-end gradient-norm all-reduce, so the last stage (LM head,
+    # largest optimizer step) finishes last; it idles while the pipeline fills and drains.
+    assert pp.extra["critical_rank"] == 6
+    assert pp.breakdown.bubble_s > 0.05 * pp.step_time_s
     tp = simulate_plan(plan_of({"tp": 4}, gbs=8))
     assert tp.breakdown.exposed_comm_s["tp"] > 0
     assert tp.breakdown.bubble_s < 0.05 * tp.step_time_s
