@@ -12,6 +12,7 @@ bad input raises ``ValueError`` with one line naming the flag, the value and wha
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -173,6 +174,20 @@ def parse_options(argv: Sequence[str]) -> BenchOptions:
     return options
 
 
+MAX_ITERS = 1_000_000
+"""Most timed (or warm-up, or check) iterations per size."""
+MIN_TIMEOUT_S = 1.0
+"""Shortest per-collective timeout: the ranks' rendezvous alone takes longer than a few ms."""
+MAX_TIMEOUT_S = 86_400.0
+"""Longest per-collective timeout (a day); inf would never detect a hung rank."""
+
+
+def max_local_procs() -> int:
+    """Most ranks spawned on one host without torchrun: two per CPU core, at least 8 (each rank
+    is a whole Python process with torch loaded, a few hundred MB)."""
+    return max(8, 2 * (os.cpu_count() or 1))
+
+
 def validate(o: BenchOptions) -> None:
     """Raise ``ValueError`` naming the first flag whose value is out of range."""
     checks = [
@@ -180,9 +195,12 @@ def validate(o: BenchOptions) -> None:
         (o.step_factor >= 1, f"-f must be >= 1, got {o.step_factor}"),
         (o.step_factor > 1 or o.step_bytes > 0, f"-i must be > 0 when -f is 1, got {o.step_bytes}"),
         (o.step_factor == 1 or o.min_bytes > 0, "-b must be > 0 with a multiplicative -f"),
-        (o.iters >= 1, f"-n must be >= 1, got {o.iters}"),
-        (o.warmup_iters >= 0, f"-w must be >= 0, got {o.warmup_iters}"),
-        (o.check_iters >= 0, f"-c must be >= 0, got {o.check_iters}"),
+        (1 <= o.iters <= MAX_ITERS, f"-n must be in 1..{MAX_ITERS:,}, got {o.iters:,}"),
+        (
+            0 <= o.warmup_iters <= MAX_ITERS,
+            f"-w must be in 0..{MAX_ITERS:,}, got {o.warmup_iters:,}",
+        ),
+        (0 <= o.check_iters <= MAX_ITERS, f"-c must be in 0..{MAX_ITERS:,}, got {o.check_iters:,}"),
         (
             o.redop in REDUCTIONS,
             f"unknown reduction -o {o.redop!r}; valid: {', '.join(REDUCTIONS)}",
@@ -190,8 +208,16 @@ def validate(o: BenchOptions) -> None:
         (o.root >= 0, f"-r must be >= 0, got {o.root}"),
         (o.average in AVERAGE_MODES, f"-a must be 0, 1, 2 or 3, got {o.average}"),
         (o.nprocs is None or o.nprocs >= 1, f"--nprocs must be >= 1, got {o.nprocs}"),
+        (
+            o.nprocs is None or o.nprocs <= max_local_procs(),
+            f"--nprocs {o.nprocs}: at most {max_local_procs()} local ranks on this host's "
+            f"{os.cpu_count()} CPU cores (use torchrun for more)",
+        ),
         (o.backend in BACKENDS, f"unknown --backend {o.backend!r}; valid: {', '.join(BACKENDS)}"),
-        (o.timeout_s > 0, f"--timeout must be > 0 seconds, got {o.timeout_s}"),
+        (
+            MIN_TIMEOUT_S <= o.timeout_s <= MAX_TIMEOUT_S,
+            f"--timeout must be {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} seconds, got {o.timeout_s}",
+        ),
         (o.output is None or o.output.suffix == ".json", f"--output must end in .json: {o.output}"),
     ]
     for ok, message in checks:

@@ -68,9 +68,20 @@ def check_model_split(model: ModelConfig, parallel: ParallelConfig) -> None:
         )
 
 
+MAX_MICROBATCHES = 65_536
+"""Most micro-batches one step may have (published runs use up to a few thousand)."""
+
+
 def check_schedule(parallel: ParallelConfig, num_micro: int) -> None:
-    """vpp > 1 only with the interleaved schedule, which needs pp > 1 and m % pp == 0."""
+    """vpp > 1 only with the interleaved schedule, which needs pp > 1 and m % pp == 0; at most
+    ``MAX_MICROBATCHES`` micro-batches per step."""
     p, v = parallel.pp, parallel.vpp
+    if num_micro > MAX_MICROBATCHES:
+        raise ValueError(
+            f"{num_micro:,} micro-batches per step (global_batch_size / (micro_batch_size * dp)); "
+            f"at most {MAX_MICROBATCHES:,} are simulated: raise micro_batch_size or check the "
+            "global batch"
+        )
     if parallel.schedule == "interleaved":
         if p < 2 or v < 2:
             raise ValueError(

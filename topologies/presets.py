@@ -21,6 +21,13 @@ from topologies.topology import Topology
 __all__ = ["FABRIC_PRESETS", "NODE_PRESETS", "build_cluster", "cluster_topology"]
 
 
+MAX_GPUS = 131_072
+"""Largest cluster built (2x the largest published training clusters' 65k-100k GPUs; the graph
+of 16,384 GPUs builds in about a second)."""
+MAX_GPUS_PER_NODE = 1024
+"""Most GPUs (or local processes) one server may have."""
+
+
 def build_cluster(
     node: str,
     num_nodes: int = 1,
@@ -38,8 +45,10 @@ def build_cluster(
     spec = lookup(NODE_PRESETS, node, "node preset")
     fabric_spec = None if fabric is None else lookup(FABRIC_PRESETS, fabric, "fabric preset")
     if gpus_per_node is not None:
-        if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
-            raise ValueError(f"gpus_per_node={gpus_per_node!r}; must be an integer >= 1")
+        if not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise ValueError(
+                f"gpus_per_node={gpus_per_node!r}; must be an integer in 1..{MAX_GPUS_PER_NODE}"
+            )
         spec = with_gpus(spec, gpus_per_node)
     return cluster_topology(spec, num_nodes, fabric_spec, oversubscription=oversubscription)
 
@@ -69,6 +78,11 @@ def cluster_topology(
         raise ValueError(f"num_nodes={num_nodes!r}; must be an integer >= 1")
     if not isinstance(oversubscription, int | float) or oversubscription < 1.0:
         raise ValueError(f"oversubscription={oversubscription!r}; must be a number >= 1")
+    if num_nodes * node.num_gpus > MAX_GPUS:
+        raise ValueError(
+            f"num_nodes={num_nodes:,} of {node.num_gpus} GPUs is {num_nodes * node.num_gpus:,} "
+            f"GPUs; clusters of up to {MAX_GPUS:,} GPUs are built"
+        )
     fabric = _resolve_fabric(node, num_nodes, fabric)
     template = server_graph(node)
     graph = nx.DiGraph()

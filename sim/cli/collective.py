@@ -26,7 +26,7 @@ from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration, TopologyFactory, load_calibration
 from sim.network.model import FIDELITIES, CommModel
 from topologies.config import load_cluster
-from topologies.presets import NODE_PRESETS, build_cluster
+from topologies.presets import MAX_GPUS_PER_NODE, NODE_PRESETS, build_cluster
 from topologies.topology import Topology
 
 
@@ -90,14 +90,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="results JSON (CSV written beside it)")
 
 
+MAX_SIZES = 10_000
+"""Most sizes one sweep may have (nccl-tests sweeps have tens)."""
+
+
 def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     """Sizes from ``min_bytes`` to ``max_bytes`` multiplying by ``factor`` (nccl-tests' -f)."""
     if min_bytes < 0 or max_bytes < min_bytes:
         raise ValueError(f"-b {min_bytes} / -e {max_bytes}: need 0 <= minbytes <= maxbytes")
     if not factor > 1 or not math.isfinite(factor):
         raise ValueError(f"-f must be a finite number > 1, got {factor}")
-    sizes, size = [], min_bytes
+    sizes: list[int] = []
+    size = min_bytes
     while size <= max_bytes:
+        if len(sizes) == MAX_SIZES:
+            raise ValueError(
+                f"-b {min_bytes} -e {max_bytes} -f {factor} gives more than {MAX_SIZES:,} sizes; "
+                "use a larger -f"
+            )
         sizes.append(size)
         size = max(int(size * factor), size + 1)
     return sizes
@@ -184,7 +194,12 @@ def _localhost_ranks_per_node(args: argparse.Namespace) -> int:
     """Processes per host for ``localhost``: enough for ``--ranks``, else the preset's count."""
     if args.ranks is None or args.ranks < 1:
         return NODE_PRESETS["localhost"].num_gpus
-    return -(-args.ranks // (args.nodes or 1))
+    per_node = -(-args.ranks // (args.nodes or 1))
+    if args.topology == "localhost" and per_node > MAX_GPUS_PER_NODE:
+        raise ValueError(
+            f"--ranks {args.ranks}: localhost runs at most {MAX_GPUS_PER_NODE} processes per host"
+        )
+    return per_node
 
 
 def _algo_ranges(records: list[Record]) -> str:

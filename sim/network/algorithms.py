@@ -149,6 +149,11 @@ def choose_algorithm(
     return best
 
 
+MAX_DIRECT_FLOWS = 1_000_000
+"""Most pairwise flows one direct collective may have in the flow model (about 1,000 ranks):
+beyond that the flows alone take minutes and gigabytes; the analytical model is O(1)."""
+
+
 def decompose(
     op: str, algo: str, topology: Topology, ranks: Sequence[int], size_bytes: float,
     *, root: int = 0, layout: Layout | None = None,
@@ -171,6 +176,13 @@ def decompose(
         )
     if op == "send_recv":
         return _send_recv_groups(topology, ranks, size_bytes)
+    pairs = len(ranks) * (len(ranks) - 1)
+    if pairs > MAX_DIRECT_FLOWS:
+        raise ValueError(
+            f"the flow model of {op} over {len(ranks):,} ranks needs {pairs:,} point-to-point "
+            f"flows; it simulates at most {MAX_DIRECT_FLOWS:,}: use the analytical model "
+            "(--fidelity analytical) at this scale"
+        )
     chunk = size_bytes / len(ranks)
     return [
         FlowGroup(paths=(topology.path(src, dst),), size_bytes=chunk)

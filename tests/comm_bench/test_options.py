@@ -86,6 +86,11 @@ def test_nccl_tests_flags_map_to_fields():
         (["-b", "-1K"], "bad size '-1K'"),
         (["-I", "5"], "-I must be 0 or 1, got 5"),
         (["-e", "-16M"], "bad size '-16M'"),
+        (["-n", "100000000000"], "-n must be in 1..1,000,000, got 100,000,000,000"),
+        (["-w", "2000000"], "-w must be in 0..1,000,000"),
+        (["-T", "inf"], "--timeout must be 1 to 86400 seconds, got inf"),
+        (["-T", "0.001"], "--timeout must be 1 to 86400 seconds, got 0.001"),
+        (["--nprocs", "100000"], "--nprocs 100000: at most"),
     ],
 )
 def test_bad_values_raise_one_line(argv, message):

@@ -101,3 +101,10 @@ def test_a_heavier_last_stage_sets_a_longer_step() -> None:
     balanced = simulate_plan(_plan(pipeline_layers=[8, 8, 7, 7]))
     skewed = simulate_plan(_plan(pipeline_layers=[6, 6, 6, 12]))
     assert skewed.step_time_s > 1.1 * balanced.step_time_s
+
+
+def test_a_step_of_too_many_micro_batches_is_refused() -> None:
+    raw = {**PLAN, "parallel": {"pp": 2}, "model": {**PLAN["model"], "num_layers": 2}}
+    raw["training"] = {"micro_batch_size": 1, "global_batch_size": 2**63 - 1}
+    with pytest.raises(ValueError, match="at most 65,536 are simulated"):
+        resolve_plan(load_plan(raw), 2)

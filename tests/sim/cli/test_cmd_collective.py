@@ -178,3 +178,24 @@ def test_bad_measured_records_name_the_file_and_the_value(tmp_path, capsys):
         assert main(["calibrate", str(path), "--topology", "localhost", "-o", "c.json"]) == 2
         err = capsys.readouterr().err
         assert f"{path}: result 0" in err and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-b", "1K", "-e", "1G", "-f", "1.0000001"], "gives more than 10,000 sizes"),
+        (["--nodes", "1000000", "--fabric", "ib-ndr"], "clusters of up to 131,072 GPUs"),
+        (
+            ["--nodes", "1024", "--fabric", "ib-ndr", "--ops", "all_to_all", "--fidelity", "flow"],
+            "needs 67,100,672 point-to-point flows",
+        ),
+    ],
+)
+def test_inputs_that_would_hang_are_refused_at_once(argv, message, capsys):
+    assert main(["collective", "--topology", "dgx-h100", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_localhost_ranks_are_bounded(capsys):
+    assert main(["collective", "--topology", "localhost", "--ranks", "100000"]) == 2
+    assert "at most 1024 processes per host" in capsys.readouterr().err
