@@ -50,6 +50,7 @@ def _spawn(argv: list[str], options: BenchOptions) -> int:
     from comm_bench.dist_env import resolve_backend
     from comm_bench.launch import spawn_local
     from comm_bench.writer import default_output_path
+    from fileio.output import check_output
 
     backend = resolve_backend(options.backend)
     gpus = torch.cuda.device_count() if backend == "nccl" else 0
@@ -58,7 +59,10 @@ def _spawn(argv: list[str], options: BenchOptions) -> int:
         raise ValueError(f"--nprocs {nprocs} exceeds the {gpus} GPU(s) here; NCCL needs one each")
     validate_for_world(options, nprocs)
     output = options.output or default_output_path(options.ops)
-    return spawn_local(argv, nprocs=nprocs, timeout_s=options.timeout_s, output=output)
+    target = check_output(output, formats=(".json",), option="--output")
+    if target.path is None:
+        raise ValueError("--output -: the ranks write a results file; give a file name")
+    return spawn_local(argv, nprocs=nprocs, timeout_s=options.timeout_s, output=target.path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,10 +73,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_options(args)
         from comm_bench.dist_env import under_launcher
+        from comm_bench.launch import die_with_parent
 
         if not under_launcher():
             return _spawn(args, options)
+        die_with_parent()
         validate_for_world(options, _launched_world())
+        if options.output is not None:
+            from fileio.output import check_output
+
+            check_output(options.output, formats=(".json",), option="--output")
         from comm_bench.harness import run_rank
 
         return run_rank(options)

@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from fileio.output import write_text
+
 EXIT_WRONG = 1
 """Exit code when any element was wrong."""
 EXIT_FAILURE = 3
@@ -79,10 +81,7 @@ def note_step(rank: int, what: str) -> None:
     folder = os.environ.get(STATUS_ENV)
     if not folder:
         return
-    path = Path(folder) / f"rank{rank}"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(what, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(Path(folder) / f"rank{rank}", what)
 
 
 def read_step(folder: Path, rank: int) -> str | None:

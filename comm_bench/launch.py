@@ -1,4 +1,4 @@
-"""Starting ranks without a launcher: N local processes, watched until they all end.
+"""Starting ranks without a launcher: N local processes, owned until they all end.
 
 Torch-free. Each rank is ``python -m comm_bench <same arguments> --output <agreed file>`` with
 the variables torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
@@ -6,11 +6,19 @@ MASTER_PORT on a free port). When a rank dies (or exits with an error), the othe
 ``timeout_s`` to stop on their own and are then killed; the parent prints which rank failed,
 what it was doing (from its status file) and where the partial results are.
 
+The launcher owns its ranks, as torchrun's agent does: SIGINT, SIGTERM and SIGHUP are forwarded
+to every rank, which get ``GRACE_S`` to stop before they are killed; all are reaped, the partial
+results are named, and the launcher exits with 128 + the signal number. A rank also dies when
+its launcher dies without a word (``die_with_parent``: Linux's parent-death signal, or a
+watchdog thread polling the parent's pid elsewhere).
+
     exit_code = spawn_local(["--ops", "all_gather"], nprocs=4, timeout_s=120.0, output=path)
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -18,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +35,14 @@ from comm_bench.faults import EXIT_FAILURE, EXIT_WRONG, STATUS_ENV, read_step
 
 POLL_S = 0.05
 """How often the parent looks at its children."""
+GRACE_S = 5.0
+"""How long ranks get to stop after a forwarded signal before they are killed."""
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals the launcher passes on to its ranks."""
+PARENT_ENV = "COMMBENCH_LAUNCHER_PID"
+"""Set in each spawned rank: the pid of the launcher it must not outlive."""
+PR_SET_PDEATHSIG = 1
+"""prctl option: the signal a process gets when its parent thread exits (Linux)."""
 
 
 def free_port() -> int:
@@ -49,7 +66,37 @@ def rank_env(rank: int, nprocs: int, port: int, status_dir: Path) -> dict[str, s
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
     )
     env[STATUS_ENV] = str(status_dir)
+    env[PARENT_ENV] = str(os.getpid())
     return env
+
+
+def die_with_parent() -> None:
+    """In a spawned rank: end this process when the launcher that started it is gone.
+
+    Linux: prctl(PR_SET_PDEATHSIG, SIGTERM), then a check that the launcher did not die before
+    it took effect. Elsewhere: a daemon thread that polls the launcher's pid.
+    """
+    expected = os.environ.get(PARENT_ENV)
+    if not expected or not expected.isdigit():
+        return
+    parent = int(expected)
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:  # the launcher is already gone
+        os._exit(128 + int(signal.SIGTERM))
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(128 + int(signal.SIGTERM))
 
 
 def describe_exit(code: int) -> str:
@@ -74,11 +121,14 @@ def _first_failure(procs: Sequence[subprocess.Popen[bytes]]) -> int | None:
     return min(failed, key=lambda item: (item[0] >= 0, item[1]))[1]
 
 
-def _wait_all(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> int | None:
-    """Wait for every child; after a failure, give the rest ``timeout_s`` then kill them."""
+def _wait_all(
+    procs: Sequence[subprocess.Popen[bytes]], timeout_s: float, received: list[int]
+) -> int | None:
+    """Wait for every child; after a failure, give the rest ``timeout_s`` then kill them.
+    Returns at once when a signal was ``received`` (the caller stops the ranks)."""
     culprit: int | None = None
     deadline = float("inf")
-    while any(p.poll() is None for p in procs):
+    while any(p.poll() is None for p in procs) and not received:
         if culprit is None:
             culprit = _first_failure(procs)
             if culprit is not None:
@@ -108,22 +158,84 @@ def _failure_message(rank: int, code: int, step: str | None, output: Path) -> st
     return f"commbench: error: rank {rank} {describe_exit(code)}{doing}; stopped the run; {kept}"
 
 
+def _stop(procs: Sequence[subprocess.Popen[bytes]], signum: int, output: Path) -> int:
+    """Forward ``signum`` to every live rank, kill what remains after ``GRACE_S``, reap all."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signum)
+    deadline = time.monotonic() + GRACE_S
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+    saved = _saved_count(output)
+    kept = "no results were saved" if saved is None else f"{saved} result(s) saved in {output}"
+    name = signal.Signals(signum).name
+    print(
+        f"commbench: error: stopped by {name}; its {len(procs)} rank(s) are gone; {kept}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 128 + signum
+
+
+def rank_argv(argv: Sequence[str], output: Path) -> list[str]:
+    """The ranks' arguments: the user's, with exactly one ``--output`` (the agreed file)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--output":
+            skip = True
+        elif not arg.startswith("--output="):
+            kept.append(arg)
+    return [*kept, "--output", str(output)]
+
+
 def spawn_local(argv: Sequence[str], *, nprocs: int, timeout_s: float, output: Path) -> int:
     """Run ``nprocs`` ranks of ``python -m comm_bench argv`` locally; returns the exit code."""
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in FORWARDED_SIGNALS}
+    try:
+        return _run_ranks(
+            argv, nprocs=nprocs, timeout_s=timeout_s, output=output, received=received
+        )
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run_ranks(
+    argv: Sequence[str], *, nprocs: int, timeout_s: float, output: Path, received: list[int]
+) -> int:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="commbench-") as folder:
         status_dir = Path(folder)
-        command = [sys.executable, "-m", "comm_bench", *argv, "--output", str(output)]
-        procs = [
-            subprocess.Popen(command, env=rank_env(rank, nprocs, port, status_dir))
-            for rank in range(nprocs)
-        ]
+        command = [sys.executable, "-m", "comm_bench", *rank_argv(argv, output)]
+        procs: list[subprocess.Popen[bytes]] = []
         try:
-            culprit = _wait_all(procs, timeout_s)
-        except KeyboardInterrupt:
+            for rank in range(nprocs):
+                env = rank_env(rank, nprocs, port, status_dir)
+                procs.append(subprocess.Popen(command, env=env))
+                if received:
+                    break
+            culprit = _wait_all(procs, timeout_s, received)
+        except BaseException:
             for p in procs:
                 p.kill()
+                p.wait()
             raise
+        if received:
+            return _stop(procs, received[0], output)
         if culprit is not None:
             code = procs[culprit].returncode
             step = read_step(status_dir, culprit)

@@ -1,4 +1,8 @@
-"""Shared helpers: run commbench as a user would (a subprocess) and read what it wrote."""
+"""Shared helpers: run commbench as a user would (a subprocess) and read what it wrote.
+
+Runs use gloo unless a test names a backend, so that the suite passes the same on a laptop, a
+CI runner and a GPU box (where ``--backend auto`` would pick NCCL: one rank per GPU).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,10 @@ from typing import Any
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+import refdata
+
+SHARED_DATA = Path(refdata.ROOT)
+"""The published measurements shipped with the project."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,8 @@ def run_commbench(
     """Run ``python -m comm_bench args --output tmp/run.json`` (or under ``launcher``)."""
     output = tmp_path / "run.json"
     full_env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
+    if "--backend" not in args:
+        args = [*args, "--backend", "gloo"]
     command = (launcher or [sys.executable, "-m", "comm_bench"]) + args + ["--output", str(output)]
     start = time.monotonic()
     done = subprocess.run(

@@ -11,7 +11,7 @@ from comm_bench.readers import UnknownFormatError, parse_nccl_tests_text, read_m
 from .conftest import SHARED_DATA
 
 NCCL = SHARED_DATA / "nccl"
-needs_data = pytest.mark.skipif(not NCCL.is_dir(), reason="../shared/data is not present")
+needs_data = pytest.mark.skipif(not NCCL.is_dir(), reason="refdata is not installed")
 
 
 def _row(records, size, in_place, op=None):
