@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from comm_bench.options import BenchOptions, parse_options, validate_for_world
+from fileio.strict import cap_line
 
 USAGE_EXIT = 2
 """Exit code for bad command-line input."""
@@ -87,5 +88,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_rank(options)
     except ValueError as error:
-        print(f"commbench: error: {error}", file=sys.stderr)
+        print(f"commbench: error: {cap_line(str(error))}", file=sys.stderr)
         return USAGE_EXIT

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fileio.output import Target, write_text
+from fileio.strict import load_json
 
 COMPUTE_SCHEMA = "commsim-compute/1"
 """Version tag of the compute calibration JSON."""
@@ -146,11 +147,10 @@ class ComputeCalibration:
 
 def load_compute_calibration(path: str | Path) -> ComputeCalibration:
     """Read a compute calibration JSON file."""
-    with Path(path).open() as handle:
-        try:
-            data = json.load(handle)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    try:
+        data = load_json(Path(path).read_text(), name=str(path))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: a compute calibration must be a JSON object")
     try:

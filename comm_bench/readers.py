@@ -24,17 +24,28 @@ Torch-free (the simulator's calibration uses it). Formats, detected from the con
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import math
 import re
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from comm_bench.collectives import NCCL_TESTS_DTYPES, OPS, canonical_op, dtype_bytes, get
+from comm_bench.collectives import (
+    DTYPE_BYTES,
+    NCCL_TESTS_DTYPES,
+    OPS,
+    REDUCTIONS,
+    canonical_op,
+    dtype_bytes,
+    get,
+)
 from comm_bench.records import FIELD_NAMES, SCHEMA, Record
+from fileio.strict import load_json, shorten
 
 BUSBW_COLUMNS = ("op", "num_nodes", "gpus_per_node", "size_bytes", "busbw_gbps")
 """Header of the published busbw tables."""
@@ -75,8 +86,11 @@ class _Section:
     """The rows, sizes increasing."""
 
 
-def read_results(path: str | Path) -> list[Record]:
-    """Every record in ``path`` (any supported format; ValueError naming the file otherwise)."""
+def read_results(path: str | Path, *, op: str | None = None) -> list[Record]:
+    """Every record in ``path`` (any supported format; ValueError naming the file otherwise).
+
+    ``op`` names the collective of an nccl-tests log that does not say it (no ``Collective test
+    starting`` line, and a file name that names no op)."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     stripped = text.lstrip()
@@ -88,8 +102,19 @@ def read_results(path: str | Path) -> list[Record]:
         return _read_commbench_csv(text, path)
     if header == BUSBW_COLUMNS:
         return parse_busbw_csv(text)
-    records = parse_nccl_tests_text(text, name=path.name)
+    records = parse_nccl_tests_text(text, name=path.name, op=op)
     if not records:
+        has_rows = any(_is_row(line.split()) for line in text.splitlines())
+        if (
+            has_rows
+            and op is None
+            and not _MARKER.search(text)
+            and _file_hints(path.name)[0] is None
+        ):
+            raise UnknownFormatError(
+                f"{path}: has nccl-tests rows, but neither the log nor its name says which "
+                "collective ran; name it with --op (e.g. --op all_reduce)"
+            )
         raise UnknownFormatError(f"{path}: no commbench or nccl-tests results found")
     return records
 
@@ -101,7 +126,7 @@ def read_many(paths: Iterable[str | Path]) -> list[Record]:
 
 def _read_json(text: str, path: Path) -> list[Record]:
     try:
-        document = json.loads(text)
+        document = load_json(text, name=str(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: malformed JSON: {exc}") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
@@ -113,31 +138,93 @@ def _read_json(text: str, path: Path) -> list[Record]:
     return [_record(row, path, index) for index, row in enumerate(rows)]
 
 
+SOURCES = ("measured", "nccl-tests", "simulated")
+"""Values of a record's ``source``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldRule:
+    """What one record field may hold."""
+
+    kind: type
+    """``int``, ``float``, ``str`` or ``bool`` (ints are accepted where floats are)."""
+    low: float | None = None
+    """Smallest number allowed."""
+    choices: tuple[str, ...] = ()
+    """Allowed strings (empty: any)."""
+    optional: bool = False
+    """Whether null / missing is allowed."""
+
+
+_RULES: dict[str, _FieldRule] = {
+    "op": _FieldRule(str, choices=OPS),
+    "size_bytes": _FieldRule(int, 0),
+    "count": _FieldRule(int, 0),
+    "dtype": _FieldRule(str, choices=tuple(DTYPE_BYTES)),
+    "world_size": _FieldRule(int, 1),
+    "num_nodes": _FieldRule(int, 1),
+    "in_place": _FieldRule(bool),
+    "time_us": _FieldRule(float, 0),
+    "algbw_gbps": _FieldRule(float, 0),
+    "busbw_gbps": _FieldRule(float, 0),
+    "num_wrong": _FieldRule(int, 0, optional=True),
+    "redop": _FieldRule(str, choices=("none", *REDUCTIONS)),
+    "root": _FieldRule(int, -1),
+    "time_min_us": _FieldRule(float, 0, optional=True),
+    "time_median_us": _FieldRule(float, 0, optional=True),
+    "time_p99_us": _FieldRule(float, 0, optional=True),
+    "num_iters": _FieldRule(int, 1, optional=True),
+    "algo": _FieldRule(str, optional=True),
+    "source": _FieldRule(str, choices=SOURCES),
+}
+"""Every field of the ``commbench/1`` record, checked on reading."""
+_REQUIRED = tuple(
+    f.name for f in fields(Record) if f.default is MISSING and f.default_factory is MISSING
+)
+"""Fields a record must have (the others have defaults)."""
+
+
+def _check_field(name: str, value: Any, rule: _FieldRule) -> str | None:
+    """Why ``value`` is not a valid ``name`` (None when it is)."""
+    if value is None:
+        return None if rule.optional else "is required"
+    if rule.kind is bool:
+        return None if isinstance(value, bool) else "must be true or false"
+    if rule.kind is str:
+        if not isinstance(value, str):
+            return "must be a string"
+        if rule.choices and value not in rule.choices:
+            return f"must be one of {', '.join(rule.choices)}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "must be a number"
+    if rule.kind is int and not isinstance(value, int):
+        return "must be an integer"
+    if not math.isfinite(value):
+        return "must be finite"
+    if rule.low is not None and value < rule.low:
+        return f"must be >= {rule.low:g}"
+    return None
+
+
 def _record(row: Any, path: Path, index: int) -> Record:
-    """``Record.from_dict(row)``, checked; ValueError naming the file, the row and the value."""
+    """``Record.from_dict(row)``, every field checked; ValueError naming the file, the row, the
+    field and the value."""
     where = f"{path}: result {index}"
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a mapping of record fields, got {row!r}")
+        raise ValueError(f"{where}: expected a mapping of record fields, got {shorten(row)}")
+    for name, rule in _RULES.items():
+        if name not in row:
+            if name in _REQUIRED:
+                raise ValueError(f"{where}: missing field {name}")
+            continue
+        problem = _check_field(name, row.get(name), rule)
+        if problem is not None:
+            raise ValueError(f"{where}: {name}={shorten(row.get(name))} {problem}")
     try:
-        record = Record.from_dict(row)
+        return Record.from_dict(row)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
-    if record.op not in OPS:
-        raise ValueError(f"{where}: unknown op {record.op!r}; valid: {', '.join(OPS)}")
-    checks = (
-        ("size_bytes", record.size_bytes, 0),
-        ("count", record.count, 0),
-        ("world_size", record.world_size, 1),
-        ("num_nodes", record.num_nodes, 1),
-        ("time_us", record.time_us, 0),
-        ("algbw_gbps", record.algbw_gbps, 0),
-        ("busbw_gbps", record.busbw_gbps, 0),
-    )
-    for name, value, low in checks:
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or not value >= low or value == float("inf"):
-            raise ValueError(f"{where}: {name}={value!r}; must be a finite number >= {low}")
-    return record
 
 
 def _csv_value(name: str, text: str) -> Any:
@@ -310,6 +397,37 @@ def _resolve_op(section: _Section, world: int, where: str) -> str | None:
     return None
 
 
+MAX_INFERRED_WORLD = 65_536
+"""Largest world size read off a table's busbw / algbw ratio."""
+BUS_FACTOR_TOLERANCE = 0.002
+"""Relative match of busbw / algbw to a bus factor (the tables print 2 decimals)."""
+
+
+def world_from_bus_factor(op: str, rows: tuple[_Row, ...]) -> int | None:
+    """The one world size whose busbw factor (``collectives``) the rows' median busbw / algbw
+    matches; None when several match (large worlds) or the factor does not depend on the world
+    (broadcast, reduce, send_recv)."""
+    definition = get(op)
+    if definition.busbw_factor(2) == definition.busbw_factor(MAX_INFERRED_WORLD):
+        return None
+    ratios = []
+    for row in rows:
+        algbw, busbw = (_number(v) for v in row.tokens[6:8])
+        if algbw is not None and busbw is not None and algbw > 0:
+            ratios.append(busbw / algbw)
+    if not ratios:
+        return None
+    ratio = sorted(ratios)[len(ratios) // 2]
+    matches = []
+    for world in range(2, MAX_INFERRED_WORLD + 1):
+        factor = definition.busbw_factor(world)
+        if abs(factor - ratio) <= BUS_FACTOR_TOLERANCE * factor:
+            matches.append(world)
+        elif factor > ratio or len(matches) > 1:
+            break
+    return matches[0] if len(matches) == 1 else None  # large worlds are too close to tell
+
+
 def _number(token: str) -> float | None:
     try:
         return float(token)
@@ -359,13 +477,20 @@ def _row_records(
     return records
 
 
-def parse_nccl_tests_text(text: str, *, name: str = "") -> list[Record]:
-    """Records of an nccl-tests (or commbench stdout) text log; ``name`` supplies file hints."""
+def parse_nccl_tests_text(text: str, *, name: str = "", op: str | None = None) -> list[Record]:
+    """Records of an nccl-tests (or commbench stdout) text log; ``name`` supplies file hints and
+    ``op`` the collective where neither the log nor the name says it."""
     file_op, file_algo, file_world = _file_hints(name) if name else (None, None, None)
+    if op is not None:
+        file_op = canonical_op(op)
     source = "measured" if "# commbench " in text else "nccl-tests"
     records: list[Record] = []
     for index, section in enumerate(_split_sections(text, file_op, file_world)):
         where = f"{name or 'log'} block {index + 1} (sizes from {section.rows[0].size_bytes})"
+        if section.world_size is None and file_op is not None:
+            world = world_from_bus_factor(file_op, section.rows)
+            if world is not None:
+                section = dataclasses.replace(section, world_size=world)
         if section.world_size is None:
             warnings.warn(
                 f"{where}: world size unknown (no Rank lines, nranks or <N>gpu in "
@@ -373,10 +498,10 @@ def parse_nccl_tests_text(text: str, *, name: str = "") -> list[Record]:
                 stacklevel=2,
             )
             continue
-        op = _resolve_op(section, section.world_size, where)
-        if op is None:
+        block_op = _resolve_op(section, section.world_size, where)
+        if block_op is None:
             continue
-        algo = file_algo if op == file_op else None
+        algo = file_algo if block_op == file_op else None
         for row in section.rows:
-            records.extend(_row_records(op, row, section, section.world_size, algo, source))
+            records.extend(_row_records(block_op, row, section, section.world_size, algo, source))
     return records

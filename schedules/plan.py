@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from fileio.strict import load_yaml, shorten
 
 MLP_ACTIVATIONS = {"gelu": False, "relu": False, "swiglu": True, "geglu": True}
 """Known MLP activations and whether each is gated (three matrices instead of two)."""
@@ -35,7 +35,7 @@ FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
     if value not in choices:
-        raise ValueError(f"{key}={value!r} is not one of {', '.join(choices)}")
+        raise ValueError(f"{key}={shorten(value)} is not one of {', '.join(choices)}")
 
 
 def _check_positive(owner: object, section: str, names: tuple[str, ...]) -> None:
@@ -140,8 +140,8 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if (self.node is None) == (self.file is None):
             raise ValueError(
-                f"cluster needs exactly one of 'node' or 'file', got node={self.node!r}, "
-                f"file={self.file!r}"
+                f"cluster needs exactly one of 'node' or 'file', got node={shorten(self.node)}, "
+                f"file={shorten(self.file)}"
             )
         _check_positive(self, "cluster", ("num_nodes",))
         if self.oversubscription < 1.0:
@@ -327,7 +327,7 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         if origin is tuple and isinstance(value, list | tuple):
             bad = [v for v in value if not isinstance(v, int) or isinstance(v, bool) or v < 0]
             if bad:
-                raise ValueError(f"{key} must list integers >= 0, got {str(bad[0])[:60]!r}")
+                raise ValueError(f"{key} must list integers >= 0, got {shorten(bad[0])}")
             return tuple(value)
     if int in options and isinstance(value, float) and value.is_integer():
         return int(value)
@@ -338,18 +338,19 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
             number = float(value)
             plain = str(int(number)) if number.is_integer() else repr(number)
             hint = f"; write it as a plain number: {plain}"
-    raise ValueError(f"{key} must be {names}, got {value!r} ({type(value).__name__}){hint}")
+    raise ValueError(f"{key} must be {names}, got {shorten(value)} ({type(value).__name__}){hint}")
 
 
 def _build_section(cls: type, section: str, raw: Any) -> Any:
     if not isinstance(raw, Mapping):
-        raise ValueError(f"plan section '{section}' must be a mapping, got {raw!r}")
+        raise ValueError(f"plan section '{section}' must be a mapping, got {shorten(raw)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "base_dir"}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise ValueError(
-            f"unknown key '{section}.{unknown[0]}' in plan; valid keys: {', '.join(fields)}"
+            f"unknown key {shorten(section + '.' + str(unknown[0]))} in plan; "
+            f"valid keys: {', '.join(fields)}"
         )
     required = [
         name
@@ -369,7 +370,7 @@ def _check_mlp_keys(model: Any) -> None:
     activation, gated = model["mlp_activation"], model["gated_mlp"]
     if MLP_ACTIVATIONS.get(activation, gated) != gated:
         raise ValueError(
-            f"model.mlp_activation={activation!r} contradicts model.gated_mlp={gated} "
+            f"model.mlp_activation={shorten(activation)} contradicts model.gated_mlp={gated} "
             f"(gated: {', '.join(a for a, g in MLP_ACTIVATIONS.items() if g)})"
         )
 
@@ -379,8 +380,7 @@ def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
     base_dir = ""
     if isinstance(source, str | Path):
         path = Path(source)
-        with path.open() as handle:
-            raw = yaml.safe_load(handle)
+        raw = load_yaml(path.read_text(encoding="utf-8"), name=str(path))
         base_dir = str(path.resolve().parent)
     else:
         raw = source
@@ -389,7 +389,9 @@ def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
     allowed = (*_SECTIONS, *_TOP_LEVEL_SCALARS)
     unknown = sorted(set(raw) - set(allowed))
     if unknown:
-        raise ValueError(f"unknown key '{unknown[0]}' in plan; valid keys: {', '.join(allowed)}")
+        raise ValueError(
+            f"unknown key {shorten(unknown[0])} in plan; valid keys: {', '.join(allowed)}"
+        )
     missing = [s for s in _SECTIONS if s not in raw and s != "parallel"]
     if missing:
         raise ValueError(f"missing section '{missing[0]}' in plan")

@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from fileio.output import Target, write_text
+from fileio.strict import load_yaml, shorten
 from topologies.fabrics import FABRIC_PRESETS, FabricSpec
 from topologies.hardware import lookup
 from topologies.nodes import NODE_PRESETS, NodeSpec, with_gpus
@@ -65,11 +67,10 @@ def cluster_mapping(source: str | Path) -> Mapping[str, Any]:
         if path.suffix in (".yaml", ".yml") or "/" in text:
             raise FileNotFoundError(f"cluster file not found: {text}")
         raise ValueError(
-            f"unknown cluster {text!r}; give a node preset ({', '.join(NODE_PRESETS)}) "
+            f"unknown cluster {shorten(text)}; give a node preset ({', '.join(NODE_PRESETS)}) "
             "or a YAML file"
         )
-    with path.open() as handle:  # a stream, so YAML errors name the file
-        data = yaml.safe_load(handle)
+    data = load_yaml(path.read_text(encoding="utf-8"), name=text)
     if not isinstance(data, Mapping):
         raise ValueError(f"{text}: expected a mapping with keys {', '.join(CLUSTER_KEYS)}")
     return data
@@ -78,7 +79,7 @@ def cluster_mapping(source: str | Path) -> Mapping[str, Any]:
 def _check_keys(data: Mapping[str, Any], valid: tuple[str, ...], where: str) -> None:
     for key in data:
         if key not in valid:
-            raise ValueError(f"{where}: unknown key {key!r}; valid keys: {', '.join(valid)}")
+            raise ValueError(f"{where}: unknown key {shorten(key)}; valid keys: {', '.join(valid)}")
 
 
 def _set(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -98,10 +99,10 @@ def cluster_from_mapping(data: Mapping[str, Any], *, where: str = "cluster") -> 
         fabric = fabric_from_yaml(values["fabric"], where=f"{where}.fabric")
     num_nodes = values.get("num_nodes", 1)
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
-        raise ValueError(f"{where}.num_nodes={num_nodes!r}; must be an integer >= 1")
+        raise ValueError(f"{where}.num_nodes={shorten(num_nodes)}; must be an integer >= 1")
     ratio = values.get("oversubscription", 1.0)
     if not isinstance(ratio, int | float) or isinstance(ratio, bool) or ratio < 1.0:
-        raise ValueError(f"{where}.oversubscription={ratio!r}; must be a number >= 1")
+        raise ValueError(f"{where}.oversubscription={shorten(ratio)}; must be a number >= 1")
     try:
         return cluster_topology(node, num_nodes, fabric, oversubscription=float(ratio))
     except ValueError as exc:
@@ -113,7 +114,7 @@ def node_from_yaml(value: Any, *, where: str = "node") -> NodeSpec:
     if isinstance(value, str):
         return lookup(NODE_PRESETS, value, f"{where} preset")
     if not isinstance(value, Mapping):
-        raise ValueError(f"{where}={value!r}; give a preset name or a mapping")
+        raise ValueError(f"{where}={shorten(value)}; give a preset name or a mapping")
     _check_keys(value, NODE_KEYS, where)
     fields = _set(value)
     base = fields.pop("base", None)
@@ -140,12 +141,12 @@ def fabric_from_yaml(value: Any, *, where: str = "fabric") -> FabricSpec:
     if isinstance(value, str):
         return lookup(FABRIC_PRESETS, value, f"{where} preset")
     if not isinstance(value, Mapping):
-        raise ValueError(f"{where}={value!r}; give a preset name or a mapping")
+        raise ValueError(f"{where}={shorten(value)}; give a preset name or a mapping")
     _check_keys(value, FABRIC_KEYS, where)
     fields = _set(value)
     kind = fields.pop("kind", "fat-tree")
     if kind not in FABRIC_KINDS:
-        raise ValueError(f"{where}.kind={kind!r}; valid: {', '.join(FABRIC_KINDS)}")
+        raise ValueError(f"{where}.kind={shorten(kind)}; valid: {', '.join(FABRIC_KINDS)}")
     base = fields.pop("base", None)
     if base is not None:
         spec = lookup(FABRIC_PRESETS, base, f"{where}.base preset")
@@ -155,7 +156,9 @@ def fabric_from_yaml(value: Any, *, where: str = "fabric") -> FabricSpec:
         raise ValueError(f"{where}: missing key(s) {', '.join(missing)} (or give 'base')")
     fields.setdefault("name", "custom")
     if not isinstance(fields.get("rail_optimized", True), bool):
-        raise ValueError(f"{where}.rail_optimized={fields['rail_optimized']!r}; give true/false")
+        raise ValueError(
+            f"{where}.rail_optimized={shorten(fields['rail_optimized'])}; give true/false"
+        )
     try:
         return FabricSpec(**fields)
     except ValueError as exc:
@@ -183,6 +186,6 @@ def dump_cluster(topology: Topology) -> dict[str, Any]:
     return data
 
 
-def write_cluster(topology: Topology, path: str | Path) -> None:
-    """Write ``dump_cluster(topology)`` as a YAML cluster file."""
-    Path(path).write_text(yaml.safe_dump(dump_cluster(topology), sort_keys=False))
+def write_cluster(topology: Topology, target: Target | str | Path) -> None:
+    """Write ``dump_cluster(topology)`` as a YAML cluster file (through ``fileio.output``)."""
+    write_text(target, yaml.safe_dump(dump_cluster(topology), sort_keys=False))

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import warnings
 
+from comm_bench.collectives import canonical_op
 from comm_bench.readers import read_results
 from comm_bench.records import Record
+from fileio.output import check_output
 from sim.cli.collective import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration, fit_calibration
@@ -35,18 +37,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fit only records matching EXPR (e.g. 'op=all_reduce', 'size>=1M'); repeatable",
     )  # fmt: skip
     parser.add_argument("-o", "--output", required=True, help="calibration JSON to write")
+    add_reading_arguments(parser)
 
 
-def read_measured(paths: list[str], only: list[str]) -> list[Record]:
-    """Records of every file, filtered by the ``--only`` selectors; reader warnings printed."""
+def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--op`` and ``--allow-wrong``: how measured files are read (calibrate, compare)."""
+    parser.add_argument(
+        "--op", default=None,
+        help="collective of nccl-tests logs that do not name it (in the log or the file name)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-wrong", action="store_true",
+        help="use records whose #wrong > 0 (results the benchmark found wrong); refused by default",
+    )  # fmt: skip
+
+
+def read_measured(
+    paths: list[str], only: list[str], *, op: str | None = None, allow_wrong: bool = False
+) -> list[Record]:
+    """Records of every file, filtered by the ``--only`` selectors; reader warnings printed.
+    Records with ``#wrong`` > 0 are counted, and refused unless ``allow_wrong``."""
+    if op is not None:
+        op = canonical_op(op)
     selectors = [parse_selector(text) for text in only]
     records: list[Record] = []
+    wrong: list[tuple[str, Record]] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for path in paths:
-            records.extend(read_results(path))
+            found = read_results(path, op=op)
+            wrong += [(path, r) for r in found if r.num_wrong]
+            records.extend(found)
     for warning in caught:
         print(f"# note: {warning.message}")
+    if wrong:
+        path, first = wrong[0]
+        example = f"{first.op} {first.size_bytes} B in {path} ({first.num_wrong} wrong)"
+        if not allow_wrong:
+            raise ValueError(
+                f"{len(wrong)} record(s) have #wrong > 0 (the benchmark computed wrong results), "
+                f"e.g. {example}; rerun, or pass --allow-wrong to use them anyway"
+            )
+        print(
+            f"# note: using {len(wrong)} record(s) with #wrong > 0 (--allow-wrong), e.g. {example}"
+        )
     if selectors:
         records = [r for r in records if any_matches(selectors, r)]
     if not records:
@@ -73,7 +107,8 @@ def describe(calibration: Calibration) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Fit, print the quality, write the calibration."""
-    records = read_measured(args.measured, args.only)
+    target = check_output(args.output, inputs=args.measured, formats=(".json",), option="-o")
+    records = read_measured(args.measured, args.only, op=args.op, allow_wrong=args.allow_wrong)
     factory = topology_factory(args)
     calibration, notes = fit_calibration(
         records, factory, topology_name=args.topology, sources=args.measured,
@@ -93,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         f"# other (op, algo, scope) fall back: same algorithm other op, then the scope's "
         f"machine overhead and efficiency, then defaults (fitted ops: {', '.join(fitted)})"
     )
-    calibration.save(args.output)
-    print(f"# wrote {args.output}")
+    calibration.save(target)
+    if not target.is_stdout:
+        print(f"# wrote {target.name}")
     return 0

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from comm_bench.options import parse_size
 from comm_bench.records import Record
-from sim.cli.calibrate import read_measured
+from fileio.output import check_outputs, write_text
+from sim.cli.calibrate import add_reading_arguments, read_measured
 from sim.cli.collective import add_topology_arguments, load_optional_calibration, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration, fit_calibration
@@ -51,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-size", default="1M", help="also report MAPE for sizes >= this")
     parser.add_argument("-o", "--output", default=None, help="plot PNG to write")
     parser.add_argument("--json", default=None, help="comparison JSON to write")
+    add_reading_arguments(parser)
 
 
 def _calibration(
@@ -97,7 +98,11 @@ def _fitted_records(
 
 def run(args: argparse.Namespace) -> int:
     """Compare, print, write JSON and PNG."""
-    records = read_measured(args.measured, args.only)
+    targets = check_outputs(
+        {"--json": (args.json, (".json",)), "-o": (args.output, (".png", ".svg", ".pdf"))},
+        inputs=(*args.measured, args.calibration),
+    )
+    records = read_measured(args.measured, args.only, op=args.op, allow_wrong=args.allow_wrong)
     min_size = parse_size(args.min_size)
     calibration, train, how = _calibration(args, records)
     trained = {id(r) for r in train}
@@ -126,13 +131,11 @@ def run(args: argparse.Namespace) -> int:
             "algo": args.algo, "summary": result, "points": points_json(points),
             "fitted_params": calibration.to_json() if calibration is not None else None,
         }  # fmt: skip
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
+        write_text(targets["--json"], json.dumps(document, indent=1) + "\n")
         print(f"# wrote {args.json}")
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         title = f"{args.topology}: measured vs simulated ({how}); MAPE {_pct(result['mape_pct'])}"
-        plot_comparison(points, args.output, title=title)
+        plot_comparison(points, targets["-o"], title=title)
         print(f"# wrote {args.output}")
     return 0
 

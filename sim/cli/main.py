@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from fileio.strict import cap_line
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "topo": ("sim.cli.topo", "describe (and draw) a cluster topology"),
     "collective": ("sim.cli.collective", "simulate collectives over a size sweep"),
@@ -82,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = f"{exc.problem} ({where}line {mark.line + 1}, column {mark.column + 1})"
         if isinstance(exc, json.JSONDecodeError | yaml.YAMLError):
             message = f"malformed input: {message}"
-        print(f"commsim: error: {message}", file=sys.stderr)
+        print(f"commsim: error: {cap_line(message)}", file=sys.stderr)
         return 2
 
 

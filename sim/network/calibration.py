@@ -26,6 +26,7 @@ import numpy as np
 from comm_bench.collectives import OPS, time_from_busbw_s
 from comm_bench.records import Record
 from fileio.output import Target, write_text
+from fileio.strict import load_json
 from sim.network.algorithms import choose_algorithm, layout_of
 from sim.network.analytical import ALGORITHMS, CommParams, CostTerms, Layout, cost_terms
 from topologies.topology import Topology
@@ -191,7 +192,7 @@ def _check_numbers(entry_key: str, values: Mapping[str, Any]) -> None:
 def load_calibration(path: str | Path) -> Calibration:
     """Read a calibration JSON file written by ``commsim calibrate``."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = load_json(Path(path).read_text(), name=str(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
     try:

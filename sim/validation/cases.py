@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fileio.strict import load_json
 from refdata import CASES_PATH
 from sim.validation.measured import Measurement, as_integer, measured_step_time
 
@@ -75,7 +76,7 @@ class CaseMapping:
 def load_cases(path: str | Path) -> list[dict[str, Any]]:
     """The list of cases in a cases.json file (FileNotFoundError / ValueError on bad input)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = load_json(Path(path).read_text(), name=str(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"malformed input: {path}: {exc}") from None
     if not isinstance(data, list) or not all(isinstance(c, dict) and "id" in c for c in data):

@@ -1,0 +1,193 @@
+"""Reading YAML and JSON strictly: a key given twice, an alias bomb or a runaway nesting is an
+error naming where it is, and values echoed in messages stay short.
+
+PyYAML and ``json`` keep the last of two equal keys without a word, so a plan with two
+``training:`` blocks would silently lose the first. ``load_yaml`` / ``load_json`` refuse that
+with the key and both line numbers; they also refuse documents nested deeper than ``MAX_DEPTH``
+and YAML that expands aliases more than ``MAX_ALIASES`` times ("billion laughs"), before the
+expansion can eat the memory.
+
+    data = load_yaml(path.read_text(), name="plan.yaml")
+    raise ValueError(f"model.num_layers must be int, got {shorten(value)}")
+"""
+
+from __future__ import annotations
+
+import json
+import reprlib
+from typing import Any
+
+import yaml
+
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists accepted (plans and calibrations need under 10)."""
+MAX_ALIASES = 1000
+"""Most YAML alias uses in one document (a real file has a handful)."""
+MAX_VALUES = 1_000_000
+"""Most values a YAML document may expand to through its aliases ("billion laughs")."""
+ECHO_CHARS = 60
+"""Longest echo of a user's value in a message, before ``... (N characters)``."""
+
+
+MAX_ERROR_CHARS = 300
+"""Longest error line the commands print; values inside are shortened already, this is the
+safety net for anything that was not."""
+
+
+def cap_line(message: str) -> str:
+    """``message`` cut to ``MAX_ERROR_CHARS`` characters, saying how long it was."""
+    if len(message) <= MAX_ERROR_CHARS:
+        return message
+    return f"{message[:MAX_ERROR_CHARS]}... ({len(message):,} characters)"
+
+
+def shorten(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, saying how long the value was; containers
+    are abbreviated before they are printed, so a huge or self-expanding value costs nothing."""
+    if isinstance(value, str | bytes):
+        text = repr(value)
+        size = f"{len(value):,} characters"
+    else:
+        text = _REPR.repr(value)
+        size = f"{len(value):,} items" if isinstance(value, list | tuple | dict) else ""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({size or 'cut'})"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 2, 4, 4, 4
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = ECHO_CHARS, ECHO_CHARS, ECHO_CHARS
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys, deep nesting and alias bombs."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise ValueError(
+                    f"{self.name}: more than {MAX_ALIASES} YAML aliases (line {mark.line + 1}); "
+                    "a document that expands itself is refused"
+                )
+        depth = getattr(self, "_depth", 0)
+        if depth > MAX_DEPTH:
+            mark = self.peek_event().start_mark
+            raise ValueError(f"{self.name}: nested deeper than {MAX_DEPTH} (line {mark.line + 1})")
+        self._depth = depth + 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth = depth
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key; the base class says so
+                break
+            if first is not None:
+                raise ValueError(
+                    f"{self.name}: key {shorten(key)} given twice (lines {first} and {line})"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping
+)
+
+
+def load_yaml(text: str, *, name: str = "<input>") -> Any:
+    """Parse one YAML document strictly (see the module docstring). Raises ``ValueError`` or
+    ``yaml.YAMLError`` (syntax)."""
+    loader = _StrictLoader(text)
+    loader.name = name
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) > MAX_VALUES:
+            raise ValueError(
+                f"{name}: its aliases expand to more than {MAX_VALUES:,} values; refused"
+            )
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ValueError(f"{name}: nested too deeply to read") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Values in the document once every alias is expanded (a shared node counts each time)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if children_done or not children:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def _refuse_duplicates(name: str) -> Any:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ValueError(f"{name}: key {shorten(key)} given twice in one JSON object")
+            out[key] = value
+        return out
+
+    return hook
+
+
+def _depth(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests at most ``limit`` levels (iterative: no recursion to blow)."""
+    stack = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if level > limit:
+            return False
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return True
+
+
+def load_json(text: str, *, name: str = "<input>") -> Any:
+    """Parse JSON strictly: duplicate keys, NaN/Infinity literals and deep nesting are errors.
+    Raises ``ValueError`` (``json.JSONDecodeError`` for syntax)."""
+
+    def no_constant(token: str) -> Any:
+        raise ValueError(f"{name}: {token} is not a JSON number")
+
+    try:
+        data = json.loads(
+            text, object_pairs_hook=_refuse_duplicates(name), parse_constant=no_constant
+        )
+    except RecursionError:
+        raise ValueError(f"{name}: nested too deeply to read") from None
+    if not _depth(data, MAX_DEPTH):
+        raise ValueError(f"{name}: nested deeper than {MAX_DEPTH}")
+    return data
