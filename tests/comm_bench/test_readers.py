@@ -1,4 +1,4 @@
-"""Readers: the shared nccl-tests tables parse to the printed numbers; logs; commbench files."""
+"""Readers: the published nccl-tests tables (refdata) parse to the printed numbers; logs; commbench files."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _row(records, size, in_place, op=None):
 
 
 @needs_data
-def test_every_shared_file_parses():
+def test_every_published_file_parses():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         records = read_many(sorted(p for p in NCCL.iterdir() if p.suffix in (".txt", ".csv")))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+import refdata
 from comm_bench.collectives import get
 from comm_bench.records import Record
 from sim.network.algorithms import layout_of
@@ -22,7 +22,7 @@ from sim.network.calibration import (
 from sim.network.model import CommModel
 from topologies.presets import build_cluster
 
-DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "nccl"
+DATA = refdata.NCCL_DIR
 TRUE = CommParams(
     base_latency_s=12e-6, intra_step_latency_s=0.8e-6, inter_step_latency_s=0.0,
     efficiency_max=0.9, half_size_bytes=0.0, protocol_latency_scale=1.5,
@@ -113,7 +113,7 @@ def test_json_round_trip_and_schema_errors(tmp_path):
         calibration_from_json(bad)
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="shared nccl-tests data not present")
+@pytest.mark.skipif(not DATA.exists(), reason="refdata is not installed")
 def test_fit_on_ring_all_reduce_predicts_the_held_out_h100_tables():
     from comm_bench.readers import read_results
 
