@@ -1,4 +1,4 @@
-"""Readers: the published nccl-tests tables (refdata) parse to the printed numbers; logs; commbench files."""
+"""Readers: the published nccl-tests tables parse to the printed numbers; logs; commbench JSON."""
 
 from __future__ import annotations
 
