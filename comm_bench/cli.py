@@ -73,12 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _compute(args)
     try:
         options = parse_options(args)
-        from comm_bench.dist_env import under_launcher
+        from comm_bench.dist_env import check_launch_env, under_launcher
         from comm_bench.launch import die_with_parent
 
         if not under_launcher():
             return _spawn(args, options)
         die_with_parent()
+        check_launch_env()
         validate_for_world(options, _launched_world())
         if options.output is not None:
             from fileio.output import check_output

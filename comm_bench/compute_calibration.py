@@ -45,9 +45,11 @@ class KernelFit:
     """Fixed time per kernel (launch and tail)."""
 
     def __post_init__(self) -> None:
-        if not self.max_flops_per_s > 0 or self.dim_half < 0 or self.latency_s < 0:
+        numbers = (self.max_flops_per_s, self.dim_half, self.latency_s)
+        finite = all(isinstance(x, int | float) and math.isfinite(x) for x in numbers)
+        if not finite or not self.max_flops_per_s > 0 or self.dim_half < 0 or self.latency_s < 0:
             raise ValueError(
-                f"kernel fit needs max_flops_per_s > 0, dim_half >= 0, latency_s >= 0; got "
+                f"kernel fit needs finite max_flops_per_s > 0, dim_half >= 0, latency_s >= 0; got "
                 f"{self.max_flops_per_s}, {self.dim_half}, {self.latency_s}"
             )
 
@@ -93,8 +95,17 @@ class ComputeCalibration:
                     f"compute calibration: unknown kernel kind {sorted(unknown)[0]!r} for "
                     f"{dtype}; valid: {', '.join(KERNEL_KINDS)}"
                 )
+        bandwidth = self.memory_bandwidth_bytes_per_s
+        if bandwidth is not None and not (
+            isinstance(bandwidth, int | float) and math.isfinite(bandwidth) and bandwidth > 0
+        ):
+            raise ValueError(
+                f"compute calibration: memory_bandwidth_bytes_per_s must be a finite number > 0, "
+                f"got {bandwidth}"
+            )
         for key, value in self.efficiency.items():
-            if key not in EFFICIENCY_KEYS or not 0 < value <= 1.5:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if key not in EFFICIENCY_KEYS or not number or not 0 < value <= 1.5:
                 raise ValueError(
                     f"compute calibration: efficiency {key}={value} invalid; keys "
                     f"{', '.join(EFFICIENCY_KEYS)} with values in (0, 1.5]"

@@ -45,6 +45,29 @@ class DistContext:
     """gloo group for bookkeeping (None: the default group is already gloo)."""
 
 
+def check_launch_env() -> None:
+    """Raise one clear ``ValueError`` unless the launcher's variables describe a valid rank."""
+    values: dict[str, int] = {}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        text = os.environ.get(name)
+        if text is None:
+            continue
+        if not text.strip().isdigit():
+            raise ValueError(f"environment {name}={text[:60]!r} is not a non-negative integer")
+        values[name] = int(text)
+    world, rank = values.get("WORLD_SIZE", 1), values.get("RANK", 0)
+    if world < 1 or rank >= world:
+        raise ValueError(f"environment RANK={rank} is not a rank of WORLD_SIZE={world}")
+    local_world = values.get("LOCAL_WORLD_SIZE", world)
+    if values.get("LOCAL_RANK", 0) >= max(local_world, 1):
+        raise ValueError(
+            f"environment LOCAL_RANK={values['LOCAL_RANK']} is not below "
+            f"LOCAL_WORLD_SIZE={local_world}"
+        )
+    if not 1 <= values.get("MASTER_PORT", 1) <= 65535:
+        raise ValueError(f"environment MASTER_PORT={values['MASTER_PORT']} is not a TCP port")
+
+
 def under_launcher() -> bool:
     """Whether torchrun (or the spawner) set up this process as one rank of a world."""
     return all(name in os.environ for name in LAUNCH_VARS)

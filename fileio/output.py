@@ -19,6 +19,7 @@ folder it cannot write in, a file name whose extension says another format. ``wr
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -109,7 +110,7 @@ def check_output(
             raise OutputError(f"{option} {text!r} is not writable")
     if special:
         return Target(text, path, special=True, format=default_format)
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not _can_create_in(parent):
         raise OutputError(f"{option} {text!r}: cannot write in the folder {str(parent)!r}")
     suffix = path.suffix.lower()
     if accepted and suffix not in accepted:
@@ -118,6 +119,19 @@ def check_output(
             f"writes ({', '.join(accepted)})"
         )
     return Target(text, path, format=suffix.lstrip(".") or default_format)
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be created in ``folder``: tried, not guessed (root passes every
+    permission check, and /proc or a read-only mount refuse anyway). The probe is removed."""
+    try:
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".probe.", suffix=".tmp")
+    except OSError:
+        return False
+    os.close(handle)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return True
 
 
 def check_outputs(

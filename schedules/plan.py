@@ -45,6 +45,20 @@ def _check_positive(owner: object, section: str, names: tuple[str, ...]) -> None
             raise ValueError(f"{section}.{name} must be > 0, got {value}")
 
 
+MODEL_LIMITS = {
+    "num_layers": 10_000,
+    "hidden_size": 1 << 20,
+    "num_heads": 1 << 16,
+    "num_kv_heads": 1 << 16,
+    "ffn_hidden_size": 1 << 22,
+    "vocab_size": 1 << 24,
+    "seq_len": 1 << 24,
+}
+"""Upper bounds of the model dimensions: 10-100x past the largest published dense models (126
+layers, hidden 16,384, 128k vocabulary, 1M-token context), so a typo of a few digits or 1e30 is
+an error instead of a step of 10^50 seconds."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelConfig:
     """A dense decoder-only transformer (GPT / Llama family)."""
@@ -86,6 +100,13 @@ class ModelConfig:
             "model",
             ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len"),
         )
+        for name, limit in MODEL_LIMITS.items():
+            value = getattr(self, name)
+            if value > limit:
+                raise ValueError(
+                    f"model.{name}={value:,} is larger than any model this simulates "
+                    f"(at most {limit:,})"
+                )
         if self.num_kv_heads < 0:
             raise ValueError(f"model.num_kv_heads must be >= 0, got {self.num_kv_heads}")
         if self.num_kv_heads == 0:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
+from fileio.strict import shorten
+
 T = TypeVar("T")
 
 GIB = 1024**3
@@ -312,6 +314,7 @@ def peak_flops_per_s(gpu: GPUSpec, precision: str) -> float:
 
 def lookup(table: Mapping[str, T], key: str, what: str) -> T:
     """``table[key]``, or ValueError naming ``what`` and the valid keys."""
-    if key not in table:
-        raise ValueError(f"unknown {what} {key!r}; valid: {', '.join(sorted(table))}")
+    if not isinstance(key, str) or key not in table:
+        shown = shorten(key)
+        raise ValueError(f"unknown {what} {shown}; valid: {', '.join(sorted(table))}")
     return table[key]

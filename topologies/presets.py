@@ -63,7 +63,7 @@ def _resolve_fabric(node: NodeSpec, num_nodes: int, fabric: FabricSpec | None) -
             f"num_nodes={num_nodes} but node {node.name!r} is a single host with no NICs; "
             "use num_nodes=1"
         )
-    return FABRIC_PRESETS[node.default_fabric]
+    return lookup(FABRIC_PRESETS, node.default_fabric, f"node {node.name!r} default_fabric")
 
 
 def cluster_topology(

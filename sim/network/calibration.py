@@ -26,7 +26,7 @@ import numpy as np
 from comm_bench.collectives import OPS, time_from_busbw_s
 from comm_bench.records import Record
 from fileio.output import Target, write_text
-from fileio.strict import load_json
+from fileio.strict import load_json, shorten
 from sim.network.algorithms import choose_algorithm, layout_of
 from sim.network.analytical import ALGORITHMS, CommParams, CostTerms, Layout, cost_terms
 from topologies.topology import Topology
@@ -171,7 +171,7 @@ def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
         params=params,
         quality=quality,
         topology=str(doc.get("topology", "")),
-        fitted_from=dict(doc.get("fitted_from", {})),
+        fitted_from=_mapping(doc.get("fitted_from", {}), "fitted_from"),
     )
 
 
@@ -187,6 +187,12 @@ def _check_numbers(entry_key: str, values: Mapping[str, Any]) -> None:
             raise ValueError(
                 f"bad calibration entry {entry_key!r}: {name}={value!r}; must be a number {bound}"
             )
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"'{key}' must be a JSON object, got {shorten(value)}")
+    return dict(value)
 
 
 def load_calibration(path: str | Path) -> Calibration:
