@@ -80,9 +80,15 @@ def layout_of(topology: Topology, ranks: Sequence[int]) -> Layout:
     intra_bw, intra_lat = math.inf, 0.0
     spec = topology.gpu_spec(ranks[0])
     nvlink_any = topology.injection_bandwidth_bytes_per_s(ranks[0], "nvlink") > 0
+    seen: set[tuple[int, ...]] = set()
     for members in nodes:
         if len(members) < 2:
             continue
+        if topology.node is not None:  # identical servers: one look per pattern of local GPUs
+            pattern = tuple(topology.local_index(r) for r in members)
+            if pattern in seen:
+                continue
+            seen.add(pattern)
         ring = list(zip(members, members[1:] + members[:1], strict=True))
         hop_bw = min(_path_bw(topology, topology.path(a, b)) for a, b in ring)
         nvlink = min(
@@ -93,8 +99,11 @@ def layout_of(topology: Topology, ranks: Sequence[int]) -> Layout:
     net_bw, inter_lat = math.inf, 0.0
     bisection = math.inf
     if len(nodes) > 1:
+        probes = ranks  # identical servers: one rank per local GPU position is enough
+        if topology.node is not None:
+            probes = list({topology.local_index(r): r for r in ranks}.values())
         net_bw = min(
-            topology.injection_bandwidth_bytes_per_s(r, "network", effective=True) for r in ranks
+            topology.injection_bandwidth_bytes_per_s(r, "network", effective=True) for r in probes
         )
         cross = topology.path(nodes[0][0], nodes[1][0])
         if net_bw == 0:
