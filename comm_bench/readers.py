@@ -27,24 +27,21 @@ import csv
 import dataclasses
 import io
 import json
-import math
 import re
 import warnings
 from collections.abc import Iterable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from comm_bench.collectives import (
-    DTYPE_BYTES,
     NCCL_TESTS_DTYPES,
     OPS,
-    REDUCTIONS,
     canonical_op,
     dtype_bytes,
     get,
 )
-from comm_bench.records import FIELD_NAMES, SCHEMA, Record
+from comm_bench.records import FIELD_NAMES, SCHEMA, Record, row_problem
 from fileio.strict import load_json, shorten
 
 BUSBW_COLUMNS = ("op", "num_nodes", "gpus_per_node", "size_bytes", "busbw_gbps")
@@ -138,89 +135,15 @@ def _read_json(text: str, path: Path) -> list[Record]:
     return [_record(row, path, index) for index, row in enumerate(rows)]
 
 
-SOURCES = ("measured", "nccl-tests", "simulated")
-"""Values of a record's ``source``."""
-
-
-@dataclass(frozen=True, slots=True)
-class _FieldRule:
-    """What one record field may hold."""
-
-    kind: type
-    """``int``, ``float``, ``str`` or ``bool`` (ints are accepted where floats are)."""
-    low: float | None = None
-    """Smallest number allowed."""
-    choices: tuple[str, ...] = ()
-    """Allowed strings (empty: any)."""
-    optional: bool = False
-    """Whether null / missing is allowed."""
-
-
-_RULES: dict[str, _FieldRule] = {
-    "op": _FieldRule(str, choices=OPS),
-    "size_bytes": _FieldRule(int, 0),
-    "count": _FieldRule(int, 0),
-    "dtype": _FieldRule(str, choices=tuple(DTYPE_BYTES)),
-    "world_size": _FieldRule(int, 1),
-    "num_nodes": _FieldRule(int, 1),
-    "in_place": _FieldRule(bool),
-    "time_us": _FieldRule(float, 0),
-    "algbw_gbps": _FieldRule(float, 0),
-    "busbw_gbps": _FieldRule(float, 0),
-    "num_wrong": _FieldRule(int, 0, optional=True),
-    "redop": _FieldRule(str, choices=("none", *REDUCTIONS)),
-    "root": _FieldRule(int, -1),
-    "time_min_us": _FieldRule(float, 0, optional=True),
-    "time_median_us": _FieldRule(float, 0, optional=True),
-    "time_p99_us": _FieldRule(float, 0, optional=True),
-    "num_iters": _FieldRule(int, 1, optional=True),
-    "algo": _FieldRule(str, optional=True),
-    "source": _FieldRule(str, choices=SOURCES),
-}
-"""Every field of the ``commbench/1`` record, checked on reading."""
-_REQUIRED = tuple(
-    f.name for f in fields(Record) if f.default is MISSING and f.default_factory is MISSING
-)
-"""Fields a record must have (the others have defaults)."""
-
-
-def _check_field(name: str, value: Any, rule: _FieldRule) -> str | None:
-    """Why ``value`` is not a valid ``name`` (None when it is)."""
-    if value is None:
-        return None if rule.optional else "is required"
-    if rule.kind is bool:
-        return None if isinstance(value, bool) else "must be true or false"
-    if rule.kind is str:
-        if not isinstance(value, str):
-            return "must be a string"
-        if rule.choices and value not in rule.choices:
-            return f"must be one of {', '.join(rule.choices)}"
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return "must be a number"
-    if rule.kind is int and not isinstance(value, int):
-        return "must be an integer"
-    if not math.isfinite(value):
-        return "must be finite"
-    if rule.low is not None and value < rule.low:
-        return f"must be >= {rule.low:g}"
-    return None
-
-
 def _record(row: Any, path: Path, index: int) -> Record:
     """``Record.from_dict(row)``, every field checked; ValueError naming the file, the row, the
     field and the value."""
     where = f"{path}: result {index}"
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a mapping of record fields, got {shorten(row)}")
-    for name, rule in _RULES.items():
-        if name not in row:
-            if name in _REQUIRED:
-                raise ValueError(f"{where}: missing field {name}")
-            continue
-        problem = _check_field(name, row.get(name), rule)
-        if problem is not None:
-            raise ValueError(f"{where}: {name}={shorten(row.get(name))} {problem}")
+    problem = row_problem(row)
+    if problem is not None:
+        raise ValueError(f"{where}: {problem}")
     try:
         return Record.from_dict(row)
     except (TypeError, ValueError) as exc:

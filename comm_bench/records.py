@@ -2,7 +2,8 @@
 
 One ``Record`` is one row of the nccl-tests table for one placement (out-of-place or in-place).
 Its fields are the ``results`` entries of the ``commbench/1`` JSON schema (see README) and the
-columns of the CSV. Torch-free: the simulator reads and writes these too.
+columns of the CSV; ``row_problem`` checks a row field by field (type, finiteness, bounds,
+allowed values) before a record is made of it. Torch-free: the simulator reads and writes these.
 
     >>> Record(op="all_reduce", size_bytes=1024, count=256, dtype="float32", world_size=8,
     ...        num_nodes=1, in_place=False, time_us=10.0, algbw_gbps=0.1, busbw_gbps=0.18).op
@@ -11,8 +12,12 @@ columns of the CSV. Torch-free: the simulator reads and writes these too.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import math
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
+
+from comm_bench.collectives import DTYPE_BYTES, OPS, REDUCTIONS
+from fileio.strict import shorten
 
 SCHEMA = "commbench/1"
 """Schema tag of commbench / commsim result JSON files."""
@@ -77,3 +82,85 @@ class Record:
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Record))
 """Record fields in declaration order: the CSV header."""
+
+
+SOURCES = ("measured", "nccl-tests", "simulated")
+"""Values of a record's ``source``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldRule:
+    """What one record field may hold."""
+
+    kind: type
+    """``int``, ``float``, ``str`` or ``bool`` (ints are accepted where floats are)."""
+    low: float | None = None
+    """Smallest number allowed."""
+    choices: tuple[str, ...] = ()
+    """Allowed strings (empty: any)."""
+    optional: bool = False
+    """Whether null / missing is allowed."""
+
+
+_RULES: dict[str, _FieldRule] = {
+    "op": _FieldRule(str, choices=OPS),
+    "size_bytes": _FieldRule(int, 0),
+    "count": _FieldRule(int, 0),
+    "dtype": _FieldRule(str, choices=tuple(DTYPE_BYTES)),
+    "world_size": _FieldRule(int, 1),
+    "num_nodes": _FieldRule(int, 1),
+    "in_place": _FieldRule(bool),
+    "time_us": _FieldRule(float, 0),
+    "algbw_gbps": _FieldRule(float, 0),
+    "busbw_gbps": _FieldRule(float, 0),
+    "num_wrong": _FieldRule(int, 0, optional=True),
+    "redop": _FieldRule(str, choices=("none", *REDUCTIONS)),
+    "root": _FieldRule(int, -1),
+    "time_min_us": _FieldRule(float, 0, optional=True),
+    "time_median_us": _FieldRule(float, 0, optional=True),
+    "time_p99_us": _FieldRule(float, 0, optional=True),
+    "num_iters": _FieldRule(int, 1, optional=True),
+    "algo": _FieldRule(str, optional=True),
+    "source": _FieldRule(str, choices=SOURCES),
+}
+"""Every field of the ``commbench/1`` record, checked on reading."""
+_REQUIRED = tuple(
+    f.name for f in fields(Record) if f.default is MISSING and f.default_factory is MISSING
+)
+"""Fields a record must have (the others have defaults)."""
+
+
+def _check_field(name: str, value: Any, rule: _FieldRule) -> str | None:
+    """Why ``value`` is not a valid ``name`` (None when it is)."""
+    if value is None:
+        return None if rule.optional else "is required"
+    if rule.kind is bool:
+        return None if isinstance(value, bool) else "must be true or false"
+    if rule.kind is str:
+        if not isinstance(value, str):
+            return "must be a string"
+        if rule.choices and value not in rule.choices:
+            return f"must be one of {', '.join(rule.choices)}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "must be a number"
+    if rule.kind is int and not isinstance(value, int):
+        return "must be an integer"
+    if not math.isfinite(value):
+        return "must be finite"
+    if rule.low is not None and value < rule.low:
+        return f"must be >= {rule.low:g}"
+    return None
+
+
+def row_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with a JSON/CSV row of record fields (``field=value must ...``), or None."""
+    for name, rule in _RULES.items():
+        if name not in row:
+            if name in _REQUIRED:
+                return f"missing field {name}"
+            continue
+        problem = _check_field(name, row[name], rule)
+        if problem is not None:
+            return f"{name}={shorten(row[name])} {problem}"
+    return None
