@@ -14,6 +14,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from comm_bench.launch import die_with_parent
 from comm_bench.options import BenchOptions, parse_options, validate_for_world
 from fileio.strict import cap_line
 
@@ -68,17 +69,16 @@ def _spawn(argv: list[str], options: BenchOptions) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``commbench``; returns the exit code."""
+    die_with_parent()  # first, before importing torch takes seconds: a no-op unless spawned
     args = list(sys.argv[1:] if argv is None else argv)
     if "--compute" in args:
         return _compute(args)
     try:
         options = parse_options(args)
         from comm_bench.dist_env import check_launch_env, under_launcher
-        from comm_bench.launch import die_with_parent
 
         if not under_launcher():
             return _spawn(args, options)
-        die_with_parent()
         check_launch_env()
         validate_for_world(options, _launched_world())
         if options.output is not None:

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from comm_bench.faults import EXIT_FAILURE, EXIT_WRONG, STATUS_ENV, read_step
 
@@ -43,6 +44,8 @@ PARENT_ENV = "COMMBENCH_LAUNCHER_PID"
 """Set in each spawned rank: the pid of the launcher it must not outlive."""
 PR_SET_PDEATHSIG = 1
 """prctl option: the signal a process gets when its parent thread exits (Linux)."""
+PARENT_POLL_S = 1.0
+"""How often a rank without prctl looks whether its launcher is still its parent."""
 
 
 def free_port() -> int:
@@ -73,10 +76,12 @@ def rank_env(rank: int, nprocs: int, port: int, status_dir: Path) -> dict[str, s
 def die_with_parent() -> None:
     """In a spawned rank: end this process when the launcher that started it is gone.
 
-    Linux: prctl(PR_SET_PDEATHSIG, SIGTERM), then a check that the launcher did not die before
-    it took effect. Elsewhere: a daemon thread that polls the launcher's pid.
+    A no-op unless ``PARENT_ENV`` names the launcher (it is taken out of the environment, so
+    that nothing this rank starts inherits it). Linux: prctl(PR_SET_PDEATHSIG, SIGTERM), then a
+    check that the launcher did not die before it took effect. Elsewhere: a daemon thread that
+    polls the parent's pid every ``PARENT_POLL_S``.
     """
-    expected = os.environ.get(PARENT_ENV)
+    expected = os.environ.pop(PARENT_ENV, None)
     if not expected or not expected.isdigit():
         return
     parent = int(expected)
@@ -87,15 +92,28 @@ def die_with_parent() -> None:
             armed = libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
         except (OSError, AttributeError):
             armed = False
-    if os.getppid() != parent:  # the launcher is already gone
-        os._exit(128 + int(signal.SIGTERM))
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        _orphaned(parent)
     if not armed:
-        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+        threading.Thread(
+            target=_watch_parent, args=(parent,), name="commbench-parent", daemon=True
+        ).start()
 
 
 def _watch_parent(parent: int) -> None:
+    # An orphan is re-parented (to init or a subreaper), so its parent pid changes; unlike
+    # probing the old pid with kill(pid, 0), this cannot be fooled by a reused pid.
     while os.getppid() == parent:
-        time.sleep(1.0)
+        time.sleep(PARENT_POLL_S)
+    _orphaned(parent)
+
+
+def _orphaned(parent: int) -> NoReturn:
+    print(
+        f"commbench: error: the launcher (pid {parent}) that started this rank is gone; stopping",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(128 + int(signal.SIGTERM))
 
 
@@ -204,14 +222,17 @@ def spawn_local(argv: Sequence[str], *, nprocs: int, timeout_s: float, output: P
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in FORWARDED_SIGNALS}
+    # Python lets only the main thread install handlers; elsewhere the caller owns the signals.
+    owner = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, on_signal) for s in FORWARDED_SIGNALS} if owner else {}
     try:
         return _run_ranks(
             argv, nprocs=nprocs, timeout_s=timeout_s, output=output, received=received
         )
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            # None: the previous handler was installed outside Python; the default is closest.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def _run_ranks(
