@@ -38,7 +38,12 @@ from schedules.activations import (
     stored_layer_activations,
 )
 from schedules.messages import PARAM_BYTES, grad_bytes_per_param
-from schedules.params import layer_params_per_gpu, layers_per_stage, stage_params_per_gpu
+from schedules.params import (
+    embedding_params,
+    layer_params_per_gpu,
+    layers_per_stage,
+    stage_params_per_gpu,
+)
 from schedules.plan import Plan, num_microbatches
 
 FSDP_KINDS = ("fsdp", "hsdp", "zero3")
@@ -53,6 +58,7 @@ COMPONENTS = (
     "buffers",
     "fsdp_unsharded",
     "logits",
+    "fp8_weights",
 )
 """Keys of ``memory_per_gpu`` besides ``total``."""
 
@@ -94,18 +100,30 @@ def state_bytes_per_param(plan: Plan, *, gpus_per_node: int | None = None) -> di
 
 
 def transient_buffer_bytes(plan: Plan, stage: int) -> float:
-    """Communication buffers alive at the peak, per the data-parallel kind's implementation."""
+    """Communication buffers alive at the peak, per the data-parallel kind's implementation.
+
+    FSDP1 / ZeRO-3 (as FSDP units): two layers' gathered parameters (the rate limiter's two in
+    flight; every layer without it: the CPU runs ahead and issues them all) and one layer's
+    gradients, plus their ``reduce_dtype`` copy when it differs. FSDP2: two all-gather outputs in
+    flight (the current unit's copy-out and the next one's prefetch) and one unit's unsharded
+    gradients with their reduce-scatter input in ``reduce_dtype``. Under pipelining one unit's
+    reduce-scatter input (the rest is ``fsdp_unsharded``).
+    """
     parallel = plan.parallel
     kind = parallel.data_parallel
     grad = grad_bytes_per_param(kind)
     if kind in FSDP_KINDS:
         layer = layer_params_per_gpu(plan.model, parallel.tp)
+        reduce = parallel.reduce_dtype_bytes if kind != "zero3" else grad
         if parallel.pp > 1:
-            return layer * grad  # one unit's reduce-scatter input; the rest is fsdp_unsharded
+            return layer * reduce
+        grads = layer * (grad + (reduce if reduce != grad else 0))
         if kind != "zero3" and parallel.fsdp_reshard_after_forward is False:
             # SHARD_GRAD_OP keeps the whole stage unsharded between forward and backward.
-            return stage_params_per_gpu(plan, stage) * PARAM_BYTES + layer * grad
-        return 2 * layer * PARAM_BYTES + layer * grad
+            return stage_params_per_gpu(plan, stage) * PARAM_BYTES + grads
+        limited = parallel.fsdp2 or parallel.fsdp_limit_all_gathers or kind == "zero3"
+        gathered = 2 if limited else plan.model.num_layers
+        return gathered * layer * PARAM_BYTES + grads
     if kind == "ddp":
         if parallel.ddp_gradient_as_bucket_view:
             return 0.0
@@ -116,13 +134,40 @@ def transient_buffer_bytes(plan: Plan, stage: int) -> float:
     return 0.0
 
 
+def root_params_per_gpu(plan: Plan, stage: int) -> float:
+    """Parameters of a stage outside its transformer layers: embedding, final norm, LM head."""
+    layers = layers_per_stage(plan, stage) * layer_params_per_gpu(plan.model, plan.parallel.tp)
+    return stage_params_per_gpu(plan, stage) - layers
+
+
 def fsdp_unsharded_bytes(plan: Plan, stage: int) -> float:
-    """Unsharded parameters and accumulated unsharded gradients of a pipelined FSDP stage."""
+    """Parameters and gradients FSDP holds unsharded beyond the per-unit buffers.
+
+    Under pipelining (torch.distributed.pipelining, torch 2.13) the whole stage: its parameters
+    stay gathered from the first forward and its gradients accumulate unsharded until the
+    stage's ``REDUCE_GRAD``, in ``reduce_dtype`` (FSDP2 upcasts them while gradient sync is off:
+    ``FSDPParam.to_accumulated_grad_if_needed``). Without pipelining: FSDP1's root unit
+    (embedding, final norm, head) is not resharded after forward, so its parameters and their
+    gradients are unsharded through the backward (+4 GiB on Llama 3 8B); FSDP2's ``[norm,
+    output]`` unit likewise keeps its parameters, and its gradients are produced at the start
+    of the backward, with their ``reduce_dtype`` copy.
+    """
     parallel = plan.parallel
-    if parallel.data_parallel not in FSDP_KINDS or parallel.pp == 1:
+    kind = parallel.data_parallel
+    if kind not in FSDP_KINDS:
         return 0.0
-    per_param = PARAM_BYTES + grad_bytes_per_param(parallel.data_parallel)
-    return stage_params_per_gpu(plan, stage) * per_param
+    if parallel.pp > 1:
+        reduce = parallel.reduce_dtype_bytes if kind != "zero3" else grad_bytes_per_param(kind)
+        return stage_params_per_gpu(plan, stage) * (PARAM_BYTES + reduce)
+    if kind == "zero3":
+        return 0.0
+    root = root_params_per_gpu(plan, stage)
+    if not parallel.fsdp2:
+        return root * (PARAM_BYTES + grad_bytes_per_param(kind))
+    model = plan.model
+    vocab = model.vocab_size * model.hidden_size
+    head = root - min(root, vocab / parallel.tp + embedding_params(model) - vocab)
+    return head * (PARAM_BYTES + grad_bytes_per_param(kind) + parallel.reduce_dtype_bytes)
 
 
 def activation_bytes(plan: Plan, stage: int) -> float:
@@ -147,6 +192,17 @@ def activation_bytes(plan: Plan, stage: int) -> float:
         stage_layers=layers_per_stage(plan, stage),
     )
     total = stored * per_layer
+    if parallel.recompute == "full":
+        # The layer being recomputed holds all of its activations until its backward ends.
+        total += layer_activation_bytes(
+            model,
+            training.micro_batch_size,
+            tp=parallel.tp,
+            cp=parallel.cp,
+            sequence_parallel=parallel.sequence_parallel,
+            recompute="none",
+            flash_attention=training.flash_attention,
+        )
     if stage == parallel.pp - 1:
         head = head_activation_bytes(
             model,
@@ -158,6 +214,23 @@ def activation_bytes(plan: Plan, stage: int) -> float:
         # The head's inputs live as long as their micro-batch: one at a time except under GPipe.
         total += head * (num_micro if parallel.schedule == "gpipe" else 1)
     return total
+
+
+FP8_CACHE_BYTES_PER_PARAM = 2
+"""FP8 training (Transformer Engine): each linear weight is kept as an FP8 copy and its FP8
+transpose between micro-batches (``is_first_microbatch`` caching), 1 byte each."""
+
+
+def fp8_weight_bytes(plan: Plan, stage: int) -> float:
+    """FP8 weight copies of the transformer layers' linear weights on one GPU (0 without FP8).
+
+    The embedding and the LM head stay in bf16; norms have no GEMM. The layers' non-GEMM
+    parameters are a few per million, so all layer parameters are counted.
+    """
+    if plan.training.precision != "fp8":
+        return 0.0
+    layers = layers_per_stage(plan, stage) * layer_params_per_gpu(plan.model, plan.parallel.tp)
+    return layers * FP8_CACHE_BYTES_PER_PARAM
 
 
 def stage_memory_bytes(
@@ -180,6 +253,7 @@ def stage_memory_bytes(
         )
         if is_last
         else 0.0,
+        "fp8_weights": fp8_weight_bytes(plan, stage),
     }
     memory["total"] = sum(memory.values())
     return memory

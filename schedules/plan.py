@@ -29,6 +29,10 @@ NORMS = ("rmsnorm", "layernorm")
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
 RECOMPUTE_MODES = ("none", "selective", "full")
 DATA_PARALLEL_KINDS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "distributed_optimizer")
+FSDP2_ALIAS = "fsdp2"
+"""``data_parallel: fsdp2`` is read as ``fsdp`` with ``fsdp_version: 2`` (``fully_shard``)."""
+FSDP_VERSIONS = (1, 2)
+REDUCE_DTYPES = ("fp32", "bf16")
 PRECISIONS = ("bf16", "fp16", "fp8")
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
 
@@ -203,7 +207,8 @@ class ParallelConfig:
     recompute: str = "none"
     """Activation recomputation: none | selective (attention core) | full (whole layer)."""
     data_parallel: str = "ddp"
-    """ddp | zero1 | zero2 | zero3 | fsdp | hsdp | distributed_optimizer."""
+    """ddp | zero1 | zero2 | zero3 | fsdp | hsdp | distributed_optimizer; ``fsdp2`` is read as
+    fsdp with ``fsdp_version`` 2."""
     ddp_bucket_mb: float = 25.0
     """torch DDP bucket_cap_mb (MiB), default 25 (_DEFAULT_BUCKET_CAP_MB)."""
     ddp_first_bucket_mb: float = 1.0
@@ -219,16 +224,27 @@ class ParallelConfig:
     fsdp_reshard_after_forward: bool | None = None
     """Free parameters after forward (FULL_SHARD) or keep them (SHARD_GRAD_OP); unset means the
     framework default: True without PP, False with PP (torchtitan reuses them per micro-batch)."""
+    fsdp_version: int | None = None
+    """1: ``FullyShardedDataParallel`` (FSDP1); 2: ``fully_shard`` (FSDP2, torchtitan). Unset: 1
+    without PP, 2 with PP (torch.distributed.pipelining composes with FSDP2 only)."""
+    fsdp_reduce_dtype: str | None = None
+    """Gradient reduce-scatter dtype: fp32 | bf16. Unset: the framework default, fp32 for FSDP2
+    (torchtitan ``mixed_precision_reduce = "float32"``) and bf16 for FSDP1 (``MixedPrecision``
+    without ``reduce_dtype`` reduces in ``param_dtype``)."""
     hsdp_shard_size: int = 0
     """HSDP shard-group size; 0 means the GPUs of one node (HYBRID_SHARD's intra-node group)."""
     zero_bucket_elems: int = 500_000_000
     """DeepSpeed reduce_bucket_size in elements (default 5e8)."""
-    zero_allgather_bucket_elems: int = 500_000_000
-    """DeepSpeed allgather_bucket_size in elements (default 5e8)."""
     zero_overlap_comm: bool | None = None
     """DeepSpeed overlap_comm; None means its default (True for stage 3, False for 1 and 2)."""
     zero_prefetch_bucket_elems: int = 50_000_000
     """DeepSpeed stage-3 prefetch_bucket_size in elements (default 5e7)."""
+    zero_max_live_parameters: int = 1_000_000_000
+    """DeepSpeed stage3_max_live_parameters in elements (default 1e9): gathered parameters the
+    prefetcher may keep resident at once."""
+    zero_param_persistence_threshold: int = 100_000
+    """DeepSpeed stage3_param_persistence_threshold in elements (default 1e5): parameters this
+    small stay gathered for the whole step (norms, biases) instead of being fetched each use."""
     overlap_grad_reduce: bool = True
     """Megatron --overlap-grad-reduce (DP reduction overlapped with the last backward)."""
     overlap_param_gather: bool = False
@@ -260,20 +276,53 @@ class ParallelConfig:
             raise ValueError(f"parallel.dp must be >= 0 (0 = derive), got {self.dp}")
         _check_choice("parallel.schedule", self.schedule, SCHEDULES)
         _check_choice("parallel.recompute", self.recompute, RECOMPUTE_MODES)
-        _check_choice("parallel.data_parallel", self.data_parallel, DATA_PARALLEL_KINDS)
+        if self.data_parallel == FSDP2_ALIAS:
+            if self.fsdp_version not in (None, 2):
+                raise ValueError(
+                    f"parallel.data_parallel=fsdp2 contradicts "
+                    f"parallel.fsdp_version={self.fsdp_version}"
+                )
+            object.__setattr__(self, "data_parallel", "fsdp")
+            object.__setattr__(self, "fsdp_version", 2)
+        _check_choice(
+            "parallel.data_parallel", self.data_parallel, (*DATA_PARALLEL_KINDS, FSDP2_ALIAS)
+        )
+        if self.fsdp_version is not None and self.fsdp_version not in FSDP_VERSIONS:
+            raise ValueError(f"parallel.fsdp_version must be 1 or 2, got {self.fsdp_version}")
+        if self.fsdp_reduce_dtype is not None:
+            _check_choice("parallel.fsdp_reduce_dtype", self.fsdp_reduce_dtype, REDUCE_DTYPES)
         _check_choice(
             "parallel.fsdp_backward_prefetch", self.fsdp_backward_prefetch, FSDP_BACKWARD_PREFETCH
         )
         ddp_buckets = ("ddp_bucket_mb", "ddp_first_bucket_mb")
-        zero_buckets = ("zero_bucket_elems", "zero_allgather_bucket_elems")
-        _check_positive(self, "parallel", (*ddp_buckets, *zero_buckets))
-        _check_positive(self, "parallel", ("zero_prefetch_bucket_elems",))
+        _check_positive(self, "parallel", (*ddp_buckets, "zero_bucket_elems"))
+        _check_positive(
+            self, "parallel", ("zero_prefetch_bucket_elems", "zero_max_live_parameters")
+        )
+        if self.zero_param_persistence_threshold < 0:
+            raise ValueError(
+                "parallel.zero_param_persistence_threshold must be >= 0, got "
+                f"{self.zero_param_persistence_threshold}"
+            )
         if self.hsdp_shard_size < 0:
             raise ValueError(f"parallel.hsdp_shard_size must be >= 0, got {self.hsdp_shard_size}")
         for name in ("first_stage_layers", "last_stage_layers"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"parallel.{name} must be >= 0, got {value}")
+
+    @property
+    def fsdp2(self) -> bool:
+        """Whether FSDP/HSDP runs as FSDP2 (``fully_shard``): the knob, or its default."""
+        if self.data_parallel not in ("fsdp", "hsdp"):
+            return False
+        return self.pp > 1 if self.fsdp_version is None else self.fsdp_version == 2
+
+    @property
+    def reduce_dtype_bytes(self) -> int:
+        """Bytes per element of FSDP's gradient reduce-scatter (``fsdp_reduce_dtype``)."""
+        dtype = self.fsdp_reduce_dtype or ("fp32" if self.fsdp2 else "bf16")
+        return 4 if dtype == "fp32" else 2
 
     @property
     def model_parallel_size(self) -> int:
@@ -362,9 +411,23 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
     raise ValueError(f"{key} must be {names}, got {shorten(value)} ({type(value).__name__}){hint}")
 
 
+RETIRED_KEYS = {
+    "parallel.zero_allgather_bucket_elems": (
+        "DeepSpeed ignores allgather_bucket_size when torch has all_gather_into_tensor (torch >= "
+        "1.13; deepspeed/runtime/utils.py all_gather_dp_groups): ZeRO-1/2 gather the updated "
+        "parameters in one call per parameter group, as simulated; remove the key"
+    ),
+}
+"""Keys that were accepted once and that the frameworks no longer honour: why, in one line."""
+
+
 def _build_section(cls: type, section: str, raw: Any) -> Any:
     if not isinstance(raw, Mapping):
         raise ValueError(f"plan section '{section}' must be a mapping, got {shorten(raw)}")
+    for key in raw:
+        reason = RETIRED_KEYS.get(f"{section}.{key}")
+        if reason:
+            raise ValueError(f"{section}.{key} is not a plan key: {reason}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "base_dir"}
     unknown = sorted(set(raw) - set(fields))

@@ -108,13 +108,20 @@ _KNOB_OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fsdp_forward_prefetch", FSDP_KINDS),
     ("fsdp_limit_all_gathers", FSDP_KINDS),
     ("fsdp_reshard_after_forward", FSDP_KINDS),
+    ("fsdp_version", ("fsdp", "hsdp")),
+    ("fsdp_reduce_dtype", ("fsdp", "hsdp")),
     ("hsdp_shard_size", ("hsdp",)),
     ("zero_bucket_elems", ZERO_KINDS),
-    ("zero_allgather_bucket_elems", ("zero1", "zero2")),
     ("zero_overlap_comm", ZERO_KINDS),
     ("zero_prefetch_bucket_elems", ("zero3",)),
+    ("zero_max_live_parameters", ("zero3",)),
+    ("zero_param_persistence_threshold", ("zero3",)),
     ("overlap_param_gather", ("distributed_optimizer",)),
 )
+
+
+FSDP1_ONLY = ("fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_limit_all_gathers")
+"""FullyShardedDataParallel options that ``fully_shard`` does not have."""
 
 
 def check_knobs(parallel: ParallelConfig, dp: int) -> None:
@@ -128,6 +135,19 @@ def check_knobs(parallel: ParallelConfig, dp: int) -> None:
                 f"parallel.{knob}={value!r} applies only to data_parallel "
                 f"{' | '.join(owners)}, got data_parallel={kind!r}"
             )
+    if parallel.fsdp_version == 1 and parallel.pp > 1:
+        raise ValueError(
+            f"parallel.fsdp_version=1 cannot run under pipeline parallelism (pp={parallel.pp}): "
+            "torch.distributed.pipelining composes with FSDP2 (fully_shard) only"
+        )
+    if parallel.fsdp2:
+        for knob in FSDP1_ONLY:
+            value = getattr(parallel, knob)
+            if value != getattr(defaults, knob):
+                raise ValueError(
+                    f"parallel.{knob}={value!r} is an FSDP1 option; FSDP2 (fully_shard) has no "
+                    "such knob: it prefetches one unit ahead in forward and backward"
+                )
     if parallel.tp_comm_overlap and not (parallel.sequence_parallel and parallel.tp > 1):
         raise ValueError(
             f"parallel.tp_comm_overlap needs sequence_parallel and tp > 1, got "

@@ -38,13 +38,17 @@ SMALL = ModelConfig(
 GIB = 2**30
 
 
-def make_plan(world_size: int, *, global_batch_size: int = 64, **parallel: object) -> Plan:
+def make_plan(
+    world_size: int, *, global_batch_size: int = 64, precision: str = "bf16", **parallel: object
+) -> Plan:
     """A resolved plan of the small model."""
     plan = Plan(
         model=SMALL,
         cluster=ClusterConfig(node="dgx-h100"),
         parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
-        training=TrainingConfig(micro_batch_size=1, global_batch_size=global_batch_size),
+        training=TrainingConfig(
+            micro_batch_size=1, global_batch_size=global_batch_size, precision=precision
+        ),
     )
     return resolve_plan(plan, world_size)
 
@@ -107,7 +111,8 @@ def test_last_stage_head_and_logits() -> None:
     per_layer = layer_activation_bytes(SMALL, 1, flash_attention=True)
     assert memory.activation_bytes(plan, 1) == pytest.approx(4 * per_layer + head)
     stage = memory.stage_memory_bytes(plan, 1)
-    assert stage["logits"] == logits_bytes(SMALL, 1, tp=1, cp=1) == 4 * 2048 * 32000
+    # bf16 logits, their fp32 upcast and the fp32 softmax: 2 + 4 + 4 bytes per element
+    assert stage["logits"] == logits_bytes(SMALL, 1, tp=1, cp=1) == 10 * 2048 * 32000
     assert memory.stage_memory_bytes(plan, 0)["logits"] == 0.0
 
 
@@ -184,8 +189,40 @@ def test_pipelined_fsdp_keeps_the_stage_unsharded_through_the_step(reshard: bool
     plan = make_plan(8, pp=2, data_parallel="fsdp", fsdp_reshard_after_forward=reshard)
     layer, stage = layer_params_per_gpu(SMALL, 1), stage_params_per_gpu(plan, 0)
     result = memory.stage_memory_bytes(plan, 0)
-    # bf16 parameters gathered once + bf16 gradients accumulated unsharded until REDUCE_GRAD
-    assert result["fsdp_unsharded"] == stage * (2 + 2)
-    assert result["buffers"] == layer * 2
+    # bf16 parameters gathered once + gradients accumulated unsharded until REDUCE_GRAD, in
+    # FSDP2's default reduce dtype (fp32); one unit's reduce-scatter input in fp32
+    assert result["fsdp_unsharded"] == stage * (2 + 4)
+    assert result["buffers"] == layer * 4
     assert result["weights"] == stage * 2 / 4  # dp = 8 / pp
-    assert memory.stage_memory_bytes(make_plan(8, data_parallel="fsdp"), 0)["fsdp_unsharded"] == 0
+    bf16 = make_plan(8, pp=2, data_parallel="fsdp", fsdp_reduce_dtype="bf16")
+    assert memory.stage_memory_bytes(bf16, 0)["fsdp_unsharded"] == stage * (2 + 2)
+
+
+def test_fsdp_without_pipelining_keeps_its_root_or_head_unit_unsharded() -> None:
+    h, v = SMALL.hidden_size, SMALL.vocab_size
+    layer = layer_params_per_gpu(SMALL, 1)
+    fsdp1 = memory.stage_memory_bytes(make_plan(8, data_parallel="fsdp"), 0)
+    root = 2 * v * h + h  # embedding, LM head, final norm: never resharded after forward
+    assert fsdp1["fsdp_unsharded"] == root * (2 + 2)
+    assert fsdp1["buffers"] == 2 * layer * 2 + layer * 2  # 2 gathered layers + 1 layer's grads
+    fsdp2 = memory.stage_memory_bytes(make_plan(8, data_parallel="fsdp2"), 0)
+    head = v * h + h  # [norm, output]: bf16 params, bf16 grads and their fp32 reduce copy
+    assert fsdp2["fsdp_unsharded"] == head * (2 + 2 + 4)
+    assert fsdp2["buffers"] == 2 * layer * 2 + layer * (2 + 4)
+    unlimited = make_plan(8, data_parallel="fsdp", fsdp_limit_all_gathers=False)
+    assert memory.stage_memory_bytes(unlimited, 0)["buffers"] == 8 * layer * 2 + layer * 2
+    zero3 = memory.stage_memory_bytes(make_plan(8, data_parallel="zero3"), 0)
+    assert zero3["fsdp_unsharded"] == 0
+
+
+def test_full_recompute_holds_one_layer_in_full_and_fp8_caches_weights() -> None:
+    plan = make_plan(1, recompute="full", global_batch_size=1)
+    inputs = layer_activation_bytes(SMALL, 1, recompute="full", flash_attention=True)
+    whole = layer_activation_bytes(SMALL, 1, recompute="none", flash_attention=True)
+    head = 2 * 2048 * 1024 * 2  # final-norm input + LM-head input
+    assert memory.activation_bytes(plan, 0) == pytest.approx(8 * inputs + whole + head)
+    assert memory.stage_memory_bytes(plan, 0)["fp8_weights"] == 0
+    fp8 = make_plan(1, precision="fp8", global_batch_size=1)
+    assert (
+        memory.stage_memory_bytes(fp8, 0)["fp8_weights"] == 8 * layer_params_per_gpu(SMALL, 1) * 2
+    )

@@ -1,0 +1,173 @@
+"""FSDP2 (``fully_shard``) step programs without pipelining, as torchtitan runs them.
+
+torchtitan (``parallelize.py: apply_fsdp``) wraps the token embedding, every transformer block and
+``[norm, output]`` as their own ``fully_shard`` units (the last one with ``reshard_after_forward``
+False: it would be gathered again at once for backward), then the root. Per micro-batch, torch
+2.13's ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`` does:
+
+- **Forward, implicit prefetch**: a unit's all-gather runs on the all-gather stream, its copy-out
+  on the compute stream (``wait_for_unshard``). In forward the copy-out event is kept in
+  ``comm_ctx.all_gather_state`` and the all-gather streams wait for it only at the *next* unit's
+  ``wait_for_unshard``: the all-gather of unit k may start once the copy-out of unit k - 2 ran,
+  two buffers in flight, with the CPU running ahead.
+- **Backward, explicit prefetch of one**: ``pre_backward`` copies out the unit (the all-gather
+  streams wait for that at once, outside forward) and ``_backward_prefetch`` issues the next
+  unit's all-gather in backward order: the all-gather of unit k - 1 waits for unit k's copy-out.
+- **Reduce-scatter**: ``post_backward`` makes the compute stream wait for the previous unit's
+  reduce-scatter (``comm_ctx.reduce_scatter_state.event``: its input buffer is freed before the
+  next copy-in), then reduce-scatters this unit's gradients in ``reduce_dtype`` (torchtitan:
+  fp32, ``mixed_precision_reduce``) on the reduce-scatter stream; HSDP then all-reduces the shard
+  over the replicate group. Every micro-batch reduces (torchtitan does not disable gradient sync
+  during accumulation); ``reshard_after_backward`` frees every unit after its backward.
+- Step end: the gradient-norm all-reduce of ``clip_grad_norm_`` over DTensor shards, then the
+  optimizer on the local shard.
+
+Not modelled: the copy-in kernels (shard-sized, on side streams) and the fp32 cast of the
+reduce-scatter copy-in (on the reduce-scatter stream, it lengthens no compute).
+
+    program = fsdp2_program(Fsdp2Rank(rank=0, num_microbatches=2, units=units, groups=groups))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schedules.fsdp_program import _reduce as reduce_unit
+from schedules.program import Compute, Program, ProgramBuilder, Step
+from schedules.step_program import GRAD_NORM_BYTES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fsdp2Unit:
+    """One ``fully_shard`` module: its parameters, gradients and work."""
+
+    name: str
+    """Label, e.g. ``embed``, ``L3`` or ``head``."""
+    param_bytes: float
+    """All-gather output (unsharded parameters in the param dtype)."""
+    grad_bytes: float
+    """Reduce-scatter input (unsharded gradients in the reduce dtype)."""
+    forward: tuple[Step, ...]
+    """Forward recipe."""
+    backward: tuple[Step, ...]
+    """Backward recipe."""
+    copy_out_s: float = 0.0
+    """Compute-stream copy-out of the all-gather output into the parameters."""
+    reshard_after_forward: bool = True
+    """Free the parameters after forward (backward gathers them again)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fsdp2Rank:
+    """Everything one rank's FSDP2 step program depends on."""
+
+    rank: int
+    """Global rank."""
+    num_microbatches: int
+    """Gradient-accumulation micro-batches."""
+    units: tuple[Fsdp2Unit, ...]
+    """The model's units in forward order."""
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """``dp`` = the shard group; ``hsdp`` = the replicate group (HSDP), ``tp``/``cp`` as usual,
+    and the gradient-norm group."""
+    grad_norm_group: str = ""
+    """Group of the step-end gradient-norm all-reduce; empty for none."""
+    optimizer_s: float = 0.0
+    """Optimizer step on the local shard."""
+
+
+class _Fsdp2:
+    """Builds one rank's FSDP2 program (state: which units are sharded, pending events)."""
+
+    def __init__(self, spec: Fsdp2Rank) -> None:
+        self.spec = spec
+        self.b = ProgramBuilder(rank=spec.rank, groups=dict(spec.groups))
+        self.sharded = [True] * len(spec.units)
+        self.copy_outs: list[int] = []
+        self.reduced: list[int] = []
+        self.pending_rs: list[int] = []
+
+    def gather(self, unit: int, tag: str, after_copy_out: int) -> list[int]:
+        """All-gather of a unit once the copy-out ``after_copy_out`` places back has run."""
+        back = len(self.copy_outs) - after_copy_out
+        deps = (self.copy_outs[back],) if back >= 0 else ()
+        u = self.spec.units[unit]
+        index = self.b.collective(
+            f"AG {u.name} {tag}", "dp", "all_gather", u.param_bytes, deps=deps
+        )
+        return [] if index is None else [index]
+
+    def copy_out(self, unit: int, tag: str, gathered: list[int], waits: list[int]) -> list[int]:
+        """The compute-stream copy-out of a gathered unit; returns what the next compute waits."""
+        u = self.spec.units[unit]
+        deps = tuple(sorted({*gathered, *waits}))
+        index = self.b.add(
+            Compute(name=f"copy-out {u.name} {tag}", duration_s=u.copy_out_s, deps=deps)
+        )
+        self.copy_outs.append(index)
+        return []
+
+    def forward(self, mb: int, waits: list[int]) -> list[int]:
+        units, b = self.spec.units, self.b
+        for i, u in enumerate(units):
+            if self.sharded[i]:
+                gathered = self.gather(i, f"mb{mb}", after_copy_out=2)
+                waits = self.copy_out(i, f"mb{mb}", gathered, waits)
+            waits = b.run_steps(f"F{mb} {u.name}", u.forward, tuple(waits))
+            self.sharded[i] = u.reshard_after_forward
+        return waits
+
+    def backward(self, mb: int, waits: list[int]) -> list[int]:
+        units, b = self.spec.units, self.b
+        order = list(range(len(units) - 1, -1, -1))
+        gathers: dict[int, list[int]] = {}
+        need = [i for i in order if self.sharded[i]]
+        if need and need[0] == order[0]:
+            gathers[need[0]] = self.gather(need[0], f"mb{mb} bwd", after_copy_out=1)
+        for i in order:
+            u = units[i]
+            if self.sharded[i]:
+                gathered = gathers.pop(i, None)
+                if gathered is None:
+                    gathered = self.gather(i, f"mb{mb} bwd", after_copy_out=1)
+                waits = self.copy_out(i, f"mb{mb} bwd", gathered, waits)
+            later = [j for j in need if j < i]
+            if later:  # _backward_prefetch: the next unit in backward order, after this copy-out
+                gathers[later[0]] = self.gather(later[0], f"mb{mb} bwd", after_copy_out=1)
+                need.remove(later[0])
+            waits = b.run_steps(f"B{mb} {u.name}", u.backward, tuple(waits))
+            waits = [*waits, *self.pending_rs]  # post_backward waits for the previous RS
+            self.pending_rs = reduce_unit(b, f"{u.name} mb{mb}", u.grad_bytes, waits)
+            self.reduced += self.pending_rs
+            self.sharded[i] = True
+        return waits
+
+    def finish(self, waits: list[int]) -> None:
+        spec, b = self.spec, self.b
+        deps = sorted({*waits, *self.reduced})
+        if spec.grad_norm_group:
+            norm = b.collective(
+                "AR grad norm",
+                spec.grad_norm_group,
+                "all_reduce",
+                GRAD_NORM_BYTES,
+                deps=tuple(deps),
+                phase="optimizer",
+            )
+            deps += [] if norm is None else [norm]
+        b.add(
+            Compute(
+                name="optimizer", duration_s=spec.optimizer_s, kind="optimizer", deps=tuple(deps)
+            )
+        )
+
+
+def fsdp2_program(spec: Fsdp2Rank) -> Program:
+    """One rank's FSDP2 step: per micro-batch a forward and a backward unit by unit."""
+    builder = _Fsdp2(spec)
+    waits: list[int] = []
+    for mb in range(spec.num_microbatches):
+        waits = builder.forward(mb, waits)
+        waits = builder.backward(mb, waits)
+    builder.finish(waits)
+    return builder.b.program()

@@ -1,0 +1,210 @@
+"""FSDP / HSDP / ZeRO-3 ranks: their process groups, units and step programs.
+
+Without pipelining a plan runs FSDP1 (``FullyShardedDataParallel``, one unit per layer, root with
+embedding and head) or FSDP2 (``fully_shard`` as torchtitan wraps the model: embedding, each
+layer, ``[norm, output]``); under pipelining the FSDP2 units of every chunk of a stage join the
+pipeline program (``schedules.fsdp_program.FsdpStages``).
+
+    programs = fsdp2_programs(plan, costs, compute, ranks=(0, 8), gpus_per_node=8)
+"""
+
+from __future__ import annotations
+
+from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
+from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
+from schedules.memory import replica_group_size
+from schedules.model import layer_params_per_gpu, stage_params_per_gpu
+from schedules.params import embedding_params
+from schedules.plan import Plan, num_microbatches
+from schedules.program import ChunkWork, Program, Step
+from schedules.stages import chunk_layers
+from sim.compute.model import ComputeModel
+from sim.replay.recipes import (
+    StepCosts,
+    chunk_params,
+    grad_norm_group,
+    layer_recipes,
+    layout_of,
+    optimizer_time_s,
+    pass_extras,
+    reduce_bytes_per_param,
+)
+
+
+def reshard_after_forward(plan: Plan) -> bool:
+    """The FSDP knob; unset (None) means the framework default: True alone, False under PP
+    (torchtitan: the pipeline reuses the parameters for every micro-batch)."""
+    value = plan.parallel.fsdp_reshard_after_forward
+    return plan.parallel.pp == 1 if value is None else bool(value)
+
+
+def fsdp_groups(plan: Plan, rank: int, gpus_per_node: int) -> dict[str, tuple[int, ...]]:
+    """``tp``, ``cp``, ``dp`` (the FSDP shard group) and, for HSDP, ``hsdp`` (replicate)."""
+    par, layout = plan.parallel, layout_of(plan)
+    groups = {"tp": layout.group("tp", rank), "cp": layout.group("cp", rank)}
+    shard = replica_group_size(plan, gpus_per_node=gpus_per_node) // par.cp
+    if par.data_parallel == "hsdp" and shard < par.dp:
+        groups["dp"] = layout.group("dp_shard", rank, shard_size=shard)
+        groups["hsdp"] = layout.group("dp_replicate", rank, shard_size=shard)
+    else:
+        groups["dp"] = layout.group("dp", rank)
+    return groups
+
+
+def fsdp_stages(plan: Plan, costs: StepCosts, stage: int, gpus_per_node: int) -> FsdpStages:
+    """The FSDP2 units of every chunk of pipeline rank ``stage`` (one unit per layer + root)."""
+    par = plan.parallel
+    units_per_chunk = chunk_layers(par, plan.model.num_layers)
+    recipes = layer_recipes(plan, costs, 1)
+    layer = ChunkWork(
+        forward=recipes["F"],
+        backward=recipes["B"],
+        backward_input=recipes["Bi"],
+        backward_weight=recipes["W"],
+    )
+    per_param = reduce_bytes_per_param(plan)
+    unit_params = layer_params_per_gpu(plan.model, par.tp)
+    chunks = []
+    for chunk in range(par.vpp):
+        vstage = chunk * par.pp + stage
+        num_units = units_per_chunk[vstage]
+        x = pass_extras(plan, costs, first=vstage == 0, last=vstage == par.pp * par.vpp - 1)
+        root_params = chunk_params(plan, stage, chunk) - unit_params * num_units
+        chunks.append(
+            FsdpUnits(
+                num_units=num_units,
+                layer=layer,
+                unit_param_bytes=unit_params * 2.0,
+                unit_grad_bytes=unit_params * per_param,
+                root_param_bytes=root_params * 2.0,
+                root_grad_bytes=root_params * per_param,
+                embed=_extra_work(x["fwd_pre"], x["bwd_post"]),
+                head=_extra_work(x["fwd_post"], x["bwd_pre"]),
+            )
+        )
+    return FsdpStages(chunks=tuple(chunks), reshard_after_forward=reshard_after_forward(plan))
+
+
+def _extra_work(forward: list[Step], backward: list[Step]) -> ChunkWork:
+    return ChunkWork(
+        forward=tuple(forward), backward=tuple(backward), backward_input=tuple(backward)
+    )
+
+
+def fsdp_programs(
+    plan: Plan,
+    costs: StepCosts,
+    compute: ComputeModel,
+    ranks: tuple[int, ...],
+    gpus_per_node: int,
+) -> list[Program]:
+    """Programs of ``ranks`` for an FSDP / HSDP / ZeRO-3 plan without pipelining (FSDP1)."""
+    par = plan.parallel
+    recipes = layer_recipes(plan, costs, 1)
+    x = pass_extras(plan, costs, first=True, last=True)
+    per_param = reduce_bytes_per_param(plan)
+    unit_params = layer_params_per_gpu(plan.model, par.tp)
+    root_params = stage_params_per_gpu(plan, 0) - unit_params * plan.model.num_layers
+    prefetch = par.fsdp_backward_prefetch if par.data_parallel != "zero3" else "backward_pre"
+    units = FsdpUnits(
+        num_units=plan.model.num_layers,
+        layer=ChunkWork(forward=recipes["F"], backward=recipes["B"]),
+        unit_param_bytes=unit_params * 2.0,
+        unit_grad_bytes=unit_params * per_param,
+        root_param_bytes=root_params * 2.0,
+        root_grad_bytes=root_params * per_param,
+        embed=ChunkWork(forward=tuple(x["fwd_pre"]), backward=tuple(x["bwd_post"])),
+        head=ChunkWork(forward=tuple(x["fwd_post"]), backward=tuple(x["bwd_pre"])),
+    )
+    programs = []
+    for rank in ranks:
+        groups = fsdp_groups(plan, rank, gpus_per_node)
+        spec = FsdpRank(
+            rank=rank,
+            num_microbatches=num_microbatches(plan),
+            units=units,
+            groups=groups,
+            backward_prefetch=prefetch,
+            limit_all_gathers=par.fsdp_limit_all_gathers,
+            reshard_after_forward=reshard_after_forward(plan),
+            optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
+        )
+        programs.append(fsdp_program(spec))
+    return programs
+
+
+def fsdp2_units(plan: Plan, costs: StepCosts, compute: ComputeModel) -> tuple[Fsdp2Unit, ...]:
+    """torchtitan's units: the embedding, every layer, then ``[norm, output]``.
+
+    ``[norm, output]`` keeps its parameters after forward unless ``fsdp_reshard_after_forward``
+    is set True (torchtitan's ``reshard_after_forward_policy = "always"``).
+    """
+    par, model = plan.parallel, plan.model
+    recipes = layer_recipes(plan, costs, 1)
+    x = pass_extras(plan, costs, first=True, last=True)
+    reduce_bytes = reduce_bytes_per_param(plan)
+    layer = layer_params_per_gpu(model, par.tp)
+    root = stage_params_per_gpu(plan, 0) - layer * model.num_layers
+    vocab = model.vocab_size * model.hidden_size
+    embed = min(root, vocab / par.tp + embedding_params(model) - vocab)
+    layers_reshard = reshard_after_forward(plan)
+
+    def unit(
+        name: str,
+        params: float,
+        fwd: list[Step] | tuple[Step, ...],
+        bwd: list[Step] | tuple[Step, ...],
+        reshard: bool,
+    ) -> Fsdp2Unit:
+        return Fsdp2Unit(
+            name=name,
+            param_bytes=params * 2.0,
+            grad_bytes=params * reduce_bytes,
+            forward=tuple(fwd),
+            backward=tuple(bwd),
+            copy_out_s=compute.memory_time_s(4.0 * params),
+            reshard_after_forward=reshard,
+        )
+
+    return (
+        unit("embed", embed, x["fwd_pre"], x["bwd_post"], layers_reshard),
+        *(
+            unit(f"L{i}", layer, recipes["F"], recipes["B"], layers_reshard)
+            for i in range(model.num_layers)
+        ),
+        unit(
+            "head",
+            root - embed,
+            x["fwd_post"],
+            x["bwd_pre"],
+            par.fsdp_reshard_after_forward is True,
+        ),
+    )
+
+
+def fsdp2_programs(
+    plan: Plan,
+    costs: StepCosts,
+    compute: ComputeModel,
+    ranks: tuple[int, ...],
+    gpus_per_node: int,
+) -> list[Program]:
+    """Programs of ``ranks`` for an FSDP2 / HSDP-over-FSDP2 plan without pipelining."""
+    units = fsdp2_units(plan, costs, compute)
+    norm_group = grad_norm_group(plan)
+    layout = layout_of(plan)
+    programs = []
+    for rank in ranks:
+        groups = fsdp_groups(plan, rank, gpus_per_node)
+        if norm_group:
+            groups[norm_group] = layout.group(norm_group, rank)
+        spec = Fsdp2Rank(
+            rank=rank,
+            num_microbatches=num_microbatches(plan),
+            units=units,
+            groups=groups,
+            grad_norm_group=norm_group,
+            optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
+        )
+        programs.append(fsdp2_program(spec))
+    return programs

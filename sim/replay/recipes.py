@@ -1,0 +1,199 @@
+"""Per-micro-batch costs and pass recipes every replayed rank is built from.
+
+The compute model gives per-layer, embedding and head times; ``schedules`` gives message sizes and
+parameter counts; this module turns them into the forward/backward recipes of a model chunk (TP/SP
+and CP collectives in place, embedding and head work on the first and last virtual stage), the
+parameters of a chunk, the optimizer time and the step-end gradient-norm group.
+
+    recipes = layer_recipes(plan, step_costs(plan, compute), num_layers=4)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedules.kernels import weight_gemm_shapes
+from schedules.memory import replica_group_size
+from schedules.model import (
+    cp_kv_message_bytes,
+    grad_bytes_per_param,
+    layer_params_per_gpu,
+    layers_per_stage,
+    pp_message_bytes,
+    stage_params_per_gpu,
+    tp_message_bytes,
+)
+from schedules.plan import Plan
+from schedules.program import (
+    CommStep,
+    ComputeStep,
+    Layout,
+    LinearShares,
+    Step,
+    tp_backward_steps,
+    tp_forward_steps,
+)
+from schedules.stages import chunk_layers
+from sim.compute.model import ComputeModel, LayerTimes
+
+FSDP_KINDS = ("fsdp", "hsdp", "zero3")
+"""Data-parallel kinds replayed unit by unit (parameters sharded and gathered per layer)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepCosts:
+    """The per-micro-batch times and message sizes every rank's recipes are built from."""
+
+    layer: LayerTimes
+    """One transformer layer."""
+    embed: LayerTimes
+    """Input embedding (first stage)."""
+    head: LayerTimes
+    """Final norm, LM head and loss (last stage)."""
+    shares: LinearShares
+    """Column-parallel wgrad shares of a layer (TP overlap windows)."""
+    tp_bytes: float
+    """One TP collective message."""
+    cp_bytes: float
+    """One CP ring step's K and V."""
+    p2p_bytes: float
+    """One pipeline send."""
+
+
+def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
+    """Times from the compute model and sizes from ``schedules`` for one micro-batch."""
+    model, parallel, b = plan.model, plan.parallel, plan.training.micro_batch_size
+    dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
+    wgrad = [compute.gemm_time_s(k, n, m, dtype) for m, n, k in weight_gemm_shapes(plan)]
+    total = sum(wgrad) or 1.0
+    return StepCosts(
+        layer=compute.layer_times(plan),
+        embed=compute.embedding_times(plan),
+        head=compute.head_times(plan),
+        shares=LinearShares(qkv=wgrad[0] / total, fc1=wgrad[2] / total),
+        tp_bytes=tp_message_bytes(model, b, cp=parallel.cp),
+        cp_bytes=cp_kv_message_bytes(model, b, tp=parallel.tp, cp=parallel.cp),
+        p2p_bytes=pp_message_bytes(
+            model, b, tp=parallel.tp, cp=parallel.cp, sequence_parallel=parallel.sequence_parallel
+        ),
+    )
+
+
+def _cp_steps(plan: Plan, costs: StepCosts, num_layers: int, op: str) -> list[Step]:
+    """Ring attention's K/V exchange per layer, overlapped with the attention compute."""
+    cp = plan.parallel.cp
+    if cp == 1:
+        return []
+    size = costs.cp_bytes * cp
+    return [
+        CommStep(
+            name=f"{op} kv", group="cp", op=op, size_bytes=size, repeat=num_layers, overlap=True
+        )
+    ]
+
+
+def pass_extras(plan: Plan, costs: StepCosts, *, first: bool, last: bool) -> dict[str, list[Step]]:
+    """Embedding and head work (with their TP collectives) of the first and last virtual stage."""
+    tp, sp, size = plan.parallel.tp, plan.parallel.sequence_parallel, costs.tp_bytes
+    out: dict[str, list[Step]] = {"fwd_pre": [], "fwd_post": [], "bwd_pre": [], "bwd_post": []}
+    if first:
+        out["fwd_pre"].append(ComputeStep(name="embed", duration_s=costs.embed.forward_s))
+        if tp > 1:
+            op = "reduce_scatter" if sp else "all_reduce"
+            out["fwd_pre"].append(CommStep(name=f"embed {op}", group="tp", op=op, size_bytes=size))
+        out["bwd_post"].append(ComputeStep(name="embed bwd", duration_s=costs.embed.backward_s))
+    if last:
+        if tp > 1 and sp:
+            out["fwd_post"].append(
+                CommStep(name="head all_gather", group="tp", op="all_gather", size_bytes=size)
+            )
+        head = costs.head
+        out["fwd_post"].append(ComputeStep(name="head", duration_s=head.forward_s))
+        out["bwd_pre"].append(ComputeStep(name="head bwd", duration_s=head.backward_s))
+        if tp > 1:
+            op = "reduce_scatter" if sp else "all_reduce"
+            out["bwd_pre"].append(CommStep(name=f"head {op}", group="tp", op=op, size_bytes=size))
+    return out
+
+
+def layer_recipes(plan: Plan, costs: StepCosts, num_layers: int) -> dict[str, tuple[Step, ...]]:
+    """Forward, backward, Bi and W recipes of ``num_layers`` consecutive layers."""
+    parallel, layer = plan.parallel, costs.layer
+
+    def backward(split: str) -> tuple[Step, ...]:
+        return tp_backward_steps(
+            backward_input_s=layer.backward_input_s,
+            backward_weight_s=layer.backward_weight_s,
+            recompute_s=layer.recompute_s,
+            num_layers=num_layers,
+            tp_bytes=costs.tp_bytes,
+            shares=costs.shares,
+            tp=parallel.tp,
+            sequence_parallel=parallel.sequence_parallel,
+            full_recompute=parallel.recompute == "full",
+            split=split,
+        )
+
+    forward = tp_forward_steps(
+        forward_s=layer.forward_s,
+        num_layers=num_layers,
+        tp_bytes=costs.tp_bytes,
+        tp=parallel.tp,
+        sequence_parallel=parallel.sequence_parallel,
+        tp_comm_overlap=parallel.tp_comm_overlap,
+    )
+    cp_fwd = tuple(_cp_steps(plan, costs, num_layers, "all_gather"))
+    cp_bwd = tuple(_cp_steps(plan, costs, num_layers, "reduce_scatter"))
+    return {
+        "F": cp_fwd + forward,
+        "B": cp_bwd + backward(""),
+        "Bi": cp_bwd + backward("input"),
+        "W": backward("weight"),
+    }
+
+
+def chunk_params(plan: Plan, stage: int, chunk: int) -> float:
+    """Parameters of one model chunk on one GPU (embedding on the first, head on the last)."""
+    p, v = plan.parallel.pp, plan.parallel.vpp
+    per_layer = layer_params_per_gpu(plan.model, plan.parallel.tp)
+    layers = chunk_layers(plan.parallel, plan.model.num_layers)[chunk * p + stage]
+    extra = stage_params_per_gpu(plan, stage) - per_layer * layers_per_stage(plan, stage)
+    owns_extra = (stage == 0 and chunk == 0) or (stage == p - 1 and chunk == v - 1)
+    return layers * per_layer + (extra if owns_extra else 0.0)
+
+
+def reduce_bytes_per_param(plan: Plan) -> float:
+    """Bytes per parameter of the data-parallel gradient reduction: FSDP's ``reduce_dtype``
+    (``fsdp_reduce_dtype``), otherwise the kind's gradient dtype."""
+    par = plan.parallel
+    if par.data_parallel in ("fsdp", "hsdp"):
+        return float(par.reduce_dtype_bytes)
+    return float(grad_bytes_per_param(par.data_parallel))
+
+
+def layout_of(plan: Plan) -> Layout:
+    """Rank layout of a resolved plan."""
+    par = plan.parallel
+    return Layout(tp=par.tp, cp=par.cp, dp=par.dp, pp=par.pp)
+
+
+def optimizer_time_s(plan: Plan, compute: ComputeModel, stage: int, gpus_per_node: int) -> float:
+    kind = plan.parallel.data_parallel
+    params = stage_params_per_gpu(plan, stage)
+    if kind != "ddp":
+        params /= replica_group_size(plan, gpus_per_node=gpus_per_node)
+    return compute.optimizer_step_s(params, grad_bytes_per_param=grad_bytes_per_param(kind))
+
+
+SHARDED_GRADIENTS = ("distributed_optimizer", "zero1", "zero2", *FSDP_KINDS)
+"""Kinds whose ranks hold different gradient shards: the gradient norm needs every rank."""
+
+
+def grad_norm_group(plan: Plan) -> str:
+    """Group of the step-end gradient-norm all-reduce: none for replicated gradients without PP;
+    Megatron's model-parallel group (TP x PP) for replicated ones under PP; everyone when the
+    gradients are sharded over data parallelism (distributed optimizer, ZeRO, FSDP)."""
+    kind = plan.parallel.data_parallel
+    if kind in SHARDED_GRADIENTS and plan.parallel.dp * plan.parallel.cp > 1:
+        return "world"
+    return "mp" if plan.parallel.pp > 1 else ""
