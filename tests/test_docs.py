@@ -1,0 +1,29 @@
+"""Figures the documentation quotes are the code's: recomputed here, so a drift fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from schedules.memory import COMPONENTS, memory_per_gpu
+from schedules.plan import load_plan
+from schedules.resolve import resolve_plan
+from sim.replay.simulate import plan_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+
+
+def memory_sentence(example: str) -> str:
+    """The per-component memory line docs/plan.md gives for an example plan."""
+    plan = load_plan(ROOT / "examples" / example)
+    topology = plan_topology(plan)
+    plan = resolve_plan(plan, topology.num_gpus)
+    hbm = topology.gpu_spec(0).hbm_bytes
+    memory = memory_per_gpu(plan, hbm_bytes=hbm, gpus_per_node=topology.gpus_per_node)
+    parts = [f"{k} {memory[k] / GIB:.2f}" for k in COMPONENTS if memory[k] > 0]
+    return ", ".join(parts) + f", total {memory['total'] / GIB:.2f} GiB"
+
+
+def test_plan_doc_quotes_the_70b_memory_the_code_gives() -> None:
+    text = " ".join((ROOT / "docs" / "plan.md").read_text(encoding="utf-8").split())
+    assert memory_sentence("llama3-70b-256xh100.yaml") in text
