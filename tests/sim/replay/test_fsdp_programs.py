@@ -78,3 +78,14 @@ def test_fsdp1_options_are_refused_with_fsdp2() -> None:
         resolve_plan(plan_of({"data_parallel": "fsdp", "fsdp_version": 1, "pp": 2}), 8)
     with pytest.raises(ValueError, match="fsdp_reduce_dtype='fp16' is not one of fp32, bf16"):
         plan_of({"data_parallel": "fsdp2", "fsdp_reduce_dtype": "fp16"})
+
+
+def test_hsdp_over_fsdp2_reduce_scatters_in_the_node_and_all_reduces_across() -> None:
+    plan = resolve_plan(plan_of({"data_parallel": "hsdp", "fsdp_version": 2}, nodes=2, gbs=32), 16)
+    program = build_programs(plan, ComputeModel(GPUS["h100-sxm"]), fold=True)[0]
+    comms = [a for a in program.actions if isinstance(a, Collective)]
+    scatter = next(c for c in comms if c.name == "RS L3 mb0")
+    across = next(c for c in comms if c.name == "AR L3 mb0")
+    assert len(scatter.ranks) == 8 and len(across.ranks) == 2
+    assert across.size_bytes == pytest.approx(scatter.size_bytes / 8)  # the fp32 shard
+    assert comms[-1].name == "AR grad norm" and len(comms[-1].ranks) == 16
