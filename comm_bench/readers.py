@@ -8,12 +8,14 @@ Torch-free (the simulator's calibration uses it). Formats, detected from the con
   comes from the log's ``# Collective test starting: <op>_perf`` marker, else from the file name
   (``h100_8gpu_all_gather_ring.txt``: op all_gather, algo ring, world 8); the world size from the
   ``#  Rank`` lines of the run's header (from ``# nThread``), else ``nranks N``, else ``<N>gpu``
-  in the file name. A table whose sizes
-  restart is split into blocks and each block's op is checked against its own columns (redop,
-  root, count x dtype x world vs size, busbw / algbw): a block that contradicts the declared op
-  is relabelled when exactly one op fits (with a warning, and no algo), and skipped with a
-  warning when several do (e.g. redop ``none`` rows appended to an all_reduce log fit both
-  all_gather and all_to_all);
+  in the file name. A line that starts like a row (size, count, dtype) but is not one (too few
+  fields, a root that is no integer, ``inf`` / ``nan``) is a ValueError naming the file, line
+  and text; a 1-rank run's blocks are skipped with a warning (no bus bandwidth), a ValueError
+  when the file holds nothing else. A table whose sizes restart is split into blocks and each
+  block's op is checked against its own columns (redop, root, count x dtype x world vs size,
+  busbw / algbw): a block that contradicts the declared op is relabelled when exactly one op
+  fits (with a warning, and no algo), and skipped with a warning when several do (e.g. redop
+  ``none`` rows appended to an all_reduce log fit both all_gather and all_to_all);
 - busbw CSV tables (``op,num_nodes,gpus_per_node,size_bytes,busbw_gbps``): busbw as printed,
   algbw and time derived with ``collectives``; dtype float32 (nccl-tests' default) and placement
   from the file's comment (``in-place`` / ``out-of-place``; default out-of-place).
@@ -27,6 +29,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import re
 import warnings
 from collections.abc import Iterable
@@ -233,17 +236,48 @@ def _file_hints(name: str) -> tuple[str | None, str | None, int | None]:
     return op, algo, int(world.group(1)) if world else None
 
 
-def _is_row(tokens: list[str]) -> bool:
+ROW_LENGTHS = (13, 19)
+"""Fields of a table row: nccl-tests' 13; commbench adds min / median / p99 times (19)."""
+_PLACEMENT_COLUMNS = ("time", "algbw", "busbw", "#wrong", "min", "median", "p99")
+"""The numbers of one placement, in column order (the last 3 only in 19-field rows)."""
+ONE_RANK = "a 1-rank run (world size 1) has no bus bandwidth to calibrate on"
+"""Why the tables of a 1-rank run are not read (no data crosses a link; busbw prints 0)."""
+
+
+def _looks_like_row(tokens: list[str]) -> bool:
+    """Starts as a table row does: size, count, an nccl-tests dtype."""
     return (
-        len(tokens) in (13, 19)
+        len(tokens) >= 3
         and tokens[0].isdigit()
         and tokens[1].isdigit()
         and tokens[2] in NCCL_TESTS_DTYPES
     )
 
 
-def _split_sections(text: str, file_op: str | None, file_world: int | None) -> list[_Section]:
-    """Rows grouped by marker and by restarts of the size sequence."""
+def _is_row(tokens: list[str]) -> bool:
+    return _looks_like_row(tokens) and len(tokens) in ROW_LENGTHS
+
+
+def _row_problem(tokens: list[str]) -> str | None:
+    """Why a line that starts like a table row is not one (None when it is)."""
+    if len(tokens) not in ROW_LENGTHS:
+        return f"{len(tokens)} fields, where a row has 13 (19 with min/median/p99 times)"
+    if not re.fullmatch(r"-?\d+", tokens[4]):
+        return f"root {tokens[4]!r} is not an integer"
+    half = (len(tokens) - 5) // 2
+    for placement, start in (("out-of-place", 5), ("in-place", 5 + half)):
+        for column, token in zip(_PLACEMENT_COLUMNS, tokens[start : start + half], strict=False):
+            value = _number(token)
+            if value is not None and not math.isfinite(value):
+                return f"{placement} {column} {token!r} is not finite"
+    return None
+
+
+def _split_sections(
+    text: str, file_op: str | None, file_world: int | None, name: str
+) -> list[_Section]:
+    """Rows grouped by marker and by restarts of the size sequence; ValueError naming the file,
+    line and text of a line that starts like a row but is not one (too few fields, inf, nan)."""
     sections: list[_Section] = []
     marker_op: str | None = None
     hosts: dict[int, str] = {}
@@ -263,7 +297,7 @@ def _split_sections(text: str, file_op: str | None, file_world: int | None) -> l
             )
             rows.clear()
 
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), start=1):
         if marker := _MARKER.search(line):
             close()
             marker_op = canonical_op(marker.group(1))
@@ -274,7 +308,9 @@ def _split_sections(text: str, file_op: str | None, file_world: int | None) -> l
             hosts[int(rank.group(1))] = rank.group(2)
         elif (count := _NRANKS.search(line)) and not line.startswith("#"):
             nranks = max(nranks or 0, int(count.group(1)))
-        elif not line.startswith("#") and _is_row(tokens := line.split()):
+        elif not line.startswith("#") and _looks_like_row(tokens := line.split()):
+            if problem := _row_problem(tokens):
+                raise ValueError(f"{name} line {number}: {problem}: {' '.join(tokens)}")
             size = int(tokens[0])
             if rows and size <= rows[-1].size_bytes:
                 close()
@@ -408,7 +444,8 @@ def parse_nccl_tests_text(text: str, *, name: str = "", op: str | None = None) -
         file_op = canonical_op(op)
     source = "measured" if "# commbench " in text else "nccl-tests"
     records: list[Record] = []
-    for index, section in enumerate(_split_sections(text, file_op, file_world)):
+    one_rank: list[str] = []
+    for index, section in enumerate(_split_sections(text, file_op, file_world, name or "log")):
         where = f"{name or 'log'} block {index + 1} (sizes from {section.rows[0].size_bytes})"
         if section.world_size is None and file_op is not None:
             world = world_from_bus_factor(file_op, section.rows)
@@ -421,10 +458,17 @@ def parse_nccl_tests_text(text: str, *, name: str = "", op: str | None = None) -
                 stacklevel=2,
             )
             continue
+        if section.world_size == 1:
+            one_rank.append(where)
+            continue
         block_op = _resolve_op(section, section.world_size, where)
         if block_op is None:
             continue
         algo = file_algo if block_op == file_op else None
         for row in section.rows:
             records.extend(_row_records(block_op, row, section, section.world_size, algo, source))
+    if one_rank and not records:
+        raise ValueError(f"{name or 'log'}: {ONE_RANK}; measure with 2 or more ranks")
+    for where in one_rank:
+        warnings.warn(f"{where}: {ONE_RANK}; skipped", stacklevel=2)
     return records

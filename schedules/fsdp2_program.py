@@ -32,9 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schedules.fsdp_program import _reduce as reduce_unit
+from schedules.fsdp_program import GRAD_NORM_BYTES, reduce_unit
 from schedules.program import Compute, Program, ProgramBuilder, Step
-from schedules.step_program import GRAD_NORM_BYTES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

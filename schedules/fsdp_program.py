@@ -1,9 +1,10 @@
 """FSDP / HSDP / ZeRO-3 step programs: parameters sharded per unit, gathered before use.
 
 ``fsdp_program`` builds an FSDP1 / ZeRO-3 step without pipelining, unit by unit: the all-gathers
-with the 2-in-flight rate limiter, backward prefetch, the reduce-scatters on the same FIFO and
-HSDP's replicate all-reduce. ``FsdpStages`` / ``FsdpPipelineState`` add FSDP2 units to the passes
-of ``schedules.step_program``'s pipeline builder, as ``torch.distributed.pipelining`` runs them
+with the 2-in-flight rate limiter, forward and backward prefetch, the reduce-scatters on the same
+FIFO, HSDP's replicate all-reduce and ``clip_grad_norm_``'s all-reduce before the optimizer.
+``FsdpStages`` / ``FsdpPipelineState`` add FSDP2 units to the passes of
+``schedules.step_program``'s pipeline builder, as ``torch.distributed.pipelining`` runs them
 (torch 2.13, torchtitan): every unit of a stage is all-gathered at its first forward (micro-batch
 0, the next unit prefetched while the current one computes) and, with ``reshard_after_forward``
 False (torchtitan's default under PP), stays unsharded through every micro-batch; backward
@@ -26,6 +27,10 @@ from schedules.program import ChunkWork, Compute, MarkStep, Program, ProgramBuil
 
 MAX_INFLIGHT_ALL_GATHERS = 2
 """FSDP1's ``_max_num_inflight_all_gathers``: the limiter's free-event queue threshold."""
+GRAD_NORM_BYTES = 8.0
+"""``clip_grad_norm_``'s all-reduce (FSDP1 reduces one fp32 scalar; latency-bound either way).
+Mirrors ``schedules.step_program.GRAD_NORM_BYTES`` (an fp32 norm and found-inf flag), restated
+because step_program imports this module and importing it here would be a cycle."""
 NO_WORK = ChunkWork(forward=(), backward=())
 """A part of the model with nothing to run."""
 
@@ -66,12 +71,24 @@ class FsdpRank:
     """``dp`` = the shard group; ``hsdp`` = the replicate group (HSDP), ``tp``/``cp`` as usual."""
     backward_prefetch: str = "backward_pre"
     """backward_pre | backward_post | none."""
+    forward_prefetch: bool = False
+    """FSDP1 ``forward_prefetch``: a unit's pre-forward also issues the next unit's all-gather."""
     limit_all_gathers: bool = True
     """The rate limiter: an all-gather waits until at most one other unit is unsharded."""
     reshard_after_forward: bool = True
     """FULL_SHARD (True: backward all-gathers again) or SHARD_GRAD_OP (False)."""
     optimizer_s: float = 0.0
     """Optimizer step on the local shard."""
+    grad_norm_group: str = ""
+    """Group of ``clip_grad_norm_``'s all-reduce of the squared norms of the gradient shards,
+    before the optimizer (a name in ``groups``); empty: no clipping."""
+
+    def __post_init__(self) -> None:
+        if self.grad_norm_group and self.grad_norm_group not in self.groups:
+            raise ValueError(
+                f"grad_norm_group={self.grad_norm_group!r} is not one of the groups "
+                f"{sorted(self.groups)}"
+            )
 
 
 def fsdp_program(spec: FsdpRank) -> Program:
@@ -83,6 +100,19 @@ def fsdp_program(spec: FsdpRank) -> Program:
     RS(u+1), AG(u-1), RS(u)... The rate limiter is modelled literally: every reshard that frees
     memory records an event on the compute stream, and an AG is issued only once at most one
     such event is pending (the older ones are waited for).
+
+    ``forward_prefetch`` follows torch 2.13's ``_pre_forward_unshard``: a unit not yet
+    prefetched is gathered by ``_unshard``, then ``_prefetch_handle(..., _PrefetchMode.FORWARD)``
+    gathers the next handle of the recorded pre-forward order (``_get_handle_to_prefetch`` ->
+    ``_ExecOrderData.get_handle_to_forward_prefetch``, limit 1: root -> u0 -> u1 ...). The
+    prefetch calls the same ``_unshard``, so it passes the limiter (``_FreeEventQueue.
+    dequeue_if_needed``) like any AG; it only comes one free event earlier. The order is
+    recorded in the first iteration, so a steady-state step prefetches in every micro-batch.
+    Without the limiter the CPU already runs ahead here, and the flag changes only issue order.
+
+    With ``grad_norm_group`` the optimizer waits for ``clip_grad_norm_``'s 8-byte all-reduce,
+    issued after the last backward compute and every RS / AR (FSDP1's ``clip_grad_norm_``
+    all-reduces the local shards' squared norms).
     """
     builder = _Fsdp(spec)
     outstanding: list[int] = []
@@ -90,12 +120,23 @@ def fsdp_program(spec: FsdpRank) -> Program:
         outstanding = builder.forward(mb, outstanding)
         outstanding = builder.backward(mb, outstanding)
     b = builder.b
+    waits = [*outstanding, *builder.reduced]
+    if spec.grad_norm_group:
+        norm = b.collective(
+            "AR grad norm",
+            spec.grad_norm_group,
+            "all_reduce",
+            GRAD_NORM_BYTES,
+            deps=b.after_compute(*waits),
+            phase="optimizer",
+        )
+        waits += [] if norm is None else [norm]
     b.add(
         Compute(
             name="optimizer",
             duration_s=spec.optimizer_s,
             kind="optimizer",
-            deps=tuple(sorted({*outstanding, *builder.reduced})),
+            deps=tuple(sorted(set(waits))),
         )
     )
     return b.program()
@@ -112,6 +153,8 @@ class _Fsdp:
 
     def gather(self, name: str, size: float, deps: tuple[int, ...] = ()) -> list[int]:
         """All-gather on the shard FIFO, after the rate limiter lets it through."""
+        if size <= 0:  # no parameters, no handle: ``_unshard`` is never called
+            return []
         waits = list(deps)
         while self.spec.limit_all_gathers and len(self.frees) >= MAX_INFLIGHT_ALL_GATHERS:
             waits.append(self.frees.popleft())
@@ -124,13 +167,26 @@ class _Fsdp:
             self.frees.append(self.b.last_compute)
 
     def forward(self, mb: int, waits: list[int]) -> list[int]:
+        """Pre-forward of the root, then of each unit: AG (unless prefetched), prefetch, F, free.
+
+        The AGs are issued from ``start`` (the root's pre-forward makes the all-gather stream
+        wait for the compute stream; the CPU then runs ahead) and only the limiter holds them
+        back, so ``forward_prefetch`` moves AG(u + 1) before F(u) in issue order: the limiter
+        sees one free event fewer, and AG(u) waits for F(u - 3) instead of F(u - 2).
+        """
         spec, units, b = self.spec, self.spec.units, self.b
         start = b.after_compute()
-        root = self.gather(f"AG root mb{mb}", units.root_param_bytes, start)
-        waits = b.run_steps(f"F{mb} embed", units.embed.forward, (*waits, *root))
+        gathers = {ROOT: self.gather(f"AG root mb{mb}", units.root_param_bytes, start)}
+        # A root without parameters has no handle, so its pre-forward prefetches nothing.
+        if spec.forward_prefetch and units.root_param_bytes > 0 and units.num_units > 0:
+            gathers[0] = self.gather(f"AG u0 mb{mb}", units.unit_param_bytes, start)
+        waits = b.run_steps(f"F{mb} embed", units.embed.forward, (*waits, *gathers[ROOT]))
         for u in range(units.num_units):
-            ag = self.gather(f"AG u{u} mb{mb}", units.unit_param_bytes, start)
-            waits = b.run_steps(f"F{mb} u{u}", units.layer.forward, (*waits, *ag))
+            if u not in gathers:
+                gathers[u] = self.gather(f"AG u{u} mb{mb}", units.unit_param_bytes, start)
+            if spec.forward_prefetch and u + 1 < units.num_units:
+                gathers[u + 1] = self.gather(f"AG u{u + 1} mb{mb}", units.unit_param_bytes, start)
+            waits = b.run_steps(f"F{mb} u{u}", units.layer.forward, (*waits, *gathers[u]))
             if spec.reshard_after_forward:
                 self.free()
         return b.run_steps(f"F{mb} head", units.head.forward, tuple(waits))
@@ -152,13 +208,13 @@ class _Fsdp:
             self.free()
             if regather and prefetch == "backward_post" and u > 0:
                 gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", units.unit_param_bytes)
-            self.reduced += _reduce(b, f"u{u} mb{mb}", units.unit_grad_bytes, waits)
+            self.reduced += reduce_unit(b, f"u{u} mb{mb}", units.unit_grad_bytes, waits)
         waits = b.run_steps(f"B{mb} embed", units.embed.backward, tuple(waits))
-        self.reduced += _reduce(b, f"root mb{mb}", units.root_grad_bytes, waits)
+        self.reduced += reduce_unit(b, f"root mb{mb}", units.root_grad_bytes, waits)
         return waits
 
 
-def _reduce(b: ProgramBuilder, label: str, size: float, waits: list[int]) -> list[int]:
+def reduce_unit(b: ProgramBuilder, label: str, size: float, waits: list[int]) -> list[int]:
     """RS of a unit's gradient on the shard FIFO, then HSDP's all-reduce of the shard."""
     rs = b.collective(f"RS {label}", "dp", "reduce_scatter", size, deps=b.after_compute(*waits))
     out = [] if rs is None else [rs]
@@ -301,7 +357,7 @@ class FsdpPipelineState:
         units = self.stages.chunks[chunk]
         size = units.root_grad_bytes if unit == ROOT else units.unit_grad_bytes
         label = f"{'root' if unit == ROOT else f'u{unit}'} c{chunk}" + (f" {tag}" if tag else "")
-        return _reduce(self.b, label, size, waits)
+        return reduce_unit(self.b, label, size, waits)
 
     def reduce_grad(self, chunk: int, waits: list[int]) -> None:
         """torch 2.13's REDUCE_GRAD after the chunk's last backward: root, then layers in order."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from schedules.fsdp_program import FsdpPipelineState, FsdpStages
+from schedules.fsdp_program import GRAD_NORM_BYTES, FsdpPipelineState, FsdpStages
 from schedules.pipeline import Pass, RankOrder
 from schedules.program import (
     ChunkWork,
@@ -50,10 +50,6 @@ class GradSync:
     param_gather: str = ""
     """Parameter all-gather: ``""`` none, ``after_step``, or ``overlapped`` (with the next
     forward: issued at the step's start, each chunk's first forward waits for it)."""
-
-
-GRAD_NORM_BYTES = 8.0
-"""The step-end all-reduce: an fp32 squared gradient norm and an fp32 found-inf flag."""
 
 
 def grad_sync_for(

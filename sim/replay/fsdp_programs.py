@@ -116,9 +116,13 @@ def fsdp_programs(
         embed=ChunkWork(forward=tuple(x["fwd_pre"]), backward=tuple(x["bwd_post"])),
         head=ChunkWork(forward=tuple(x["fwd_post"]), backward=tuple(x["bwd_pre"])),
     )
+    norm_group = grad_norm_group(plan)
+    layout = layout_of(plan)
     programs = []
     for rank in ranks:
         groups = fsdp_groups(plan, rank, gpus_per_node)
+        if norm_group:
+            groups[norm_group] = layout.group(norm_group, rank)
         spec = FsdpRank(
             rank=rank,
             num_microbatches=num_microbatches(plan),
@@ -127,6 +131,8 @@ def fsdp_programs(
             backward_prefetch=prefetch,
             limit_all_gathers=par.fsdp_limit_all_gathers,
             reshard_after_forward=reshard_after_forward(plan),
+            forward_prefetch=par.fsdp_forward_prefetch,
+            grad_norm_group=norm_group,
             optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
         )
         programs.append(fsdp_program(spec))

@@ -166,3 +166,91 @@ def test_malformed_commbench_files_name_the_file_and_row(tmp_path):
     junk.write_text(f"{header}{rest}\nall_reduce,abc,1,float32,4,1,false,1,1,1,,,,,,,,,\n")
     with pytest.raises(ValueError, match=r"junk\.csv: result 0: .*'abc'"):
         read_results(junk)
+
+
+ROWS = [
+    "     1048576        262144     float     sum      -1    20.00   52.43   52.43       0"
+    "    19.00   55.19   55.19       0",
+    "     2097152        524288     float     sum      -1    30.00   69.91   69.91       0"
+    "    29.00   72.32   72.32       0",
+]
+"""Two all_reduce rows of a 2-rank run (busbw = algbw x 2(n-1)/n = algbw)."""
+
+
+def _all_reduce_log(rows, ranks=2):
+    """An nccl-tests all_reduce log of ``ranks`` ranks on one node; rows from line 4 + ranks."""
+    rank_lines = [
+        f"#  Rank {r:2d} Group  0 Pid  1{r} on   nodeA device {r:2d} [0x1b] NVIDIA H100 80GB HBM3"
+        for r in range(ranks)
+    ]
+    lines = [
+        f"# nThread 1 nGpus {ranks} minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5",
+        *rank_lines,
+        "# Collective test starting: all_reduce_perf",
+        HEAD + "     time   algbw   busbw  #wrong",
+        *rows,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_valid_log_reads_both_rows():
+    records = parse_nccl_tests_text(_all_reduce_log(ROWS))
+    assert [(r.size_bytes, r.in_place, r.busbw_gbps) for r in records] == [
+        (1048576, False, 52.43),
+        (1048576, True, 55.19),
+        (2097152, False, 69.91),
+        (2097152, True, 72.32),
+    ]
+
+
+SHORT = " ".join(ROWS[1].split()[:7])
+"""The second row cut after its out-of-place algbw (a log truncated mid-write)."""
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        (SHORT, r"7 fields, where a row has 13 \(19 with min/median/p99 times\)"),
+        (ROWS[1].replace("69.91   69.91", "69.91   inf"), "out-of-place busbw 'inf' is not finite"),
+        (ROWS[1].replace("29.00", "nan"), "in-place time 'nan' is not finite"),
+        (ROWS[1].replace("     -1 ", "     x1 "), "root 'x1' is not an integer"),
+    ],
+)
+def test_a_broken_row_is_one_error_line_naming_file_line_and_text(tmp_path, row, problem):
+    path = tmp_path / "run.txt"
+    path.write_text(_all_reduce_log([ROWS[0], row]))  # line 6 is fine, line 7 is not
+    with pytest.raises(
+        ValueError, match=rf"^run\.txt line 7: {problem}: 2097152 524288 float"
+    ) as e:
+        read_results(path)
+    assert "\n" not in str(e.value)
+    assert str(e.value).endswith(" ".join(row.split()))
+
+
+SINGLE = (
+    "     1048576        262144     float     sum      -1    20.00   52.43    0.00       0"
+    "    19.00   55.19    0.00       0"
+)
+"""An all_reduce row of a 1-rank run: bus factor 2(n-1)/n = 0, so busbw prints 0."""
+
+
+@pytest.mark.parametrize("where", ["Rank lines", "nranks"])
+def test_a_one_rank_run_says_it_has_no_bus_bandwidth(tmp_path, where):
+    path = tmp_path / "single.txt"
+    if where == "Rank lines":
+        path.write_text(_all_reduce_log([SINGLE], ranks=1))
+    else:
+        path.write_text(f"h:1:1 NCCL INFO comm 0x1 rank 0 nranks 1 cudaDev 0\n{SINGLE}\n")
+    message = (
+        r"^single\.txt: a 1-rank run \(world size 1\) has no bus bandwidth to calibrate on; "
+        r"measure with 2 or more ranks$"
+    )
+    with pytest.raises(ValueError, match=message):
+        read_results(path, op="all_reduce")
+
+
+def test_one_rank_blocks_beside_real_runs_are_skipped_with_a_warning():
+    text = _all_reduce_log([SINGLE], ranks=1) + _all_reduce_log(ROWS, ranks=2)
+    with pytest.warns(UserWarning, match=r"log block 1 .*: a 1-rank run .*; skipped"):
+        records = parse_nccl_tests_text(text)
+    assert len(records) == 4 and {r.world_size for r in records} == {2}

@@ -1,5 +1,6 @@
-"""Every framework knob a plan accepts changes the replay or the memory, or is listed as not yet
-honoured: a knob that is accepted and does nothing is a defect, and this list is where it shows."""
+"""Every framework knob a plan accepts changes the program, the replay or the memory, or is listed
+as not yet honoured: a knob that is accepted and does nothing is a defect, and this list is where
+it shows."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from typing import Any
 import pytest
 
 from schedules.plan import ParallelConfig, load_plan
+from schedules.resolve import resolve_plan
+from sim.compute.model import ComputeModel
+from sim.replay.programs import build_programs
 from sim.replay.simulate import simulate_plan
+from topologies.hardware import GPUS
 
 MODEL = {
     "name": "m", "num_layers": 8, "hidden_size": 1024, "num_heads": 16, "num_kv_heads": 4,
@@ -42,7 +47,6 @@ KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
 """Per framework knob: a plan where it applies, and a value away from its default."""
 
 NOT_YET_HONOURED = {
-    "fsdp_forward_prefetch",  # FSDP1's forward prefetch is not replayed
     "zero_prefetch_bucket_elems",  # ZeRO-3 is replayed as FSDP units, no prefetch window
     "zero_max_live_parameters",
     "zero_param_persistence_threshold",
@@ -74,7 +78,10 @@ def _fingerprint(parallel: dict[str, Any]) -> tuple[Any, ...]:
     )
     result = simulate_plan(plan)
     memory = tuple(sorted((k, round(v, 9)) for k, v in result.memory_gib.items()))
-    return round(result.step_time_s, 12), memory, len(result.spans)
+    resolved = resolve_plan(plan, 16)
+    program = build_programs(resolved, ComputeModel(GPUS["h100-sxm"]))[0]
+    actions = tuple((a.name, a.deps) for a in program.actions)  # what waits for what
+    return round(result.step_time_s, 12), memory, len(result.spans), actions
 
 
 LAYOUT_KEYS = {
