@@ -86,6 +86,11 @@ class ComputeCalibration:
     """Measured achievable memory bandwidth; None keeps spec x memory efficiency."""
     measurements: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
     """The raw samples the fits came from (kind, dtype, dims, flops, time_s)."""
+    time_scale: float = 1.0
+    """Factor on every kernel time (``commsim fit``: fitted so that a plan's simulated step
+    matches a measured one); 1 keeps the curves as they are."""
+    fitted_on: str = ""
+    """What ``time_scale`` was fitted on (plan, GPUs, measured step), informational."""
 
     def __post_init__(self) -> None:
         for dtype, kinds in self.kernels.items():
@@ -110,6 +115,10 @@ class ComputeCalibration:
                     f"compute calibration: efficiency {key}={value} invalid; keys "
                     f"{', '.join(EFFICIENCY_KEYS)} with values in (0, 1.5]"
                 )
+        try:
+            _time_scale(self.time_scale)
+        except ValueError as exc:
+            raise ValueError(f"compute calibration: {exc}") from None
 
     def kernel(self, kind: str, dtype: str) -> KernelFit | None:
         """The fitted curve for ``kind`` in ``dtype``, or None."""
@@ -128,6 +137,8 @@ class ComputeCalibration:
             "efficiency": dict(self.efficiency),
             "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
             "measurements": [dict(m) for m in self.measurements],
+            "time_scale": self.time_scale,
+            "fitted_on": self.fitted_on,
         }
 
     @classmethod
@@ -153,7 +164,21 @@ class ComputeCalibration:
             efficiency={k: float(v) for k, v in data.get("efficiency", {}).items()},
             memory_bandwidth_bytes_per_s=None if bandwidth is None else float(bandwidth),
             measurements=tuple(data.get("measurements", ())),
+            time_scale=_time_scale(data.get("time_scale", 1.0)),
+            fitted_on=str(data.get("fitted_on", "")),
         )
+
+
+TIME_SCALE_RANGE = (0.05, 20.0)
+"""Accepted ``time_scale`` values: beyond them the file describes another machine or a typo."""
+
+
+def _time_scale(value: Any) -> float:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    low, high = TIME_SCALE_RANGE
+    if not number or not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"time_scale must be a number in [{low}, {high}], got {value!r}")
+    return float(value)
 
 
 def load_compute_calibration(path: str | Path) -> ComputeCalibration:

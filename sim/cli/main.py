@@ -5,6 +5,7 @@
     commsim calibrate results/commbench/run.json --topology localhost -o calibration.json
     commsim compare measured.json --topology dgx-h100 --calibration calibration.json -o plot.png
     commsim plan plan.yaml --json
+    commsim fit plan.yaml --step-time 12.3 --compute-calibration fitted.json
     commsim validate
 
 Each sub-command module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Bad input
@@ -32,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("sim.cli.calibrate", "fit the network model to measured collectives"),
     "compare": ("sim.cli.compare", "plot and score simulated against measured collectives"),
     "plan": ("sim.cli.plan", "simulate one training step of a parallel plan"),
+    "fit": ("sim.cli.fit", "fit the compute speed to one measured step of a plan"),
     "validate": ("sim.cli.validate", "simulate published training runs and report the error"),
 }
 

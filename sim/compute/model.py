@@ -140,16 +140,17 @@ class ComputeModel:
         return self.gpu.hbm_bandwidth_bytes_per_s * efficiency
 
     def memory_time_s(self, num_bytes: float) -> float:
-        """A memory-bound kernel moving ``num_bytes`` (read + written)."""
-        return num_bytes / self.memory_bandwidth_bytes_per_s()
+        """A memory-bound kernel moving ``num_bytes`` (read + written), times ``time_scale``."""
+        return num_bytes / self.memory_bandwidth_bytes_per_s() * self.calibration.time_scale
 
     def kernel_time_s(self, kernel: Kernel) -> float:
         """One kernel: max(flops / rate(dims), latency + bytes / bandwidth); memory: bytes only."""
         if kernel.kind == "memory":
             return self.memory_time_s(kernel.bytes)
         fit = self.kernel_fit(kernel.kind, kernel.dtype)
-        compute_s = fit.time_s(kernel.flops, kernel.dims)
-        return max(compute_s, fit.latency_s + self.memory_time_s(kernel.bytes))
+        scale = self.calibration.time_scale
+        compute_s = fit.time_s(kernel.flops, kernel.dims) * scale
+        return max(compute_s, fit.latency_s * scale + self.memory_time_s(kernel.bytes))
 
     def price(self, kernels: Iterable[Kernel]) -> float:
         """Seconds of ``kernels`` run one after another."""

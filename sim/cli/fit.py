@@ -1,0 +1,193 @@
+"""``commsim fit``: fit the compute speed to one measured step of your own job.
+
+A user who measured one step of a plan (say on 32 GPUs) fits a single factor on every kernel
+time (``time_scale`` in the compute calibration) so that the simulated step equals the measured
+one, then predicts other layouts and scales with ``commsim plan --compute-calibration``. The
+step time rises monotonically with the factor, so it is found by bracketing and the Illinois
+variant of regula falsi in log space (a handful of simulations). A fit that would put the GEMMs
+above the GPU's dense peak, or below ``MIN_GEMM_EFFICIENCY`` of it, is refused: the plan (layout,
+batch, recompute) or the measurement is wrong, not the GPU.
+
+    commsim fit plan.yaml --step-time 12.3 --compute-calibration fitted.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from fileio.output import check_outputs
+from sim.cli.plan import FIDELITIES, load_calibrations, load_plan_file
+
+MIN_GEMM_EFFICIENCY = 0.15
+"""Below this fraction of the dense peak for large GEMMs a fit describes a broken setup (a
+training step of a transformer on a modern GPU runs its GEMMs at 40-80% of peak)."""
+RELATIVE_TOLERANCE = 1e-4
+"""The fit stops when the simulated step is this close to the measured one."""
+MAX_SIMULATIONS = 40
+"""Bracketing plus regula falsi never needs more on a monotone step time."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Define the ``commsim fit`` flags."""
+    parser.add_argument("plan", type=Path, metavar="PLAN.yaml", help="the plan that was measured")
+    parser.add_argument(
+        "--step-time",
+        type=float,
+        required=True,
+        metavar="SECONDS",
+        help="measured seconds per optimizer step (steady state, not the first steps)",
+    )
+    parser.add_argument(
+        "--compute-calibration",
+        type=Path,
+        metavar="OUT.json",
+        help="write the fitted compute calibration here",
+    )
+    parser.add_argument(
+        "--from-compute-calibration",
+        type=Path,
+        metavar="FILE",
+        help="start from this compute calibration (commbench --compute) instead of defaults",
+    )
+    parser.add_argument("--calibration", type=Path, metavar="FILE", help="network calibration JSON")
+    parser.add_argument("--fidelity", choices=FIDELITIES, default="analytical")
+    parser.add_argument("--json", action="store_true", help="print the fit as JSON")
+
+
+def fit_time_scale(
+    step_time_s: float, simulate: Callable[[float], float], *, low: float, high: float
+) -> tuple[float, float, int]:
+    """(scale, simulated step, simulations) with ``simulate(scale)`` = ``step_time_s``.
+
+    ``simulate`` must be non-decreasing in the scale. Raises ValueError when the measured step
+    lies outside [simulate(low), simulate(high)], naming the bound it crosses.
+    """
+    calls = 0
+
+    def f(log_scale: float) -> float:
+        nonlocal calls
+        calls += 1
+        return math.log(simulate(math.exp(log_scale)) / step_time_s)
+
+    a, b = math.log(low), math.log(high)
+    fa, fb = f(a), f(b)
+    if fa > 0:
+        raise ValueError(f"below:{math.exp(fa) * step_time_s}")
+    if fb < 0:
+        raise ValueError(f"above:{math.exp(fb) * step_time_s}")
+    side = 0
+    while calls < MAX_SIMULATIONS:
+        c = (a * fb - b * fa) / (fb - fa) if fb != fa else (a + b) / 2
+        fc = f(c)
+        if abs(fc) <= RELATIVE_TOLERANCE:
+            return math.exp(c), math.exp(fc) * step_time_s, calls
+        if fc < 0:
+            a, fa = c, fc
+            fb = fb / 2 if side == -1 else fb  # Illinois: halve the stale end
+            side = -1
+        else:
+            b, fb = c, fc
+            fa = fa / 2 if side == 1 else fa
+            side = 1
+    return math.exp(c), math.exp(fc) * step_time_s, calls
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit the factor, print it, write the calibration; returns 0."""
+    from comm_bench.compute_calibration import ComputeCalibration, save_compute_calibration
+    from schedules.resolve import resolve_plan
+    from sim.compute.model import default_efficiency
+    from sim.replay.simulate import plan_topology, simulate_plan
+
+    measured = args.step_time
+    if not math.isfinite(measured) or measured <= 0:
+        raise ValueError(f"--step-time must be a positive number of seconds, got {measured}")
+    targets = check_outputs(
+        {"--compute-calibration": (args.compute_calibration, (".json",))},
+        inputs=(args.plan, args.calibration, args.from_compute_calibration),
+    )
+    plan = load_plan_file(args.plan)
+    topology = plan_topology(plan)
+    plan = resolve_plan(plan, topology.num_gpus)
+    load_args = argparse.Namespace(
+        calibration=args.calibration, compute_calibration=args.from_compute_calibration
+    )
+    comm, base = load_calibrations(load_args)
+    base = base or ComputeCalibration()
+    gpu = topology.gpu_spec(0)
+    dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
+    gemm = base.efficiency.get("gemm", default_efficiency(gpu, "gemm", dtype))
+    fitted = base.kernel("gemm", dtype)
+    if fitted is not None:
+        gemm = fitted.max_flops_per_s / gpu.peak_flops_per_s[dtype]
+    # time_scale multiplies the base calibration's own factor; GEMM efficiency = gemm / scale.
+    low, high = gemm / 1.0 / base.time_scale, gemm / MIN_GEMM_EFFICIENCY / base.time_scale
+
+    def simulate(scale: float) -> float:
+        calibration = dataclasses.replace(base, time_scale=base.time_scale * scale)
+        result = simulate_plan(
+            plan,
+            topology=topology,
+            comm_calibration=comm,
+            compute_calibration=calibration,
+            fidelity=args.fidelity,
+        )
+        return result.step_time_s
+
+    try:
+        scale, simulated, calls = fit_time_scale(measured, simulate, low=low, high=high)
+    except ValueError as exc:
+        raise ValueError(_refusal(str(exc), measured, gemm, base.time_scale)) from None
+    total = base.time_scale * scale
+    note = (
+        f"{args.plan.name} on {topology.num_gpus} GPUs ({gpu.name}), measured step {measured:g} s"
+    )
+    calibration = dataclasses.replace(base, time_scale=total, fitted_on=note)
+    summary = {
+        "time_scale": total,
+        "gemm_efficiency": gemm / total,
+        "simulated_step_s": simulated,
+        "measured_step_s": measured,
+        "simulations": calls,
+        "fitted_on": note,
+    }
+    if (target := targets.get("--compute-calibration")) is not None:
+        save_compute_calibration(calibration, target)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(_text(summary, args.compute_calibration))
+    return 0
+
+
+def _refusal(bound: str, measured: float, gemm: float, base_scale: float) -> str:
+    side, value = bound.split(":")
+    if side == "below":
+        return (
+            f"--step-time {measured:g} s is shorter than this plan can run with its GEMMs at the "
+            f"GPU's dense peak ({float(value):.4g} s): the measured job had a smaller layout or "
+            "batch, or the plan's communication is slower than the real cluster's"
+        )
+    return (
+        f"--step-time {measured:g} s is longer than this plan takes with its GEMMs at "
+        f"{MIN_GEMM_EFFICIENCY:.0%} of peak ({float(value):.4g} s): check the plan (layout, "
+        "batch, recompute) and that the measurement excludes start-up and evaluation"
+    )
+
+
+def _text(summary: dict[str, object], out: Path | None) -> str:
+    lines = [
+        f"fitted time_scale {summary['time_scale']:.4f}: every kernel takes "
+        f"{summary['time_scale']:.3f}x its modelled time (large GEMMs at "
+        f"{summary['gemm_efficiency']:.1%} of dense peak)",
+        f"simulated step {summary['simulated_step_s']:.4f} s vs measured "
+        f"{summary['measured_step_s']:.4f} s ({summary['simulations']} simulations)",
+    ]
+    if out is not None:
+        lines.append(f"wrote {out}: pass it to commsim plan --compute-calibration")
+    return "\n".join(lines)
