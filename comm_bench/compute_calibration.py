@@ -91,6 +91,9 @@ class ComputeCalibration:
     matches a measured one); 1 keeps the curves as they are."""
     fitted_on: str = ""
     """What ``time_scale`` was fitted on (plan, GPUs, measured step), informational."""
+    overlap_slowdown: float | None = None
+    """Compute slowdown while communication runs beside it (0.2: 20% longer); None for the
+    default (``sim.compute.model.DEFAULT_OVERLAP_SLOWDOWN``)."""
 
     def __post_init__(self) -> None:
         for dtype, kinds in self.kernels.items():
@@ -119,6 +122,16 @@ class ComputeCalibration:
             _time_scale(self.time_scale)
         except ValueError as exc:
             raise ValueError(f"compute calibration: {exc}") from None
+        slowdown = self.overlap_slowdown
+        if slowdown is not None and not (
+            isinstance(slowdown, int | float)
+            and not isinstance(slowdown, bool)
+            and 0 <= slowdown <= MAX_OVERLAP_SLOWDOWN
+        ):
+            raise ValueError(
+                f"compute calibration: overlap_slowdown must be a number in "
+                f"[0, {MAX_OVERLAP_SLOWDOWN}] (0.2: 20% slower), got {slowdown!r}"
+            )
 
     def kernel(self, kind: str, dtype: str) -> KernelFit | None:
         """The fitted curve for ``kind`` in ``dtype``, or None."""
@@ -139,6 +152,7 @@ class ComputeCalibration:
             "measurements": [dict(m) for m in self.measurements],
             "time_scale": self.time_scale,
             "fitted_on": self.fitted_on,
+            "overlap_slowdown": self.overlap_slowdown,
         }
 
     @classmethod
@@ -166,9 +180,12 @@ class ComputeCalibration:
             measurements=tuple(data.get("measurements", ())),
             time_scale=_time_scale(data.get("time_scale", 1.0)),
             fitted_on=str(data.get("fitted_on", "")),
+            overlap_slowdown=data.get("overlap_slowdown"),
         )
 
 
+MAX_OVERLAP_SLOWDOWN = 2.0
+"""Largest accepted overlap slowdown (3x slower compute); published figures are 0.1-0.4."""
 TIME_SCALE_RANGE = (0.05, 20.0)
 """Accepted ``time_scale`` values: beyond them the file describes another machine or a typo."""
 

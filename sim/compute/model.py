@@ -53,6 +53,12 @@ GEMM_DIM_HALF = 128.0
 """Default GEMM saturation dimension (a 128-wide tile dimension reaches half the rate)."""
 ATTENTION_DIM_HALF = 256.0
 """Default attention saturation length for the query and key sequence lengths."""
+DEFAULT_OVERLAP_SLOWDOWN = 0.189
+"""Compute runs 18.9% longer while a collective runs beside it: the mean slowdown Lee et al.
+measured overlapping GPT and Llama training kernels with NCCL/RCCL collectives on A100, H100,
+MI250 and MI210 (arXiv:2507.03114, 2025: mean 18.9%, up to 40%). The mechanism: NCCL's kernels
+hold SMs (one block per channel, 16-32 of an H100's 132 SMs) and HBM bandwidth. A compute
+calibration's ``overlap_slowdown`` replaces it."""
 ADAM_BYTES_PER_PARAM = 26.0
 """Fused Adam traffic per parameter besides the gradient: read and write fp32 master, m, v
 (24 bytes) and write the bf16 copy (2 bytes)."""
@@ -128,6 +134,12 @@ class ComputeModel:
             efficiency = default_efficiency(self.gpu, kind, dtype)
         dim_half = GEMM_DIM_HALF if kind == "gemm" else ATTENTION_DIM_HALF
         return KernelFit(max_flops_per_s=self._peak(dtype) * efficiency, dim_half=dim_half)
+
+    @property
+    def overlap_slowdown(self) -> float:
+        """Fraction by which compute slows while communication runs beside it."""
+        value = self.calibration.overlap_slowdown
+        return DEFAULT_OVERLAP_SLOWDOWN if value is None else float(value)
 
     def memory_bandwidth_bytes_per_s(self) -> float:
         """Achievable memory bandwidth: measured, or the spec's HBM bandwidth x efficiency."""

@@ -9,6 +9,11 @@ rank list, so concurrent collectives contend under ``flow`` fidelity. A ``Transf
 both its sender and its receiver have posted it. Group members that are not simulated (folded
 replicas) are not waited for. Everything is ordered by SimPy's event queue: deterministic.
 
+Overlap interference: while any collective or transfer of a rank is in flight, its compute runs
+``1 + overlap_slowdown`` times slower (NCCL's kernels hold SMs and HBM bandwidth that the GEMMs
+would use); the compute stream's progress is re-rated whenever that changes, and the extra time
+is reported per rank (``RankTimes.overlap_slowdown_s``).
+
     timeline = Engine(env, comm, programs).run()
 """
 
@@ -66,6 +71,8 @@ class RankTimes:
     """Per group: compute-stream idle time spent waiting for that group's communication."""
     idle_s: float
     """Other compute-stream idle time (waiting for other stages: the pipeline bubble)."""
+    overlap_slowdown_s: float = 0.0
+    """Compute-stream time added by communication running beside the compute (in compute_s)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +111,7 @@ class _Record:
     issue_s: float = 0.0
     start_s: float = 0.0
     end_s: float = 0.0
+    slowed_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -117,9 +125,21 @@ class _State:
 class Engine:
     """Runs programs to completion on a SimPy environment (state changes over simulated time)."""
 
-    def __init__(self, env: simpy.Environment, comm: CommRunner, programs: Sequence[Program]):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        comm: CommRunner,
+        programs: Sequence[Program],
+        *,
+        overlap_slowdown: float = 0.0,
+    ):
+        if not 0.0 <= overlap_slowdown <= 10.0:
+            raise ValueError(f"overlap_slowdown must be in [0, 10], got {overlap_slowdown}")
         self.env = env
         self.comm = comm
+        self.overlap_slowdown = overlap_slowdown
+        self._in_flight: dict[int, int] = defaultdict(int)
+        self._changed: dict[int, simpy.Event] = {}
         self.programs = {program.rank: program for program in programs}
         if len(self.programs) != len(programs):
             raise ValueError("two programs for the same rank")
@@ -178,7 +198,12 @@ class Engine:
             record.issue_s = self.env.now
             if isinstance(action, Compute):
                 record.start_s = self.env.now
-                if action.duration_s > 0:
+                if action.duration_s > 0 and self.overlap_slowdown > 0:
+                    yield from self._compute(rank, action.duration_s)
+                    ran_s = self.env.now - record.start_s
+                    if ran_s > action.duration_s * (1 + 1e-12):
+                        record.slowed_s = ran_s - action.duration_s
+                elif action.duration_s > 0:
                     yield self.env.timeout(action.duration_s)
             else:
                 meeting = self._arrive(action, key, seq)
@@ -191,6 +216,29 @@ class Engine:
             waiter = state.waiters.pop(index, None)
             if waiter is not None:
                 waiter.succeed()
+
+    def _compute(self, rank: int, duration_s: float) -> Generator[Any, Any, None]:
+        """Run ``duration_s`` of work at the rate the rank's communication leaves it."""
+        remaining = duration_s
+        while True:
+            rate = 1.0 / (1.0 + self.overlap_slowdown) if self._in_flight[rank] else 1.0
+            changed = self._changed.get(rank)
+            if changed is None:
+                changed = self._changed[rank] = self.env.event()
+            start = self.env.now
+            timer = self.env.timeout(remaining / rate)
+            yield timer | changed
+            if timer.processed:
+                return
+            remaining -= (self.env.now - start) * rate
+
+    def _comm_moved(self, ranks: Sequence[int], delta: int) -> None:
+        """A collective or transfer started (+1) or ended (-1) on these simulated ranks."""
+        for rank in ranks:
+            before = self._in_flight[rank]
+            self._in_flight[rank] = before + delta
+            if (before == 0) != (before + delta == 0) and rank in self._changed:
+                self._changed.pop(rank).succeed()
 
     def _waiter(self, state: _State, index: int) -> simpy.Event:
         """The event that succeeds when action ``index`` finishes (created on first need)."""
@@ -215,6 +263,9 @@ class Engine:
         if meeting.arrived == meeting.needed:
             meeting.start_s = self.env.now
             assert meeting.done is not None
+            if self.overlap_slowdown > 0:
+                self._comm_moved(members, +1)
+                meeting.done.callbacks.append(lambda _: self._comm_moved(members, -1))
             if isinstance(action, Collective):
                 self._chain(action.op, action.ranks, action.size_bytes, action.repeat, meeting.done)
             else:
@@ -300,7 +351,7 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
     spans = [_span(rank, a, r) for a, r in zip(actions, records, strict=True)]
     exposed: dict[str, float] = defaultdict(float)
     busy = {"compute": 0.0, "optimizer": 0.0}
-    idle = 0.0
+    idle = slowed = 0.0
     free_s = 0.0
     for action, record in zip(actions, records, strict=True):
         if not isinstance(action, Compute):
@@ -320,7 +371,10 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
                         end_s=record.start_s,
                     )
                 )
-        busy["optimizer" if action.kind == "optimizer" else "compute"] += action.duration_s
+        busy["optimizer" if action.kind == "optimizer" else "compute"] += (
+            action.duration_s + record.slowed_s
+        )
+        slowed += record.slowed_s
         free_s = record.end_s
     end_s = max((r.end_s for r in records), default=0.0)
     optimizer_s = busy["optimizer"] + exposed.pop("optimizer", 0.0)
@@ -330,6 +384,7 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
         optimizer_s=optimizer_s,
         exposed_comm_s=dict(sorted(exposed.items())),
         idle_s=idle,
+        overlap_slowdown_s=slowed,
     )
     return spans, times
 

@@ -197,4 +197,4 @@ def replay_plan(
 ) -> Timeline:
     """Simulate one steady-state step of a resolved plan; ``comm`` must be bound to ``env``."""
     programs = build_programs(plan, compute, fold=fold, gpus_per_node=gpus_per_node)
-    return Engine(env, comm, programs).run()
+    return Engine(env, comm, programs, overlap_slowdown=compute.overlap_slowdown).run()

@@ -57,6 +57,8 @@ class Breakdown:
     """Pipeline bubble: compute-stream idle time not explained by communication."""
     optimizer_s: float = 0.0
     """Optimizer step (and its parameter all-gather when not overlapped)."""
+    overlap_slowdown_s: float = 0.0
+    """Part of compute_s and optimizer_s lost to communication running beside the compute."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +105,7 @@ class PlanResult:
                 "exposed_comm_s": dict(self.breakdown.exposed_comm_s),
                 "bubble_s": self.breakdown.bubble_s,
                 "optimizer_s": self.breakdown.optimizer_s,
+                "overlap_slowdown_s": self.breakdown.overlap_slowdown_s,
             },
             "num_gpus": self.num_gpus,
             "num_simulated_ranks": self.num_simulated_ranks,

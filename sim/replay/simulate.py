@@ -55,6 +55,7 @@ def breakdown_of(timeline: Timeline, rank: int | None = None) -> Breakdown:
         exposed_comm_s=exposed,
         bubble_s=max(bubble_s, 0.0),
         optimizer_s=times.optimizer_s,
+        overlap_slowdown_s=times.overlap_slowdown_s,
     )
 
 

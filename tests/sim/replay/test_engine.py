@@ -195,3 +195,41 @@ def test_closed_form_runner_estimates_each_distinct_collective_once() -> None:
     assert estimates == [
         ("all_reduce", (0, 1), 2.0), ("all_reduce", (0, 2), 2.0), ("all_reduce", (0, 1), 1.0),
     ]  # fmt: skip
+
+
+def test_compute_slows_while_communication_runs_beside_it() -> None:
+    program = Program(
+        rank=0,
+        actions=(
+            Compute(name="a", duration_s=4.0),
+            Collective(name="ag", group="dp", ranks=(0, 1), op="all_gather", size_bytes=2.0),
+            Compute(name="b", duration_s=1.0),
+        ),
+    )
+    env = simpy.Environment()
+    timeline = Engine(env, UnitComm(env), [program], overlap_slowdown=1.0).run()
+    # a runs at half speed while ag is in flight (0-2 s: 1 s of work), then 3 s at full speed
+    assert log(timeline) == [("a", 0.0, 5.0), ("ag", 0.0, 2.0), ("b", 5.0, 6.0)]
+    times = timeline.ranks[0]
+    assert times.overlap_slowdown_s == pytest.approx(1.0)
+    assert times.compute_s == pytest.approx(6.0)  # 5 s of work + 1 s lost to the overlap
+
+
+def test_communication_starting_mid_compute_slows_only_the_rest() -> None:
+    program = Program(
+        rank=0,
+        actions=(
+            Compute(name="a", duration_s=1.0),
+            Compute(name="b", duration_s=4.0),
+            Collective(
+                name="rs", group="dp", ranks=(0, 1), op="reduce_scatter", size_bytes=1.0, deps=(0,)
+            ),
+        ),
+    )
+    env = simpy.Environment()
+    timeline = Engine(env, UnitComm(env), [program], overlap_slowdown=0.25).run()
+    # b: 1 s of comm at rate 0.8 does 0.8 s of work, then 3.2 s alone: 1 + 1 + 3.2 = 5.2
+    assert log(timeline) == [("a", 0.0, 1.0), ("b", 1.0, pytest.approx(5.2)), ("rs", 1.0, 2.0)]
+    assert timeline.ranks[0].overlap_slowdown_s == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="overlap_slowdown must be in"):
+        Engine(env, UnitComm(env), [program], overlap_slowdown=-0.1)
