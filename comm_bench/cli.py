@@ -73,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--compute" in args:
         return _compute(args)
+    if "--step" in args:
+        from comm_bench import step
+
+        return step.main([a for a in args if a != "--step"])
     try:
         options = parse_options(args)
         from comm_bench.dist_env import check_launch_env, under_launcher

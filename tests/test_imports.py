@@ -20,7 +20,13 @@ import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT_PACKAGES = {"comm_bench", "sim", "topologies", "schedules", "fileio", "refdata"}
-TORCH_FREE_COMM_BENCH = {"collectives.py", "records.py", "readers.py", "compute_calibration.py"}
+TORCH_FREE_COMM_BENCH = {
+    "collectives.py",
+    "records.py",
+    "readers.py",
+    "compute_calibration.py",
+    "kernel_classes.py",
+}
 SIM_LAYERS = {
     "network": set(),
     "compute": set(),

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fileio.output import check_outputs
-from sim.cli.plan import FIDELITIES, load_calibrations, load_plan_file
+from sim.cli.plan import FIDELITIES, compute_calibration_for, load_calibrations, load_plan_file
 
 MIN_GEMM_EFFICIENCY = 0.15
 """Below this fraction of the dense peak for large GEMMs a fit describes a broken setup (a
@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
         calibration=args.calibration, compute_calibration=args.from_compute_calibration
     )
     comm, base = load_calibrations(load_args)
-    base = base or ComputeCalibration()
     gpu = topology.gpu_spec(0)
+    base = compute_calibration_for(base, gpu) or ComputeCalibration()
     dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
     gemm = base.efficiency.get("gemm", default_efficiency(gpu, "gemm", dtype))
     fitted = base.kernel("gemm", dtype)

@@ -118,6 +118,7 @@ def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, To
     if comm_calibration is not None and (note := calibration_mismatch(comm_calibration, plan)):
         print(f"commsim: warning: --calibration {args.calibration}: {note}", file=sys.stderr)
     topology = plan_topology(plan)
+    compute_calibration = compute_calibration_for(compute_calibration, topology.gpu_spec(0))
     plan = resolve_plan(plan, topology.num_gpus)
     result = simulate_plan(
         plan,
@@ -144,15 +145,41 @@ def calibration_mismatch(calibration: Any, plan: Plan) -> str | None:
 
 
 def load_calibrations(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The network and compute calibrations named on the command line (None when not given)."""
-    from comm_bench.compute_calibration import load_compute_calibration
+    """The network and compute calibrations named on the command line (None when not given).
+
+    The compute one is a ``commsim-compute`` calibration, or a ``commbench --step`` measurement
+    (returned as its JSON object: ``compute_calibration_for`` fits it once the GPU is known).
+    """
     from sim.network.calibration import load_calibration
 
     comm = _load_json_file("--calibration", args.calibration, load_calibration)
     compute = _load_json_file(
-        "--compute-calibration", args.compute_calibration, load_compute_calibration
+        "--compute-calibration", args.compute_calibration, _load_compute_source
     )
     return comm, compute
+
+
+def _load_compute_source(path: Path) -> Any:
+    from comm_bench.compute_calibration import load_compute_calibration
+    from fileio.strict import load_json
+    from sim.compute.step_fit import STEP_SCHEMA
+
+    data = load_json(path.read_text(encoding="utf-8"), name=str(path))
+    if isinstance(data, dict) and data.get("schema") == STEP_SCHEMA:
+        return data
+    return load_compute_calibration(path)
+
+
+def compute_calibration_for(source: Any, gpu: Any) -> Any:
+    """A compute calibration for ``gpu``: as loaded, or fitted to a step measurement."""
+    if not isinstance(source, dict):
+        return source
+    from sim.compute.step_fit import calibration_from_step
+
+    try:
+        return calibration_from_step(source, gpu)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"--compute-calibration: malformed step measurement ({exc})") from None
 
 
 def _load_json_file(flag: str, path: Path | None, loader: Callable[[Path], Any]) -> Any:

@@ -1,0 +1,288 @@
+"""``commbench --step PLAN.yaml``: time a real training step of the plan's model on this device.
+
+Builds the plan's transformer in plain PyTorch (``comm_bench.step_model``) with as many layers as
+fit the device (or ``--layers``; a slice of the model is said so), its micro-batch, sequence
+length and recompute, eager or ``torch.compile``d, and runs accumulated steps as an eager training
+loop does: per micro-batch a forward (fp32 loss) and a backward, then fused AdamW on fp32 master
+weights (bf16 autocast on a GPU, fp32 on CPU) and ``zero_grad``. Each phase is timed with CUDA
+events on a GPU and ``time.perf_counter`` on CPU (tiny shapes there, so CI runs the same code).
+One more step runs under ``torch.profiler``: every kernel (CPU: every ATen operator, self time) is
+classified (``comm_bench.kernel_classes``) and the device's idle time inside the step is reported:
+launch- and CPU-bound time that no kernel-throughput benchmark sees. ``commsim plan
+--compute-calibration`` reads the JSON and fits the compute model to it
+(``sim.compute.step_fit``).
+
+    commbench --step examples/llama3-8b-ddp-8xh100.yaml --layers 4 --output step_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import platform
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from comm_bench.compute import UsageError, detect_gpu_key, resolve_device
+from comm_bench.kernel_classes import CLASSES, busy_time_s, classify
+from comm_bench.step_model import batch_of, build_model
+from fileio.output import check_output, write_text
+from schedules.activations import layer_activation_bytes, logits_bytes
+from schedules.params import embedding_params, layer_params, lm_head_params
+from schedules.plan import Plan, load_plan, plan_to_dict
+
+STEP_SCHEMA = "commbench-step/1"
+"""Version tag of the step measurement JSON."""
+STATE_BYTES_PER_PARAM = 16
+"""fp32 master weights and gradients, AdamW's two fp32 moments."""
+MEMORY_HEADROOM = 0.80
+"""Fraction of the device's free memory a default-sized slice may plan to use."""
+DEFAULTS = {"cuda": {"steps": 5, "warmup": 3}, "cpu": {"steps": 2, "warmup": 1}}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``commbench --step`` flags."""
+    parser = _Parser(prog="commbench --step", description=__doc__.splitlines()[0])
+    parser.add_argument("plan", type=Path, metavar="PLAN.yaml", help="plan file (its model:)")
+    parser.add_argument("--layers", type=int, default=None, help="layers to build (default: fit)")
+    parser.add_argument("--microbatches", type=int, default=1, help="micro-batches per step")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default=None)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads")
+    parser.add_argument("--output", "-o", default=None, help="write the measurement JSON here")
+    return parser
+
+
+def slice_layers(plan: Plan, free_bytes: float) -> int:
+    """Layers whose weights, optimizer state and one micro-batch's activations fit."""
+    model, training = plan.model, plan.training
+    recompute = plan.parallel.recompute
+    fixed = float(embedding_params(model) + lm_head_params(model)) * STATE_BYTES_PER_PARAM
+    fixed += logits_bytes(model, training.micro_batch_size, tp=1, cp=1)
+    per_layer = layer_params(model) * STATE_BYTES_PER_PARAM + layer_activation_bytes(
+        model, training.micro_batch_size, recompute=recompute, flash_attention=True
+    )
+    budget = free_bytes * MEMORY_HEADROOM - fixed
+    return max(1, min(model.num_layers, int(budget // per_layer)))
+
+
+def measured_plan(plan: Plan, *, num_layers: int, microbatches: int) -> dict[str, Any]:
+    """The plan as measured: one device, the slice's layers, the step's batch."""
+    model = dataclasses.replace(plan.model, num_layers=num_layers)
+    training = dataclasses.replace(
+        plan.training,
+        global_batch_size=plan.training.micro_batch_size * microbatches,
+        precision="bf16",
+    )
+    parallel = {"recompute": plan.parallel.recompute}
+    as_dict = plan_to_dict(dataclasses.replace(plan, model=model, training=training))
+    node = plan.cluster.node
+    one_gpu = {**node, "num_gpus": 1} if isinstance(node, dict) else {"base": node, "num_gpus": 1}
+    cluster = {"node": one_gpu, "num_nodes": 1}
+    return {**as_dict, "parallel": parallel, "cluster": cluster}
+
+
+class _Clock:
+    """Wall time of device work: CUDA events on a GPU, perf_counter on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pairs: list[tuple[str, Any, Any]] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start: Any
+        end: Any
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+        else:
+            start = time.perf_counter()
+            yield
+            end = time.perf_counter()
+        self.pairs.append((name, start, end))
+
+    def totals_s(self) -> dict[str, list[float]]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        out: dict[str, list[float]] = {}
+        for name, start, end in self.pairs:
+            seconds = start.elapsed_time(end) / 1e3 if self.device.type == "cuda" else end - start
+            out.setdefault(name, []).append(seconds)
+        self.pairs.clear()
+        return out
+
+
+def _step_fn(model: torch.nn.Module, optimizer: Any, batch: tuple, *, microbatches: int,
+             autocast: bool, device: torch.device) -> Callable[[_Clock | None], None]:  # fmt: skip
+    def step(clock: _Clock | None) -> None:
+        timed = clock.phase if clock is not None else (lambda _: contextlib.nullcontext())
+        with timed("step"):
+            for _ in range(microbatches):
+                with (
+                    timed("forward"),
+                    torch.autocast(device.type, torch.bfloat16, enabled=autocast),
+                ):
+                    loss = model(*batch) / microbatches
+                with timed("backward"):
+                    loss.backward()
+            with timed("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def profile_step(step: Callable[[Any], None], device: torch.device) -> dict[str, Any]:
+    """Per-class time of one step, its kernels and the device's idle time in it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    begin = time.perf_counter()
+    with profile(activities=activities) as prof:
+        step(None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    wall_s = time.perf_counter() - begin
+    classes = dict.fromkeys(CLASSES, 0.0)
+    if device.type == "cuda":
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        intervals = [(e.time_range.start / 1e6, e.time_range.end / 1e6) for e in kernels]
+        for event, (start, end) in zip(kernels, intervals, strict=True):
+            classes[classify(event.name)] += end - start
+        busy_s, count = busy_time_s(intervals), len(kernels)
+    else:
+        ops = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+        for op in ops:
+            classes[classify(op.key)] += op.self_cpu_time_total / 1e6
+        busy_s, count = sum(classes.values()), sum(op.count for op in ops)
+    return {
+        "classes_s": classes,
+        "busy_s": busy_s,
+        "idle_s": max(0.0, wall_s - busy_s),
+        "wall_s": wall_s,
+        "num_kernels": count,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure; print the summary; with --output write the JSON; returns the measurement."""
+    device = resolve_device(args.device)
+    kind = device.type
+    steps = args.steps if args.steps is not None else DEFAULTS[kind]["steps"]
+    warmup = args.warmup if args.warmup is not None else DEFAULTS[kind]["warmup"]
+    if steps < 1 or warmup < 0 or args.microbatches < 1 or args.threads < 1:
+        raise UsageError(
+            f"--steps, --microbatches and --threads must be >= 1 and --warmup >= 0, got "
+            f"{steps}, {args.microbatches}, {args.threads}, {warmup}"
+        )
+    target = (
+        check_output(args.output, formats=(".json",), option="--output") if args.output else None
+    )
+    if not args.plan.is_file():
+        raise FileNotFoundError(f"plan file not found: {args.plan}")
+    plan = load_plan(args.plan)
+    if kind == "cpu":
+        torch.set_num_threads(args.threads)
+    layers = args.layers
+    if layers is None:  # on CPU the plan's own (tiny) model; on a GPU what fits it
+        free = torch.cuda.mem_get_info(device)[0] if kind == "cuda" else None
+        layers = plan.model.num_layers if free is None else slice_layers(plan, free)
+    dtype = args.dtype or ("bf16" if kind == "cuda" else "fp32")
+    torch.manual_seed(0)
+    model = build_model(plan.model, num_layers=layers, recompute=plan.parallel.recompute)
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=kind == "cuda")
+    runnable: torch.nn.Module = torch.compile(model) if args.compile else model  # type: ignore[assignment]
+    batch = batch_of(plan.model, plan.training.micro_batch_size, device)
+    step = _step_fn(runnable, optimizer, batch, microbatches=args.microbatches,
+                    autocast=dtype == "bf16", device=device)  # fmt: skip
+    for _ in range(warmup):
+        step(None)
+    clock = _Clock(device)
+    for _ in range(steps):
+        step(clock)
+    totals = clock.totals_s()
+    timings = {name: sum(values) / len(values) for name, values in totals.items()}
+    result: dict[str, Any] = {
+        "schema": STEP_SCHEMA,
+        "device": torch.cuda.get_device_name(device) if kind == "cuda" else platform.processor(),
+        "gpu": detect_gpu_key(device),
+        "torch": torch.__version__,
+        "dtype": dtype,
+        "compiled": bool(args.compile),
+        "source_plan": str(args.plan),
+        "model_layers": plan.model.num_layers,
+        "measured_layers": layers,
+        "microbatches": args.microbatches,
+        "plan": measured_plan(plan, num_layers=layers, microbatches=args.microbatches),
+        "timings_s": timings,
+        "steps": steps,
+    }
+    if not args.no_profile:
+        result["profile"] = profile_step(step, device)
+    if target is not None:
+        write_text(target, json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(summary(result), end="")
+    return result
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The measurement as text: what ran, phase times, the profile by class."""
+    timings = result["timings_s"]
+    layers, total = result["measured_layers"], result["model_layers"]
+    lines = [
+        f"# commbench --step {result['source_plan']}: {result['device'] or 'cpu'} "
+        f"({result['gpu'] or 'unknown'}), torch {result['torch']}, {result['dtype']}"
+        f"{', compiled' if result['compiled'] else ', eager'}",
+        f"# {layers} of {total} layers"
+        + (" (a slice of the model: what fits this device)" if layers < total else "")
+        + f", {result['microbatches']} micro-batch(es) per step, {result['steps']} timed steps",
+        f"  {'phase':<12} {'ms':>12}",
+    ]
+    for name in ("forward", "backward", "optimizer", "step"):
+        if name in timings:
+            lines.append(f"  {name:<12} {timings[name] * 1e3:>12.3f}")
+    profile = result.get("profile")
+    if profile:
+        lines.append(f"# profiled step: {profile['num_kernels']} kernels, by class")
+        wall = profile["wall_s"] or 1.0
+        for name, seconds in profile["classes_s"].items():
+            if seconds > 0:
+                lines.append(f"  {name:<12} {seconds * 1e3:>12.3f} {seconds / wall:>7.1%}")
+        lines.append(
+            f"  {'idle':<12} {profile['idle_s'] * 1e3:>12.3f} {profile['idle_s'] / wall:>7.1%}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``commbench --step``; bad input is one line and exit code 2."""
+    try:
+        run(build_parser().parse_args(argv))
+    except (UsageError, ValueError, FileNotFoundError) as exc:
+        import sys
+
+        print(f"commbench: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0

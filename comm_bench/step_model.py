@@ -1,0 +1,179 @@
+"""A plan's transformer in plain PyTorch, for timing real training steps (``commbench --step``).
+
+Built from the plan's ``model:`` section as the eager reference implementations are written
+(Llama / GPT in torchtitan and nanoGPT): token embedding (plus learned positions), per layer a
+norm, a fused QKV projection with grouped-query heads, rotary embeddings, causal
+``scaled_dot_product_attention``, the output projection, a residual add, a norm, a gated (SwiGLU /
+GeGLU) or plain (GeLU / ReLU) MLP and a residual add; then the final norm, the LM head (tied or
+not) and an fp32 cross-entropy. Recompute follows the plan: ``full`` checkpoints every layer,
+``selective`` the attention core (``torch.utils.checkpoint``, non-reentrant).
+
+    model = build_model(plan.model, num_layers=4, recompute="none").to(device)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from schedules.plan import ModelConfig
+
+ROPE_THETA = 10_000.0
+"""Rotary base (Llama 2; Llama 3 uses 500,000: the kernels are the same)."""
+
+
+def _norm(model: ModelConfig) -> nn.Module:
+    if model.norm == "layernorm":
+        return nn.LayerNorm(model.hidden_size)
+    return nn.RMSNorm(model.hidden_size)
+
+
+def rotary_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (seq_len, head_dim / 2)."""
+    inverse = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inverse)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (batch, heads, seq, head_dim) pairs of channels by the position's angle."""
+    first, second = x[..., 0::2], x[..., 1::2]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    rotated = torch.stack((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    return rotated.flatten(-2)
+
+
+class Attention(nn.Module):
+    """Fused QKV, grouped-query causal attention, output projection."""
+
+    def __init__(self, model: ModelConfig, *, checkpoint_core: bool) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = (
+            model.num_heads,
+            model.num_kv_heads,
+            model.head_dim,
+        )
+        self.rope = model.position_embedding == "rope"
+        self.checkpoint_core = checkpoint_core
+        width = model.hidden_size + 2 * model.kv_size
+        self.qkv = nn.Linear(model.hidden_size, width, bias=model.linear_bias)
+        self.out = nn.Linear(model.hidden_size, model.hidden_size, bias=model.linear_bias)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.kv_heads != self.heads:
+            repeat = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q_width = self.heads * self.head_dim
+        kv_width = self.kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split((q_width, kv_width, kv_width), dim=-1)
+        q = q.view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.rope:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.checkpoint_core and torch.is_grad_enabled():
+            y = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            y = self._core(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, q_width))
+
+
+class Mlp(nn.Module):
+    """Gated (one 2f-wide up projection, split) or plain MLP."""
+
+    def __init__(self, model: ModelConfig) -> None:
+        super().__init__()
+        self.gated = model.gated_mlp
+        self.activation = model.activation
+        width = model.ffn_hidden_size * (2 if self.gated else 1)
+        self.up = nn.Linear(model.hidden_size, width, bias=model.linear_bias)
+        self.down = nn.Linear(model.ffn_hidden_size, model.hidden_size, bias=model.linear_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.up(x)
+        if self.gated:
+            gate, value = hidden.chunk(2, dim=-1)
+            act = F.silu(gate) if self.activation == "swiglu" else F.gelu(gate)
+            return self.down(act * value)
+        act = F.relu(hidden) if self.activation == "relu" else F.gelu(hidden)
+        return self.down(act)
+
+
+class Block(nn.Module):
+    """One pre-norm transformer layer."""
+
+    def __init__(self, model: ModelConfig, *, checkpoint_core: bool) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = _norm(model), _norm(model)
+        self.attention = Attention(model, checkpoint_core=checkpoint_core)
+        self.mlp = Mlp(model)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x), cos, sin)
+        return x + self.mlp(self.norm2(x))
+
+
+class Decoder(nn.Module):
+    """Embedding, layers, final norm, LM head; ``forward`` returns the fp32 mean loss."""
+
+    def __init__(self, model: ModelConfig, *, num_layers: int, recompute: str) -> None:
+        super().__init__()
+        self.full_recompute = recompute == "full"
+        self.embed = nn.Embedding(model.vocab_size, model.hidden_size)
+        self.positions = (
+            nn.Embedding(model.seq_len, model.hidden_size)
+            if model.position_embedding == "learned"
+            else None
+        )
+        self.layers = nn.ModuleList(
+            Block(model, checkpoint_core=recompute == "selective") for _ in range(num_layers)
+        )
+        self.norm = _norm(model)
+        self.head = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
+        if model.tied_embeddings:
+            self.head.weight = self.embed.weight
+        cos, sin = rotary_tables(model.seq_len, model.head_dim)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        for parameter in self.parameters():
+            if parameter.dim() > 1:
+                nn.init.normal_(parameter, std=1.0 / math.sqrt(parameter.shape[-1]))
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        seq = tokens.shape[1]
+        x = self.embed(tokens)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(seq, device=tokens.device))
+        cos, sin = self.get_buffer("cos")[:seq], self.get_buffer("sin")[:seq]
+        for layer in self.layers:
+            if self.full_recompute and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+def build_model(model: ModelConfig, *, num_layers: int, recompute: str) -> Decoder:
+    """The plan's model with ``num_layers`` layers (a slice when fewer than the model has)."""
+    if num_layers < 1:
+        raise ValueError(f"--layers must be >= 1, got {num_layers}")
+    return Decoder(model, num_layers=num_layers, recompute=recompute)
+
+
+def batch_of(model: ModelConfig, micro_batch_size: int, device: Any) -> tuple[torch.Tensor, ...]:
+    """Random token ids and labels of one micro-batch."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    shape = (micro_batch_size, model.seq_len)
+    tokens = torch.randint(0, model.vocab_size, shape, generator=generator)
+    labels = torch.randint(0, model.vocab_size, shape, generator=generator)
+    return tokens.to(device), labels.to(device)

@@ -1,0 +1,110 @@
+"""A compute calibration fitted to a measured training step (``commbench --step`` JSON).
+
+The step file holds the plan as measured (one device, the measured slice of layers, its batch),
+the phase times and a profile by kernel class. The compute model prices the same step; each
+class's efficiency is scaled by modelled / measured time (GEMMs, fused attention, memory-bound
+work: norms, elementwise, loss, casts and the optimizer), never above the device's peak; then a
+``time_scale`` takes up what no kernel explains (the device idle between kernels: launch and CPU
+overhead of an eager step), so that the calibrated model reproduces the measured step.
+
+    calibration = calibration_from_step(json.load(open("step.json")), GPUS["h100-sxm"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from comm_bench.compute_calibration import TIME_SCALE_RANGE, ComputeCalibration
+from schedules.kernels import Kernel, embedding_kernels, head_kernels, layer_kernels
+from schedules.model import grad_bytes_per_param, stage_params_per_gpu
+from schedules.plan import load_plan
+from schedules.resolve import resolve_plan
+from sim.compute.model import ComputeModel, default_efficiency
+from topologies.hardware import GPUSpec
+
+STEP_SCHEMA = "commbench-step/1"
+"""Schema tag ``commbench --step`` writes."""
+MEMORY_CLASSES = ("elementwise", "loss", "copy", "optimizer")
+"""Profile classes the compute model prices as memory-bound kernels."""
+
+
+def _kernels(plan: Any) -> list[Kernel]:
+    """Every kernel of one micro-batch of the measured slice (forward, recompute, backward)."""
+    out: list[Kernel] = []
+    layers = plan.model.num_layers
+    for piece, count in (
+        (layer_kernels(plan), layers),
+        (embedding_kernels(plan), 1),
+        (head_kernels(plan), 1),
+    ):
+        phases = (piece.forward, piece.recompute, piece.backward_input, piece.backward_weight)
+        out += [kernel for phase in phases for kernel in phase] * count
+    return out
+
+
+def modelled_classes_s(plan: Any, compute: ComputeModel, microbatches: int) -> dict[str, float]:
+    """Seconds per step the model gives to gemm, attention and memory-bound work."""
+    classes = {"gemm": 0.0, "attention": 0.0, "memory": 0.0}
+    for kernel in _kernels(plan):
+        group = "attention" if kernel.kind.startswith("attention") else kernel.kind
+        classes[group] += compute.kernel_time_s(kernel) * microbatches
+    params = stage_params_per_gpu(plan, 0)
+    grad = grad_bytes_per_param(plan.parallel.data_parallel)
+    classes["memory"] += compute.optimizer_step_s(params, grad_bytes_per_param=grad)
+    return classes
+
+
+def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> ComputeCalibration:
+    """Efficiencies per class and a time scale reproducing the measured step on ``gpu``."""
+    if measurement.get("schema") != STEP_SCHEMA:
+        raise ValueError(
+            f"step measurement schema {measurement.get('schema')!r} is not {STEP_SCHEMA!r}"
+        )
+    measured_gpu = str(measurement.get("gpu", ""))
+    if measured_gpu and measured_gpu != gpu.name:
+        raise ValueError(
+            f"the step was measured on {measured_gpu!r} ({measurement.get('device', '')}), not "
+            f"on this plan's {gpu.name!r}; measure this GPU"
+        )
+    plan = resolve_plan(load_plan(measurement["plan"]), 1)
+    microbatches = int(measurement.get("microbatches", 1))
+    step_s = float(measurement["timings_s"]["step"])
+    profile = measurement.get("profile") or {}
+    measured = profile.get("classes_s", {})
+    base = ComputeModel(gpu)
+    modelled = modelled_classes_s(plan, base, microbatches)
+    dtype = "bf16" if measurement.get("dtype", "bf16") == "bf16" else "fp32"
+    efficiency: dict[str, float] = {}
+    observed = {
+        "gemm": float(measured.get("gemm", 0.0)),
+        "attention": float(measured.get("attention", 0.0)),
+        "memory": sum(float(measured.get(k, 0.0)) for k in MEMORY_CLASSES),
+    }
+    for group, keys in (
+        ("gemm", ("gemm",)),
+        ("attention", ("attention_forward", "attention_backward")),
+        ("memory", ("memory",)),
+    ):
+        if observed[group] <= 0 or modelled[group] <= 0:
+            continue
+        for key in keys:
+            default = default_efficiency(gpu, key, dtype)
+            efficiency[key] = min(1.0, default * modelled[group] / observed[group])
+    fitted = ComputeCalibration(gpu=gpu.name, device=str(measurement.get("device", "")),
+                                efficiency=efficiency)  # fmt: skip
+    predicted = sum(modelled_classes_s(plan, ComputeModel(gpu, fitted), microbatches).values())
+    low, high = TIME_SCALE_RANGE
+    scale = min(high, max(low, step_s / predicted))
+    note = (
+        f"commbench --step {measurement.get('source_plan', '')}: "
+        f"{measurement.get('measured_layers')} layers, {microbatches} micro-batch(es), "
+        f"step {step_s:.6g} s, {'compiled' if measurement.get('compiled') else 'eager'}"
+    )
+    return ComputeCalibration(
+        gpu=gpu.name,
+        device=fitted.device,
+        efficiency=efficiency,
+        time_scale=scale,
+        fitted_on=note,
+    )

@@ -1,0 +1,98 @@
+"""``commbench --step`` on CPU: a real (tiny) training step, timed, profiled and written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from comm_bench import cli
+from comm_bench.step_model import build_model
+from schedules.params import total_params
+from schedules.plan import load_plan
+from schedules.resolve import resolve_plan
+
+PLAN = {
+    "model": {
+        "name": "tiny", "num_layers": 3, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
+        "ffn_hidden_size": 128, "vocab_size": 256, "seq_len": 32,
+    },
+    "cluster": {"node": "localhost", "num_nodes": 1},
+    "parallel": {"recompute": "selective"},
+    "training": {"micro_batch_size": 2, "global_batch_size": 8},
+}  # fmt: skip
+
+
+def _plan(tmp_path: Path, **model: object) -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({**PLAN, "model": {**PLAN["model"], **model}}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {},
+        {"mlp_activation": "gelu", "norm": "layernorm", "linear_bias": True},
+        {"position_embedding": "learned", "tied_embeddings": True},
+    ],
+)
+def test_the_torch_model_has_the_plans_parameter_count(tmp_path: Path, model: dict) -> None:
+    plan = load_plan(_plan(tmp_path, **model))
+    built = build_model(plan.model, num_layers=3, recompute="none")
+    assert sum(p.numel() for p in built.parameters()) == total_params(plan.model)
+
+
+def test_a_step_is_timed_profiled_and_written(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "step.json"
+    argv = ["--step", str(_plan(tmp_path)), "--layers", "2", "--microbatches", "2",
+            "--steps", "1", "--warmup", "0", "--device", "cpu", "-o", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "# 2 of 3 layers (a slice of the model: what fits this device)" in text
+    result = json.loads(out.read_text())
+    assert result["schema"] == "commbench-step/1" and result["gpu"] == "cpu"
+    timings = result["timings_s"]
+    assert timings["step"] >= 2 * (timings["forward"] + timings["backward"]) * 0.5 > 0
+    classes = result["profile"]["classes_s"]
+    assert classes["gemm"] > 0 and classes["attention"] > 0 and classes["optimizer"] > 0
+    assert result["profile"]["num_kernels"] > 10
+    # the measured plan is one device, the slice, the step's batch: it resolves on one GPU
+    measured = resolve_plan(load_plan(result["plan"]), 1)
+    assert measured.model.num_layers == 2
+    assert (measured.training.global_batch_size, measured.parallel.recompute) == (4, "selective")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--layers", "0"], "--layers must be >= 1, got 0"),
+        (["--steps", "0"], "--steps, --microbatches and --threads must be >= 1"),
+        (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    ],
+)
+def test_bad_flags_are_one_line_and_write_nothing(
+    tmp_path: Path, capsys, extra: list[str], message: str
+) -> None:
+    out = tmp_path / "step.json"
+    argv = ["--step", str(_plan(tmp_path)), "--device", "cpu", "-o", str(out), *extra]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("commbench: error: ") and message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_a_missing_plan_is_one_line(tmp_path: Path, capsys) -> None:
+    assert cli.main(["--step", str(tmp_path / "absent.yaml"), "--device", "cpu"]) == 2
+    assert "plan file not found" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_step_on_the_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "step.json"
+    assert cli.main(["--step", str(_plan(tmp_path)), "--device", "cuda", "-o", str(out)]) == 0
+    profile = json.loads(out.read_text())["profile"]
+    assert profile["classes_s"]["gemm"] > 0 and profile["busy_s"] > 0
