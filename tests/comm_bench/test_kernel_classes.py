@@ -25,7 +25,7 @@ from comm_bench.kernel_classes import busy_time_s, classify
         ("aten::nll_loss_forward", "loss"),
         ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>", "other"),
         ("aten::_log_softmax", "loss"),
-        ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", "elementwise"),
+        ("vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", "elementwise"),
         ("void at::native::vectorized_layer_norm_kernel<float>", "elementwise"),
         ("aten::rms_norm", "elementwise"),
         ("aten::silu", "elementwise"),
