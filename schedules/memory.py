@@ -45,6 +45,7 @@ from schedules.params import (
     stage_params_per_gpu,
 )
 from schedules.plan import Plan, num_microbatches
+from schedules.zero3_units import zero3_runtime_bytes
 
 FSDP_KINDS = ("fsdp", "hsdp", "zero3")
 """Data-parallel kinds that shard parameters and gather them unit by unit."""
@@ -99,19 +100,30 @@ def state_bytes_per_param(plan: Plan, *, gpus_per_node: int | None = None) -> di
     return {k: v / shards if k in sharded else float(v) for k, v in full.items()}
 
 
+ZERO3_PEAK_BUFFERS = ("ipg_bucket", "reduce_scatter_copy", "live_params", "persistent_params")
+"""ZeRO-3's buffers alive with the activations (its gradient partition is ``gradients``; the
+fp32 copy of a sub-group's gradients exists only during the optimizer step)."""
+
+
 def transient_buffer_bytes(plan: Plan, stage: int) -> float:
     """Communication buffers alive at the peak, per the data-parallel kind's implementation.
 
-    FSDP1 / ZeRO-3 (as FSDP units): two layers' gathered parameters (the rate limiter's two in
-    flight; every layer without it: the CPU runs ahead and issues them all) and one layer's
-    gradients, plus their ``reduce_dtype`` copy when it differs. FSDP2: two all-gather outputs in
-    flight (the current unit's copy-out and the next one's prefetch) and one unit's unsharded
-    gradients with their reduce-scatter input in ``reduce_dtype``. Under pipelining one unit's
-    reduce-scatter input (the rest is ``fsdp_unsharded``).
+    DeepSpeed ZeRO-3: its gradient bucket, the reduce-scatter's copy of the largest bucket, the
+    most parameters its prefetcher keeps gathered and the persistent (small) parameters
+    (``schedules.zero3_program.zero3_buffer_bytes``). FSDP1: two layers' gathered parameters
+    (the rate limiter's two in flight; every layer without it: the CPU runs ahead and issues
+    them all) and one layer's gradients, plus their ``reduce_dtype`` copy when it differs.
+    FSDP2: two all-gather outputs in flight (the current unit's copy-out and the next one's
+    prefetch) and one unit's unsharded gradients with their reduce-scatter input in
+    ``reduce_dtype``. Under pipelining one unit's reduce-scatter input (the rest is
+    ``fsdp_unsharded``).
     """
     parallel = plan.parallel
     kind = parallel.data_parallel
     grad = grad_bytes_per_param(kind)
+    if kind == "zero3" and parallel.pp == 1:
+        runtime = zero3_runtime_bytes(plan, dp=replica_group_size(plan))
+        return sum(runtime[k] for k in ZERO3_PEAK_BUFFERS)
     if kind in FSDP_KINDS:
         layer = layer_params_per_gpu(plan.model, parallel.tp)
         reduce = parallel.reduce_dtype_bytes if kind != "zero3" else grad

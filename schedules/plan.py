@@ -32,6 +32,7 @@ DATA_PARALLEL_KINDS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "distri
 FSDP2_ALIAS = "fsdp2"
 """``data_parallel: fsdp2`` is read as ``fsdp`` with ``fsdp_version: 2`` (``fully_shard``)."""
 FSDP_VERSIONS = (1, 2)
+ZERO_FETCH_MODES = ("prefetch", "sync_per_weight")
 REDUCE_DTYPES = ("fp32", "bf16")
 PRECISIONS = ("bf16", "fp16", "fp8")
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
@@ -245,6 +246,10 @@ class ParallelConfig:
     zero_param_persistence_threshold: int = 100_000
     """DeepSpeed stage3_param_persistence_threshold in elements (default 1e5): parameters this
     small stay gathered for the whole step (norms, biases) instead of being fetched each use."""
+    zero_fetch: str = "prefetch"
+    """How ZeRO-3 fetches parameters: ``prefetch`` (current DeepSpeed, read at v0.14-v0.16: per
+    module, coalesced, prefetched along the recorded trace) or ``sync_per_weight`` (v0.3.x, 2021:
+    one all-gather per weight after a device synchronize, no effective prefetch)."""
     overlap_grad_reduce: bool = True
     """Megatron --overlap-grad-reduce (DP reduction overlapped with the last backward)."""
     overlap_param_gather: bool = False
@@ -289,6 +294,7 @@ class ParallelConfig:
         )
         if self.fsdp_version is not None and self.fsdp_version not in FSDP_VERSIONS:
             raise ValueError(f"parallel.fsdp_version must be 1 or 2, got {self.fsdp_version}")
+        _check_choice("parallel.zero_fetch", self.zero_fetch, ZERO_FETCH_MODES)
         if self.fsdp_reduce_dtype is not None:
             _check_choice("parallel.fsdp_reduce_dtype", self.fsdp_reduce_dtype, REDUCE_DTYPES)
         _check_choice(

@@ -116,6 +116,7 @@ _KNOB_OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("zero_prefetch_bucket_elems", ("zero3",)),
     ("zero_max_live_parameters", ("zero3",)),
     ("zero_param_persistence_threshold", ("zero3",)),
+    ("zero_fetch", ("zero3",)),
     ("overlap_param_gather", ("distributed_optimizer",)),
 )
 
@@ -135,6 +136,12 @@ def check_knobs(parallel: ParallelConfig, dp: int) -> None:
                 f"parallel.{knob}={value!r} applies only to data_parallel "
                 f"{' | '.join(owners)}, got data_parallel={kind!r}"
             )
+    if kind in ("zero2", "zero3") and parallel.pp > 1:
+        raise ValueError(
+            f"data_parallel={kind} cannot run under pipeline parallelism (pp={parallel.pp}): "
+            "DeepSpeed's PipelineEngine asserts 'ZeRO-2 and ZeRO-3 are incompatible with "
+            "pipeline parallelism'; use zero1, distributed_optimizer or fsdp"
+        )
     if parallel.fsdp_version == 1 and parallel.pp > 1:
         raise ValueError(
             f"parallel.fsdp_version=1 cannot run under pipeline parallelism (pp={parallel.pp}): "

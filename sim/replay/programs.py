@@ -40,6 +40,7 @@ from sim.replay.recipes import (
     pass_extras,
     step_costs,
 )
+from sim.replay.zero3_programs import zero3_programs
 
 MIB = 2**20
 """Bytes per MiB (torch DDP's bucket_cap_mb)."""
@@ -180,8 +181,11 @@ def build_programs(
     """Programs of the simulated ranks of a resolved plan."""
     costs = step_costs(plan, compute)
     ranks = simulated_ranks(layout_of(plan), fold=fold)
-    if plan.parallel.data_parallel in FSDP_KINDS and plan.parallel.pp == 1:
-        build = fsdp2_programs if plan.parallel.fsdp2 else fsdp_programs
+    par = plan.parallel
+    if par.data_parallel == "zero3" and par.pp == 1:
+        return zero3_programs(plan, costs, compute, ranks, gpus_per_node)
+    if par.data_parallel in FSDP_KINDS and par.pp == 1:
+        build = fsdp2_programs if par.fsdp2 else fsdp_programs
         return build(plan, costs, compute, ranks, gpus_per_node)
     return pipeline_programs(plan, costs, compute, ranks, gpus_per_node)
 

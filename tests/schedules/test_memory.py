@@ -165,8 +165,14 @@ def test_more_sharding_never_needs_more_state(tp: int, pp: int, dp: int, recompu
         plan = make_plan(tp * pp * dp, tp=tp, pp=pp, data_parallel=kind, recompute=recompute)
         return state_bytes(plan)
 
-    ddp, zero1, zero2, zero3 = (state(k) for k in ("ddp", "zero1", "zero2", "zero3"))
-    assert ddp >= zero1 >= zero2 >= zero3 > 0
+    ddp, zero1 = state("ddp"), state("zero1")
+    assert ddp >= zero1 > 0
+    if pp > 1:  # DeepSpeed refuses ZeRO-2/3 under pipelining
+        with pytest.raises(ValueError, match="incompatible with pipeline parallelism"):
+            state("zero2")
+        return
+    zero2, zero3 = state("zero2"), state("zero3")
+    assert zero1 >= zero2 >= zero3 > 0
     assert zero3 == pytest.approx(ddp / dp)
 
 

@@ -1,0 +1,122 @@
+"""DeepSpeed ZeRO-3 ranks without pipelining: the model as hooked modules, their recipes.
+
+Each module of ``schedules.zero3_units.zero3_modules`` gets a share of its part's work: a
+layer's forward and backward recipes (TP and CP collectives in place) are cut across the layer's
+modules in proportion to their parameters (the GEMM FLOPs; the attention core rides with the
+projections, norms take none), the embedding and head recipes go to the embedding and the last
+head module. Full recompute replays each layer's forward, fetches included, right before its
+backward (``recompute_blocks``). The step-end norm all-reduces run on dp, then on the
+model-parallel group when tp > 1 (DeepSpeed's ``get_grad_norm_direct`` with an ``mpu``).
+
+    programs = zero3_programs(plan, costs, compute, ranks=(0,), gpus_per_node=8)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schedules.model import grad_bytes_per_param
+from schedules.plan import Plan, num_microbatches
+from schedules.program import Program, Step
+from schedules.zero3_program import Submodule, Zero3Rank, split_recipe, zero3_program
+from schedules.zero3_units import ModuleShape, zero3_modules
+from sim.compute.model import ComputeModel
+from sim.replay.fsdp_programs import fsdp_groups
+from sim.replay.recipes import StepCosts, layer_recipes, layout_of, optimizer_time_s, pass_extras
+
+
+def _layer_recipes(plan: Plan, costs: StepCosts) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+    """One layer's forward and backward; under full recompute the backward without it (the
+    recompute runs as a replayed forward, hooks and fetches included)."""
+    recipes = layer_recipes(plan, costs, 1)
+    if plan.parallel.recompute != "full":
+        return recipes["F"], recipes["B"]
+    plain = dataclasses.replace(plan, parallel=dataclasses.replace(plan.parallel, recompute="none"))
+    no_recompute = dataclasses.replace(
+        costs, layer=dataclasses.replace(costs.layer, recompute_s=0.0)
+    )
+    return recipes["F"], layer_recipes(plain, no_recompute, 1)["B"]
+
+
+def zero3_submodules(plan: Plan, costs: StepCosts) -> tuple[Submodule, ...]:
+    """The hooked modules in forward order, each with its share of the work."""
+    modules = zero3_modules(plan)
+    forward, backward = _layer_recipes(plan, costs)
+    extras = pass_extras(plan, costs, first=True, last=True)
+    layer_modules = [m for m in modules if m.part == "layer" and m.layer == 0]
+    weights = [sum(m.tensors) for m in layer_modules]
+    fractions = tuple(w / sum(weights) for w in weights)
+    fwd_parts = split_recipe(forward, fractions)
+    bwd_parts = split_recipe(backward, fractions[::-1])[::-1]
+    position = {m.name.split(".", 1)[1]: i for i, m in enumerate(layer_modules)}
+    last_head = max(i for i, m in enumerate(modules) if m.part == "head")
+
+    def work(index: int, module: ModuleShape) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+        if module.part == "layer":
+            i = position[module.name.split(".", 1)[1]]
+            return fwd_parts[i], bwd_parts[i]
+        if module.part == "embed":
+            return tuple(extras["fwd_pre"]), tuple(extras["bwd_post"])
+        if index == last_head:
+            return tuple(extras["fwd_post"]), tuple(extras["bwd_pre"])
+        return (), ()
+
+    submodules = []
+    for index, module in enumerate(modules):
+        fwd, bwd = work(index, module)
+        submodules.append(
+            Submodule(
+                name=module.name,
+                num_params=sum(module.tensors),
+                forward=fwd,
+                backward=bwd,
+                tensors=module.tensors,
+            )
+        )
+    return tuple(submodules)
+
+
+def _recompute_blocks(plan: Plan, submodules: tuple[Submodule, ...]) -> tuple[tuple[int, int], ...]:
+    if plan.parallel.recompute != "full":
+        return ()
+    blocks: dict[str, list[int]] = {}
+    for index, sub in enumerate(submodules):
+        if sub.name.startswith("L") and "." in sub.name:
+            blocks.setdefault(sub.name.split(".", 1)[0], []).append(index)
+    return tuple((ids[0], ids[-1] + 1) for ids in blocks.values())
+
+
+def zero3_programs(
+    plan: Plan,
+    costs: StepCosts,
+    compute: ComputeModel,
+    ranks: tuple[int, ...],
+    gpus_per_node: int,
+) -> list[Program]:
+    """Programs of ``ranks`` for a ZeRO-3 plan without pipelining."""
+    par, layout = plan.parallel, layout_of(plan)
+    submodules = zero3_submodules(plan, costs)
+    norm_groups = ("dp", "mp") if par.tp > 1 else ("dp",)
+    overlap = True if par.zero_overlap_comm is None else par.zero_overlap_comm
+    programs = []
+    for rank in ranks:
+        groups = fsdp_groups(plan, rank, gpus_per_node)
+        groups["mp"] = layout.group("mp", rank)
+        spec = Zero3Rank(
+            rank=rank,
+            num_microbatches=num_microbatches(plan),
+            submodules=submodules,
+            groups=groups,
+            grad_bytes=float(grad_bytes_per_param("zero3")),
+            prefetch_bucket_elems=par.zero_prefetch_bucket_elems,
+            max_live_parameters=par.zero_max_live_parameters,
+            persistence_threshold=par.zero_param_persistence_threshold,
+            reduce_bucket_elems=par.zero_bucket_elems,
+            overlap_comm=overlap,
+            fetch=par.zero_fetch,
+            grad_norm_groups=norm_groups,
+            recompute_blocks=_recompute_blocks(plan, submodules),
+            optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
+        )
+        programs.append(zero3_program(spec))
+    return programs
