@@ -157,6 +157,8 @@ def parse_data_parallel(parallel: dict[str, Any]) -> tuple[str | None, dict[str,
     if match is None:
         return None, knobs, f"zero_stage ({stage})"
     level = int(match.group(1))
+    if level == 3 and parallel.get("zero3_fetch"):
+        knobs["zero_fetch"] = parallel["zero3_fetch"]  # the DeepSpeed release the run used
     if level > 0:
         return f"zero{level}", knobs, None
     if "megatron local ddp" in str(parallel.get("dp_impl", "")).lower():

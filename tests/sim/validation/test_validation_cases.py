@@ -88,6 +88,11 @@ def test_parse_precision_records_the_16_bit_assumption() -> None:
         ({"zero_stage": 0, "dp_impl": "torch DDP"}, "ddp", {}),
         ({"zero_stage": 0, "dp_impl": "Megatron local DDP"}, "ddp", {"overlap_grad_reduce": False}),
         ({"zero_stage": 3}, "zero3", {}),
+        (
+            {"zero_stage": 3, "zero3_fetch": "sync_per_weight"},
+            "zero3",
+            {"zero_fetch": "sync_per_weight"},
+        ),
         ({"zero_stage": "1 (DeepSpeed, per secondary sources)"}, "zero1", {}),
         (
             {"zero_stage": "Megatron-Core distributed optimizer (ZeRO-1-like)"},
