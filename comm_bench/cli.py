@@ -95,3 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"commbench: error: {cap_line(str(error))}", file=sys.stderr)
         return USAGE_EXIT
+    except OSError as error:  # an output path that cannot be made (e.g. ./results is a file)
+        where = f"{error.filename}: " if error.filename else ""
+        message = cap_line(where + (error.strerror or str(error)))
+        print(f"commbench: error: {message}", file=sys.stderr)
+        return USAGE_EXIT

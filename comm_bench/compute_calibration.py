@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fileio.output import Target, write_text
-from fileio.strict import load_json
+from fileio.strict import load_json, read_input, shorten
 
 COMPUTE_SCHEMA = "commsim-compute/1"
 """Version tag of the compute calibration JSON."""
@@ -30,6 +30,8 @@ KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward")
 """Kernel families with a fitted curve."""
 EFFICIENCY_KEYS = (*KERNEL_KINDS, "memory")
 """Keys of ``ComputeCalibration.efficiency``."""
+MIN_EFFICIENCY = 1e-3
+"""Smallest fraction of peak accepted: below it kernel times reach 1e300 s and overflow."""
 _DIM_HALF_GRID = np.geomspace(1.0, 16384.0, 241)
 
 
@@ -113,10 +115,10 @@ class ComputeCalibration:
             )
         for key, value in self.efficiency.items():
             number = isinstance(value, int | float) and not isinstance(value, bool)
-            if key not in EFFICIENCY_KEYS or not number or not 0 < value <= 1.5:
+            if key not in EFFICIENCY_KEYS or not number or not MIN_EFFICIENCY <= value <= 1.5:
                 raise ValueError(
-                    f"compute calibration: efficiency {key}={value} invalid; keys "
-                    f"{', '.join(EFFICIENCY_KEYS)} with values in (0, 1.5]"
+                    f"compute calibration: efficiency {key}={shorten(value)} invalid; keys "
+                    f"{', '.join(EFFICIENCY_KEYS)} with values in [{MIN_EFFICIENCY:g}, 1.5]"
                 )
         try:
             _time_scale(self.time_scale)
@@ -166,22 +168,84 @@ class ComputeCalibration:
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise ValueError(f"compute calibration: unknown key {unknown[0]!r}")
-        kernels = {
-            dtype: {kind: KernelFit(**fit) for kind, fit in kinds.items()}
-            for dtype, kinds in data.get("kernels", {}).items()
-        }
+        for name in ("device", "gpu", "fitted_on"):
+            if not isinstance(data.get(name, ""), str):
+                raise ValueError(
+                    f"bad compute calibration: {name} must be text, got {shorten(data[name])}"
+                )
         bandwidth = data.get("memory_bandwidth_bytes_per_s")
+        if bandwidth is not None:
+            bandwidth = _file_number("memory_bandwidth_bytes_per_s", bandwidth, (1e6, 1e16))
+        measurements = _file_object(data, "measurements", [])
+        if not isinstance(measurements, list) or not all(
+            isinstance(m, Mapping) for m in measurements
+        ):
+            raise ValueError(
+                f"bad compute calibration: measurements must be a list of objects, got "
+                f"{shorten(measurements)}"
+            )
         return cls(
-            device=str(data.get("device", "")),
-            gpu=str(data.get("gpu", "")),
-            kernels=kernels,
-            efficiency={k: float(v) for k, v in data.get("efficiency", {}).items()},
-            memory_bandwidth_bytes_per_s=None if bandwidth is None else float(bandwidth),
-            measurements=tuple(data.get("measurements", ())),
+            device=data.get("device", ""),
+            gpu=data.get("gpu", ""),
+            kernels=_file_kernels(_file_object(data, "kernels", {})),
+            efficiency=dict(_file_object(data, "efficiency", {})),
+            memory_bandwidth_bytes_per_s=bandwidth,
+            measurements=tuple(measurements),
             time_scale=_time_scale(data.get("time_scale", 1.0)),
-            fitted_on=str(data.get("fitted_on", "")),
+            fitted_on=data.get("fitted_on", ""),
             overlap_slowdown=data.get("overlap_slowdown"),
         )
+
+
+KERNEL_FIT_RANGES = {
+    "max_flops_per_s": (1e6, 1e18),
+    "dim_half": (0.0, 1e9),
+    "latency_s": (0.0, 60.0),
+}
+"""Accepted values of a kernel fit read from a file: a megaflop/s (a slow CPU core) to an
+exaflop/s (100x a B200's dense FP8), a minute per kernel; beyond them times overflow or the
+file is a typo."""
+
+
+def _file_number(where: str, value: Any, bounds: tuple[float, float]) -> float:
+    """``value`` as a float when it is a JSON number within ``bounds``; ValueError otherwise."""
+    low, high = bounds
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not low <= value <= high:
+        raise ValueError(
+            f"bad compute calibration: {where}={shorten(value)}; must be a number from {low:g} to "
+            f"{high:g}"
+        )
+    return float(value)
+
+
+def _file_object(data: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``data[key]`` (or ``default``), which must be a JSON object when the default is one."""
+    value = data.get(key, default)
+    if isinstance(default, dict) and not isinstance(value, Mapping):
+        raise ValueError(f"bad compute calibration: {key} must be an object, got {shorten(value)}")
+    return value
+
+
+def _file_kernels(kernels: Mapping[str, Any]) -> dict[str, dict[str, KernelFit]]:
+    """dtype -> kind -> ``KernelFit`` from the file's ``kernels`` object, every number checked."""
+    parsed: dict[str, dict[str, KernelFit]] = {}
+    for dtype, kinds in kernels.items():
+        kinds = _file_object(kernels, dtype, {})
+        parsed[dtype] = {}
+        for kind, fit in kinds.items():
+            where = f"kernels.{dtype}.{kind}"
+            if not isinstance(fit, Mapping) or not set(fit) <= set(KERNEL_FIT_RANGES):
+                raise ValueError(
+                    f"bad compute calibration: {where} must be an object with "
+                    f"{', '.join(KERNEL_FIT_RANGES)}, got {shorten(fit)}"
+                )
+            values = {
+                name: _file_number(f"{where}.{name}", value, KERNEL_FIT_RANGES[name])
+                for name, value in fit.items()
+            }
+            parsed[dtype][kind] = KernelFit(**values)
+    return parsed
 
 
 MAX_OVERLAP_SLOWDOWN = 2.0
@@ -201,7 +265,7 @@ def _time_scale(value: Any) -> float:
 def load_compute_calibration(path: str | Path) -> ComputeCalibration:
     """Read a compute calibration JSON file."""
     try:
-        data = load_json(Path(path).read_text(), name=str(path))
+        data = load_json(read_input(path, what="compute calibration"), name=str(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
     if not isinstance(data, Mapping):

@@ -174,6 +174,9 @@ def parse_options(argv: Sequence[str]) -> BenchOptions:
     return options
 
 
+MAX_SIZES = 10_000
+"""Most sizes one sweep may have (nccl-tests sweeps have tens; ``-f 1 -i 1 -e 16G`` would have
+17 billion)."""
 MAX_ITERS = 1_000_000
 """Most timed (or warm-up, or check) iterations per size."""
 MIN_TIMEOUT_S = 1.0
@@ -223,6 +226,22 @@ def validate(o: BenchOptions) -> None:
     for ok, message in checks:
         if not ok:
             raise ValueError(message)
+    if _count_sizes(o) > MAX_SIZES:
+        step = f"-f {o.step_factor}" if o.step_factor > 1 else f"-i {o.step_bytes}"
+        raise ValueError(
+            f"-b {o.min_bytes} -e {o.max_bytes} {step} gives more than {MAX_SIZES:,} sizes; "
+            "use a larger step"
+        )
+
+
+def _count_sizes(o: BenchOptions) -> int:
+    """How many sizes ``o.sizes()`` has, counted without listing them (at most MAX_SIZES + 1)."""
+    if o.step_factor == 1:
+        return (o.max_bytes - o.min_bytes) // o.step_bytes + 1
+    count, size = 0, o.min_bytes
+    while size <= o.max_bytes and count <= MAX_SIZES:
+        count, size = count + 1, size * o.step_factor
+    return count
 
 
 def validate_for_world(o: BenchOptions, world_size: int) -> None:

@@ -1,8 +1,10 @@
 """The nccl-tests table on stdout: header, one line per size, and the footer.
 
-Column layout is nccl-tests' (``src/common.cu``): size, count, type, redop, root, then
-time / algbw / busbw / #wrong for the out-of-place and then the in-place call. With ``-I 1``
-each block gains min / median / p99 columns after ``#wrong`` (like nccl-tests' ``-I``).
+Column layout and number formats are nccl-tests' (``src/util.cu``): an ``out-of-place`` /
+``in-place`` super-header, size, count, type, redop, root, then time / algbw / busbw / #wrong
+for the out-of-place and then the in-place call, each number as its ``getFloatStr`` writes it.
+With ``-I 1`` each block gains min / median / p99 columns after ``#wrong`` (nccl-tests' ``-I``
+prints min / max / p99 / cv instead).
 
     print(format_row(out_of_place_record, in_place_record))
 """
@@ -26,37 +28,79 @@ NCCL_TYPE_NAMES = {
 }
 """Our dtype names as nccl-tests prints them in the ``type`` column."""
 
-_PREAMBLE = (
-    "#       size         count      type   redop    root",
-    "#        (B)    (elements)".ljust(52),
+_WIDTHS = (10, 12, 8, 6, 6, *(7, 6, 6, 6) * 2)
+"""nccl-tests' column widths: size, count, type, redop, root, then time, algbw, busbw, #wrong
+out-of-place and in-place (``# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s ...``)."""
+
+
+def _header_row(*cells: str) -> str:
+    """``cells`` right-aligned in nccl-tests' widths, two spaces apart, after ``# ``; the
+    padding of ``cells`` beyond those given is empty (the super-header's preamble)."""
+    return "# " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, _WIDTHS, strict=False))
+
+
+NCCL_TESTS_HEADER = (
+    _header_row(*[""] * 5) + "           out-of-place                       in-place          ",
+    _header_row("size", "count", "type", "redop", "root", *("time", "algbw", "busbw", "#wrong") * 2)
+    + " ",
+    _header_row("(B)", "(elements)", "", "", "", *("(us)", "(GB/s)", "(GB/s)", "") * 2) + " ",
 )
-_BLOCK = ("     time   algbw   busbw  #wrong", "     (us)  (GB/s)  (GB/s)        ")
+"""The three lines above nccl-tests' table, printed with its formats (``src/util.cu``
+``writeResultHeader`` without timestamps: the empty ``%*s`` leaves a space at the end)."""
+_PREAMBLE_WIDTH = 52
+"""Characters of the size, count, type, redop and root columns (``# %10s  %12s  %8s  %6s  %6s``)."""
 _EXTRA = ("      min   median      p99", "     (us)     (us)     (us)")
+"""The per-iteration columns commbench adds after each ``#wrong`` with ``-I 1``."""
+
+
+def float_str(value: float, width: int) -> str:
+    """nccl-tests' ``getFloatStr``: ``%.2f``, else ``%.1f``, else ``%.0f``, whichever first fits
+    in ``width`` characters, else ``%.1e`` (``%.0e`` when narrower than 7); cut to ``width``
+    as its ``snprintf`` does.
+
+    >>> [float_str(t, 7) for t in (34.734, 10585.12, 123456.7, 12345678.9)]
+    ['  34.73', '10585.1', ' 123457', '1.2e+07']
+    """
+    for decimals in (2, 1, 0):
+        text = f"{value:{width}.{decimals}f}"
+        if len(text) <= width:
+            return text
+    return f"{value:{width}.{1 if width >= 7 else 0}e}"[:width]
 
 
 def format_time_us(time_us: float) -> str:
-    """nccl-tests' 7-character time: 2 decimals below 10 ms, 1 below 100 ms, else none."""
-    if time_us < 1e4:
-        return f"{time_us:7.2f}"
-    if time_us < 1e5:
-        return f"{time_us:7.1f}"
-    return f"{time_us:7.0f}"
+    """nccl-tests' 7-character time: 2 decimals below 10 ms, 1 below 100 ms, none below 10 s,
+    then ``1.2e+07``."""
+    return float_str(time_us, 7)
 
 
 def table_header(per_iter_columns: bool = False) -> list[str]:
-    """The two ``#`` lines naming the columns and their units."""
-    block = [b + (e if per_iter_columns else "") for b, e in zip(_BLOCK, _EXTRA, strict=True)]
-    lines = [p + b + b for p, b in zip(_PREAMBLE, block, strict=True)]
-    return [line.rstrip() for line in lines]
+    """The super-header (``out-of-place`` / ``in-place``), the column names and their units.
+
+    Without ``-I 1`` exactly nccl-tests' lines; with it, each block gains commbench's min /
+    median / p99 columns and the two labels are centred over the wider blocks.
+    """
+    if not per_iter_columns:
+        return list(NCCL_TESTS_HEADER)
+    names, units = (line[:-1] for line in NCCL_TESTS_HEADER[1:])
+    half = (len(names) - _PREAMBLE_WIDTH) // 2
+    block_names = names[_PREAMBLE_WIDTH : _PREAMBLE_WIDTH + half] + _EXTRA[0]
+    block_units = units[_PREAMBLE_WIDTH : _PREAMBLE_WIDTH + half] + _EXTRA[1]
+    labels = "".join(label.center(len(block_names)) for label in ("out-of-place", "in-place"))
+    return [
+        ("#".ljust(_PREAMBLE_WIDTH) + labels).rstrip(),
+        names[:_PREAMBLE_WIDTH] + block_names * 2,
+        units[:_PREAMBLE_WIDTH] + block_units * 2,
+    ]
 
 
 def _block(record: Record | None, per_iter_columns: bool) -> str:
     if record is None:
         return f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>6}"
-    wrong = "N/A" if record.num_wrong is None else str(record.num_wrong)
+    wrong = "   N/A" if record.num_wrong is None else f"{float(record.num_wrong):6g}"
     text = (
-        f"  {format_time_us(record.time_us)}  {record.algbw_gbps:6.2f}"
-        f"  {record.busbw_gbps:6.2f}  {wrong:>6}"
+        f"  {format_time_us(record.time_us)}  {float_str(record.algbw_gbps, 6)}"
+        f"  {float_str(record.busbw_gbps, 6)}  {wrong}"
     )
     if per_iter_columns:
         extras = (record.time_min_us, record.time_median_us, record.time_p99_us)

@@ -280,7 +280,7 @@ def main(argv: list[str]) -> int:
     """Entry point of ``commbench --step``; bad input is one line and exit code 2."""
     try:
         run(build_parser().parse_args(argv))
-    except (UsageError, ValueError, FileNotFoundError) as exc:
+    except (UsageError, ValueError, OSError) as exc:
         import sys
 
         print(f"commbench: error: {str(exc).splitlines()[0]}", file=sys.stderr)

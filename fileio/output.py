@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fileio.strict import shorten
+
 STDOUT = "-"
 """The path that means standard output."""
 
@@ -75,9 +77,26 @@ def check_output(
     """The target ``name`` after checking it can be written without destroying anything.
 
     ``inputs`` are the command's input files; ``formats`` the accepted extensions (``.json``;
-    empty: any). ``option`` names the flag in messages. Raises ``OutputError``.
+    empty: any). ``option`` names the flag in messages. Raises ``OutputError``, also for what
+    the system refuses to look at (a name too long, a loop of links).
     """
     text = os.fspath(name)
+    try:
+        return _check_output(text, inputs=inputs, formats=formats, option=option)
+    except RuntimeError:  # pathlib's resolve() on Python < 3.13; later ones raise ELOOP
+        raise OutputError(f"{option} {shorten(text)}: a loop of symbolic links") from None
+    except OSError as error:
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        raise OutputError(f"{option} {shorten(text)}: {reason.lower()}") from None
+
+
+def _check_output(
+    text: str,
+    *,
+    inputs: Iterable[str | os.PathLike[str] | None],
+    formats: Iterable[str],
+    option: str,
+) -> Target:
     accepted = tuple(f".{f.lstrip('.').lower()}" for f in formats)
     default_format = accepted[0].lstrip(".") if accepted else ""
     if text == STDOUT:
@@ -97,7 +116,7 @@ def check_output(
     for source in inputs:
         if source is None or os.fspath(source) == STDOUT:
             continue
-        same_path = Path(source).resolve() == path.resolve()
+        same_path = _resolved(Path(source)) == path.resolve()
         if same_path or (identity is not None and _identity(Path(source)) == identity):
             raise OutputError(f"{option} {text!r} is also an input; writing it would destroy it")
     special = False
@@ -119,6 +138,15 @@ def check_output(
             f"writes ({', '.join(accepted)})"
         )
     return Target(text, path, format=suffix.lstrip(".") or default_format)
+
+
+def _resolved(path: Path) -> Path | None:
+    """``path.resolve()``, or None for a path that cannot be resolved (a loop of links, a name
+    too long): an input like that is refused by whatever reads it, not blamed on the output."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return None
 
 
 def _can_create_in(folder: Path) -> bool:

@@ -5,16 +5,20 @@ PyYAML and ``json`` keep the last of two equal keys without a word, so a plan wi
 ``training:`` blocks would silently lose the first. ``load_yaml`` / ``load_json`` refuse that
 with the key and both line numbers; they also refuse documents nested deeper than ``MAX_DEPTH``
 and YAML that expands aliases more than ``MAX_ALIASES`` times ("billion laughs"), before the
-expansion can eat the memory.
+expansion can eat the memory (an alias inside the collection it names is refused too).
+``read_input`` reads an input file with one-line errors and a size bound, so ``/dev/zero`` or a
+FIFO nobody writes to cannot hang a command.
 
-    data = load_yaml(path.read_text(), name="plan.yaml")
+    data = load_yaml(read_input("plan.yaml", what="plan"), name="plan.yaml")
     raise ValueError(f"model.num_layers must be int, got {shorten(value)}")
 """
 
 from __future__ import annotations
 
 import json
+import os
 import reprlib
+import stat
 from typing import Any
 
 import yaml
@@ -27,6 +31,11 @@ MAX_VALUES = 1_000_000
 """Most values a YAML document may expand to through its aliases ("billion laughs")."""
 ECHO_CHARS = 60
 """Longest echo of a user's value in a message, before ``... (N characters)``."""
+
+
+MAX_INPUT_BYTES = 64 << 20
+"""Largest input file read: plans, clusters and calibrations are kilobytes, measured results a
+few megabytes; ``/dev/zero`` or a runaway file is refused instead of read until memory runs out."""
 
 
 MAX_ERROR_CHARS = 300
@@ -103,6 +112,40 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def read_input(path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of the input file ``path``; ``what`` names it in the one-line errors.
+
+    A missing file is a ``FileNotFoundError``; a folder, a file over ``max_bytes``, one that
+    cannot be read or is not UTF-8 a ``ValueError``. A pipe or device is read up to
+    ``max_bytes`` (a FIFO nobody writes to reads as empty instead of blocking).
+    """
+    name = os.fspath(path)
+    try:
+        info = os.stat(name)
+        if stat.S_ISDIR(info.st_mode):
+            raise ValueError(f"{what} {shorten(name)} is a folder, not a file")
+        if stat.S_ISREG(info.st_mode) and info.st_size > max_bytes:
+            raise ValueError(f"{what} {shorten(name)} is larger than {max_bytes:,} bytes")
+        descriptor = os.open(name, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait
+        with os.fdopen(descriptor, "rb") as handle:
+            os.set_blocking(descriptor, True)
+            data = handle.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} not found: {name}") from None
+    except OSError as error:
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        raise ValueError(f"{what} {shorten(name)}: {reason.lower()}") from None
+    if len(data) > max_bytes:
+        raise ValueError(f"{what} {shorten(name)} is larger than {max_bytes:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{what} {shorten(name)} is not UTF-8 text "
+            f"(byte {data[error.start]:#04x} at offset {error.start:,})"
+        ) from None
+
+
 _StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping
 )
@@ -117,7 +160,7 @@ def load_yaml(text: str, *, name: str = "<input>") -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        if _expanded_size(node) > MAX_VALUES:
+        if _expanded_size(node, name) > MAX_VALUES:
             raise ValueError(
                 f"{name}: its aliases expand to more than {MAX_VALUES:,} values; refused"
             )
@@ -128,9 +171,11 @@ def load_yaml(text: str, *, name: str = "<input>") -> Any:
         loader.dispose()
 
 
-def _expanded_size(root: yaml.Node) -> int:
-    """Values in the document once every alias is expanded (a shared node counts each time)."""
+def _expanded_size(root: yaml.Node, name: str) -> int:
+    """Values in the document once every alias is expanded (a shared node counts each time);
+    ValueError for an alias inside the collection it names, which would expand forever."""
     sizes: dict[int, int] = {}
+    pending: set[int] = set()  # collections whose children are still being counted
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, children_done = stack.pop()
@@ -143,7 +188,14 @@ def _expanded_size(root: yaml.Node) -> int:
             children = [n for pair in node.value for n in pair]
         if children_done or not children:
             sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            pending.discard(id(node))
             continue
+        if id(node) in pending:  # met again below itself: an alias to an enclosing collection
+            raise ValueError(
+                f"{name}: a YAML alias refers to a collection that contains it "
+                f"(line {node.start_mark.line + 1}); a document that contains itself is refused"
+            )
+        pending.add(id(node))
         stack.append((node, True))
         stack.extend((c, False) for c in children if id(c) not in sizes)
     return sizes[id(root)]

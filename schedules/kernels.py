@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedules.activations import ACTIVATION_BYTES
+from schedules.params import layer_params_per_gpu
 from schedules.plan import Plan
 
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward", "memory")
@@ -147,19 +148,60 @@ def weight_gemm_shapes(plan: Plan) -> tuple[tuple[float, float, float], ...]:
     )
 
 
+ELEMENTWISE_BYTES = {
+    "megatron": {"rmsnorm": 4, "layernorm": 4, "rotary": 4, "gated": 6, "plain": 4, "residual": 6},
+    "compile": {"rmsnorm": 4, "layernorm": 4, "rotary": 4, "gated": 6, "plain": 4, "residual": 6},
+    "eager": {"rmsnorm": 36, "layernorm": 4, "rotary": 20, "gated": 10, "plain": 4, "residual": 6},
+}
+"""Bytes moved per element of each memory-bound piece of a layer's forward (bf16 activations).
+
+``megatron``: fused kernels (Transformer Engine / apex norms, fused rotary, fused bias-SwiGLU):
+read and write once (a gated activation reads 2 and writes 1 element per output). ``compile``:
+Inductor fuses each elementwise chain into one kernel, the same traffic. ``eager``, counted from
+the Hugging Face Llama modules (``LlamaRMSNorm``: ``to(float32)`` 2+4, ``pow`` 4+4, ``mean`` 4,
+``* rsqrt`` 4+4, ``to(input_dtype)`` 4+2, ``weight *`` 2+2 = 36; ``apply_rotary_pos_emb``:
+``q * cos`` 2+2, ``rotate_half`` neg 1+1 and cat 2+2, ``* sin`` 2+2, add 4+2 = 20; SwiGLU
+``act_fn(gate) * up``: silu 2+2, mul 4+2 = 10), whose ``nn.LayerNorm`` is one native kernel.
+Residual adds read two tensors and write one in every stack."""
+WEIGHT_CAST_BYTES_PER_PARAM = 12
+"""Autocast over fp32 weights (eager and compiled DDP steps): every forward casts each weight to
+bf16 (read 4, write 2; autocast caches casts only within one forward), and every backward casts
+its bf16 weight gradient to fp32 (read 2, write 4) before accumulating it into ``.grad``."""
+
+
+def kernel_stack(plan: Plan) -> str:
+    """``training.stack``, or its default: ``megatron`` for the distributed optimizer, else
+    ``eager``."""
+    if plan.training.stack is not None:
+        return plan.training.stack
+    return "megatron" if plan.parallel.data_parallel == "distributed_optimizer" else "eager"
+
+
 def elementwise_forward_bytes(plan: Plan) -> float:
-    """Bytes the memory-bound kernels of one layer's forward move on one GPU."""
+    """Bytes the memory-bound kernels of one layer's forward move on one GPU, per its stack."""
     model, parallel = plan.model, plan.parallel
+    per = ELEMENTWISE_BYTES[kernel_stack(plan)]
     tokens, t, h = _tokens(plan), parallel.tp, model.hidden_size
     norm_tokens = tokens / t if parallel.sequence_parallel else tokens
-    norms = 2 * 2 * ACTIVATION_BYTES * norm_tokens * h  # read + write, 2 norms
-    residuals = 2 * 3 * ACTIVATION_BYTES * norm_tokens * h  # 2 reads + 1 write, 2 adds
+    norms = 2 * per[model.norm] * norm_tokens * h  # 2 norms
+    residuals = 2 * per["residual"] * norm_tokens * h  # 2 adds
     rotary = 0.0
     if model.position_embedding == "rope":
-        rotary = 2 * ACTIVATION_BYTES * tokens * (h + model.kv_size) / t
-    mlp_in = 2 * model.ffn_hidden_size if model.gated_mlp else model.ffn_hidden_size
-    activation = ACTIVATION_BYTES * tokens * (mlp_in + model.ffn_hidden_size) / t
-    return norms + residuals + rotary + activation
+        rotary = per["rotary"] * tokens * (h + model.kv_size) / t
+    activation = per["gated" if model.gated_mlp else "plain"] * tokens * model.ffn_hidden_size / t
+    expand = 0.0
+    if kernel_stack(plan) == "eager" and model.num_kv_heads < model.num_heads:
+        # repeat_kv: K and V expanded to every query head (read kd, write h, each)
+        expand = 2 * ACTIVATION_BYTES * tokens * (model.kv_size + h) / t
+    return norms + residuals + rotary + activation + expand
+
+
+def weight_cast_bytes(plan: Plan, layer_params: float) -> float:
+    """Autocast's weight casts per micro-batch of one layer (0 where weights are kept in bf16:
+    Megatron, DeepSpeed and FSDP, whose mixed precision casts the shard before gathering)."""
+    if kernel_stack(plan) == "megatron" or plan.parallel.data_parallel != "ddp":
+        return 0.0
+    return WEIGHT_CAST_BYTES_PER_PARAM * layer_params
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,8 +273,11 @@ def layer_kernels(plan: Plan) -> PieceKernels:
     shapes = weight_gemm_shapes(plan)
     core_forward, core_backward = attention_core_kernels(plan)
     elementwise_bytes = elementwise_forward_bytes(plan)
+    cast_bytes = weight_cast_bytes(plan, layer_params_per_gpu(plan.model, plan.parallel.tp)) / 2
+    casts = (memory("weight_cast", cast_bytes),) if cast_bytes else ()
     named = list(zip(WEIGHT_GEMMS, shapes, strict=True))
     forward = (
+        *casts,
         *(gemm(name, m, n, k, gemm_dtype) for name, (m, n, k) in named),
         *core_forward,
         memory("elementwise", elementwise_bytes),
@@ -244,6 +289,7 @@ def layer_kernels(plan: Plan) -> PieceKernels:
             *(gemm(f"{name}_dgrad", m, k, n, gemm_dtype) for name, (m, n, k) in named),
             *core_backward,
             memory("elementwise_backward", 2 * elementwise_bytes),
+            *((memory("grad_cast", cast_bytes),) if cast_bytes else ()),
         ),
         backward_weight=tuple(
             gemm(f"{name}_wgrad", k, n, m, gemm_dtype) for name, (m, n, k) in named

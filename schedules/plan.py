@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fileio.strict import load_yaml, shorten
+from schedules.model_presets import resolve_model_preset
 
 MLP_ACTIVATIONS = {"gelu": False, "relu": False, "swiglu": True, "geglu": True}
 """Known MLP activations and whether each is gated (three matrices instead of two)."""
@@ -35,6 +36,8 @@ FSDP_VERSIONS = (1, 2)
 ZERO_FETCH_MODES = ("prefetch", "sync_per_weight")
 REDUCE_DTYPES = ("fp32", "bf16")
 PRECISIONS = ("bf16", "fp16", "fp8")
+STACKS = ("eager", "compile", "megatron")
+"""Which implementation runs the layers (``training.stack``; ``schedules.kernels`` inventories)."""
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
 
 
@@ -348,10 +351,17 @@ class TrainingConfig:
     """bf16 | fp16 (mixed precision, Adam) | fp8 (GEMMs in FP8, the rest bf16)."""
     flash_attention: bool = True
     """Fused attention kernel (no s x s scores stored); False stores them (Korthikanti et al.)."""
+    stack: str | None = None
+    """Which implementation runs the layers: ``eager`` (PyTorch eager, Hugging Face / torchtitan
+    modules), ``compile`` (the same under ``torch.compile``) or ``megatron`` (Megatron-LM /
+    Megatron-Core with fused kernels and Transformer Engine). Unset: ``megatron`` for
+    ``distributed_optimizer`` plans, ``eager`` otherwise."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "training", ("micro_batch_size", "global_batch_size"))
         _check_choice("training.precision", self.precision, PRECISIONS)
+        if self.stack is not None:
+            _check_choice("training.stack", self.stack, STACKS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -384,7 +394,8 @@ _TOP_LEVEL_SCALARS = ("name", "description")
 
 
 def _convert(key: str, value: Any, hint: Any) -> Any:
-    """Check ``value`` against the field's type hint; ints are accepted where floats are."""
+    """Check ``value`` against the field's type hint; ints are accepted where floats are, floats
+    must be finite, and the error for a key with a fixed set of choices lists them."""
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     if value is None and type(None) in options:
         return None
@@ -395,7 +406,12 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         if origin is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         if origin is float and isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            number = float("inf")  # float(10**400) raises OverflowError
+            with contextlib.suppress(OverflowError):
+                number = float(value)
+            if not abs(number) < float("inf"):  # NaN or an infinity
+                raise ValueError(f"{key} must be a finite number, got {shorten(value)}")
+            return number
         if origin is str and isinstance(value, str):
             return value
         if origin is dict and isinstance(value, Mapping):
@@ -407,14 +423,34 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
             return tuple(value)
     if int in options and isinstance(value, float) and value.is_integer():
         return int(value)
-    names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+    # Keys checked against a fixed set (``_check_choice``); built here, on the error path only.
+    choices: dict[str, tuple[str, ...]] = {
+        "model.mlp_activation": tuple(MLP_ACTIVATIONS),
+        "model.position_embedding": POSITION_EMBEDDINGS,
+        "model.norm": NORMS,
+        "parallel.schedule": SCHEDULES,
+        "parallel.recompute": RECOMPUTE_MODES,
+        "parallel.data_parallel": (*DATA_PARALLEL_KINDS, FSDP2_ALIAS),
+        "parallel.fsdp_backward_prefetch": FSDP_BACKWARD_PREFETCH,
+        "parallel.fsdp_reduce_dtype": REDUCE_DTYPES,
+        "parallel.zero_fetch": ZERO_FETCH_MODES,
+        "training.precision": PRECISIONS,
+        "training.stack": STACKS,
+    }
+    got = f"got {shorten(value)} ({type(value).__name__})"
+    nullable = " or null" if type(None) in options else ""
+    if key in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices[key])}{nullable}, {got}")
+    names = " or ".join(
+        "null" if o is type(None) else getattr(o, "__name__", str(o)) for o in options
+    )
     hint = ""
     if isinstance(value, str) and (int in options or float in options):
         with contextlib.suppress(ValueError):  # YAML reads 5e8 (no dot) and '4' as text
             number = float(value)
             plain = str(int(number)) if number.is_integer() else repr(number)
             hint = f"; write it as a plain number: {plain}"
-    raise ValueError(f"{key} must be {names}, got {shorten(value)} ({type(value).__name__}){hint}")
+    raise ValueError(f"{key} must be {names}, {got}{hint}")
 
 
 RETIRED_KEYS = {
@@ -458,6 +494,8 @@ def _check_mlp_keys(model: Any) -> None:
     if not isinstance(model, Mapping) or "mlp_activation" not in model or "gated_mlp" not in model:
         return
     activation, gated = model["mlp_activation"], model["gated_mlp"]
+    if not isinstance(activation, str) or not isinstance(gated, bool):
+        return  # the type check of each key names the problem
     if MLP_ACTIVATIONS.get(activation, gated) != gated:
         raise ValueError(
             f"model.mlp_activation={shorten(activation)} contradicts model.gated_mlp={gated} "
@@ -485,6 +523,7 @@ def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
     missing = [s for s in _SECTIONS if s not in raw and s != "parallel"]
     if missing:
         raise ValueError(f"missing section '{missing[0]}' in plan")
+    raw = {**raw, "model": resolve_model_preset(raw.get("model"))}
     _check_mlp_keys(raw.get("model"))
     sections = {s: _build_section(cls, s, raw.get(s, {})) for s, cls in _SECTIONS.items()}
     scalars = {k: _convert(k, raw[k], str) for k in _TOP_LEVEL_SCALARS if k in raw}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -39,7 +40,12 @@ def _plan(tmp_path: Path, section: str, key: str, value: Any) -> Path:
     [
         ("model", "seq_len", 10**30, "model.seq_len=1,000,000,000,000,000,000,000,000,000,000 is"),
         ("model", "hidden_size", 10**36, "larger than any model this simulates"),
-        ("model", "mlp_activation", ["a"], "model.mlp_activation must be str, got ['a'] (list)"),
+        (
+            "model",
+            "mlp_activation",
+            ["a"],
+            "model.mlp_activation must be one of gelu, relu, swiglu, geglu, got ['a'] (list)",
+        ),
         ("cluster", "node", {"base": [1]}, "unknown cluster.node.base preset [1]"),
         ("training", "global_batch_size", 2**63, "at most 65,536 are simulated"),
         ("cluster", "num_nodes", 10**30, "clusters of up to 131,072 GPUs"),
@@ -72,7 +78,7 @@ def test_calibration_files_with_nonsense_are_refused(tmp_path: Path, capsys: Any
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(BASE))
     for change, message in (
-        ({"memory_bandwidth_bytes_per_s": 0}, "memory_bandwidth_bytes_per_s must be a finite"),
+        ({"memory_bandwidth_bytes_per_s": 0}, "memory_bandwidth_bytes_per_s=0; must be a number"),
         ({"kernels": {"bf16": {"gemm": {"max_flops_per_s": 1e15, "dim_half": 1e400}}}}, "inf"),
     ):
         compute = {"schema": "commsim-compute/1", "device": "x", "gpu": "h100-sxm", **change}
@@ -108,3 +114,206 @@ def test_an_output_in_an_unwritable_folder_is_refused_before_spawning() -> None:
         run.stderr
         == "commbench: error: --output '/proc/x.json': cannot write in the folder '/proc'\n"
     )
+
+
+# --- choice-valued plan keys ------------------------------------------------------------------
+
+CHOICES = {
+    "model.mlp_activation": "gelu, relu, swiglu, geglu",
+    "model.position_embedding": "rope, learned",
+    "model.norm": "rmsnorm, layernorm",
+    "parallel.schedule": "1f1b, interleaved, gpipe, zb-h1",
+    "parallel.recompute": "none, selective, full",
+    "parallel.data_parallel": "ddp, zero1, zero2, zero3, fsdp, hsdp, distributed_optimizer, fsdp2",
+    "parallel.fsdp_backward_prefetch": "backward_pre, backward_post, none",
+    "parallel.fsdp_reduce_dtype": "fp32, bf16 or null",
+    "training.precision": "bf16, fp16, fp8",
+}
+
+
+@pytest.mark.parametrize(("key", "choices"), sorted(CHOICES.items()))
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(True, "True (bool)"), (1, "1 (int)"), (["a"], "['a'] (list)"), ({"a": 1}, "{'a': 1} (dict)")],
+)
+def test_a_choice_of_the_wrong_type_lists_the_choices(
+    key: str, choices: str, value: Any, shown: str, tmp_path: Path, capsys: Any
+) -> None:
+    """``recompute: true`` used to say only "must be str"."""
+    section, name = key.split(".")
+    assert main(["plan", str(_plan(tmp_path, section, name, value))]) == 2
+    expected = f"commsim: error: {key} must be one of {choices}, got {shown}\n"
+    assert capsys.readouterr().err == expected
+
+
+def _choice_fields() -> dict[str, str]:
+    """Every plan key whose value is checked against a fixed set, found by giving each text key
+    a value no set has: the check's message lists the choices."""
+    from schedules import plan as plan_module
+
+    found = {}
+    for section, cls in plan_module._SECTIONS.items():
+        for field in dataclasses.fields(cls):
+            raw = json.loads(json.dumps(BASE))
+            raw[section][field.name] = "no-such-choice"
+            try:
+                plan_module.load_plan(raw)
+            except ValueError as error:
+                _, sep, choices = str(error).partition("'no-such-choice' is not one of ")
+                if sep:
+                    found[f"{section}.{field.name}"] = choices
+    return found
+
+
+def test_every_choice_key_lists_its_choices_on_a_type_error(tmp_path: Path, capsys: Any) -> None:
+    """Also the choice keys added after this test was written."""
+    found = _choice_fields()
+    assert set(CHOICES) <= set(found)
+    for key, choices in found.items():
+        section, name = key.split(".")
+        assert main(["plan", str(_plan(tmp_path, section, name, True))]) == 2
+        err = capsys.readouterr().err
+        assert f"{key} must be one of {choices}" in err and err.endswith(", got True (bool)\n")
+
+
+# --- more values the fuzz test found ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("cluster", "oversubscription", float("nan"), "cluster.oversubscription must be a finite"),
+        ("parallel", "ddp_bucket_mb", float("nan"), "parallel.ddp_bucket_mb must be a finite"),
+        ("parallel", "ddp_bucket_mb", float("inf"), "parallel.ddp_bucket_mb must be a finite"),
+        ("parallel", "ddp_bucket_mb", 10**400, "parallel.ddp_bucket_mb must be a finite"),
+        ("cluster", "node", {"base": "dgx-h100", "nics_per_node": 2**63}, "at most 64"),
+        ("cluster", "node", {"base": "dgx-h100", "num_cpus": 2**63}, "node.num_cpus=9223372036"),
+        ("cluster", "node", {"base": "dgx-h100", "name": ["x"]}, "node.name=['x']; must be text"),
+        ("parallel", "bogus", 1, "unknown key 'parallel.bogus'"),
+    ],
+)
+def test_plan_values_the_fuzz_test_found(
+    section: str, key: str, value: Any, message: str, tmp_path: Path, capsys: Any
+) -> None:
+    """nan/inf used to be accepted or crash; 2**63 NICs or sockets ran out of memory."""
+    assert main(["plan", str(_plan(tmp_path, section, key, value))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: &x [*x]\n", "a YAML alias refers to a collection that contains it (line 1)"),
+        ("node: dgx-h100\nnum_nodes: 2\nfabric: {base: ib-ndr, radix: 9223372036854775808}\n",
+         "fabric.radix=9223372036854775808; must be an even integer >= 2 (at most 512"),
+        ("node: dgx-h100\nnum_nodes: 2\nfabric: {base: ib-ndr, tiers: true}\n",
+         "fabric.tiers=True; valid: 1, 2, 3"),
+    ],
+)  # fmt: skip
+def test_cluster_files_that_used_to_hang(
+    text: str, message: str, tmp_path: Path, capsys: Any
+) -> None:
+    """A self-containing alias or a radix of 2**63 ran until memory was gone."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    assert main(["topo", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_input_files_that_never_end_or_never_come_are_refused(tmp_path: Path, capsys: Any) -> None:
+    """/dev/zero used to be read until memory ran out; a FIFO without a writer blocked."""
+    assert main(["topo", "/dev/zero"]) == 2
+    assert "cluster file '/dev/zero' is larger than 1,048,576 bytes" in capsys.readouterr().err
+    args = ["collective", "--topology", "localhost", "--calibration", "/dev/zero"]
+    assert main(args) == 2
+    assert "network calibration '/dev/zero' is larger than" in capsys.readouterr().err
+    fifo = tmp_path / "cluster.yaml"
+    os.mkfifo(fifo)
+    assert main(["topo", str(fifo)]) == 2
+    assert "expected a mapping" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"shape": 1e300, "half_size_bytes": 1e6}, "shape=1e+300; must be a number from 0.001"),
+        ({"efficiency_max": 5e-324}, "efficiency_max=5e-324; must be a number from 1e-06 to 100"),
+        ({"base_latency_s": 1e300}, "base_latency_s=1e+300; must be a number from 0 to 60"),
+        ({"fit": {"num_points": "x"}}, "'fit' must be an object with num_points, mape"),
+        ({"fit": {"num_points": "x", "mape": 1, "min_size_bytes": 0, "max_size_bytes": 0}},
+         "fit.num_points='x'; must be an integer >= 0"),
+    ],
+)  # fmt: skip
+def test_network_calibration_numbers_are_bounded(
+    entry: dict[str, Any], message: str, tmp_path: Path, capsys: Any
+) -> None:
+    """shape 1e300 overflowed, 1e300 s latencies printed 300-digit times, a text num_points
+    crashed the fallback lookup."""
+    network = json.loads((ROOT / "results" / "localhost" / "calibration.json").read_text())
+    for params in network["params"].values():
+        params.update(entry)
+    path = tmp_path / "net.json"
+    path.write_text(json.dumps(network))
+    assert main(["collective", "--topology", "dgx-h100", "--calibration", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"efficiency": {"gemm": "0.5"}}, "efficiency gemm='0.5' invalid"),
+        ({"efficiency": {"gemm": True}}, "efficiency gemm=True invalid"),
+        ({"efficiency": {"gemm": 1e-300}}, "with values in [0.001, 1.5]"),
+        ({"kernels": {"bf16": {"gemm": {"max_flops_per_s": 5e-324, "dim_half": 1}}}},
+         "kernels.bf16.gemm.max_flops_per_s=5e-324; must be a number from 1e+06 to 1e+18"),
+        ({"measurements": "abc"}, "measurements must be a list of objects, got 'abc'"),
+        ({"gpu": 5}, "gpu must be text, got 5"),
+    ],
+)  # fmt: skip
+def test_compute_calibration_values_are_checked(
+    change: dict[str, Any], message: str, tmp_path: Path, capsys: Any
+) -> None:
+    """Text and booleans used to be read as numbers; a tiny rate gave an infinite step."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(BASE))
+    path = tmp_path / "compute.json"
+    path.write_text(json.dumps({"schema": "commsim-compute/1", "gpu": "h100-sxm", **change}))
+    assert main(["plan", str(plan), "--compute-calibration", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_outputs_the_system_cannot_look_at_are_one_line(tmp_path: Path, capsys: Any) -> None:
+    """A name over the file system's limit or a loop of links used to end in a traceback."""
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    for output, message in ((loop, "a loop of symbolic links"), ("x" * 300 + ".json", "too long")):
+        args = ["collective", "--topology", "localhost", "-b", "1K", "-e", "1K"]
+        assert main([*args, "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("commsim: error: --output ") and message in err
+        assert err.count("\n") == 1
+
+
+def test_a_commbench_sweep_of_billions_of_sizes_is_refused() -> None:
+    """``-f 1 -i 1 -e 16G`` used to list 17 billion sizes (MemoryError)."""
+    from comm_bench.options import parse_options
+
+    with pytest.raises(ValueError, match="gives more than 10,000 sizes; use a larger step"):
+        parse_options(["-b", "0", "-e", "16G", "-f", "1", "-i", "1"])
+
+
+def test_both_commands_refuse_an_output_in_a_missing_folder(tmp_path: Path, capsys: Any) -> None:
+    """Neither creates the folder: the same line names it, exit 2, nothing written."""
+    output = tmp_path / "missing" / "run.json"
+    args = ["collective", "--topology", "localhost", "-b", "1K", "-e", "1K", "--output"]
+    assert main([*args, str(output)]) == 2
+    expected = f"--output '{output}': the folder '{output.parent}' does not exist\n"
+    assert capsys.readouterr().err == f"commsim: error: {expected}"
+    run = _commbench(["--backend", "gloo", "--nprocs", "2", "--output", str(output)], {})
+    assert (run.returncode, run.stderr) == (2, f"commbench: error: {expected}")
+    assert not output.parent.exists()

@@ -24,6 +24,7 @@ and unknown catalogue names raise ``ValueError`` with one line naming the key.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,11 @@ from typing import Any
 import yaml
 
 from fileio.output import Target, write_text
-from fileio.strict import load_yaml, shorten
+from fileio.strict import load_yaml, read_input, shorten
 from topologies.fabrics import FABRIC_PRESETS, FabricSpec
 from topologies.hardware import lookup
 from topologies.nodes import NODE_PRESETS, NodeSpec, with_gpus
-from topologies.presets import cluster_topology
+from topologies.presets import MAX_OVERSUBSCRIPTION, cluster_topology
 from topologies.topology import Topology
 
 CLUSTER_KEYS = ("node", "num_nodes", "fabric", "oversubscription")
@@ -46,6 +47,8 @@ FABRIC_KEYS = ("base", "kind", *(f.name for f in dataclasses.fields(FabricSpec))
 """Keys of a fabric mapping."""
 FABRIC_KINDS = ("fat-tree",)
 """Values of a fabric mapping's ``kind``."""
+MAX_CLUSTER_BYTES = 1 << 20
+"""Largest cluster file read (one is a few hundred bytes)."""
 _REQUIRED_NODE = ("gpu", "num_gpus", "intra")
 _REQUIRED_FABRIC = ("link", "radix")
 
@@ -62,15 +65,13 @@ def cluster_mapping(source: str | Path) -> Mapping[str, Any]:
     text = str(source)
     if isinstance(source, str) and text in NODE_PRESETS:
         return {"node": text}
-    path = Path(source)
-    if not path.exists():
-        if path.suffix in (".yaml", ".yml") or "/" in text:
-            raise FileNotFoundError(f"cluster file not found: {text}")
+    looks_like_file = Path(text).suffix in (".yaml", ".yml") or "/" in text
+    if not looks_like_file and not os.path.lexists(text):  # lexists: False for a bad name too
         raise ValueError(
             f"unknown cluster {shorten(text)}; give a node preset ({', '.join(NODE_PRESETS)}) "
             "or a YAML file"
         )
-    data = load_yaml(path.read_text(encoding="utf-8"), name=text)
+    data = load_yaml(read_input(text, what="cluster file", max_bytes=MAX_CLUSTER_BYTES), name=text)
     if not isinstance(data, Mapping):
         raise ValueError(f"{text}: expected a mapping with keys {', '.join(CLUSTER_KEYS)}")
     return data
@@ -101,8 +102,12 @@ def cluster_from_mapping(data: Mapping[str, Any], *, where: str = "cluster") -> 
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise ValueError(f"{where}.num_nodes={shorten(num_nodes)}; must be an integer >= 1")
     ratio = values.get("oversubscription", 1.0)
-    if not isinstance(ratio, int | float) or isinstance(ratio, bool) or ratio < 1.0:
-        raise ValueError(f"{where}.oversubscription={shorten(ratio)}; must be a number >= 1")
+    number = isinstance(ratio, int | float) and not isinstance(ratio, bool)
+    if not number or not 1.0 <= ratio <= MAX_OVERSUBSCRIPTION:
+        raise ValueError(
+            f"{where}.oversubscription={shorten(ratio)}; must be a number >= 1 "
+            f"(at most {MAX_OVERSUBSCRIPTION:g})"
+        )
     try:
         return cluster_topology(node, num_nodes, fabric, oversubscription=float(ratio))
     except ValueError as exc:

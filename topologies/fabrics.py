@@ -30,8 +30,13 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from fileio.strict import shorten
 from topologies.hardware import LINKS, LinkSpec, lookup
 from topologies.links import add_link
+
+MAX_RADIX = 512
+"""Most ports per switch (Broadcom Tomahawk 5 splits to 512 x 100GbE; NVIDIA Quantum-X800 has
+144 ports): a radix of 2**63 would build 2**62 spines."""
 
 Endpoint = tuple[str, int, int]
 """A NIC to attach: (node id, server index, rail = NIC index inside its server)."""
@@ -58,10 +63,23 @@ class FabricSpec:
         link = lookup(LINKS, self.link, "fabric.link")
         if link.kind != "network":
             raise ValueError(f"fabric.link={self.link!r} is a {link.kind} link, not a network")
-        if not isinstance(self.radix, int) or self.radix < 2 or self.radix % 2:
-            raise ValueError(f"fabric.radix={self.radix!r}; must be an even integer >= 2")
-        if self.tiers not in (None, 1, 2, 3):
-            raise ValueError(f"fabric.tiers={self.tiers!r}; valid: 1, 2, 3 (or omit for auto)")
+        for name in ("name", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"fabric.{name}={shorten(getattr(self, name))}; must be text")
+        radix = self.radix
+        if not _is_int(radix) or radix < 2 or radix % 2 or radix > MAX_RADIX:
+            raise ValueError(
+                f"fabric.radix={shorten(radix)}; must be an even integer >= 2 "
+                f"(at most {MAX_RADIX}, the most ports a switch has)"
+            )
+        if self.tiers is not None and not (_is_int(self.tiers) and self.tiers in (1, 2, 3)):
+            raise ValueError(
+                f"fabric.tiers={shorten(self.tiers)}; valid: 1, 2, 3 (or omit for auto)"
+            )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 FABRIC_PRESETS: dict[str, FabricSpec] = {

@@ -22,11 +22,24 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
+from fileio.strict import shorten
 from topologies.hardware import GPUS, LINKS, NVSWITCHES, LinkSpec, lookup
 from topologies.links import add_link
 
 INTRA_KINDS = ("nvswitch", "pcie", "nvlink-bridge", "loopback")
 """How GPUs inside a server talk to each other."""
+MAX_GPUS_PER_NODE = 1024
+"""Most GPUs (or local processes) one server may have."""
+NODE_COUNT_LIMITS = {
+    "num_gpus": (1, MAX_GPUS_PER_NODE),
+    "num_pcie_switches": (1, 64),
+    "nics_per_node": (0, 64),
+    "num_cpus": (1, 32),
+}
+"""Bounds of a server's counts. The upper ones are past any real server (a DGX H100 has 8 GPUs,
+8 compute NICs and 2 sockets; the largest single-image servers have 32 sockets), so that a
+typo is an error instead of a graph of 2**63 nodes."""
+_TEXT_FIELDS = ("name", "source")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,17 +90,19 @@ def _check_link(field_name: str, key: str | None, kind: str) -> LinkSpec | None:
 
 
 def _check_node_spec(spec: NodeSpec) -> None:
+    for name in _TEXT_FIELDS:
+        if not isinstance(getattr(spec, name), str):
+            raise ValueError(f"node.{name}={shorten(getattr(spec, name))}; must be text")
     lookup(GPUS, spec.gpu, "node.gpu")
     if spec.intra not in INTRA_KINDS:
-        raise ValueError(f"node.intra={spec.intra!r}; valid: {', '.join(INTRA_KINDS)}")
-    for name, value, low in (
-        ("num_gpus", spec.num_gpus, 1),
-        ("num_pcie_switches", spec.num_pcie_switches, 1),
-        ("nics_per_node", spec.nics_per_node, 0),
-        ("num_cpus", spec.num_cpus, 1),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"node.{name}={value!r}; must be an integer >= {low}")
+        raise ValueError(f"node.intra={shorten(spec.intra)}; valid: {', '.join(INTRA_KINDS)}")
+    for name, (low, high) in NODE_COUNT_LIMITS.items():
+        value = getattr(spec, name)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ValueError(
+                f"node.{name}={shorten(value)}; must be an integer >= {low} "
+                f"(at most {high:,}: more than any real server has)"
+            )
     _check_link("pcie", spec.pcie, "pcie")
     _check_link("cpu_link", spec.cpu_link, "cpu_link")
     _check_link("nvlink", spec.nvlink, "nvlink")

@@ -15,17 +15,24 @@ import networkx as nx
 
 from topologies.fabrics import FABRIC_PRESETS, FabricLayout, FabricSpec, fat_tree_graph
 from topologies.hardware import lookup
-from topologies.nodes import NODE_PRESETS, NodeSpec, server_graph, with_gpus
+from topologies.nodes import MAX_GPUS_PER_NODE, NODE_PRESETS, NodeSpec, server_graph, with_gpus
 from topologies.topology import Topology
 
-__all__ = ["FABRIC_PRESETS", "NODE_PRESETS", "build_cluster", "cluster_topology"]
+__all__ = [
+    "FABRIC_PRESETS",
+    "MAX_GPUS_PER_NODE",
+    "NODE_PRESETS",
+    "build_cluster",
+    "cluster_topology",
+]
 
 
 MAX_GPUS = 131_072
 """Largest cluster built (2x the largest published training clusters' 65k-100k GPUs; the graph
 of 16,384 GPUs builds in about a second)."""
-MAX_GPUS_PER_NODE = 1024
-"""Most GPUs (or local processes) one server may have."""
+
+MAX_OVERSUBSCRIPTION = 1024.0
+"""Largest leaf oversubscription (one up-link for 1,024 down-links; real fabrics use 1-4)."""
 
 
 def build_cluster(
@@ -76,8 +83,12 @@ def cluster_topology(
     """``num_nodes`` servers described by ``node`` on ``fabric`` (specs, not preset names)."""
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise ValueError(f"num_nodes={num_nodes!r}; must be an integer >= 1")
-    if not isinstance(oversubscription, int | float) or oversubscription < 1.0:
-        raise ValueError(f"oversubscription={oversubscription!r}; must be a number >= 1")
+    number = isinstance(oversubscription, int | float) and not isinstance(oversubscription, bool)
+    if not number or not 1.0 <= oversubscription <= MAX_OVERSUBSCRIPTION:
+        raise ValueError(
+            f"oversubscription={oversubscription!r}; must be a number >= 1 "
+            f"(at most {MAX_OVERSUBSCRIPTION:g})"
+        )
     if num_nodes * node.num_gpus > MAX_GPUS:
         raise ValueError(
             f"num_nodes={num_nodes:,} of {node.num_gpus} GPUs is {num_nodes * node.num_gpus:,} "

@@ -2,8 +2,9 @@
 
 Prints the nccl-tests table (size, count, type, redop, root, time, algbw, busbw, #wrong = N/A)
 for each op and writes the commbench JSON schema (``env.simulated = true``) plus a CSV beside
-it, so simulated and measured files are interchangeable. Also home of the topology flags shared
-by ``calibrate`` and ``compare``.
+it, so simulated and measured files are interchangeable. A sweep still running after a second
+shows a progress bar with the time left on standard error when that is a terminal (tqdm). Also
+home of the topology flags shared by ``calibrate`` and ``compare``.
 
     commsim collective --topology dgx-h100 --nodes 2 --ops all_reduce -b 1K -e 8G -f 2
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from typing import Any
 
 import simpy
@@ -25,6 +27,7 @@ from fileio.output import Target, check_outputs, twin, write_text
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration, TopologyFactory, load_calibration
 from sim.network.model import FIDELITIES, CommModel
+from sim.output.progress import progress_bar
 from topologies.config import load_cluster
 from topologies.presets import MAX_GPUS_PER_NODE, NODE_PRESETS, build_cluster
 from topologies.topology import Topology
@@ -115,9 +118,12 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
 
 def simulate_sweep(
     model: CommModel, ops: list[str], ranks: list[int], sizes: list[int], *,
-    dtype: str, redop: str, root: int,
+    dtype: str, redop: str, root: int, on_size: Callable[[], None] | None = None,
 ) -> list[Record]:  # fmt: skip
-    """One out-of-place and one in-place record per (op, size), each collective run alone."""
+    """One out-of-place and one in-place record per (op, size), each collective run alone.
+
+    ``on_size`` is called after each (op, size) is simulated (a progress bar's tick).
+    """
     records = []
     n = len(ranks)
     num_nodes = model.layout(ranks).num_nodes
@@ -139,6 +145,8 @@ def simulate_sweep(
             fields["busbw_gbps"] = fields["algbw_gbps"] * definition.busbw_factor(n)
             records.append(Record(in_place=False, **fields))
             records.append(Record(in_place=True, **fields))
+            if on_size is not None:
+                on_size()
     return records
 
 
@@ -168,9 +176,14 @@ def run(args: argparse.Namespace) -> int:
         algo=args.algo,
     )  # fmt: skip
     ranks = list(range(num_ranks))
-    records = simulate_sweep(
-        model, ops, ranks, sizes, dtype=args.datatype, redop=args.redop, root=args.root
-    )
+    bar = progress_bar(len(ops) * len(sizes), "simulating", delay_s=1.0, unit="size")
+    try:
+        records = simulate_sweep(
+            model, ops, ranks, sizes, dtype=args.datatype, redop=args.redop, root=args.root,
+            on_size=bar.update,
+        )  # fmt: skip
+    finally:
+        bar.close()
     layout = model.layout(ranks)
     print(
         f"# commsim collective: topology {topology.name}, {num_ranks} ranks on "

@@ -1,9 +1,11 @@
 """``commsim compare``: score and plot simulated against measured collectives.
 
 Simulates every measured record (its own algorithm when it names one), prints busbw measured vs
-simulated with the error per size and the MAPE, writes a JSON and a PNG (busbw vs size, log x;
-filled markers were used for fitting, hollow ones were not). ``--holdout EXPR`` fits a
-calibration on the records that do NOT match and scores only those that do: the number to quote.
+simulated with the busbw error per size and the time MAPE, writes a JSON and a plot (busbw vs
+size, log-log, one series per op, algorithm and layout; filled markers were used for fitting,
+hollow ones were not; bars from the p99 to the fastest iteration where the measurement has them).
+``--holdout EXPR`` fits a calibration on the records that do NOT match and scores only those that
+do: the number to quote.
 
     commsim compare data.txt --topology dgx-h100 --holdout 'op=all_gather' -o plot.png
 """
@@ -23,6 +25,7 @@ from sim.network.calibration import Calibration, fit_calibration
 from sim.network.compare import (
     any_matches,
     compare_records,
+    describe_holdout,
     format_table,
     parse_selector,
     plot_comparison,
@@ -81,8 +84,8 @@ def _calibration(
     )  # fmt: skip
     for note in notes:
         print(f"# note: {note}")
-    what = "all records" if args.fit else f"records not matching {' | '.join(args.holdout)}"
-    return calibration, train, f"fitted on {what}"
+    how = "fitted on all records" if args.fit else describe_holdout(selectors)
+    return calibration, train, how
 
 
 def _fitted_records(
@@ -115,11 +118,11 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(format_table(points)))
     for name, stats in result["series"].items():
         print(
-            f"# MAPE {name}: {_pct(stats['mape_pct'])} all sizes, "
+            f"# time MAPE {name}: {_pct(stats['mape_pct'])} all sizes, "
             f"{_pct(stats['mape_pct_min_size'])} for sizes >= {args.min_size}"
         )
     print(
-        f"# MAPE ({result['scored_on']}, {result['num_points']} points): "
+        f"# time MAPE ({result['scored_on']}, {result['num_points']} points): "
         f"{_pct(result['mape_pct'])} all sizes, {_pct(result['mape_pct_min_size'])} "
         f"for sizes >= {args.min_size}"
     )
@@ -134,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
         write_text(targets["--json"], json.dumps(document, indent=1) + "\n")
         print(f"# wrote {args.json}")
     if args.output:
-        title = f"{args.topology}: measured vs simulated ({how}); MAPE {_pct(result['mape_pct'])}"
+        title = (
+            f"{args.topology}: measured vs simulated, {how}; "
+            f"time MAPE {_pct(result['mape_pct'])} ({result['scored_on']})"
+        )
         plot_comparison(points, targets["-o"], title=title)
         print(f"# wrote {args.output}")
     return 0

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from fileio.strict import cap_line
+from fileio.strict import cap_line, shorten
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "topo": ("sim.cli.topo", "describe (and draw) a cluster topology"),
@@ -36,6 +36,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("sim.cli.fit", "fit the compute speed to one measured step of a plan"),
     "validate": ("sim.cli.validate", "simulate published training runs and report the error"),
 }
+
+
+def shorten_path(name: object) -> str:
+    """A path for a one-line message: long names cut (``fileio.strict.shorten``)."""
+    return shorten(str(name)) if name is not None else "a file"
 
 
 class UsageError(ValueError):
@@ -78,8 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except (ValueError, FileNotFoundError, IsADirectoryError, yaml.YAMLError) as exc:
+    except (ValueError, OSError, yaml.YAMLError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, FileNotFoundError):
+            # an unreadable input or output path: say which and why, without the errno prefix
+            message = f"{shorten_path(exc.filename)}: {exc.strerror}"
         if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
             mark = exc.problem_mark
             where = "" if mark.name.startswith("<") else f"{mark.name}, "

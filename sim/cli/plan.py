@@ -221,8 +221,9 @@ def rank_titles(result: PlanResult, plan: Plan) -> dict[int, str]:
 def plot_title(result: PlanResult, plan: Plan) -> str:
     """The timeline's title: model, parallel degrees, schedule and step time."""
     par = plan.parallel
+    schedule = f"{par.schedule}, " if par.pp > 1 else ""
     return (
         f"{plan.model.name} on {result.num_gpus} GPUs: tp{par.tp} pp{par.pp} cp{par.cp} "
-        f"dp{par.dp} ({par.data_parallel}), {par.schedule}, "
+        f"dp{par.dp} ({par.data_parallel}), {schedule}"
         f"step {format_duration(result.step_time_s)}"
     )

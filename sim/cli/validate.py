@@ -4,6 +4,8 @@ Every run of the cases file that can be simulated faithfully is replayed with ``
 predicted and measured step times are printed per case with the error, and the MAPE per source
 over the held-out cases (the few cases the compute calibration is fitted on are marked ``*`` and
 excluded). Runs that cannot be simulated are listed with the knob their source does not state.
+On a terminal, progress bars with the time left (tqdm, on standard error) follow the compute fit
+and the cases, worker processes included, with a line per case as it finishes.
 
     commsim validate --json results/validation/validation.json --plot validation.png
 """
@@ -16,12 +18,12 @@ import json
 import math
 import os
 import platform
-import sys
 from io import BytesIO
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fileio.output import Target, check_outputs, write_bytes
+from sim.output.progress import PhaseBars
 from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
 from sim.validation.runner import ValidationReport, run_validation
 
@@ -91,15 +93,19 @@ def run(args: argparse.Namespace) -> int:
     calibrate_on = None if args.calibrate_on is None else _id_list(args.calibrate_on)
     if calibrate_on == ("none",):
         calibrate_on = ()
-    report = run_validation(
-        load_cases(args.cases),
-        ids=_id_list(args.ids),
-        calibrate_on=calibrate_on,
-        fidelity=args.fidelity,
-        comm_calibration=comm_calibration,
-        progress=_progress if sys.stderr.isatty() else None,
-        jobs=args.jobs,
-    )
+    bars = PhaseBars()
+    try:
+        report = run_validation(
+            load_cases(args.cases),
+            ids=_id_list(args.ids),
+            calibrate_on=calibrate_on,
+            fidelity=args.fidelity,
+            comm_calibration=comm_calibration,
+            progress=bars,
+            jobs=args.jobs,
+        )
+    finally:
+        bars.close()
     outputs: list[tuple[Target, bytes]] = []
     if (json_target := targets.get("--json")) is not None:
         document = report.to_json()
@@ -128,10 +134,6 @@ def environment() -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "command": "commsim validate",
     }
-
-
-def _progress(line: str) -> None:
-    print(f"  {line}", file=sys.stderr, flush=True)
 
 
 def format_report(report: ValidationReport) -> str:

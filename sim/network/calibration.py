@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import numpy as np
 from comm_bench.collectives import OPS, time_from_busbw_s
 from comm_bench.records import Record
 from fileio.output import Target, write_text
-from fileio.strict import load_json, shorten
+from fileio.strict import load_json, read_input, shorten
 from sim.network.algorithms import choose_algorithm, layout_of
 from sim.network.analytical import ALGORITHMS, CommParams, CostTerms, Layout, cost_terms
 from topologies.topology import Topology
@@ -160,11 +160,7 @@ def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
         try:
             _check_numbers(entry_key, values)
             params[entry_key] = CommParams(**values)
-            quality[entry_key] = (
-                FitQuality(**fit)
-                if fit
-                else FitQuality(num_points=0, mape=0.0, min_size_bytes=0, max_size_bytes=0)
-            )
+            quality[entry_key] = _fit_quality(entry_key, fit)
         except TypeError as exc:
             raise ValueError(f"bad calibration entry {entry_key!r}: {exc}") from None
     return Calibration(
@@ -175,18 +171,54 @@ def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
     )
 
 
+PARAM_RANGES: dict[str, tuple[float, float]] = {
+    "base_latency_s": (0.0, 60.0),
+    "intra_step_latency_s": (0.0, 60.0),
+    "inter_step_latency_s": (0.0, 60.0),
+    "efficiency_max": (1e-6, 100.0),
+    "half_size_bytes": (0.0, 2.0**50),
+    "shape": (1e-3, 8.0),
+    "protocol_latency_scale": (0.0, 1e6),
+}
+"""Accepted range of each fitted number: past anything a fit on a real machine gives (a minute
+per call, a millionth of a link's rate, a ramp half-way at 1 PiB), so a typo is an error rather
+than times of 10^300 s or a ramp that overflows (``(half / size) ** shape``)."""
+
+
 def _check_numbers(entry_key: str, values: Mapping[str, Any]) -> None:
-    """ValueError unless every numeric parameter is a finite number >= 0 (> 0 for ratios)."""
+    """ValueError unless every numeric parameter is a finite number in its ``PARAM_RANGES``."""
     for name, value in values.items():
-        if name == "protocol":
-            continue
-        positive = name in ("efficiency_max", "shape")
+        if name not in PARAM_RANGES:
+            continue  # the protocol, or a key CommParams refuses by name
+        low, high = PARAM_RANGES[name]
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
-            bound = "> 0" if positive else ">= 0"
+        if not ok or not low <= value <= high:
             raise ValueError(
-                f"bad calibration entry {entry_key!r}: {name}={value!r}; must be a number {bound}"
+                f"bad calibration entry {entry_key!r}: {name}={shorten(value)}; "
+                f"must be a number from {low:g} to {high:g}"
             )
+
+
+def _fit_quality(entry_key: str, fit: Any) -> FitQuality:
+    """The ``fit`` object of an entry (absent: a fit of no points); ValueError naming a bad one."""
+    if fit is None:
+        return FitQuality(num_points=0, mape=0.0, min_size_bytes=0, max_size_bytes=0)
+    names = [f.name for f in fields(FitQuality)]
+    if not isinstance(fit, Mapping) or sorted(fit) != sorted(names):
+        raise ValueError(
+            f"bad calibration entry {entry_key!r}: 'fit' must be an object with "
+            f"{', '.join(names)}, got {shorten(fit)}"
+        )
+    for name, value in fit.items():
+        integer = name != "mape"
+        ok = isinstance(value, int if integer else int | float) and not isinstance(value, bool)
+        if not ok or not 0 <= value < math.inf:
+            kind = "an integer" if integer else "a number"
+            raise ValueError(
+                f"bad calibration entry {entry_key!r}: fit.{name}={shorten(value)}; "
+                f"must be {kind} >= 0"
+            )
+    return FitQuality(**fit)
 
 
 def _mapping(value: Any, key: str) -> dict[str, Any]:
@@ -198,7 +230,7 @@ def _mapping(value: Any, key: str) -> dict[str, Any]:
 def load_calibration(path: str | Path) -> Calibration:
     """Read a calibration JSON file written by ``commsim calibrate``."""
     try:
-        doc = load_json(Path(path).read_text(), name=str(path))
+        doc = load_json(read_input(path, what="network calibration"), name=str(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
     try:

@@ -1,5 +1,8 @@
 """Measured against simulated collectives: per-point error, MAPE, hold-out selection, the plot.
 
+Errors are simulated minus measured, relative to measured: ``error_pct`` on time (what the MAPE
+averages), ``busbw_error_pct`` on busbw (what the table prints next to the busbw columns).
+
 A ``Selector`` picks records with a small expression language (used by ``--holdout`` and
 ``--only``): terms joined by ``&`` (all must hold); each term is ``KEY=V1,V2`` (one of the
 values), ``KEY!=V1,V2`` or ``KEY<V``, ``<=``, ``>``, ``>=`` for numbers. Keys: ``op``,
@@ -19,9 +22,15 @@ import re
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+import matplotlib
 import simpy
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from comm_bench.collectives import busbw_gbps
 from comm_bench.options import parse_size
@@ -43,6 +52,9 @@ _COMPARATORS: dict[str, Callable[[Any, Any], bool]] = {
 _TERM = re.compile(r"^\s*(\w+)\s*(<=|>=|!=|<|>|=)\s*(.+?)\s*$")
 _KEYS = ("op", "algo", "nodes", "world", "size", "placement")
 
+SPREAD_NOTE = "bars: busbw of the p99 (low)\nto the fastest (high) iteration"
+"""Legend title of a comparison plot whose measurements carry their spread."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Term:
@@ -63,6 +75,27 @@ class Term:
         if self.comparator == "!=":
             return value not in self.values
         return bool(_COMPARATORS[self.comparator](value, self.values[0]))
+
+    def __str__(self) -> str:
+        values = ",".join(_format_value(self.key, v) for v in self.values)
+        return f"{self.key}{self.comparator}{values}"
+
+    def negated(self) -> Term:
+        """The term that holds exactly where this one does not (``op=a`` -> ``op!=a``)."""
+        return Term(key=self.key, comparator=_NEGATIONS[self.comparator], values=self.values)
+
+
+_NEGATIONS = {"=": "!=", "!=": "=", "<": ">=", ">=": "<", ">": "<=", "<=": ">"}
+
+
+def _format_value(key: str, value: Any) -> str:
+    """A selector value as typed: sizes with the largest binary suffix that divides them."""
+    if key != "size":
+        return str(value)
+    for suffix, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if value and value % (1 << shift) == 0:
+            return f"{value >> shift}{suffix}"
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +159,24 @@ def any_matches(selectors: Sequence[Selector], record: Record) -> bool:
     return any(s.matches(record) for s in selectors)
 
 
+def describe_holdout(selectors: Sequence[Selector]) -> str:
+    """How a hold-out split reads, naming both sides without a double negation.
+
+    >>> describe_holdout([parse_selector("op!=all_reduce,all_gather")])
+    'fitted on op=all_reduce,all_gather, scored on op!=all_reduce,all_gather'
+    >>> describe_holdout([parse_selector("size<1M & nodes=1")])
+    'fitted on size>=1M | nodes!=1, scored on size<1M & nodes=1'
+    """
+    held = " | ".join(" & ".join(map(str, s.terms)) for s in selectors)
+    if len(selectors) == 1:
+        fitted = " | ".join(str(t.negated()) for t in selectors[0].terms)
+    elif all(len(s.terms) == 1 for s in selectors):
+        fitted = " & ".join(str(s.terms[0].negated()) for s in selectors)
+    else:
+        fitted = "the other records"
+    return f"fitted on {fitted}, scored on {held}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Point:
     """One measured record next to its simulation."""
@@ -149,13 +200,32 @@ class Point:
     simulated_busbw_gbps: float
     """Simulated busbw."""
     error_pct: float
-    """(simulated - measured) / measured time, in percent."""
+    """(simulated - measured) / measured time, in percent (what ``mape`` averages)."""
+    busbw_error_pct: float
+    """(simulated - measured) / measured busbw, in percent (the table's error column)."""
     used_for_fit: bool
     """Whether the calibration was fitted on this point."""
+    measured_algo: str = ""
+    """Algorithm the measurement names (an nccl-tests log's header), '' when it names none."""
+    measured_time_min_us: float | None = None
+    """Fastest measured iteration, when the measurement has it (commbench JSON)."""
+    measured_time_p99_us: float | None = None
+    """99th-percentile measured iteration, when the measurement has it."""
 
     def series(self) -> str:
-        """Label of the curve the point belongs to."""
-        return f"{self.op}, {self.world_size} ranks / {self.num_nodes} node(s)"
+        """Label of the curve the point belongs to: one per op, algorithm measured and layout."""
+        algo = f" ({self.measured_algo})" if self.measured_algo else ""
+        return f"{self.op}{algo}, {self.world_size} ranks / {self.num_nodes} node(s)"
+
+    def measured_busbw_range_gbps(self) -> tuple[float, float] | None:
+        """busbw at the p99 and at the fastest iteration (low, high); None without the spread."""
+        if not self.measured_time_min_us or not self.measured_time_p99_us:
+            return None
+        low, high = (
+            busbw_gbps(self.op, self.size_bytes, t_us * 1e-6, self.world_size)
+            for t_us in (self.measured_time_p99_us, self.measured_time_min_us)
+        )
+        return low, high
 
 
 def compare_records(
@@ -183,15 +253,18 @@ def compare_records(
         simulated_s = model.env.now
         measured_s = record_time_s(record)
         n = record.world_size
+        measured_busbw = busbw_gbps(record.op, record.size_bytes, measured_s, n)
+        simulated_busbw = busbw_gbps(record.op, record.size_bytes, simulated_s, n)
         points.append(
             Point(
                 op=record.op, world_size=record.world_size, num_nodes=record.num_nodes,
                 size_bytes=record.size_bytes, algo=run_algo, measured_time_us=measured_s * 1e6,
                 simulated_time_us=simulated_s * 1e6,
-                measured_busbw_gbps=busbw_gbps(record.op, record.size_bytes, measured_s, n),
-                simulated_busbw_gbps=busbw_gbps(record.op, record.size_bytes, simulated_s, n),
+                measured_busbw_gbps=measured_busbw, simulated_busbw_gbps=simulated_busbw,
                 error_pct=(simulated_s - measured_s) / measured_s * 100.0,
-                used_for_fit=used_for_fit(record),
+                busbw_error_pct=(simulated_busbw - measured_busbw) / measured_busbw * 100.0,
+                used_for_fit=used_for_fit(record), measured_algo=forced or record.algo or "",
+                measured_time_min_us=record.time_min_us, measured_time_p99_us=record.time_p99_us,
             )
         )  # fmt: skip
     return points
@@ -227,17 +300,21 @@ def summary(points: Sequence[Point], *, min_size_bytes: int) -> dict[str, Any]:
 
 
 def format_table(points: Sequence[Point]) -> list[str]:
-    """Text rows: series, size, algorithm, busbw measured / simulated, error, fit marker."""
+    """Text rows: series, size, algorithm, busbw measured / simulated, busbw error, fit marker.
+
+    The error is on busbw, as the two columns before it: (simulated - measured) / measured.
+    busbw has four significant digits, so the small sizes of a slow fabric do not read 0.00.
+    """
     lines = [
         "#  op              ranks nodes         size  algo         measured  simulated"
-        "   error  fit",
-        "#                                       (B)                 (GB/s)     (GB/s)     (%)",
+        "   busbw  fit",
+        "#                                       (B)                 (GB/s)     (GB/s)  err(%)",
     ]
     for p in points:
         lines.append(
             f"   {p.op:<15} {p.world_size:5d} {p.num_nodes:5d} {p.size_bytes:12d}  {p.algo:<12}"
-            f" {p.measured_busbw_gbps:9.2f}  {p.simulated_busbw_gbps:9.2f}  {p.error_pct:+6.1f}"
-            f"  {'yes' if p.used_for_fit else 'no'}"
+            f" {p.measured_busbw_gbps:9.4g}  {p.simulated_busbw_gbps:9.4g}"
+            f"  {p.busbw_error_pct:+6.1f}  {'yes' if p.used_for_fit else 'no'}"
         )
     return lines
 
@@ -247,40 +324,76 @@ def points_json(points: Sequence[Point]) -> list[dict[str, Any]]:
     return [asdict(p) for p in points]
 
 
-def plot_comparison(points: Sequence[Point], target: Target | str, *, title: str) -> None:
-    """busbw vs size (log x): measured and simulated per series; filled markers = fitted on."""
-    import matplotlib
+def comparison_figure(points: Sequence[Point], *, title: str) -> Figure:
+    """busbw vs size, log-log: per series a simulated line and the measured markers.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    Filled markers were fitted on, hollow ones held out (plain "measured" when no point was
+    fitted on); where the measurement has a spread, bars reach from the busbw of the p99
+    iteration to that of the fastest one.
+    """
     series: dict[str, list[Point]] = {}
     for p in points:
         series.setdefault(p.series(), []).append(p)
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    any_fitted = any(p.used_for_fit for p in points)
+    fig = Figure(figsize=(13, 5.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, (name, ps) in enumerate(series.items()):
         ps = sorted(ps, key=lambda p: p.size_bytes)
         color = colors[index % len(colors)]
-        sizes = [p.size_bytes for p in ps]
-        ax.plot(sizes, [p.simulated_busbw_gbps for p in ps], "-", color=color,
-                label=f"{name}: simulated (MAPE {mape(ps):.1f}%)")  # fmt: skip
+        ax.plot([p.size_bytes for p in ps], [p.simulated_busbw_gbps for p in ps], "-",
+                color=color, label=f"{name}: simulated (time MAPE {mape(ps):.1f}%)")  # fmt: skip
         for fitted in (True, False):
             chosen = [p for p in ps if p.used_for_fit == fitted]
             if chosen:
-                ax.plot(
-                    [p.size_bytes for p in chosen], [p.measured_busbw_gbps for p in chosen], "o",
-                    color=color, markerfacecolor=color if fitted else "white",
-                    label=f"{name}: measured ({'fitted on' if fitted else 'held out'})",
-                )  # fmt: skip
+                label = _measured_label(name, fitted, any_fitted)
+                _plot_measured(ax, chosen, color, label, filled=fitted)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    # Plain numbers (400, 0.002) rather than 4x10^2 on the busbw axis.
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
     ax.set_xlabel("size (bytes, nccl-tests definition)")
     ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(textwrap.fill(title, 90), fontsize=9)
+    ax.set_title(textwrap.fill(title, 120), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
+    spread = any(p.measured_busbw_range_gbps() for p in points)
+    ax.legend(
+        fontsize=7, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+        title=SPREAD_NOTE if spread else None,
+    )  # fmt: skip
+    return fig
+
+
+def _measured_label(name: str, fitted: bool, any_fitted: bool) -> str:
+    if not any_fitted:
+        return f"{name}: measured"
+    return f"{name}: measured ({'fitted on' if fitted else 'held out'})"
+
+
+def _plot_measured(ax: Axes, points: list[Point], color: str, label: str, *, filled: bool) -> None:
+    """Markers at the mean busbw, with p99..min bars where the spread is known."""
+    busbw = [p.measured_busbw_gbps for p in points]
+    ranges = [p.measured_busbw_range_gbps() or (b, b) for p, b in zip(points, busbw, strict=True)]
+    yerr = None
+    if any(p.measured_busbw_range_gbps() for p in points):
+        yerr = [
+            [max(b - low, 0.0) for b, (low, _) in zip(busbw, ranges, strict=True)],
+            [max(high - b, 0.0) for b, (_, high) in zip(busbw, ranges, strict=True)],
+        ]
+    ax.errorbar(
+        [p.size_bytes for p in points], busbw, yerr=yerr, fmt="o", color=color, elinewidth=0.8,
+        capsize=2, markerfacecolor=color if filled else "white", label=label,
+    )  # fmt: skip
+
+
+def plot_comparison(points: Sequence[Point], target: Target | str, *, title: str) -> None:
+    """Write ``comparison_figure`` in the target's format (png, svg or pdf by its suffix)."""
+    if isinstance(target, Target):
+        image_format = target.format or "png"
+    else:
+        image_format = Path(target).suffix.lstrip(".").lower() or "png"
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
+    comparison_figure(points, title=title).savefig(buffer, format=image_format, dpi=120)
     write_bytes(target, buffer.getvalue())

@@ -3,8 +3,9 @@
 It echoes what was simulated (model, world size, parallel degrees, schedule, micro-batches), then
 the answer: step time, throughput, model TFLOP/s per GPU and MFU with the FLOP definition named,
 memory per GPU by component and whether it fits, and where the step's time goes on the critical
-rank (compute, exposed communication per process group, pipeline bubble, optimizer). Figures are
-SI inside; GiB, ms, TFLOP/s and percent only here, at the edge.
+rank (compute, exposed communication per process group, pipeline bubble, optimizer). Without a
+pipeline (pp=1) there is no schedule to echo and the idle time is called what it is: waiting.
+Figures are SI inside; GiB, ms, TFLOP/s and percent only here, at the edge.
 
     print(format_report(result, plan, gpu=topology.gpu_spec(0), fidelity="analytical"))
 """
@@ -32,7 +33,9 @@ def format_report(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: str
         plan_echo_lines(result, plan, gpu=gpu, fidelity=fidelity),
         headline_lines(result, plan, gpu=gpu),
         memory_lines(result, hbm_bytes=gpu.hbm_bytes),
-        breakdown_lines(result, critical=_critical_rank(result, plan)),
+        breakdown_lines(
+            result, critical=_critical_rank(result, plan), pipeline=plan.parallel.pp > 1
+        ),
     )
     return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
 
@@ -54,8 +57,8 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
         ),
         _row(
             "  schedule",
-            f"{par.schedule}, sequence_parallel {_on_off(par.sequence_parallel)}, "
-            f"recompute {par.recompute}",
+            f"{par.schedule if par.pp > 1 else 'no pipeline (pp=1)'}, "
+            f"sequence_parallel {_on_off(par.sequence_parallel)}, recompute {par.recompute}",
         ),
         _row(
             "  batch",
@@ -96,8 +99,12 @@ def headline_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec) -> list[str]
             f"{result.tflops_per_gpu:.1f} TFLOP/s, MFU {result.mfu:.1%} "
             f"of {peak_tflops:,.0f} TFLOP/s dense {precision}",
         ),
+        _row("Hardware FLOP/s", f"HFU {result.hfu:.1%} (model FLOPs plus recomputation)"),
         _row("FLOP definition", result.flops_definition),
         _row("Memory per GPU", fit_verdict(result, hbm_bytes=gpu.hbm_bytes)),
+        _row("Bottleneck", result.bottleneck),
+        _row("Compute basis", result.basis.get("compute", "")),
+        _row("Network basis", result.basis.get("network", "")),
     ]
 
 
@@ -126,19 +133,30 @@ def fit_verdict(result: PlanResult, *, hbm_bytes: float) -> str:
     )
 
 
-def breakdown_lines(result: PlanResult, *, critical: str = "the critical rank") -> list[str]:
-    """Where the step's time goes on the critical rank, in ms and percent of the step."""
+def breakdown_lines(
+    result: PlanResult, *, critical: str = "the critical rank", pipeline: bool = True
+) -> list[str]:
+    """Where the step's time goes on the critical rank, in ms and percent of the step.
+
+    The idle time not explained by communication (``Breakdown.bubble_s``) is the pipeline bubble
+    when there is a ``pipeline``; without one (pp=1) it is the rank waiting on the others.
+    """
     bd = result.breakdown
     rows: list[tuple[str, float]] = [("compute", bd.compute_s)]
     rows += [(f"exposed comm {group}", t) for group, t in sorted(bd.exposed_comm_s.items())]
-    rows += [("pipeline bubble", bd.bubble_s), ("optimizer", bd.optimizer_s)]
+    idle = "pipeline bubble" if pipeline else "idle / waiting"
+    rows += [(idle, bd.bubble_s), ("optimizer", bd.optimizer_s)]
     accounted_s = sum(t for _, t in rows)
+    slowed = (
+        [("  (compute slowed by overlap)", bd.overlap_slowdown_s)] if bd.overlap_slowdown_s else []
+    )
     step_s = result.step_time_s
     lines = [
         f"Step breakdown on {critical}",
         f"{'':<{_LABEL_WIDTH}}{'ms':>12}{'% of step':>11}",
     ]
     lines += [_breakdown_row(f"  {name}", t, step_s) for name, t in rows]
+    lines += [_breakdown_row(name, t, step_s) for name, t in slowed]
     # Show any remainder instead of hiding it: the rows should add up to the step.
     if abs(step_s - accounted_s) > 1e-6 * max(step_s, 1e-12):
         lines.append(_breakdown_row("  other / unaccounted", step_s - accounted_s, step_s))

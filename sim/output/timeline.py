@@ -2,9 +2,10 @@
 
 One representative rank per pipeline stage (at most ``MAX_RANKS``, evenly spaced stages when
 there are more) gets a compute lane and a thin lane per communication stream it used (tp, dp,
-pp, ...). Forward, backward, weight-gradient, recompute and optimizer work and each stream's
-communication have their own colour, named in the legend; time is in milliseconds. Matplotlib's
-object API with the Agg canvas is used, so no display and no global pyplot state are involved.
+pp, ...). Forward, backward, weight-gradient, recompute, embedding/head, FSDP copy-out and
+optimizer work and each stream's communication have their own colour, named in the legend; time is
+in milliseconds. Matplotlib's object API with the Agg canvas is used, so no display and no global
+pyplot state are involved.
 
     png = figure_bytes(timeline_figure(result.spans, ranks=[0, 8], rank_titles=titles), "png")
 """
@@ -32,10 +33,13 @@ COMPUTE_COLORS = {
     "backward": "#dd8452",
     "weight grad": "#55a868",
     "recompute": "#8172b3",
+    "embedding/head fwd": "#a1c9f4",
+    "embedding/head bwd": "#ffb482",
+    "copy-out": "#bab0ac",
     "other compute": "#937860",
     "optimizer": "#da8bc3",
 }
-"""Colour per compute category (see ``span_category``)."""
+"""Colour per compute category (see ``compute_category``), in legend order."""
 
 COMM_COLORS = {
     "tp": "#c44e52",
@@ -49,16 +53,15 @@ COMM_COLORS = {
 OTHER_COMM_COLOR = "#7f7f7f"
 """Colour of communication on streams not in ``COMM_COLORS``."""
 
-_COMPUTE_PREFIXES = (
-    ("Bi", "backward"),
-    ("B", "backward"),
-    ("W", "weight grad"),
-    ("F", "forward"),
-    ("R", "recompute"),
-)
+_PASS_LABEL = re.compile(r"(?P<kind>Bi|B|W|F)\d+(\.c\d+)?")
+"""A pipeline pass label as ``schedules.pipeline.Pass`` writes it: ``F3``, ``Bi3``, ``B3.c1``."""
+_PASS_CATEGORY = {"F": "forward", "B": "backward", "Bi": "backward", "W": "weight grad"}
+_EMBEDDING_HEAD_UNITS = frozenset({"embed", "head"})
 _MAX_LABELLED_SPANS = 600
 _MAX_SEAMED_SPANS = 400
 _LABEL_MIN_FRACTION = 0.012
+_THIN_FRACTION = 0.002
+_THIN_OUTLINE_PT = 1.0
 _COMPUTE_HEIGHT = 0.8
 _COMM_HEIGHT = 0.45
 
@@ -71,10 +74,32 @@ def span_category(span: Span) -> str | None:
         return "optimizer"
     if span.kind in ("collective", "p2p"):
         return f"{span.stream} comm"
-    for prefix, category in _COMPUTE_PREFIXES:
-        if re.match(rf"{prefix}\d", span.name):
-            return category
-    return "other compute"
+    return compute_category(span.name)
+
+
+def compute_category(name: str) -> str:
+    """Legend category of a compute span from its name, as the replay writes it.
+
+    Names are a pass label then the step (``F3 fwd``, ``B3.c1 recompute``, ``W3 wgrad``), with
+    an FSDP unit between them (``B3 u5 bwd``, ``F0 embed embed``), or a step of its own
+    (``copy-out L3 mb0``). Recompute wins over the pass (it runs inside ``B``); embedding and
+    LM-head work is told apart from the layers' forward and backward.
+
+    >>> [compute_category(n) for n in ("B7 recompute", "F0 embed", "B3 head bwd", "W2 wgrad")]
+    ['recompute', 'embedding/head fwd', 'embedding/head bwd', 'weight grad']
+    """
+    words = name.split()
+    if "recompute" in words:
+        return "recompute"
+    if words and words[0] == "copy-out":
+        return "copy-out"
+    label = _PASS_LABEL.fullmatch(words[0]) if words else None
+    if label is None:
+        return "other compute"
+    kind = _PASS_CATEGORY[label["kind"]]
+    if _EMBEDDING_HEAD_UNITS.intersection(words[1:]):
+        return "embedding/head fwd" if kind == "forward" else "embedding/head bwd"
+    return kind
 
 
 def category_color(category: str) -> str:
@@ -119,10 +144,12 @@ def timeline_figure(
     num_compute_spans = sum(len(v) for k, v in by_lane.items() if k[1] == "compute")
     end_ms = max((s.end_s for v in by_lane.values() for s in v), default=0.0) * 1e3
     for y, lane in enumerate(lanes):
-        if lane[1] == "compute" and y > 0:
+        compute = lane[1] == "compute"
+        if compute and y > 0:
             ax.axhline(y - 0.5, color="0.5", linewidth=0.8)
-        categories |= _draw_lane(ax, y, by_lane[lane], compute=lane[1] == "compute")
-        if lane[1] == "compute" and num_compute_spans <= _MAX_LABELLED_SPANS:
+        thin_ms = _THIN_FRACTION * end_ms
+        categories |= _draw_lane(ax, y, by_lane[lane], compute=compute, thin_ms=thin_ms)
+        if compute and num_compute_spans <= _MAX_LABELLED_SPANS:
             _label_spans(ax, y, by_lane[lane], min_width_ms=_LABEL_MIN_FRACTION * end_ms)
     titles = rank_titles or {}
     ax.set_yticks(range(len(lanes)), [_lane_label(lane, titles) for lane in lanes], fontsize=8)
@@ -157,23 +184,31 @@ def _lane_order(
     return lanes
 
 
-def _draw_lane(ax: Axes, y: int, spans: list[Span], *, compute: bool) -> set[str]:
-    """Draw one lane's spans, one ``broken_barh`` per category; returns the categories drawn."""
+def _draw_lane(ax: Axes, y: int, spans: list[Span], *, compute: bool, thin_ms: float) -> set[str]:
+    """Draw one lane's spans, one ``broken_barh`` per category; returns the categories drawn.
+
+    Spans narrower than ``thin_ms`` (a selective recompute, an embedding backward) get an
+    outline of their own colour, about two pixels wide, so they stay visible at full-step scale.
+    """
     height = _COMPUTE_HEIGHT if compute else _COMM_HEIGHT
     # White seams separate adjacent compute passes; thin bars (comm, crowded lanes) would vanish.
     seams = compute and len(spans) <= _MAX_SEAMED_SPANS
-    bars: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    bars: dict[tuple[str, bool], list[tuple[float, float]]] = defaultdict(list)
     for span in sorted(spans, key=lambda s: (s.start_s, s.end_s, s.name)):
-        bars[str(span_category(span))].append((span.start_s * 1e3, span.duration_s * 1e3))
-    for category, ranges in sorted(bars.items()):
+        width_ms = span.duration_s * 1e3
+        thin = compute and 0 < width_ms < thin_ms  # zero-length markers stay invisible
+        bars[(str(span_category(span)), thin)].append((span.start_s * 1e3, width_ms))
+    for (category, thin), ranges in sorted(bars.items()):
+        color = category_color(category)
         ax.broken_barh(
             ranges,
             (y - height / 2, height),
-            facecolors=category_color(category),
-            edgecolor="white" if seams else "none",
-            linewidth=0.3,
+            facecolors=color,
+            edgecolor=color if thin else ("white" if seams else "none"),
+            linewidth=_THIN_OUTLINE_PT if thin else 0.3,
+            zorder=2.1 if thin else 2.0,
         )
-    return set(bars)
+    return {category for category, _ in bars}
 
 
 def _label_spans(ax: Axes, y: int, spans: list[Span], *, min_width_ms: float) -> None:

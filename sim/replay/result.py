@@ -89,6 +89,12 @@ class PlanResult:
     """The timeline (not part of the JSON)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further figures (e.g. micro-batch count, peak activation micro-batches)."""
+    hfu: float = 0.0
+    """Hardware FLOP utilisation: model FLOPs plus recomputation, over the dense peak."""
+    basis: dict[str, str] = field(default_factory=dict)
+    """What the figures rest on: ``compute``, ``network`` (defaults or calibrations), ``stack``."""
+    bottleneck: str = ""
+    """The largest share of the critical rank's step (or memory when the plan does not fit)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of ``commsim plan --json`` (keys as in DESIGN.md)."""
@@ -97,6 +103,7 @@ class PlanResult:
             "tokens_per_s": self.tokens_per_s,
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
+            "hfu": self.hfu,
             "flops_definition": self.flops_definition,
             "memory_gib": dict(self.memory_gib),
             "fits_in_memory": self.fits_in_memory,
@@ -107,6 +114,8 @@ class PlanResult:
                 "optimizer_s": self.breakdown.optimizer_s,
                 "overlap_slowdown_s": self.breakdown.overlap_slowdown_s,
             },
+            "bottleneck": self.bottleneck,
+            "basis": dict(self.basis),
             "num_gpus": self.num_gpus,
             "num_simulated_ranks": self.num_simulated_ranks,
             **({"extra": dict(self.extra)} if self.extra else {}),

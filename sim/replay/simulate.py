@@ -18,6 +18,8 @@ from pathlib import Path
 import simpy
 
 from comm_bench.compute_calibration import ComputeCalibration
+from schedules.flops import hardware_flops_per_step
+from schedules.kernels import kernel_stack
 from schedules.memory import memory_per_gpu
 from schedules.model import model_flops_per_step
 from schedules.plan import Plan, num_microbatches
@@ -25,6 +27,7 @@ from schedules.resolve import resolve_plan
 from sim.compute.model import ComputeModel
 from sim.network.calibration import Calibration
 from sim.network.model import CommModel
+from sim.replay.basis import bottleneck, compute_basis, network_basis
 from sim.replay.engine import ClosedFormRunner, Timeline
 from sim.replay.programs import replay_plan
 from sim.replay.result import Breakdown, PlanResult
@@ -99,15 +102,27 @@ def simulate_plan(
     tflops_per_gpu = flops / step_s / topology.num_gpus / 1e12
     memory = memory_per_gpu(plan, hbm_bytes=gpu.hbm_bytes, gpus_per_node=topology.gpus_per_node)
     tokens = plan.training.global_batch_size * plan.model.seq_len
+    peak = _peak_flops_per_s(plan, topology)
+    hardware = hardware_flops_per_step(plan) / step_s / topology.num_gpus
+    breakdown = breakdown_of(timeline)
+    fits = memory["total"] <= gpu.hbm_bytes
+    stack = kernel_stack(plan)
     return PlanResult(
         step_time_s=step_s,
         tokens_per_s=tokens / step_s,
         tflops_per_gpu=tflops_per_gpu,
-        mfu=tflops_per_gpu * 1e12 / _peak_flops_per_s(plan, topology),
+        mfu=tflops_per_gpu * 1e12 / peak,
+        hfu=hardware / peak,
         flops_definition=definition,
         memory_gib={k: v / GIB for k, v in memory.items()},
-        fits_in_memory=memory["total"] <= gpu.hbm_bytes,
-        breakdown=breakdown_of(timeline),
+        fits_in_memory=fits,
+        breakdown=breakdown,
+        basis={
+            "compute": compute_basis(compute, stack),
+            "network": network_basis(comm_calibration),
+            "stack": stack,
+        },
+        bottleneck=bottleneck(breakdown, step_s, fits=fits, pipeline=plan.parallel.pp > 1),
         num_gpus=topology.num_gpus,
         num_simulated_ranks=len(timeline.ranks),
         spans=timeline.spans,

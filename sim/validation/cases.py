@@ -344,6 +344,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
     if "assumed" in str(parallel.get("recompute", "")):
         assumptions.append(f"recompute: {parallel['recompute']}")
     training["flash_attention"] = source_key(str(case["id"])) not in _PRE_FLASH_ATTENTION
+    # Every run of the cases file ran on the Megatron-LM / NeMo code base (fused kernels).
+    training["stack"] = str(case.get("stack", "megatron"))
     measured = measured_step_time(case)
     if measured is None:
         missing.append("a measured step time (or throughput with a known FLOP formula)")

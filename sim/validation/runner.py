@@ -16,12 +16,12 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sim.validation.cases import CaseMapping, map_case
-from sim.validation.fit import fit_compute_calibration
+from sim.validation.fit import SCALE_RANGE, fit_compute_calibration, golden_section_minimum
 
 if TYPE_CHECKING:
     from comm_bench.compute_calibration import ComputeCalibration
@@ -29,6 +29,16 @@ if TYPE_CHECKING:
 
 SCHEMA = "commsim-validation/1"
 """Version tag of the validation JSON."""
+
+
+class Progress(Protocol):
+    """Where ``run_validation`` says how far it is (``commsim validate`` draws tqdm bars)."""
+
+    def start(self, phase: str, total: int) -> None:
+        """A phase of ``total`` simulations begins: ``calibrating``, then ``simulating``."""
+
+    def advance(self, note: str = "") -> None:
+        """One simulation of the phase finished; ``note`` is a line about it, or empty."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,13 +276,39 @@ def _outcome(task: Task) -> tuple[Prediction, float] | str:
     return prediction, time.perf_counter() - start
 
 
-def _outcomes(tasks: Sequence[Task], jobs: int) -> Iterator[tuple[Prediction, float] | str]:
-    """Each task's outcome in order, computed here or in ``jobs`` worker processes."""
+Outcome = tuple[Prediction, float] | str
+
+
+def _outcomes(tasks: Sequence[Task], jobs: int) -> Iterator[tuple[int, Outcome]]:
+    """(task index, outcome) as each task finishes, here or in ``jobs`` worker processes.
+
+    Workers report in completion order, so a slow case does not hold back the progress of
+    the cases after it; the caller puts the answers back in task order.
+    """
     if jobs == 1 or len(tasks) < 2:
-        yield from map(_outcome, tasks)
+        yield from enumerate(map(_outcome, tasks))
         return
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        yield from pool.map(_outcome, tasks)
+        futures = {pool.submit(_outcome, task): index for index, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+
+
+def calibration_simulations(mappings: Sequence[CaseMapping]) -> int:
+    """Simulations the compute fit runs: every calibration case at each golden-section point.
+
+    The number of points depends only on the search interval (``fit._fit_one_gpu`` evaluates
+    the cost once per iteration and once more at the optimum), so it is counted on a flat cost.
+    """
+    points = 0
+
+    def flat(_scale: float) -> float:
+        nonlocal points
+        points += 1
+        return 0.0
+
+    golden_section_minimum(flat, *SCALE_RANGE)
+    return len(mappings) * (points + 1)
 
 
 def _calibration_mappings(every: Sequence[CaseMapping], ids: Sequence[str]) -> list[CaseMapping]:
@@ -295,7 +331,7 @@ def run_validation(
     fidelity: str = "analytical",
     comm_calibration: Calibration | None = None,
     simulate: Simulator | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
     jobs: int = 1,
 ) -> ValidationReport:
     """Fit compute on the calibration cases, then simulate every faithful case (or ``ids``).
@@ -303,7 +339,8 @@ def run_validation(
     ``calibrate_on=None`` applies the documented rule (``select_calibration_cases``); an empty
     sequence keeps the compute model's defaults and reports the error on every case. A case
     whose plan or simulation raises ValueError or NotImplementedError is listed as failed.
-    ``progress`` receives one line per simulated case. A network calibration is used only
+    ``progress`` hears of every simulation, calibration included, as it finishes (worker
+    processes too), with a line per simulated case. A network calibration is used only
     for the cases on the node type it was fitted on (``network_calibration_applies``).
     ``jobs`` > 1 simulates the cases in that many processes (default simulator only; each
     case's answer is unchanged).
@@ -319,23 +356,23 @@ def run_validation(
     calibration_ids = (
         select_calibration_cases(every) if calibrate_on is None else tuple(calibrate_on)
     )
-    simulator = simulate
-    calibrations, fitted = fit_compute_calibration(
-        _calibration_mappings(every, calibration_ids),
-        lambda mapping, calibration: simulator(mapping, calibration).step_time_s,
-    )
+    calibrations, fitted = _fit(_calibration_mappings(every, calibration_ids), simulate, progress)
+    tasks = [(simulate, m, calibrations.get(m.gpu or "")) for m in wanted if m.simulable]
+    if progress is not None:
+        progress.start("simulating", len(tasks))
+    outcomes: dict[int, Outcome] = {}
+    for index, outcome in _outcomes(tasks, jobs):
+        outcomes[index] = outcome
+        if progress is not None:
+            progress.advance(_progress_note(tasks[index][1].case_id, outcome))
     results: list[CaseResult] = []
     failed: list[tuple[str, str]] = []
-    tasks = [(simulate, m, calibrations.get(m.gpu or "")) for m in wanted if m.simulable]
-    for (_, mapping, _), outcome in zip(tasks, _outcomes(tasks, jobs), strict=True):
+    for index, (_, mapping, _) in enumerate(tasks):
+        outcome = outcomes[index]
         if isinstance(outcome, str):
             failed.append((mapping.case_id, outcome))
-            continue
-        prediction, wall_s = outcome
-        results.append(_case_result(mapping, prediction, wall_s, calibration_ids))
-        if progress is not None:
-            predicted_s = prediction.step_time_s
-            progress(f"{mapping.case_id}: {predicted_s:.3f} s predicted ({wall_s:.2f} s wall)")
+        else:
+            results.append(_case_result(mapping, *outcome, calibration_ids))
     return ValidationReport(
         results=tuple(results),
         skipped=tuple(m for m in wanted if not m.simulable),
@@ -345,6 +382,29 @@ def run_validation(
         fidelity=fidelity,
         runtime_s=time.perf_counter() - start,
     )
+
+
+def _fit(
+    mappings: Sequence[CaseMapping], simulate: Simulator, progress: Progress | None
+) -> tuple[dict[str, ComputeCalibration], dict[str, Any]]:
+    """``fit_compute_calibration`` on the calibration cases, reporting each simulation."""
+    if progress is not None and mappings:
+        progress.start("calibrating", calibration_simulations(mappings))
+
+    def step_time_s(mapping: CaseMapping, calibration: ComputeCalibration) -> float:
+        predicted_s = simulate(mapping, calibration).step_time_s
+        if progress is not None:
+            progress.advance()
+        return predicted_s
+
+    return fit_compute_calibration(mappings, step_time_s)
+
+
+def _progress_note(case_id: str, outcome: Outcome) -> str:
+    if isinstance(outcome, str):
+        return f"{case_id}: FAILED: {outcome}"
+    prediction, wall_s = outcome
+    return f"{case_id}: {prediction.step_time_s:.3f} s predicted ({wall_s:.2f} s wall)"
 
 
 def _case_result(

@@ -52,18 +52,47 @@ def test_rows_match_published_lines():
     assert format_row(rs, ip) == BIG
 
 
-def test_header_and_time_formats():
-    assert table_header()[0] == (
-        "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
-        "     time   algbw   busbw  #wrong"
+# nccl-tests' writeResultHeader (src/util.cu), as it prints it: trailing spaces included.
+NCCL_TESTS_HEADER = [
+    "#                                                              out-of-place"
+    "                       in-place          ",
+    "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+    "     time   algbw   busbw  #wrong ",
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)        "
+    "     (us)  (GB/s)  (GB/s)         ",
+]
+
+
+def test_header_is_nccl_tests_with_its_super_header():
+    assert table_header() == NCCL_TESTS_HEADER
+    per_iter = table_header(True)
+    assert per_iter[0].split() == ["#", "out-of-place", "in-place"]
+    assert per_iter[1].split()[-3:] == ["min", "median", "p99"]
+    assert len(per_iter[1]) == len(per_iter[2]) == len(format_row(_record(), _record(), True))
+    assert per_iter[0].index("out-of-place") < per_iter[1].index("#wrong")
+
+
+def test_times_as_nccl_tests_prints_them():
+    # getFloatStr(value, 7): %7.2f, %7.1f, %7.0f, whichever fits, then %7.1e.
+    times = (34.734, 2726.63, 9999.994, 9999.996, 10585.12, 99999.96, 123456.7, 9999999.4)
+    assert [format_time_us(t) for t in times] == [
+        "  34.73", "2726.63", "9999.99", "10000.0", "10585.1", " 100000", " 123457", "9999999",
+    ]  # fmt: skip
+    assert [format_time_us(t) for t in (9999999.6, 12345678.9, 3.6e9, 1e100)] == [
+        "1.0e+07", "1.2e+07", "3.6e+09", "1.0e+10",  # cut to 7 characters, as snprintf does
+    ]  # fmt: skip
+
+
+def test_a_large_row_is_printed_as_nccl_tests_does():
+    slow = _record(
+        op="all_reduce", size_bytes=17179869184, count=4294967296, redop="sum",
+        time_us=12345678.9, algbw_gbps=1391.6, busbw_gbps=2435.3, num_wrong=1234567,
+    )  # fmt: skip
+    fast = replace(slow, in_place=True, time_us=99999.96, algbw_gbps=171798.69, num_wrong=0)
+    assert format_row(slow, fast) == (
+        " 17179869184    4294967296     float     sum      -1  1.2e+07  1391.6  2435.3"
+        "  1.23457e+06   100000  171799  2435.3       0"
     )
-    assert [format_time_us(t) for t in (34.734, 2726.63, 10585.12, 123456.7)] == [
-        "  34.73",
-        "2726.63",
-        "10585.1",
-        " 123457",
-    ]
-    assert "median" in table_header(True)[0]
 
 
 def test_unchecked_blocks_print_na_and_footer_counts_failures():

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import refdata
 from comm_bench.readers import read_results
+from sim.cli import compare as compare_cli
 from sim.cli.main import main
 
 
@@ -53,3 +56,47 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
     assert main(["calibrate", str(run), "--topology", "dgx-h100", "-o", str(tmp_path)]) == 2
     assert run.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def _titles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Collects the title of every comparison plot ``commsim compare`` draws."""
+    titles: list[str] = []
+    real = compare_cli.plot_comparison
+
+    def plot(points: Any, target: Any, *, title: str) -> None:
+        titles.append(title)
+        real(points, target, title=title)
+
+    monkeypatch.setattr(compare_cli, "plot_comparison", plot)
+    return titles
+
+
+def test_compare_titles_read_naturally(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    titles = _titles(monkeypatch)
+    run = _run_with_wrong(tmp_path)
+    records = read_results(refdata.NCCL_DIR / "h100_8gpu_all_gather_ring.txt")
+    rows = json.loads(run.read_text())["results"] + [r.to_dict() for r in records]
+    for row in rows:
+        row["num_wrong"] = 0
+    run.write_text(json.dumps({"schema": "commbench/1", "results": rows}))
+    argv = ["compare", str(run), "--topology", "dgx-h100", "-o", str(tmp_path / "p.png")]
+    report = tmp_path / "r.json"
+    assert main([*argv, "--holdout", "op!=all_reduce", "--json", str(report)]) == 0
+    how = "fitted on op=all_reduce, scored on op!=all_reduce"
+    assert f"# commsim compare: topology dgx-h100, {how}, fidelity analytical" in (
+        capsys.readouterr().out
+    )
+    assert json.loads(report.read_text())["calibration"] == how
+    assert main(argv) == 0
+    mape_held_out, mape_all = (re.search(r"time MAPE [\d.]+%", t) for t in titles)
+    assert mape_held_out is not None and mape_all is not None
+    assert titles == [
+        f"dgx-h100: measured vs simulated, {how}; {mape_held_out[0]} (held-out points)",
+        "dgx-h100: measured vs simulated, uncalibrated (default parameters); "
+        f"{mape_all[0]} (all points)",
+    ]
+    out = capsys.readouterr().out
+    assert "((" not in out and "not matching" not in out
+    assert "# time MAPE all_reduce (ring), 8 ranks / 1 node(s):" in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -199,3 +200,33 @@ def test_inputs_that_would_hang_are_refused_at_once(argv, message, capsys):
 def test_localhost_ranks_are_bounded(capsys):
     assert main(["collective", "--topology", "localhost", "--ranks", "100000"]) == 2
     assert "at most 1024 processes per host" in capsys.readouterr().err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_collective_sweep_ticks_a_progress_bar_per_op_and_size(monkeypatch, capsys):
+    from sim.cli import collective as collective_cli
+
+    made = []
+    real = collective_cli.progress_bar
+
+    def recording(total, description, **kwargs):
+        made.append((total, description, kwargs["delay_s"]))
+        bar = real(total, description, stream=_Terminal(), **kwargs)
+        made.append(bar)
+        return bar
+
+    monkeypatch.setattr(collective_cli, "progress_bar", recording)
+    argv = ["collective", "--topology", "dgx-h100", "--ops", "all_reduce,all_gather",
+            "-b", "1K", "-e", "1M", "-f", "32"]  # fmt: skip
+    assert main(argv) == 0
+    (total, description, delay_s), bar = made
+    assert (total, description, delay_s) == (2 * 3, "simulating", 1.0)  # 2 ops x 1K, 32K, 1M
+    assert bar.n == 6  # every (op, size) ticked once
+    assert capsys.readouterr().err == ""  # the bar went to the terminal, nothing else to stderr
+    monkeypatch.undo()
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here: no bar

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,3 +241,26 @@ def test_unknown_plot_type_is_refused_before_simulating(tmp_path: Path, capsys) 
 def test_jobs_must_be_positive(capsys) -> None:
     assert main(["validate", str(CASES_PATH), "--jobs", "0"]) == 2
     assert "jobs must be >= 1, got 0" in capsys.readouterr().err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@needs_cases
+def test_progress_bars_on_a_terminal_only(capsys, monkeypatch) -> None:
+    argv = ["validate", str(CASES_PATH), "--ids", f"{SMALL_H100},{SMALL_A100}", "-j", "2"]
+    argv += ["--calibrate-on", SMALL_H100]
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""  # stderr is not a terminal under pytest: silent
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(argv) == 0
+    text = terminal.getvalue().replace("\r", "\n")  # each redraw starts with a carriage return
+    assert "calibrating:" in text and "simulating:" in text
+    assert re.search(r"\d+/2 \[\d\d:\d\d<", text)  # count and elapsed<remaining (the ETA)
+    for case_id in (SMALL_H100, SMALL_A100):  # a line per case, from the worker processes
+        assert re.search(rf"^  {case_id}: [\d.]+ s predicted \([\d.]+ s wall\)$", text, re.M)
+    report = capsys.readouterr().out  # the report itself stays on stdout, untouched
+    assert report.startswith("commsim validate: 2 published runs simulated")

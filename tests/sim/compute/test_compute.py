@@ -19,7 +19,13 @@ from comm_bench.compute_calibration import (
     save_compute_calibration,
 )
 from schedules.flops import layer_flops
-from schedules.kernels import weight_gemm_shapes
+from schedules.kernels import (
+    elementwise_forward_bytes,
+    kernel_stack,
+    weight_cast_bytes,
+    weight_gemm_shapes,
+)
+from schedules.params import layer_params_per_gpu
 from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
 from sim.compute.model import ComputeModel
 from tests.model_configs import LLAMA3_70B
@@ -33,12 +39,17 @@ def plan(**parallel: object) -> Plan:
     """The Llama plan with some parallel keys (unresolved is fine for compute)."""
     precision = str(parallel.pop("precision", "bf16"))
     flash = bool(parallel.pop("flash_attention", True))
+    stack = str(parallel.pop("stack", "megatron"))
     return Plan(
         model=LLAMA3_70B,
         cluster=ClusterConfig(node="dgx-h100"),
         parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
         training=TrainingConfig(
-            micro_batch_size=1, global_batch_size=64, precision=precision, flash_attention=flash
+            micro_batch_size=1,
+            global_batch_size=64,
+            precision=precision,
+            flash_attention=flash,
+            stack=stack,
         ),
     )
 
@@ -202,3 +213,32 @@ def test_calibration_for_another_gpu_is_refused() -> None:
     with pytest.raises(ValueError, match="calibration is for GPU 'cpu'"):
         ComputeModel(H100, calibration)
     assert ComputeModel(H100, ComputeCalibration(efficiency={"gemm": 0.5})).gpu is H100
+
+
+def test_the_eager_stack_moves_more_bytes_than_fused_kernels() -> None:
+    """Per layer forward (tp=1, b=1, s=8192, Llama 3 70B): the elementwise bytes of each stack
+    from ``ELEMENTWISE_BYTES``, and autocast's weight casts only for eager/compiled DDP."""
+    tokens, h, f, kv = 8192, 8192, 28672, 1024
+    fused = 2 * 4 * tokens * h + 2 * 6 * tokens * h + 4 * tokens * (h + kv) + 6 * tokens * f
+    eager = 2 * 36 * tokens * h + 2 * 6 * tokens * h + 20 * tokens * (h + kv) + 10 * tokens * f
+    eager += 2 * 2 * tokens * (kv + h)  # repeat_kv of K and V
+    assert elementwise_forward_bytes(plan(stack="megatron")) == fused
+    assert elementwise_forward_bytes(plan(stack="compile")) == fused
+    assert elementwise_forward_bytes(plan(stack="eager")) == eager
+    layer = layer_params_per_gpu(LLAMA3_70B, 1)
+    assert weight_cast_bytes(plan(stack="eager"), layer) == 12 * layer
+    assert weight_cast_bytes(plan(stack="megatron"), layer) == 0
+    assert weight_cast_bytes(plan(stack="eager", data_parallel="fsdp"), layer) == 0
+    model = ComputeModel(H100)
+    slower = model.layer_times(plan(stack="eager")).forward_s
+    assert slower > model.layer_times(plan(stack="compile")).forward_s
+    assert model.layer_times(plan(stack="compile")).forward_s > model.layer_times(plan()).forward_s
+
+
+def test_the_stack_defaults_follow_the_framework() -> None:
+    unset = dataclasses.replace(plan(), training=dataclasses.replace(plan().training, stack=None))
+    assert kernel_stack(unset) == "eager"
+    megatron = dataclasses.replace(
+        unset, parallel=ParallelConfig(data_parallel="distributed_optimizer")
+    )
+    assert kernel_stack(megatron) == "megatron"

@@ -169,3 +169,31 @@ def test_report_is_deterministic(fits: bool) -> None:
     result = replace(_result(), fits_in_memory=fits)
     first = format_report(result, _plan(), gpu=_gpu(), fidelity="analytical")
     assert first == format_report(result, _plan(), gpu=_gpu(), fidelity="analytical")
+
+
+def test_a_plan_without_pipeline_has_no_schedule_and_no_bubble() -> None:
+    plan = load_plan({**PLAN_MAPPING, "parallel": {"tp": 2, "pp": 1, "dp": 8}})
+    text = format_report(_result(), plan, gpu=_gpu(), fidelity="analytical")
+    assert (
+        "  schedule                  no pipeline (pp=1), sequence_parallel off, recompute none\n"
+        in (text)
+    )
+    assert "1f1b" not in text and "bubble" not in text
+    rows = {" ".join(ln.split()[:-2]): ln.split()[-2:] for ln in text.splitlines()[-7:]}
+    assert rows["idle / waiting"] == ["150.000", "7.5%"]
+    # With a pipeline the same time is the bubble, and the schedule is echoed.
+    text = format_report(_result(), _plan(), gpu=_gpu(), fidelity="analytical")
+    assert "  schedule                  1f1b, sequence_parallel off" in text
+    assert "idle / waiting" not in text
+
+
+def test_breakdown_idle_row_is_named_by_whether_there_is_a_pipeline() -> None:
+    labels = [" ".join(ln.split()[:-2]) for ln in breakdown_lines(_result(), pipeline=False)[2:]]
+    assert labels == [
+        "compute",
+        "exposed comm dp",
+        "exposed comm tp",
+        "idle / waiting",
+        "optimizer",
+        "step",
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -12,6 +13,7 @@ from sim.validation.measured import Measurement
 from sim.validation.runner import (
     CaseResult,
     Prediction,
+    calibration_simulations,
     map_cases,
     mape,
     network_calibration_applies,
@@ -231,3 +233,78 @@ def test_a_network_calibration_applies_to_its_node_type_only() -> None:
 
 def _fields(mapping: CaseMapping) -> dict:
     return {name: getattr(mapping, name) for name in CaseMapping.__dataclass_fields__}
+
+
+# --- progress: every simulation is reported as it finishes, worker processes included ---
+
+
+class _Recorder:
+    """A ``runner.Progress`` that logs what it hears."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, object]] = []
+
+    def start(self, phase: str, total: int) -> None:
+        self.log.append(("start", (phase, total)))
+
+    def advance(self, note: str = "") -> None:
+        self.log.append(("advance", note))
+
+
+def test_progress_counts_every_calibration_and_case_simulation() -> None:
+    cases = [
+        _fake_case("a_16", "A100-SXM4-80GB", 16, 2.0),
+        _fake_case("a_8", "A100-SXM4-80GB", 8, 1.0),
+        _fake_case("h_8", "H100-SXM5-80GB", 8, 0.5),
+    ]
+    calls: list[str] = []
+    inner = _scale_simulator(0.8)
+
+    def counting(mapping, calibration):
+        calls.append(mapping.case_id)
+        return inner(mapping, calibration)
+
+    recorder = _Recorder()
+    run_validation(cases, simulate=counting, progress=recorder)
+    fit_calls = len(calls) - len(cases)
+    assert recorder.log[0] == ("start", ("calibrating", fit_calls))  # the announced total is exact
+    assert calibration_simulations([_mapping("a_8", "s", "a100-sxm-80gb", 8)]) == fit_calls // 2
+    assert recorder.log[1 : 1 + fit_calls] == [("advance", "")] * fit_calls
+    assert recorder.log[1 + fit_calls] == ("start", ("simulating", 3))
+    notes = [str(note) for kind, note in recorder.log[2 + fit_calls :] if kind == "advance"]
+    # One line per case, ending in its wall time; the fit (scale 0.8) predicts the measured times.
+    assert [note.split(" (")[0] for note in notes] == [
+        "a_16: 2.000 s predicted",
+        "a_8: 1.000 s predicted",
+        "h_8: 0.500 s predicted",
+    ]
+
+
+def test_no_calibration_phase_without_calibration_cases() -> None:
+    recorder = _Recorder()
+    cases = [_fake_case("a_8", "A100-SXM4-80GB", 8, 1.0)]
+    run_validation(cases, calibrate_on=(), simulate=_scale_simulator(1.2), progress=recorder)
+    assert recorder.log[0] == ("start", ("simulating", 1))
+    assert str(recorder.log[1][1]).startswith("a_8: 1.200 s predicted (")
+
+
+def _slow_first(mapping, calibration):
+    """Picklable stand-in for worker processes: the first case takes a second, the others none."""
+    if mapping.case_id == "slow":
+        time.sleep(1.0)
+    if mapping.case_id == "bad":
+        raise ValueError("no such pipeline")
+    return Prediction(step_time_s=1.0)
+
+
+def test_worker_processes_report_progress_as_cases_finish() -> None:
+    cases = [_fake_case(case_id, "A100-SXM4-80GB", 8, 1.0) for case_id in ("slow", "quick", "bad")]
+    recorder = _Recorder()
+    report = run_validation(cases, calibrate_on=(), simulate=_slow_first, progress=recorder, jobs=2)
+    notes = [str(note) for kind, note in recorder.log if kind == "advance"]
+    # The quick and the failed case are reported while the slow one still runs ...
+    assert [note.split(":")[0] for note in notes] == ["quick", "bad", "slow"]
+    assert notes[1] == "bad: FAILED: no such pipeline"
+    # ... and the report keeps the file order.
+    assert [r.case_id for r in report.results] == ["slow", "quick"]
+    assert report.failed == (("bad", "no such pipeline"),)

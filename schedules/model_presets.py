@@ -1,0 +1,105 @@
+"""Published model shapes, usable as ``model: llama3-70b`` or ``model: {preset: llama3-70b, ...}``.
+
+Each preset is the ``model:`` mapping of a plan with the source of its numbers (the paper's table
+or the released ``config.json``); keys given next to ``preset`` override it (``seq_len`` is the
+usual one: the presets carry the pre-training sequence length). Known simplifications: Qwen2.5
+puts biases on the QKV projection only (``linear_bias`` here is all-or-none: off, 0.01% of the
+parameters); Mistral's sliding-window attention is priced as full causal attention.
+
+    model = resolve_model_preset({"preset": "llama3-70b", "seq_len": 4096})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+_LLAMA = {"mlp_activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope"}
+_GPT = {
+    "mlp_activation": "gelu",
+    "norm": "layernorm",
+    "position_embedding": "learned",
+    "linear_bias": True,
+    "tied_embeddings": True,
+}
+
+
+def _llama(layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int) -> dict:
+    return {
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": kv,
+        "ffn_hidden_size": ffn,
+        "vocab_size": vocab,
+        "seq_len": seq,
+        **_LLAMA,
+    }
+
+
+def _megatron_gpt(layers: int, hidden: int, heads: int) -> dict:
+    """Narayanan et al. 2021 Table 1 GPT: f = 4h, V = 51,200, s = 2,048."""
+    return {
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "ffn_hidden_size": 4 * hidden,
+        "vocab_size": 51200,
+        "seq_len": 2048,
+        **_GPT,
+    }
+
+
+_NARAYANAN = "Narayanan et al., SC21, arXiv:2104.04473, Table 1"
+_LLAMA2 = "Llama 2 paper, arXiv:2307.09288, and the released config.json"
+_LLAMA3 = "Llama 3 paper, arXiv:2407.21783, Table 3 (3.1 has the same shapes)"
+_MISTRAL = "Mistral 7B, arXiv:2310.06825, Table 1"
+_QWEN = "Qwen2.5 technical report, arXiv:2412.15115, and the released config.json"
+_GPT3 = "Brown et al. 2020, arXiv:2005.14165, Table 2.1 (d_ff = 4 d_model, GPT-2 BPE vocabulary)"
+MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
+    "llama2-7b": (_llama(32, 4096, 32, 32, 11008, 32000, 4096), _LLAMA2),
+    "llama2-13b": (_llama(40, 5120, 40, 40, 13824, 32000, 4096), _LLAMA2),
+    "llama2-70b": (_llama(80, 8192, 64, 8, 28672, 32000, 4096), _LLAMA2),
+    "llama3-8b": (_llama(32, 4096, 32, 8, 14336, 128256, 8192), _LLAMA3),
+    "llama3-70b": (_llama(80, 8192, 64, 8, 28672, 128256, 8192), _LLAMA3),
+    "llama3-405b": (_llama(126, 16384, 128, 8, 53248, 128256, 8192), _LLAMA3),
+    "llama3.1-8b": (_llama(32, 4096, 32, 8, 14336, 128256, 8192), _LLAMA3),
+    "llama3.1-70b": (_llama(80, 8192, 64, 8, 28672, 128256, 8192), _LLAMA3),
+    "llama3.1-405b": (_llama(126, 16384, 128, 8, 53248, 128256, 8192), _LLAMA3),
+    "mistral-7b": (_llama(32, 4096, 32, 8, 14336, 32000, 8192), _MISTRAL),
+    "qwen2.5-7b": (_llama(28, 3584, 28, 4, 18944, 152064, 4096), _QWEN),
+    "qwen2.5-72b": (_llama(80, 8192, 64, 8, 29568, 152064, 4096), _QWEN),
+    "gpt3-175b": ({**_megatron_gpt(96, 12288, 96), "vocab_size": 50257}, _GPT3),
+    "megatron-gpt-1.7b": (_megatron_gpt(24, 2304, 24), _NARAYANAN),
+    "megatron-gpt-3.6b": (_megatron_gpt(30, 3072, 32), _NARAYANAN),
+    "megatron-gpt-7.5b": (_megatron_gpt(36, 4096, 32), _NARAYANAN),
+    "megatron-gpt-18b": (_megatron_gpt(40, 6144, 48), _NARAYANAN),
+    "megatron-gpt-39b": (_megatron_gpt(48, 8192, 64), _NARAYANAN),
+    "megatron-gpt-76b": (_megatron_gpt(60, 10240, 80), _NARAYANAN),
+    "megatron-gpt-145b": (_megatron_gpt(80, 12288, 96), _NARAYANAN),
+    "megatron-gpt-310b": (_megatron_gpt(96, 16384, 128), _NARAYANAN),
+    "megatron-gpt-530b": (_megatron_gpt(105, 20480, 128), _NARAYANAN),
+    "megatron-gpt-1t": (_megatron_gpt(128, 25600, 160), _NARAYANAN),
+}
+"""Preset name -> (the ``model:`` mapping without its name, where the numbers come from)."""
+
+
+def resolve_model_preset(raw: Any) -> Any:
+    """The ``model:`` mapping with a preset expanded (other values are returned unchanged).
+
+    ``"llama3-8b"`` or ``{"preset": "llama3-8b", "seq_len": 4096}``: the preset's keys, then the
+    given ones over them; ``name`` defaults to the preset's name.
+    """
+    if isinstance(raw, str):
+        raw = {"preset": raw}
+    if not isinstance(raw, Mapping) or "preset" not in raw:
+        return raw
+    name = raw["preset"]
+    if not isinstance(name, str) or name not in MODEL_PRESETS:
+        shown = name if isinstance(name, str) else type(name).__name__
+        raise ValueError(
+            f"model preset {shown[:60]!r} is unknown; presets: {', '.join(MODEL_PRESETS)}"
+        )
+    shape, _ = MODEL_PRESETS[name]
+    overrides = {k: v for k, v in raw.items() if k != "preset"}
+    return {"name": name, **shape, **overrides}

@@ -1,0 +1,58 @@
+"""What a prediction rests on, said in the result: calibrations or defaults, the kernel stack,
+how far such predictions were from published runs, and the step's bottleneck.
+
+A user buys GPUs on these numbers, so every ``commsim plan`` report and JSON names the compute
+and network basis (default figures, or which calibration and what it was fitted on), and when
+the compute runs on defaults it quotes the error ``commsim validate --calibrate-on none``
+measured for that stack (``VALIDATED_ERROR``; ``tests/test_docs.py`` checks it against
+``results/validation/uncalibrated.json``).
+
+    basis = prediction_basis(plan, compute=compute, comm_calibration=None, stack="eager")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.compute.model import ComputeModel
+from sim.replay.result import Breakdown
+
+VALIDATED_ERROR = {"megatron": (0.233, 38)}
+"""Per kernel stack: (MAPE, published runs) of uncalibrated predictions (``commsim validate
+--calibrate-on none``). Eager and compiled PyTorch stacks have no published runs in the set."""
+
+
+def compute_basis(compute: ComputeModel, stack: str) -> str:
+    """The compute figures' basis, in one line."""
+    calibration = compute.calibration
+    overlap = f"overlap slowdown {compute.overlap_slowdown:.1%}"
+    if calibration.kernels or calibration.efficiency or calibration.time_scale != 1.0:
+        origin = calibration.fitted_on or calibration.device or "a calibration file"
+        return f"calibrated ({origin}); {stack} kernel stack, {overlap}"
+    measured = VALIDATED_ERROR.get(stack)
+    error = (
+        f"uncalibrated predictions of this stack were off by {measured[0]:.1%} (MAPE) on "
+        f"{measured[1]} published runs"
+        if measured
+        else "no published runs of this stack validate these defaults: calibrate with "
+        "commbench --step or commsim fit"
+    )
+    spec = f"{compute.gpu.name} peak x default efficiencies"
+    return f"defaults ({spec}, {stack} kernel stack, {overlap}); {error}"
+
+
+def network_basis(comm_calibration: Any) -> str:
+    """The network figures' basis, in one line."""
+    if comm_calibration is None:
+        return "defaults (link catalogue and NCCL-like algorithm model, uncalibrated)"
+    return f"calibrated on {getattr(comm_calibration, 'topology', '') or 'measurements'}"
+
+
+def bottleneck(breakdown: Breakdown, step_s: float, *, fits: bool, pipeline: bool) -> str:
+    """The largest share of the critical rank's step, or memory when the plan does not fit."""
+    shares = {"compute": breakdown.compute_s, "optimizer": breakdown.optimizer_s}
+    shares.update({f"exposed {g} communication": t for g, t in breakdown.exposed_comm_s.items()})
+    shares["pipeline bubble" if pipeline else "waiting (idle)"] = breakdown.bubble_s
+    name, time_s = max(shares.items(), key=lambda item: item[1])
+    share = f"{name} ({time_s / step_s:.0%} of the step)" if step_s > 0 else name
+    return share if fits else f"memory: the plan does not fit; then {share}"

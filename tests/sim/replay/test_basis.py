@@ -1,0 +1,53 @@
+"""Every prediction says what it rests on, its bottleneck, and HFU next to MFU."""
+
+from __future__ import annotations
+
+import pytest
+
+from comm_bench.compute_calibration import ComputeCalibration
+from schedules.flops import hardware_flops_per_step
+from schedules.model import model_flops_per_step
+from schedules.resolve import resolve_plan
+from sim.replay.basis import VALIDATED_ERROR, bottleneck
+from sim.replay.result import Breakdown
+from sim.replay.simulate import simulate_plan
+from tests.sim.replay.test_plan_sim import plan_of
+
+
+def test_defaults_quote_the_measured_error_of_their_stack() -> None:
+    megatron = simulate_plan(plan_of({"data_parallel": "distributed_optimizer", "tp": 2}))
+    mape, runs = VALIDATED_ERROR["megatron"]
+    assert megatron.basis["stack"] == "megatron"
+    assert f"off by {mape:.1%} (MAPE) on {runs} published runs" in megatron.basis["compute"]
+    eager = simulate_plan(plan_of({"tp": 2}))
+    assert eager.basis["stack"] == "eager"
+    assert "no published runs of this stack" in eager.basis["compute"]
+    assert eager.basis["network"].startswith("defaults")
+    fitted = ComputeCalibration(time_scale=1.2, fitted_on="my 32-GPU run")
+    calibrated = simulate_plan(plan_of({"tp": 2}), compute_calibration=fitted)
+    assert calibrated.basis["compute"].startswith("calibrated (my 32-GPU run)")
+    assert calibrated.to_json()["basis"] == calibrated.basis
+
+
+def test_hfu_counts_the_recomputation() -> None:
+    result = simulate_plan(plan_of({"tp": 2, "recompute": "full"}))
+    plan = resolve_plan(plan_of({"tp": 2, "recompute": "full"}), 8)
+    ratio = hardware_flops_per_step(plan) / model_flops_per_step(plan)[0]
+    assert ratio > 1.2  # a second forward of every layer (not of the LM head)
+    assert result.hfu == pytest.approx(result.mfu * ratio)
+    assert result.to_json()["hfu"] == result.hfu
+
+
+def test_the_bottleneck_is_the_largest_share_or_memory() -> None:
+    breakdown = Breakdown(
+        compute_s=4.0, exposed_comm_s={"dp": 5.0, "tp": 1.0}, bubble_s=0.5, optimizer_s=0.5
+    )
+    assert bottleneck(breakdown, 11.0, fits=True, pipeline=False) == (
+        "exposed dp communication (45% of the step)"
+    )
+    assert bottleneck(breakdown, 11.0, fits=False, pipeline=False).startswith(
+        "memory: the plan does not fit; then exposed dp"
+    )
+    idle = Breakdown(compute_s=1.0, exposed_comm_s={}, bubble_s=3.0)
+    assert bottleneck(idle, 4.0, fits=True, pipeline=True) == "pipeline bubble (75% of the step)"
+    assert bottleneck(idle, 4.0, fits=True, pipeline=False) == "waiting (idle) (75% of the step)"
