@@ -33,7 +33,8 @@ SIM_LAYERS = {
     "replay": {"network", "compute"},
     "output": {"replay", "network", "compute"},
     "validation": {"replay", "network", "compute"},
-    "cli": {"network", "compute", "replay", "output", "validation"},
+    "search": {"replay", "network", "compute"},
+    "cli": {"network", "compute", "replay", "output", "validation", "search"},
 }
 """Which ``sim`` sub-packages each one may import (besides itself)."""
 

@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("sim.cli.compare", "plot and score simulated against measured collectives"),
     "plan": ("sim.cli.plan", "simulate one training step of a parallel plan"),
     "fit": ("sim.cli.fit", "fit the compute speed to one measured step of a plan"),
+    "search": ("sim.cli.search", "simulate every valid layout of a model on a cluster, ranked"),
     "validate": ("sim.cli.validate", "simulate published training runs and report the error"),
 }
 

@@ -1,0 +1,194 @@
+"""``commsim search``: which layout should I run? Every valid one, pruned by memory, simulated.
+
+Reads a plan for the model, the cluster and the training batch (its ``parallel`` section is
+ignored), enumerates the layouts (``sim.search.space``), drops those the frameworks refuse and
+those that do not fit ``--headroom`` x HBM, simulates the rest in ``-j`` worker processes with a
+progress bar, and prints the top ``--top`` by throughput with step time, tokens/s, MFU, memory,
+exposed communication and bottleneck. ``--json`` / ``--csv`` write every row, ``--best-plan``
+the best layout as a plan YAML, ``--plot`` throughput against memory with the Pareto front.
+
+    commsim search examples/llama3-8b-ddp-8xh100.yaml --top 5 --best-plan best.yaml -j 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from fileio.output import check_outputs, write_bytes
+from sim.cli.plan import load_calibrations, load_plan_file
+
+if TYPE_CHECKING:
+    from sim.search.space import SearchSpace
+
+MAX_LAYOUTS = 5000
+"""Most layouts simulated by default (a few seconds each at 1,000+ GPUs): narrow the space or
+raise ``--max-layouts``."""
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Define the ``commsim search`` flags."""
+    parser.add_argument("plan", type=Path, metavar="PLAN.yaml", help="model, cluster, batch")
+    parser.add_argument("--tp", type=_ints, default=(), help="tensor-parallel degrees")
+    parser.add_argument("--pp", type=_ints, default=(), help="pipeline degrees")
+    parser.add_argument("--max-pp", type=int, default=16, help="largest pipeline degree")
+    parser.add_argument("--cp", type=_ints, default=(1,), help="context-parallel degrees")
+    parser.add_argument("--data-parallel", type=_words, default=None, help="kinds to try")
+    parser.add_argument("--micro-batch", type=_ints, default=(1, 2, 4), help="micro-batch sizes")
+    parser.add_argument("--recompute", type=_words, default=None, help="none,selective,full")
+    parser.add_argument("--no-interleaved", action="store_true", help="skip interleaved 1F1B")
+    parser.add_argument("--headroom", type=float, default=0.9, help="fraction of HBM usable")
+    parser.add_argument(
+        "--stack", choices=("eager", "compile", "megatron"), default="",
+        help="kernel stack of every layout (default: the plan's)",
+    )  # fmt: skip
+    parser.add_argument("--top", type=int, default=10, help="rows printed")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--max-layouts", type=int, default=MAX_LAYOUTS)
+    parser.add_argument("--calibration", type=Path, help="network calibration JSON")
+    parser.add_argument("--compute-calibration", type=Path, help="compute calibration JSON")
+    parser.add_argument("--json", type=Path, metavar="OUT.json", help="write every row")
+    parser.add_argument("--csv", type=Path, metavar="OUT.csv", help="write every row")
+    parser.add_argument("--best-plan", type=Path, metavar="BEST.yaml", help="write the best plan")
+    parser.add_argument("--plot", type=Path, metavar="PLOT.png", help="throughput vs memory")
+
+
+def _space(args: argparse.Namespace) -> SearchSpace:
+    from sim.search.space import DEFAULT_KINDS, SearchSpace
+
+    if not 0 < args.headroom <= 1:
+        raise ValueError(f"--headroom must be in (0, 1], got {args.headroom}")
+    if args.top < 1 or args.jobs < 1 or args.max_pp < 1 or args.max_layouts < 1:
+        raise ValueError("--top, --jobs, --max-pp and --max-layouts must be >= 1")
+    return SearchSpace(
+        tp=args.tp,
+        pp=args.pp,
+        max_pp=args.max_pp,
+        cp=args.cp,
+        data_parallel=args.data_parallel or DEFAULT_KINDS,
+        micro_batch_size=args.micro_batch,
+        recompute=args.recompute or ("none", "selective", "full"),
+        interleaved=not args.no_interleaved,
+        headroom=args.headroom,
+        stack=args.stack,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Enumerate, screen, simulate, report; returns 0 (2 when no layout is left)."""
+    from schedules.plan import plan_to_dict
+    from sim.cli.plan import compute_calibration_for
+    from sim.output.progress import progress_bar
+    from sim.replay.simulate import plan_topology
+    from sim.search.run import pareto_front, simulate_layouts
+    from sim.search.space import candidate_layouts, screen
+
+    targets = check_outputs(
+        {
+            "--json": (args.json, (".json",)),
+            "--csv": (args.csv, (".csv",)),
+            "--best-plan": (args.best_plan, (".yaml", ".yml")),
+            "--plot": (args.plot, (".png", ".svg", ".pdf")),
+        },
+        inputs=(args.plan, args.calibration, args.compute_calibration),
+    )
+    space = _space(args)
+    plan = load_plan_file(args.plan)
+    topology = plan_topology(plan)
+    gpu = topology.gpu_spec(0)
+    comm, compute = load_calibrations(args)
+    compute = compute_calibration_for(compute, gpu)
+    layouts = candidate_layouts(
+        plan,
+        gpus_per_node=topology.gpus_per_node,
+        world_size=topology.num_gpus,
+        space=space,
+    )
+    screened = screen(
+        plan, layouts, world_size=topology.num_gpus, hbm_bytes=gpu.hbm_bytes,
+        gpus_per_node=topology.gpus_per_node, headroom=space.headroom, stack=space.stack,
+    )  # fmt: skip
+    if not screened.plans:
+        reasons = ", ".join(f"{n} {why}" for why, n in screened.rejected.most_common(3))
+        raise ValueError(f"no layout of the {len(layouts)} tried is valid and fits ({reasons})")
+    if len(screened.plans) > args.max_layouts:
+        raise ValueError(
+            f"{len(screened.plans)} layouts to simulate exceed --max-layouts {args.max_layouts}: "
+            "narrow the space (--tp, --pp, --data-parallel, --micro-batch) or raise the limit"
+        )
+    bar = progress_bar(len(screened.plans), "simulating", unit="layout")
+    rows = simulate_layouts(
+        screened.plans, jobs=args.jobs, comm=comm, compute=compute, on_done=lambda _: bar.update(1)
+    )
+    bar.close()
+    ranked = sorted(rows, key=lambda r: -r.tokens_per_s)
+    print(_table(ranked[: args.top], len(layouts), screened.rejected, len(rows)), end="")
+    best = next(p for p in screened.plans if p.name == ranked[0].name)
+    files = _files(targets, ranked, pareto_front(rows), plan_to_dict(best))
+    for target, data in files:
+        write_bytes(target, data)
+    return 0
+
+
+def _table(rows: list[Any], tried: int, rejected: Any, simulated: int) -> str:
+    width = max([len("layout"), *(len(r.name) for r in rows)])
+    header = (
+        f"{'layout':<{width}} {'step s':>9} {'tokens/s':>12} {'MFU':>6} {'GiB':>7} "
+        f"{'exp.comm s':>10}  bottleneck"
+    )
+    lines = [
+        f"# {tried} layouts tried, {simulated} simulated; not simulated: "
+        + (", ".join(f"{n} {why}" for why, n in rejected.most_common()) or "none"),
+        header,
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.name:<{width}} {r.step_time_s:>9.3f} {r.tokens_per_s:>12,.0f} {r.mfu:>6.1%} "
+            f"{r.memory_gib:>7.2f} {r.exposed_comm_s:>10.3f}  {r.bottleneck}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _files(
+    targets: dict[str, Any], ranked: list[Any], front: list[Any], best: dict[str, Any]
+) -> list[tuple[Any, bytes]]:
+    files = []
+    if (target := targets.get("--json")) is not None:
+        document = {"schema": "commsim-search/1", "rows": [r.to_json() for r in ranked],
+                    "pareto": [r.name for r in front]}  # fmt: skip
+        files.append((target, (json.dumps(document, indent=2) + "\n").encode()))
+    if (target := targets.get("--csv")) is not None:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(ranked[0].to_json()))
+        writer.writeheader()
+        writer.writerows(r.to_json() for r in ranked)
+        files.append((target, buffer.getvalue().encode()))
+    if (target := targets.get("--best-plan")) is not None:
+        files.append((target, yaml.safe_dump(best, sort_keys=False).encode()))
+    if (target := targets.get("--plot")) is not None:
+        from sim.output.pareto import pareto_figure_bytes
+
+        files.append((target, pareto_figure_bytes(ranked, front, target.format)))
+    return files

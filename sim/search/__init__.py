@@ -1,0 +1,1 @@
+"""Plan search: every valid layout of a model on a cluster, pruned by memory, simulated, ranked."""

@@ -1,0 +1,137 @@
+"""The layouts worth simulating: every parallel split of a model on a cluster, valid and fitting.
+
+``candidate_layouts`` enumerates tensor parallelism inside a node (divisors of the GPUs per node),
+pipeline parallelism over what remains, context parallelism when asked, the data-parallel kinds,
+micro-batch sizes, recompute modes and pipeline schedules (1F1B, and interleaved with 2 chunks
+when the layers split evenly), with sequence parallelism on whenever tp > 1 (Megatron's
+practice). ``screen`` keeps the ones ``resolve_plan`` accepts and whose memory fits
+``headroom`` x HBM, counting why the others fall: nothing is simulated here.
+
+    layouts = candidate_layouts(plan, gpus_per_node=8, world_size=64, space=SearchSpace())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from schedules.kernels import kernel_stack
+from schedules.memory import memory_per_gpu
+from schedules.plan import Plan, load_plan, plan_to_dict
+from schedules.resolve import resolve_plan
+
+DEFAULT_KINDS = ("ddp", "zero1", "distributed_optimizer", "fsdp2", "zero3")
+"""Data-parallel kinds searched by default (``hsdp``, ``zero2`` and FSDP1 on request)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpace:
+    """What may vary; empty tuples mean the defaults."""
+
+    tp: tuple[int, ...] = ()
+    """Tensor-parallel degrees (default: the divisors of the GPUs per node)."""
+    pp: tuple[int, ...] = ()
+    """Pipeline degrees (default: powers of two up to ``max_pp``)."""
+    max_pp: int = 16
+    """Largest pipeline degree tried by default."""
+    cp: tuple[int, ...] = (1,)
+    """Context-parallel degrees."""
+    data_parallel: tuple[str, ...] = DEFAULT_KINDS
+    """Data-parallel kinds (plan names; ``fsdp2`` is FSDP2)."""
+    micro_batch_size: tuple[int, ...] = (1, 2, 4)
+    """Micro-batch sizes."""
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    """Recompute modes."""
+    interleaved: bool = True
+    """Also try the interleaved schedule with 2 chunks per rank."""
+    headroom: float = 0.9
+    """Fraction of HBM a layout may use (the rest: CUDA context, NCCL, fragmentation)."""
+    stack: str = ""
+    """Kernel stack every layout runs (one code base is compared with itself); empty: the base
+    plan's (``schedules.kernels.kernel_stack``)."""
+
+
+@dataclass(slots=True)
+class Screened:
+    """The layouts that passed, and how many fell at each check."""
+
+    plans: list[Plan] = field(default_factory=list)
+    """Resolved plans that fit, in enumeration order."""
+    rejected: Counter[str] = field(default_factory=Counter)
+    """Why the others fell: ``refused (<the error's first words> ...)`` or the memory."""
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(
+    plan: Plan, *, gpus_per_node: int, world_size: int, space: SearchSpace
+) -> list[dict[str, Any]]:
+    """The ``parallel`` and ``training`` sections of every layout to check, in a fixed order."""
+    tps = space.tp or tuple(_divisors(gpus_per_node))
+    pps = space.pp or tuple(p for p in (1, 2, 4, 8, 16, 32, 64) if p <= space.max_pp)
+    layouts = []
+    for tp, pp, cp, kind, mbs, recompute in itertools.product(
+        tps, pps, space.cp, space.data_parallel, space.micro_batch_size, space.recompute
+    ):
+        if world_size % (tp * pp * cp):
+            continue
+        schedules = [("1f1b", 1)]
+        if pp > 1 and space.interleaved:
+            schedules.append(("interleaved", 2))
+        for schedule, vpp in schedules:
+            parallel = {
+                "tp": tp,
+                "pp": pp,
+                "cp": cp,
+                "vpp": vpp,
+                "schedule": schedule,
+                "sequence_parallel": tp > 1,
+                "recompute": recompute,
+                "data_parallel": kind,
+            }
+            layouts.append({"parallel": parallel, "micro_batch_size": mbs})
+    return layouts
+
+
+def screen(
+    plan: Plan, layouts: list[dict[str, Any]], *, world_size: int, hbm_bytes: float,
+    gpus_per_node: int, headroom: float, stack: str = "",
+) -> Screened:  # fmt: skip
+    """Resolve each layout on the cluster and keep those that fit ``headroom`` x HBM."""
+    base = plan_to_dict(plan)
+    training = {**base["training"], "stack": stack or kernel_stack(plan)}
+    out = Screened()
+    for layout in layouts:
+        document = {
+            **base,
+            "parallel": layout["parallel"],
+            "training": {**training, "micro_batch_size": layout["micro_batch_size"]},
+        }
+        try:
+            candidate = resolve_plan(load_plan(document), world_size)
+        except ValueError as exc:
+            out.rejected["refused (" + " ".join(str(exc).split()[:6]) + " ...)"] += 1
+            continue
+        memory = memory_per_gpu(candidate, hbm_bytes=hbm_bytes, gpus_per_node=gpus_per_node)
+        if memory["total"] > headroom * hbm_bytes:
+            out.rejected["over the memory headroom"] += 1
+            continue
+        out.plans.append(dataclasses.replace(candidate, name=layout_name(candidate)))
+    return out
+
+
+def layout_name(plan: Plan) -> str:
+    """A short label: ``tp4 pp2 dp8 fsdp2 mbs1 selective 1f1b``."""
+    par = plan.parallel
+    kind = "fsdp2" if par.fsdp2 and par.data_parallel == "fsdp" else par.data_parallel
+    schedule = f" {par.schedule}" + (f" vpp{par.vpp}" if par.vpp > 1 else "") if par.pp > 1 else ""
+    cp = f" cp{par.cp}" if par.cp > 1 else ""
+    return (
+        f"tp{par.tp} pp{par.pp}{cp} dp{par.dp} {kind} mbs{plan.training.micro_batch_size} "
+        f"{par.recompute}{schedule}"
+    )

@@ -1,0 +1,61 @@
+"""``commsim search``: every valid layout, pruned by memory, simulated and ranked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.cli.main import main
+from sim.search.run import Row, pareto_front
+from tests.sim.cli.test_cmd_plan import TINY_PLAN, _write_plan
+
+SPACE = ["--tp", "1,2", "--pp", "1,2", "--data-parallel", "ddp,fsdp2,zero3",
+         "--micro-batch", "1", "--recompute", "none,full", "--no-interleaved"]  # fmt: skip
+
+
+def _row(name: str, tokens: float, memory: float) -> Row:
+    return Row(name=name, step_time_s=1.0, tokens_per_s=tokens, mfu=0.5, memory_gib=memory,
+               exposed_comm_s=0.0, bottleneck="compute")  # fmt: skip
+
+
+def test_the_pareto_front_keeps_layouts_nothing_beats_on_both() -> None:
+    rows = [_row("a", 100, 10), _row("b", 90, 20), _row("c", 150, 30), _row("d", 150, 40)]
+    assert [r.name for r in pareto_front(rows)] == ["a", "c"]
+
+
+def test_search_ranks_every_valid_layout_and_writes_the_best_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = _write_plan(tmp_path, TINY_PLAN)
+    out = {k: tmp_path / f"s.{k}" for k in ("json", "csv", "yaml", "png")}
+    files = ["--json", out["json"], "--csv", out["csv"], "--best-plan", out["yaml"],
+             "--plot", out["png"]]  # fmt: skip
+    argv = ["search", str(plan), *SPACE, "--top", "3", *map(str, files)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out.splitlines()
+    # 2 tp x 2 pp x 3 kinds x 2 recompute = 24 tried; ZeRO-3 under PP is refused (4)
+    assert text[0].startswith("# 24 layouts tried, 20 simulated; not simulated: 4 refused")
+    assert len(text) == 2 + 3
+    rows = json.loads(out["json"].read_text())["rows"]
+    assert len(rows) == 20
+    speeds = [r["tokens_per_s"] for r in rows]
+    assert speeds == sorted(speeds, reverse=True)
+    assert out["csv"].read_text().count("\n") == 21 and out["png"].stat().st_size > 0
+    best = yaml.safe_load(out["yaml"].read_text())
+    best_file = tmp_path / "best.yaml"
+    best_file.write_text(yaml.safe_dump(best))
+    assert main(["plan", str(best_file), "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["step_time_s"] == pytest.approx(rows[0]["step_time_s"], rel=1e-9)
+
+
+def test_no_layout_left_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = _write_plan(tmp_path, TINY_PLAN)
+    assert main(["search", str(plan), "--tp", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("commsim: error: no layout of the") and err.count("\n") == 1
+    assert main(["search", str(plan), "--headroom", "1.5"]) == 2
+    assert "--headroom must be in (0, 1], got 1.5" in capsys.readouterr().err
