@@ -55,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compute-calibration", type=Path, metavar="FILE", help="compute calibration JSON"
     )
     parser.add_argument(
+        "--force-calibration",
+        action="store_true",
+        help="apply a network calibration fitted on another intra-node fabric",
+    )
+    parser.add_argument(
         "--fidelity",
         choices=FIDELITIES,
         default="analytical",
@@ -116,6 +121,11 @@ def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, To
 
     comm_calibration, compute_calibration = load_calibrations(args)
     if comm_calibration is not None and (note := calibration_mismatch(comm_calibration, plan)):
+        fabric_differs = note.startswith("fitted on another intra-node fabric")
+        if fabric_differs and not getattr(args, "force_calibration", False):
+            raise ValueError(
+                f"--calibration {args.calibration}: {note}; --force-calibration to use it"
+            )
         print(f"commsim: warning: --calibration {args.calibration}: {note}", file=sys.stderr)
     topology = plan_topology(plan)
     compute_calibration = compute_calibration_for(compute_calibration, topology.gpu_spec(0))
@@ -136,12 +146,19 @@ def calibration_mismatch(calibration: Any, plan: Plan) -> str | None:
     from topologies.presets import NODE_PRESETS
 
     fitted_on, node = calibration.topology, plan.cluster.node
-    if fitted_on in NODE_PRESETS and isinstance(node, str) and node != fitted_on:
+    if fitted_on not in NODE_PRESETS or not isinstance(node, str) or node == fitted_on:
+        return None
+    if node in NODE_PRESETS and NODE_PRESETS[node].intra != NODE_PRESETS[fitted_on].intra:
         return (
-            f"fitted on {fitted_on!r}, not on this plan's {node!r}; its latencies and "
-            "efficiencies are applied as they are"
+            f"fitted on another intra-node fabric ({fitted_on!r}: "
+            f"{NODE_PRESETS[fitted_on].intra}) than this plan's {node!r} "
+            f"({NODE_PRESETS[node].intra}): its efficiencies would move data faster than the "
+            "links allow"
         )
-    return None
+    return (
+        f"fitted on {fitted_on!r}, not on this plan's {node!r}; its latencies and "
+        "efficiencies are applied as they are"
+    )
 
 
 def load_calibrations(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -175,7 +175,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "base_latency_s": (0.0, 60.0),
     "intra_step_latency_s": (0.0, 60.0),
     "inter_step_latency_s": (0.0, 60.0),
-    "efficiency_max": (1e-6, 100.0),
+    "efficiency_max": (1e-6, 1.0),
     "half_size_bytes": (0.0, 2.0**50),
     "shape": (1e-3, 8.0),
     "protocol_latency_scale": (0.0, 1e6),
@@ -439,6 +439,12 @@ def _fit_protocols(
     return coef, err
 
 
+MIN_INVERSE_EFFICIENCY = 1.0
+"""A fit never puts a link above its rate: ``1 / efficiency_max >= 1`` (a free fit that wants
+more, e.g. broadcast at 1.9 x the bus rate, is refitted with the efficiency pinned at 1 and the
+latencies free)."""
+
+
 def _solve(
     times: np.ndarray, fixed: np.ndarray, x: np.ndarray, steps: np.ndarray | None,
     table: np.ndarray | None = None,
@@ -455,15 +461,24 @@ def _solve(
         if k < 2 or (k == 2 and table is not None) or (k == 3 and steps is not None)
     ]
     weight = 1.0 / times
+    target = times - fixed
+    pinned = 0.0  # 1/eff fixed at 1 once the free fit says the links run faster than their rate
     while True:
         a = np.stack([columns[k] for k in keep], axis=1) * weight[:, None]
-        sol, *_ = np.linalg.lstsq(a, (times - fixed) * weight, rcond=None)
-        negative = [k for k, v in zip(keep, sol, strict=True) if v < 0 and k != 1]
+        sol, *_ = np.linalg.lstsq(a, (target - pinned * x) * weight, rcond=None)
+        values = dict(zip(keep, sol, strict=True))
+        if 1 in values and 0 < values[1] < MIN_INVERSE_EFFICIENCY:
+            keep.remove(1)
+            pinned = MIN_INVERSE_EFFICIENCY
+            continue
+        negative = [k for k, v in values.items() if v < 0 and k != 1]
         if not negative:
             break
         keep.remove(negative[0])
     coef = np.zeros(4)
     coef[keep] = sol
+    if pinned:
+        coef[1] = pinned
     if coef[1] <= 0:
         return None, math.inf
     residual = (fixed + np.stack(columns, axis=1) @ coef - times) * weight

@@ -292,3 +292,21 @@ def test_junk_compute_calibration_is_one_line(
     path = _write_plan(tmp_path, TINY_PLAN)
     assert main(["plan", str(path), "--compute-calibration", str(calibration)]) == 2
     _assert_one_line_error(capsys, "compute.json", message)
+
+
+def test_a_calibration_of_another_intra_node_fabric_is_refused_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import refdata
+
+    cal = tmp_path / "cal.json"
+    table = str(refdata.NCCL_DIR / "h100_8gpu_all_reduce_ring.txt")
+    assert main(["calibrate", table, "--topology", "dgx-h100", "-o", str(cal)]) == 0
+    capsys.readouterr()
+    pcie = _write_plan(tmp_path, _with("cluster", node="pcie-h100"))
+    assert main(["plan", str(pcie), "--calibration", str(cal)]) == 2
+    err = capsys.readouterr().err
+    assert "fitted on another intra-node fabric ('dgx-h100': nvswitch)" in err
+    assert "--force-calibration to use it" in err and err.count("\n") == 1
+    assert main(["plan", str(pcie), "--calibration", str(cal), "--force-calibration"]) == 0
+    assert "commsim: warning: --calibration" in capsys.readouterr().err

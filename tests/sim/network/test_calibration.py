@@ -6,6 +6,8 @@ import json
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import refdata
 from comm_bench.collectives import get
@@ -135,3 +137,33 @@ def test_fit_on_ring_all_reduce_predicts_the_held_out_h100_tables():
             predicted = model.estimate_s(r.op, range(8), r.size_bytes, algo=r.algo)
             errors.append(abs(predicted - r.time_us * 1e-6) / (r.time_us * 1e-6))
         assert sum(errors) / len(errors) < bound, name
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    efficiency=st.floats(0.3, 3.0),
+    latency_s=st.floats(1e-6, 1e-4),
+    op=st.sampled_from(["all_reduce", "all_gather", "broadcast"]),
+)
+def test_no_fit_puts_a_link_above_its_rate(efficiency: float, latency_s: float, op: str) -> None:
+    """Measurements faster than the links allow (a too-low catalogue rate, a bad clock) never
+    turn into an efficiency above 1: the latencies take the rest."""
+    truth = replace(TRUE, efficiency_max=efficiency, base_latency_s=latency_s)
+    calibration, _ = fit_calibration(_synthetic(op, 8, truth), _factory, topology_name="t")
+    (fitted,) = calibration.params.values()
+    assert 0 < fitted.efficiency_max <= 1.0
+    if efficiency <= 1.0:
+        assert fitted.efficiency_max == pytest.approx(efficiency, rel=1e-4)
+    round_trip = calibration_from_json(json.loads(json.dumps(calibration.to_json())))
+    assert round_trip.params == calibration.params  # and the file loads (range check)
+
+
+def test_a_calibration_above_the_line_rate_is_refused_on_load(tmp_path) -> None:
+    cal, _ = fit_calibration(_synthetic("all_reduce", 8, TRUE), _factory, topology_name="t")
+    document = cal.to_json()
+    entry = next(iter(document["params"].values()))
+    entry["efficiency_max"] = 1.93
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=r"efficiency_max=1\.93; must be a number from 1e-06 to 1"):
+        load_calibration(path)
