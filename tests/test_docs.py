@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from schedules.memory import COMPONENTS, memory_per_gpu
@@ -27,3 +28,11 @@ def memory_sentence(example: str) -> str:
 def test_plan_doc_quotes_the_70b_memory_the_code_gives() -> None:
     text = " ".join((ROOT / "docs" / "plan.md").read_text(encoding="utf-8").split())
     assert memory_sentence("llama3-70b-256xh100.yaml") in text
+
+
+def test_reports_quote_the_uncalibrated_error_the_validation_measured() -> None:
+    from sim.replay.basis import VALIDATED_ERROR
+
+    summary = json.loads((ROOT / "results/validation/uncalibrated.json").read_text())["summary"]
+    mape, runs = VALIDATED_ERROR["megatron"]
+    assert (round(summary["all"]["mape"], 3), summary["all"]["num_cases"]) == (mape, runs)
