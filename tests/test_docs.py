@@ -36,3 +36,12 @@ def test_reports_quote_the_uncalibrated_error_the_validation_measured() -> None:
     summary = json.loads((ROOT / "results/validation/uncalibrated.json").read_text())["summary"]
     mape, runs = VALIDATED_ERROR["megatron"]
     assert (round(summary["all"]["mape"], 3), summary["all"]["num_cases"]) == (mape, runs)
+
+
+def test_the_plan_doc_shows_the_report_the_code_prints(capsys) -> None:
+    from sim.cli.main import main
+
+    assert main(["plan", str(ROOT / "examples" / "small-zb.yaml")]) == 0
+    report = capsys.readouterr().out
+    doc = (ROOT / "docs" / "commsim-plan.md").read_text(encoding="utf-8")
+    assert report in doc
