@@ -25,6 +25,7 @@ from fileio.output import check_outputs, write_bytes
 from sim.cli.plan import load_calibrations, load_plan_file
 
 if TYPE_CHECKING:
+    from schedules.plan import Plan
     from sim.search.space import SearchSpace
 
 MAX_LAYOUTS = 5000
@@ -50,7 +51,18 @@ def _words(text: str) -> tuple[str, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Define the ``commsim search`` flags."""
-    parser.add_argument("plan", type=Path, metavar="PLAN.yaml", help="model, cluster, batch")
+    parser.add_argument(
+        "plan", type=Path, nargs="?", metavar="PLAN.yaml", help="model, cluster, batch (or flags)"
+    )
+    parser.add_argument("--model", help="model preset (e.g. llama3-70b) when there is no plan")
+    parser.add_argument("--cluster", help="node preset (e.g. dgx-h100) when there is no plan")
+    parser.add_argument("--nodes", type=int, default=1, help="number of nodes")
+    parser.add_argument("--fabric", help="inter-node fabric preset (e.g. ib-ndr)")
+    parser.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    parser.add_argument("--seq-len", type=int, help="sequence length (default: the preset's)")
+    parser.add_argument("--precision", default="bf16", help="bf16, fp16 or fp8")
+    parser.add_argument("--tokens", type=float, help="training tokens: report the days it takes")
+    parser.add_argument("--price", type=float, help="price per GPU-hour: report the cost")
     parser.add_argument("--tp", type=_ints, default=(), help="tensor-parallel degrees")
     parser.add_argument("--pp", type=_ints, default=(), help="pipeline degrees")
     parser.add_argument("--max-pp", type=int, default=16, help="largest pipeline degree")
@@ -80,6 +92,9 @@ def _space(args: argparse.Namespace) -> SearchSpace:
 
     if not 0 < args.headroom <= 1:
         raise ValueError(f"--headroom must be in (0, 1], got {args.headroom}")
+    unknown = set(args.recompute or ()) - {"none", "selective", "full"}
+    if unknown:
+        raise ValueError(f"--recompute {sorted(unknown)[0]!r} is not one of none, selective, full")
     if args.top < 1 or args.jobs < 1 or args.max_pp < 1 or args.max_layouts < 1:
         raise ValueError("--top, --jobs, --max-pp and --max-layouts must be >= 1")
     return SearchSpace(
@@ -112,10 +127,10 @@ def run(args: argparse.Namespace) -> int:
             "--best-plan": (args.best_plan, (".yaml", ".yml")),
             "--plot": (args.plot, (".png", ".svg", ".pdf")),
         },
-        inputs=(args.plan, args.calibration, args.compute_calibration),
+        inputs=tuple(p for p in (args.plan, args.calibration, args.compute_calibration) if p),
     )
     space = _space(args)
-    plan = load_plan_file(args.plan)
+    plan = _base_plan(args)
     topology = plan_topology(plan)
     gpu = topology.gpu_spec(0)
     comm, compute = load_calibrations(args)
@@ -145,11 +160,46 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
     ranked = sorted(rows, key=lambda r: -r.tokens_per_s)
     print(_table(ranked[: args.top], len(layouts), screened.rejected, len(rows)), end="")
+    if args.tokens:
+        print(_cost_line(ranked[0], args.tokens, args.price, topology.num_gpus))
     best = next(p for p in screened.plans if p.name == ranked[0].name)
     files = _files(targets, ranked, pareto_front(rows), plan_to_dict(best))
     for target, data in files:
         write_bytes(target, data)
     return 0
+
+
+def _base_plan(args: argparse.Namespace) -> Plan:
+    """The plan file, or one built from --model, --cluster, --nodes and --global-batch."""
+    from schedules.plan import load_plan
+
+    if args.plan is not None:
+        return load_plan_file(args.plan)
+    missing = [f for f in ("model", "cluster", "global_batch") if getattr(args, f) is None]
+    if missing:
+        flags = ", ".join("--" + m.replace("_", "-") for m in missing)
+        raise ValueError(f"give a PLAN.yaml, or {flags} (and optionally --nodes, --fabric)")
+    model: dict[str, Any] = {"preset": args.model}
+    if args.seq_len is not None:
+        model["seq_len"] = args.seq_len
+    cluster: dict[str, Any] = {"node": args.cluster, "num_nodes": args.nodes}
+    if args.fabric:
+        cluster["fabric"] = args.fabric
+    training = {"micro_batch_size": 1, "global_batch_size": args.global_batch,
+                "precision": args.precision}  # fmt: skip
+    return load_plan({"model": model, "cluster": cluster, "training": training})
+
+
+def _cost_line(best: Any, tokens: float, price: float | None, num_gpus: int) -> str:
+    """Days to train on ``tokens`` with the best layout, and the cost at ``price`` per GPU-hour."""
+    if not tokens > 0 or (price is not None and not price >= 0):
+        raise ValueError(f"--tokens must be > 0 and --price >= 0, got {tokens}, {price}")
+    hours = tokens / best.tokens_per_s / 3600.0
+    cost = f", {hours * num_gpus * price:,.0f} at {price:g} per GPU-hour" if price else ""
+    return (
+        f"# {tokens:.3g} tokens with the best layout: {hours / 24:,.1f} days on {num_gpus:,} GPUs "
+        f"({hours * num_gpus:,.0f} GPU-hours{cost})"
+    )
 
 
 def _table(rows: list[Any], tried: int, rejected: Any, simulated: int) -> str:

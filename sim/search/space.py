@@ -5,7 +5,9 @@ pipeline parallelism over what remains, context parallelism when asked, the data
 micro-batch sizes, recompute modes and pipeline schedules (1F1B, and interleaved with 2 chunks
 when the layers split evenly), with sequence parallelism on whenever tp > 1 (Megatron's
 practice). ``screen`` keeps the ones ``resolve_plan`` accepts and whose memory fits
-``headroom`` x HBM, counting why the others fall: nothing is simulated here.
+``headroom`` x HBM, counting why the others fall: nothing is simulated here. Recompute modes come
+in order none, selective, full: once a layout fits with less recomputation the heavier modes of
+the same layout are dominated (the same step plus more compute) and are not simulated.
 
     layouts = candidate_layouts(plan, gpus_per_node=8, world_size=64, space=SearchSpace())
 """
@@ -20,7 +22,7 @@ from typing import Any
 
 from schedules.kernels import kernel_stack
 from schedules.memory import memory_per_gpu
-from schedules.plan import Plan, load_plan, plan_to_dict
+from schedules.plan import RECOMPUTE_MODES, Plan, load_plan, plan_to_dict
 from schedules.resolve import resolve_plan
 
 DEFAULT_KINDS = ("ddp", "zero1", "distributed_optimizer", "fsdp2", "zero3")
@@ -75,8 +77,9 @@ def candidate_layouts(
     tps = space.tp or tuple(_divisors(gpus_per_node))
     pps = space.pp or tuple(p for p in (1, 2, 4, 8, 16, 32, 64) if p <= space.max_pp)
     layouts = []
+    recomputes = sorted(space.recompute, key=RECOMPUTE_MODES.index)  # lightest first
     for tp, pp, cp, kind, mbs, recompute in itertools.product(
-        tps, pps, space.cp, space.data_parallel, space.micro_batch_size, space.recompute
+        tps, pps, space.cp, space.data_parallel, space.micro_batch_size, recomputes
     ):
         if world_size % (tp * pp * cp):
             continue
@@ -106,7 +109,13 @@ def screen(
     base = plan_to_dict(plan)
     training = {**base["training"], "stack": stack or kernel_stack(plan)}
     out = Screened()
+    fitted: set[tuple[Any, ...]] = set()
     for layout in layouts:
+        key = _without_recompute(layout)
+        if key in fitted:
+            # Recomputation only adds compute to a layout that fits without it: not simulated.
+            out.rejected["dominated (fits with less recompute)"] += 1
+            continue
         document = {
             **base,
             "parallel": layout["parallel"],
@@ -122,7 +131,13 @@ def screen(
             out.rejected["over the memory headroom"] += 1
             continue
         out.plans.append(dataclasses.replace(candidate, name=layout_name(candidate)))
+        fitted.add(key)
     return out
+
+
+def _without_recompute(layout: dict[str, Any]) -> tuple[Any, ...]:
+    parallel = {k: v for k, v in layout["parallel"].items() if k != "recompute"}
+    return (tuple(sorted(parallel.items())), layout["micro_batch_size"])
 
 
 def layout_name(plan: Plan) -> str:

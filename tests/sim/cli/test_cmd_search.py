@@ -36,14 +36,18 @@ def test_search_ranks_every_valid_layout_and_writes_the_best_plan(
     argv = ["search", str(plan), *SPACE, "--top", "3", *map(str, files)]
     assert main(argv) == 0
     text = capsys.readouterr().out.splitlines()
-    # 2 tp x 2 pp x 3 kinds x 2 recompute = 24 tried; ZeRO-3 under PP is refused (4)
-    assert text[0].startswith("# 24 layouts tried, 20 simulated; not simulated: 4 refused")
+    # 2 tp x 2 pp x 3 kinds x 2 recompute = 24 tried; ZeRO-3 under PP is refused (2 x 2); every
+    # layout fits without recompute, so its full-recompute twin is dominated (10)
+    assert text[0] == (
+        "# 24 layouts tried, 10 simulated; not simulated: 10 dominated (fits with less "
+        "recompute), 4 refused (data_parallel=zero3 cannot run under pipeline parallelism ...)"
+    )
     assert len(text) == 2 + 3
     rows = json.loads(out["json"].read_text())["rows"]
-    assert len(rows) == 20
+    assert len(rows) == 10
     speeds = [r["tokens_per_s"] for r in rows]
     assert speeds == sorted(speeds, reverse=True)
-    assert out["csv"].read_text().count("\n") == 21 and out["png"].stat().st_size > 0
+    assert out["csv"].read_text().count("\n") == 11 and out["png"].stat().st_size > 0
     best = yaml.safe_load(out["yaml"].read_text())
     best_file = tmp_path / "best.yaml"
     best_file.write_text(yaml.safe_dump(best))
@@ -59,3 +63,22 @@ def test_no_layout_left_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert err.startswith("commsim: error: no layout of the") and err.count("\n") == 1
     assert main(["search", str(plan), "--headroom", "1.5"]) == 2
     assert "--headroom must be in (0, 1], got 1.5" in capsys.readouterr().err
+
+
+def test_search_from_flags_reports_days_and_cost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "1",
+            "--global-batch", "16", "--seq-len", "1024", "--tp", "8", "--pp", "1",
+            "--data-parallel", "ddp", "--micro-batch", "1", "--recompute", "full",
+            "--tokens", "1e9", "--price", "2.5", "--json", str(tmp_path / "s.json")]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    best = json.loads((tmp_path / "s.json").read_text())["rows"][0]["tokens_per_s"]
+    hours = 1e9 / best / 3600
+    assert lines[-1] == (
+        f"# 1e+09 tokens with the best layout: {hours / 24:,.1f} days on 8 GPUs "
+        f"({hours * 8:,.0f} GPU-hours, {hours * 8 * 2.5:,.0f} at 2.5 per GPU-hour)"
+    )
+    assert main(["search", "--model", "llama3-8b"]) == 2
+    assert "give a PLAN.yaml, or --cluster, --global-batch" in capsys.readouterr().err
