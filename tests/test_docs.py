@@ -45,3 +45,11 @@ def test_the_plan_doc_shows_the_report_the_code_prints(capsys) -> None:
     report = capsys.readouterr().out
     doc = (ROOT / "docs" / "commsim-plan.md").read_text(encoding="utf-8")
     assert report in doc
+
+
+def test_the_readme_python_example_runs() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, object] = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert scope["best"] is not None and scope["front"]

@@ -20,6 +20,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from fileio.output import Target, check_outputs, write_bytes
+from sim.cli.plan_inputs import (
+    add_import_arguments,
+    assemble_plan,
+    export_plan_bytes,
+    wants_assembly,
+)
 from sim.output.report import format_duration, format_report, pipeline_stage, rank_title
 from sim.output.timeline import figure_bytes, representative_ranks, timeline_figure
 from sim.output.trace import chrome_trace, trace_json
@@ -38,7 +44,9 @@ IMAGE_FORMATS = ("png", "svg", "pdf")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Define the ``commsim plan`` flags."""
-    parser.add_argument("plan", type=Path, metavar="PLAN.yaml", help="plan file (see docs/plan.md)")
+    parser.add_argument(
+        "plan", type=Path, nargs="?", metavar="PLAN.yaml", help="plan file (see docs/plan.md)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON, not text")
     parser.add_argument("-o", "--output", type=Path, metavar="FILE.json", help="write result JSON")
     parser.add_argument("--trace", type=Path, metavar="TRACE.json", help="write a Chrome trace")
@@ -59,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="apply a network calibration fitted on another intra-node fabric",
     )
+    add_import_arguments(parser)
     parser.add_argument(
         "--fidelity",
         choices=FIDELITIES,
@@ -79,12 +88,24 @@ def run(args: argparse.Namespace) -> int:
             "--output": (args.output, (".json",)),
             "--trace": (args.trace, (".json",)),
             "--timeline": (args.timeline, tuple(f".{f}" for f in IMAGE_FORMATS)),
+            "--export-plan": (getattr(args, "export_plan", None), (".yaml", ".yml")),
         },
-        inputs=(args.plan, args.calibration, args.compute_calibration),
+        inputs=tuple(
+            p
+            for p in (args.plan, args.calibration, args.compute_calibration, *_import_files(args))
+            if p is not None
+        ),
     )
-    plan = load_plan_file(args.plan)
+    if wants_assembly(args):
+        plan = assemble_plan(args)
+    elif args.plan is None:
+        raise ValueError("give a PLAN.yaml, or build one with --model, --cluster and the importers")
+    else:
+        plan = load_plan_file(args.plan)
     result, plan, topology = simulate(plan, args)
     files = render_files(result, plan, targets)
+    if (export := targets.get("--export-plan")) is not None:
+        files.append((export, export_plan_bytes(plan)))
     for target, data in files:
         write_bytes(target, data)
     if args.json:
@@ -92,6 +113,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_report(result, plan, gpu=topology.gpu_spec(0), fidelity=args.fidelity), end="")
     return 0
+
+
+def _import_files(args: argparse.Namespace) -> list[Path]:
+    files = [getattr(args, flag, None) for flag in ("deepspeed", "megatron", "torchtitan")]
+    model = getattr(args, "model", None)
+    if model is not None and Path(model).suffix == ".json":
+        files.append(Path(model))
+    return [f for f in files if f is not None]
 
 
 def load_plan_file(path: Path) -> Plan:

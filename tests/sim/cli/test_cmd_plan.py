@@ -268,9 +268,12 @@ def test_calibration_fitted_on_another_node_is_flagged(
     calibration = tmp_path / "cal.json"
     calibration.write_text('{"schema": "commsim-calibration/1", "topology": "localhost"}')
     path = _write_plan(tmp_path, TINY_PLAN)
-    assert main(["plan", str(path), "--calibration", str(calibration)]) == 0
+    assert main(["plan", str(path), "--calibration", str(calibration)]) == 2  # loopback vs NVSwitch
+    assert "'localhost': loopback" in capsys.readouterr().err
+    calibration.write_text('{"schema": "commsim-calibration/1", "topology": "dgx-a100"}')
+    assert main(["plan", str(path), "--calibration", str(calibration)]) == 0  # NVSwitch too
     err = capsys.readouterr().err
-    assert "warning" in err and "'localhost'" in err and "'dgx-h100'" in err
+    assert "warning" in err and "'dgx-a100'" in err and "'dgx-h100'" in err
     calibration.write_text('{"schema": "commsim-calibration/1", "topology": "dgx-h100"}')
     assert main(["plan", str(path), "--calibration", str(calibration)]) == 0
     assert capsys.readouterr().err == ""

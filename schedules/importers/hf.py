@@ -1,0 +1,215 @@
+"""The ``model`` section of a Hugging Face ``config.json``: Llama, Mistral, Qwen2, GPT-2 and
+GPT-NeoX shapes, activations, norms, positions, biases and tying, with a warning for every key
+not carried over (the checkpoint dtype, sliding windows, parallel residuals, partial biases).
+
+Sources: transformers main (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config``,
+``GPT2Config``, ``GPTNeoXConfig``) for the keys and their defaults.
+
+    model = model_from_hf_config(Path("Meta-Llama-3-8B/config.json"))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fileio.strict import load_json, shorten
+from schedules.importers.common import Imported, _Fields, _read
+
+_HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "GPT2LMHeadModel": "gpt2",
+    "GPTNeoXForCausalLM": "gpt_neox",
+}
+"""Supported ``architectures`` entries and their ``model_type``."""
+_HF_KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32}
+"""``num_key_value_heads`` when absent (None: the query heads), from each config class."""
+
+
+def model_from_hf_config(path: Path) -> Imported:
+    """The ``model`` section of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, GPT-2 or
+    GPT-NeoX); ``seq_len`` is ``max_position_embeddings`` (a warning says to override it)."""
+    fields = _read(path, "Hugging Face config", lambda text, name: load_json(text, name=name))
+    family, architecture = _hf_family(fields)
+    notes: list[str] = []
+    name = fields.get("_name_or_path", str, "") or architecture
+    if family == "gpt2":
+        shape = _hf_gpt2(fields, notes)
+    elif family == "gpt_neox":
+        shape = _hf_neox(fields, notes)
+    else:
+        shape = _hf_llama(fields, family, notes)
+    for key in ("torch_dtype", "dtype"):
+        if fields.has(key):
+            notes.append(
+                fields.note(key, "is the checkpoint's dtype, not the training precision (ignored)")
+            )
+    return Imported(sections={"model": {"name": name, **shape}}, warnings=(*notes, *fields.left()))
+
+
+def _hf_family(fields: _Fields) -> tuple[str, str]:
+    supported = ", ".join(_HF_ARCHITECTURES)
+    architectures = fields.get("architectures", list, [])
+    if not all(isinstance(a, str) for a in architectures):
+        raise ValueError(
+            f"{fields.file}: architectures must list names, got {shorten(architectures)}"
+        )
+    model_type = fields.get("model_type", str, "")
+    for architecture in architectures:
+        if architecture in _HF_ARCHITECTURES:
+            return _HF_ARCHITECTURES[architecture], architecture
+    if architectures:
+        raise ValueError(
+            f"{fields.file}: architectures {shorten(architectures)} is not supported; "
+            f"supported: {supported}"
+        )
+    for architecture, family in _HF_ARCHITECTURES.items():
+        if model_type == family:
+            return family, architecture
+    raise ValueError(
+        f"{fields.file}: model_type {shorten(model_type)} is not supported (and no "
+        f"architectures are given); supported: {supported}"
+    )
+
+
+def _hf_seq_len(fields: _Fields, key: str, notes: list[str]) -> int:
+    seq_len = fields.count(key)
+    notes.append(
+        f"{fields.file}: model.seq_len={seq_len} is {key}, the longest context the model "
+        "supports; training usually runs shorter sequences: override model.seq_len"
+    )
+    return seq_len
+
+
+def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
+    """Llama, Mistral and Qwen2: gated SiLU MLP, RMSNorm, rotary positions."""
+    hidden, heads = fields.count("hidden_size"), fields.count("num_attention_heads")
+    kv_default = _HF_KV_HEADS_DEFAULT[family]
+    if not fields.has("num_key_value_heads") and kv_default is not None:
+        notes.append(f"{fields.file}: num_key_value_heads absent: the config class's {kv_default}")
+    kv_heads = fields.count("num_key_value_heads", kv_default, nullable=True) or heads
+    head_dim = fields.get("head_dim", (int, type(None)), None)
+    if head_dim not in (None, hidden // heads):
+        notes.append(
+            f"{fields.file}: head_dim={head_dim} differs from hidden_size / num_attention_heads"
+            f" = {hidden // heads}, which the plan uses (ignored)"
+        )
+    _hf_sliding_window(fields, family, notes)
+    return {
+        "num_layers": fields.count("num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "ffn_hidden_size": fields.count("intermediate_size"),
+        "vocab_size": fields.count("vocab_size"),
+        "seq_len": _hf_seq_len(fields, "max_position_embeddings", notes),
+        "mlp_activation": _hf_activation(fields, "hidden_act", "silu", notes, gated=True),
+        "norm": "rmsnorm",
+        "position_embedding": "rope",
+        "tied_embeddings": fields.get("tie_word_embeddings", bool, False),
+        "linear_bias": _hf_llama_bias(fields, family, notes),
+        "dropout": fields.get("attention_dropout", float, 0.0) > 0,
+    }
+
+
+def _hf_activation(
+    fields: _Fields, key: str, default: str, notes: list[str], *, gated: bool
+) -> str:
+    """The plan's activation for ``hidden_act`` / ``activation_function``; gated for Llama."""
+    act = fields.get(key, str, default)
+    if act in ("silu", "swish") and gated:
+        return "swiglu"
+    if act.startswith("gelu"):  # gelu, gelu_new, gelu_fast, gelu_pytorch_tanh: same cost
+        return "geglu" if gated else "gelu"
+    if act == "relu" and not gated:
+        return "relu"
+    priced = "swiglu" if gated else "gelu"
+    notes.append(f"{fields.file}: {key}={shorten(act)} is not modelled: priced as {priced}")
+    return priced
+
+
+def _hf_llama_bias(fields: _Fields, family: str, notes: list[str]) -> bool:
+    partial = "linear_bias is all-or-none: left off (a negligible share of the parameters)"
+    if family == "qwen2":  # Qwen2Attention: q, k and v projections with bias=True, o without
+        notes.append(f"{fields.file}: Qwen2 has biases on q, k and v only; {partial}")
+        return False
+    if family != "llama":
+        return False
+    attention = fields.get("attention_bias", bool, False)
+    mlp = fields.get("mlp_bias", bool, False)
+    if attention != mlp:
+        which = "attention_bias" if attention else "mlp_bias"
+        notes.append(f"{fields.file}: {which} puts biases on part of the layers only; {partial}")
+    return attention and mlp
+
+
+def _hf_sliding_window(fields: _Fields, family: str, notes: list[str]) -> None:
+    window = None
+    # Qwen2Config keeps sliding_window (default 4096) unused unless use_sliding_window is true
+    if family == "mistral" or (family == "qwen2" and fields.get("use_sliding_window", bool, False)):
+        window = fields.get("sliding_window", (int, type(None)), 4096)
+    if window is not None:
+        notes.append(
+            f"{fields.file}: sliding_window={window}: sliding-window attention is priced as "
+            "full causal attention"
+        )
+
+
+def _hf_gpt2(fields: _Fields, notes: list[str]) -> dict[str, Any]:
+    """GPT-2: GeLU MLP of n_inner (default 4h), LayerNorm, learned positions, biases, tied."""
+    hidden, heads = fields.count("n_embd"), fields.count("n_head")
+    inner = fields.count("n_inner", None, nullable=True)
+    seq_len = _hf_seq_len(fields, "n_positions", notes)
+    if fields.has("n_ctx") and fields.get("n_ctx", int) != seq_len:
+        notes.append(f"{fields.file}: n_ctx differs from n_positions, which is used")
+    dropouts = [fields.get(k, float, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")]
+    return {
+        "num_layers": fields.count("n_layer"),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "ffn_hidden_size": inner or 4 * hidden,
+        "vocab_size": fields.count("vocab_size"),
+        "seq_len": seq_len,
+        "mlp_activation": _hf_activation(
+            fields, "activation_function", "gelu_new", notes, gated=False
+        ),
+        "norm": "layernorm",
+        "position_embedding": "learned",
+        "tied_embeddings": fields.get("tie_word_embeddings", bool, True),
+        "linear_bias": True,
+        "dropout": max(dropouts) > 0,
+    }
+
+
+def _hf_neox(fields: _Fields, notes: list[str]) -> dict[str, Any]:
+    """GPT-NeoX: GeLU MLP, LayerNorm, rotary positions, biases, parallel residual."""
+    heads = fields.count("num_attention_heads")
+    if fields.get("use_parallel_residual", bool, True):
+        notes.append(
+            f"{fields.file}: use_parallel_residual (attention and MLP side by side on one "
+            "residual, the GPTNeoXConfig default) is not modelled: priced as sequential"
+        )
+    if not fields.get("attention_bias", bool, True):
+        notes.append(
+            f"{fields.file}: attention_bias=false leaves the MLP biases; linear_bias is "
+            "all-or-none: left on"
+        )
+    dropouts = [fields.get(k, float, 0.0) for k in ("attention_dropout", "hidden_dropout")]
+    return {
+        "num_layers": fields.count("num_hidden_layers"),
+        "hidden_size": fields.count("hidden_size"),
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "ffn_hidden_size": fields.count("intermediate_size"),
+        "vocab_size": fields.count("vocab_size"),
+        "seq_len": _hf_seq_len(fields, "max_position_embeddings", notes),
+        "mlp_activation": _hf_activation(fields, "hidden_act", "gelu", notes, gated=False),
+        "norm": "layernorm",
+        "position_embedding": "rope",
+        "tied_embeddings": fields.get("tie_word_embeddings", bool, False),
+        "linear_bias": True,
+        "dropout": max(dropouts) > 0,
+    }

@@ -1,0 +1,382 @@
+"""The ``parallel``, ``training`` and (when the shape is given) ``model`` sections of Megatron-LM
+arguments: parallel degrees, virtual stages and the pipeline split, sequence parallelism,
+recompute, the distributed optimizer and overlaps, the batch, precision and the model's shape,
+with Megatron's defaults for absent flags. ``shell`` turns the file (a list of flags or a launch
+script) into the flags read here.
+
+Sources: Megatron-LM core_v0.15.0 ``megatron/training/arguments.py`` (defaults and
+``validate_args``) and ``megatron/core/transformer/transformer_config.py``.
+
+    imported = from_megatron_args(Path("pretrain_llama3_8b.sh"))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fileio.strict import read_input, shorten
+from schedules.importers.common import _KIND_NAMES, Imported
+from schedules.importers.shell import _megatron_words, _parse_flags
+
+_MEGATRON_FLAGS: dict[str, type] = {
+    "--tensor-model-parallel-size": int,
+    "--pipeline-model-parallel-size": int,
+    "--context-parallel-size": int,
+    "--num-layers-per-virtual-pipeline-stage": int,
+    "--num-virtual-stages-per-pipeline-rank": int,
+    "--decoder-first-pipeline-num-layers": int,
+    "--decoder-last-pipeline-num-layers": int,
+    "--account-for-embedding-in-pipeline-split": bool,
+    "--account-for-loss-in-pipeline-split": bool,
+    "--sequence-parallel": bool,
+    "--recompute-granularity": str,
+    "--recompute-method": str,
+    "--recompute-num-layers": int,
+    "--recompute-activations": bool,
+    "--recompute-modules": list,
+    "--use-distributed-optimizer": bool,
+    "--overlap-grad-reduce": bool,
+    "--overlap-param-gather": bool,
+    "--tp-comm-overlap": bool,
+    "--micro-batch-size": int,
+    "--global-batch-size": int,
+    "--num-layers": int,
+    "--hidden-size": int,
+    "--num-attention-heads": int,
+    "--group-query-attention": bool,
+    "--num-query-groups": int,
+    "--ffn-hidden-size": int,
+    "--kv-channels": int,
+    "--seq-length": int,
+    "--max-position-embeddings": int,
+    "--swiglu": bool,
+    "--squared-relu": bool,
+    "--quick-geglu": bool,
+    "--normalization": str,
+    "--position-embedding-type": str,
+    "--use-rotary-position-embeddings": bool,
+    "--untie-embeddings-and-output-weights": bool,
+    "--disable-bias-linear": bool,
+    "--add-qkv-bias": bool,
+    "--attention-dropout": float,
+    "--hidden-dropout": float,
+    "--bf16": bool,
+    "--fp16": bool,
+    "--fp8-format": str,
+    "--vocab-size": int,
+    "--attention-backend": str,
+}
+"""The flags read (arguments.py, core_v0.15.0) and their argparse types; bool: store_true."""
+_MEGATRON_CHOICES = {
+    "--recompute-granularity": ("full", "selective"),
+    "--recompute-method": ("uniform", "block"),
+    "--normalization": ("LayerNorm", "RMSNorm"),
+    "--position-embedding-type": ("learned_absolute", "rope", "mrope", "relative", "none"),
+    "--fp8-format": ("e4m3", "hybrid"),
+    "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
+}
+
+
+class _Flags:
+    """Parsed ``--flag value`` arguments: typed reads naming the file and flag, and the flags
+    no read asked for."""
+
+    def __init__(self, file: str, values: dict[str, list[str]]) -> None:
+        self.file, self.values = file, values
+        self.read: set[str] = set()
+
+    def has(self, flag: str) -> bool:
+        return flag in self.values
+
+    def get(self, flag: str, default: Any = None) -> Any:
+        kind = _MEGATRON_FLAGS[flag]
+        self.read.add(flag)
+        if flag not in self.values:
+            return default
+        values = self.values[flag]
+        if kind is bool:
+            if values:
+                raise ValueError(f"{self.file}: {flag} takes no value, got {shorten(values[0])}")
+            return True
+        if kind is list:
+            return values
+        if len(values) != 1:
+            raise ValueError(f"{self.file}: {flag} needs one value, got {shorten(values)}")
+        text = values[0]
+        if "$" in text:
+            raise ValueError(
+                f"{self.file}: {flag} {text} is a shell variable the file does not set"
+            )
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(
+                f"{self.file}: {flag} must be {_KIND_NAMES[kind]}, got {shorten(text)}"
+            ) from None
+        choices = _MEGATRON_CHOICES.get(flag)
+        if choices and value not in choices:
+            raise ValueError(
+                f"{self.file}: {flag} must be one of {', '.join(choices)}, got {shorten(text)}"
+            )
+        return value
+
+    def left(self) -> list[str]:
+        return [
+            f"{self.file}: {flag} is not modelled (ignored)"
+            for flag in self.values
+            if flag not in self.read
+        ]
+
+
+def from_megatron_args(path: Path) -> Imported:
+    """``parallel``, ``training`` and (when the shape is given) ``model`` sections of Megatron-LM
+    arguments: a file of ``--flag value`` lines or a launch script (``torchrun ...
+    pretrain_gpt.py --...`` with continued lines, variables and bash arrays; only the arguments
+    after the ``.py`` script are read). Megatron's defaults apply to absent flags: LayerNorm,
+    learned positions, GeLU, biases, tied embeddings, dropout 0.1, no overlapped grad reduce.
+    ``model.name`` is the file's stem; the vocabulary comes from ``--vocab-size`` only."""
+    file = Path(path).name
+    words, notes = _megatron_words(read_input(path, what="Megatron arguments"), file)
+    values, parse_notes = _parse_flags(words, file)
+    flags = _Flags(file, values)
+    notes += parse_notes
+    model = _megatron_model(flags, Path(path).stem, notes)
+    parallel = _megatron_parallel(flags, notes)
+    training = _megatron_training(flags, model is not None, notes)
+    sections = {"model": model, "parallel": parallel, "training": training}
+    return Imported(
+        sections={k: v for k, v in sections.items() if v}, warnings=(*notes, *flags.left())
+    )
+
+
+def _megatron_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
+    """Degrees, virtual stages, the split, SP, recompute and the data-parallel kind."""
+    parallel: dict[str, Any] = {}
+    for key, flag in (("tp", "--tensor-model-parallel-size"),
+                      ("pp", "--pipeline-model-parallel-size"),
+                      ("cp", "--context-parallel-size")):  # fmt: skip
+        if flags.has(flag):
+            parallel[key] = flags.get(flag)
+            if parallel[key] < 1:
+                raise ValueError(f"{flags.file}: {flag} must be >= 1, got {parallel[key]}")
+    tp, pp = parallel.get("tp", 1), parallel.get("pp", 1)
+    vpp = _megatron_vpp(flags, pp)
+    if vpp > 1:
+        parallel.update(vpp=vpp, schedule="interleaved")
+    edges = (
+        ("--decoder-first-pipeline-num-layers", "first_stage_layers"),
+        ("--decoder-last-pipeline-num-layers", "last_stage_layers"),
+        ("--account-for-embedding-in-pipeline-split", "embedding_as_layer"),
+        ("--account-for-loss-in-pipeline-split", "loss_as_layer"),
+    )
+    parallel.update({key: flags.get(flag) for flag, key in edges if flags.has(flag)})
+    if flags.get("--sequence-parallel") and tp == 1:
+        notes.append(
+            f"{flags.file}: --sequence-parallel with tp 1: Megatron turns it off (ignored)"
+        )
+    elif flags.get("--sequence-parallel"):
+        parallel["sequence_parallel"] = True
+    recompute = _megatron_recompute(flags, pp * vpp, notes)
+    if recompute:
+        parallel["recompute"] = recompute
+    if flags.get("--use-distributed-optimizer"):
+        parallel["data_parallel"] = "distributed_optimizer"
+    else:
+        parallel["data_parallel"] = "ddp"
+        notes.append(
+            f"{flags.file}: no --use-distributed-optimizer: Megatron's DDP (one all-reduce of "
+            "the gradient buffer in buckets) is priced as data_parallel ddp"
+        )
+    parallel["overlap_grad_reduce"] = bool(flags.get("--overlap-grad-reduce"))
+    for flag, key in (("--overlap-param-gather", "overlap_param_gather"),
+                      ("--tp-comm-overlap", "tp_comm_overlap")):  # fmt: skip
+        if flags.get(flag):
+            parallel[key] = True
+    if pp > 1 and tp > 1 and not parallel.get("sequence_parallel"):
+        parallel["pp_scatter_gather"] = False  # Megatron-Core has no scatter-gather p2p path
+    return parallel
+
+
+def _megatron_vpp(flags: _Flags, pp: int) -> int:
+    """Virtual stages per rank, as ``validate_args`` derives them."""
+    stages = flags.get("--num-virtual-stages-per-pipeline-rank")
+    per_stage = flags.get("--num-layers-per-virtual-pipeline-stage")
+    if stages is not None and per_stage is not None:
+        raise ValueError(
+            f"{flags.file}: give one of --num-virtual-stages-per-pipeline-rank and "
+            "--num-layers-per-virtual-pipeline-stage (Megatron refuses both)"
+        )
+    for flag, value in (("--num-virtual-stages-per-pipeline-rank", stages),
+                        ("--num-layers-per-virtual-pipeline-stage", per_stage)):  # fmt: skip
+        if value is not None and value < 1:
+            raise ValueError(f"{flags.file}: {flag} must be >= 1, got {value}")
+    if per_stage is None:
+        return stages or 1
+    layers = flags.get("--num-layers")
+    if layers is None:
+        raise ValueError(
+            f"{flags.file}: --num-layers-per-virtual-pipeline-stage needs --num-layers"
+        )
+    layers += sum(
+        bool(flags.get(f"--account-for-{part}-in-pipeline-split")) for part in ("embedding", "loss")
+    )
+    if layers % pp or (layers // pp) % per_stage:
+        raise ValueError(
+            f"{flags.file}: --num-layers-per-virtual-pipeline-stage {per_stage} does not divide "
+            f"the {layers}/{pp} layers of a pipeline stage"
+        )
+    return layers // pp // per_stage
+
+
+def _megatron_recompute(flags: _Flags, num_chunks: int, notes: list[str]) -> str | None:
+    granularity = flags.get("--recompute-granularity")
+    if flags.get("--recompute-activations"):  # the old flag: selective
+        granularity = granularity or "selective"
+    method, count = flags.get("--recompute-method"), flags.get("--recompute-num-layers")
+    modules = flags.get("--recompute-modules")
+    if granularity is None:
+        if method or count:
+            notes.append(f"{flags.file}: --recompute-method without a granularity (ignored)")
+        return None
+    if granularity == "selective":
+        if modules and set(modules) != {"core_attn"}:
+            notes.append(
+                f"{flags.file}: --recompute-modules {' '.join(modules)}: only core_attn (the "
+                "attention core) is modelled: priced as recompute selective"
+            )
+        return "selective"
+    if method is None or count is None:
+        raise ValueError(
+            f"{flags.file}: --recompute-granularity full needs --recompute-method and "
+            "--recompute-num-layers (Megatron-Core refuses it without them)"
+        )
+    layers = (flags.get("--num-layers") or 0) + sum(  # the layers of a typical stage
+        bool(flags.get(f"--account-for-{part}-in-pipeline-split")) for part in ("embedding", "loss")
+    )
+    per_chunk = layers // num_chunks
+    if method == "uniform" and count > 1:
+        notes.append(
+            f"{flags.file}: --recompute-method uniform --recompute-num-layers {count} keeps "
+            f"one input per {count} layers: priced as full recompute of each layer"
+        )
+    elif method == "block" and count < per_chunk:
+        notes.append(
+            f"{flags.file}: --recompute-method block recomputes {count} of the {per_chunk} "
+            "layers of each pipeline stage: priced as full recompute of every layer"
+        )
+    return "full"
+
+
+def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any] | None:
+    """The model of the arguments, or None when no shape flag is given."""
+    shape = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
+    if not any(flags.has(flag) for flag in shape):
+        return None
+    missing = [flag for flag in shape if not flags.has(flag)]
+    if missing:
+        raise ValueError(f"{flags.file}: {missing[0]} missing (a model needs {', '.join(shape)})")
+    layers, hidden, heads, seq_len = (flags.get(flag) for flag in shape)
+    for flag, value in zip(shape, (layers, hidden, heads, seq_len), strict=True):
+        if value < 1:
+            raise ValueError(f"{flags.file}: {flag} must be >= 1, got {value}")
+    kv_heads = heads
+    if flags.get("--group-query-attention"):
+        kv_heads = flags.get("--num-query-groups", 1)
+        if kv_heads < 1:
+            raise ValueError(f"{flags.file}: --num-query-groups must be >= 1, got {kv_heads}")
+    elif flags.get("--num-query-groups") is not None:
+        notes.append(f"{flags.file}: --num-query-groups without --group-query-attention (ignored)")
+    kv_channels = flags.get("--kv-channels")
+    if kv_channels not in (None, hidden // heads):
+        notes.append(f"{flags.file}: --kv-channels {kv_channels} is not hidden/heads (ignored)")
+    activation = _megatron_activation(flags, notes)
+    default_ffn = int(4 * hidden * 2 / 3 / 64) * 64 if activation == "swiglu" else 4 * hidden
+    model = {
+        "name": name,
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "ffn_hidden_size": flags.get("--ffn-hidden-size", default_ffn),
+        "vocab_size": _megatron_vocab(flags, notes),
+        "seq_len": seq_len,
+        "mlp_activation": activation,
+        "norm": {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}[
+            flags.get("--normalization", "LayerNorm")
+        ],
+        "position_embedding": _megatron_positions(flags, seq_len, notes),
+        "tied_embeddings": not flags.get("--untie-embeddings-and-output-weights"),
+        "linear_bias": not flags.get("--disable-bias-linear"),
+        "dropout": max(flags.get(f"--{k}-dropout", 0.1) for k in ("attention", "hidden")) > 0,
+    }
+    if flags.get("--add-qkv-bias") and not model["linear_bias"]:
+        notes.append(
+            f"{flags.file}: --add-qkv-bias puts biases on QKV only; linear_bias is "
+            "all-or-none: left off"
+        )
+    return {k: v for k, v in model.items() if v is not None}
+
+
+def _megatron_activation(flags: _Flags, notes: list[str]) -> str:
+    if flags.get("--swiglu"):
+        return "swiglu"
+    for flag, priced in (("--squared-relu", "relu"), ("--quick-geglu", "geglu")):
+        if flags.get(flag):
+            notes.append(f"{flags.file}: {flag} is not modelled: priced as {priced}")
+            return priced
+    return "gelu"
+
+
+def _megatron_positions(flags: _Flags, seq_len: int, notes: list[str]) -> str:
+    kind = flags.get("--position-embedding-type", "learned_absolute")
+    if flags.get("--use-rotary-position-embeddings"):
+        kind = "rope"
+    positions = flags.get("--max-position-embeddings")
+    if kind == "learned_absolute" and positions not in (None, seq_len):
+        notes.append(
+            f"{flags.file}: the learned position table has --max-position-embeddings "
+            f"{positions} rows; the plan counts seq_len x hidden_size"
+        )
+    if kind in ("mrope", "relative", "none"):
+        notes.append(f"{flags.file}: --position-embedding-type {kind}: priced as rope")
+    return "learned" if kind == "learned_absolute" else "rope"
+
+
+def _megatron_vocab(flags: _Flags, notes: list[str]) -> int | None:
+    vocab = flags.get("--vocab-size")
+    if vocab is None:
+        tokenizer = flags.values.get("--tokenizer-model") or flags.values.get("--tokenizer-type")
+        source = f" ({shorten(' '.join(tokenizer))})" if tokenizer else ""
+        notes.append(
+            f"{flags.file}: no --vocab-size: the vocabulary comes from the tokenizer{source}: "
+            "give model.vocab_size"
+        )
+    return vocab
+
+
+def _megatron_training(flags: _Flags, has_model: bool, notes: list[str]) -> dict[str, Any]:
+    """Batch, precision (fp8 > bf16 > fp16), attention kernel and ``stack: megatron``."""
+    training: dict[str, Any] = {}
+    micro, global_batch = flags.get("--micro-batch-size"), flags.get("--global-batch-size")
+    if micro is not None:
+        training["micro_batch_size"] = micro
+    if global_batch is not None:
+        training["global_batch_size"] = global_batch
+    elif micro is not None:
+        notes.append(
+            f"{flags.file}: no --global-batch-size: Megatron uses micro-batch-size x the "
+            "data-parallel size, which depends on the world size: left out"
+        )
+    if flags.get("--bf16") and flags.get("--fp16"):
+        raise ValueError(f"{flags.file}: --bf16 and --fp16 together (Megatron refuses both)")
+    if flags.get("--fp8-format"):
+        training["precision"] = "fp8"
+    elif flags.get("--bf16") or flags.get("--fp16"):
+        training["precision"] = "bf16" if flags.get("--bf16") else "fp16"
+    elif has_model or micro is not None:
+        notes.append(f"{flags.file}: no --bf16 or --fp16: fp32 training is not modelled")
+    if flags.get("--attention-backend") in ("unfused", "local"):
+        training["flash_attention"] = False
+    training["stack"] = "megatron"
+    return training

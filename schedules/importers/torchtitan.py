@@ -1,0 +1,301 @@
+"""The ``model``, ``parallel`` and ``training`` sections of a torchtitan TOML config (v0.1-v0.2):
+Llama 3 flavors as presets, the parallel degrees and data-parallel kind (DDP, FSDP2, HSDP), the
+pipeline schedule and torchtitan's layer split, async TP, activation checkpointing, the batch,
+precision and compilation, with torchtitan's defaults for absent keys.
+
+Sources: torchtitan v0.2.2, the last release configured by TOML
+(``torchtitan/config/job_config.py``, ``models/llama3/__init__.py`` and
+``infra/parallelize.py``, ``distributed/pipeline_parallel.py``,
+``distributed/activation_checkpoint.py``; v0.1.0's ``config_manager.py`` names are read too).
+
+    imported = from_torchtitan_toml(Path("llama3_8b.toml"))
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from fileio.strict import shorten
+from schedules.importers.common import Imported, _Fields, _read
+from schedules.model_presets import MODEL_PRESETS
+
+_TITAN_FLAVORS = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
+"""torchtitan's llama3 flavors (models/llama3/__init__.py) and the presets of the same shape."""
+_TITAN_SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved", "GPipe": "gpipe"}
+"""torch.distributed.pipelining schedules the plan has; 1F1B and GPipe are single-stage."""
+_TITAN_DDP_BUCKET_MB = 100.0
+"""torchtitan's apply_ddp: ``replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)``."""
+
+
+def from_torchtitan_toml(path: Path) -> Imported:
+    """``model``, ``parallel`` and ``training`` sections of a torchtitan TOML config (v0.1-v0.2,
+    the releases configured by TOML). Absent keys take torchtitan's defaults, as a run would:
+    ``seq_len`` 2048, ``local_batch_size`` 8, FSDP2 over the leftover ranks, per-layer
+    activation checkpointing of every second layer. Llama 3 flavors become presets."""
+    import tomllib  # here, not at the top: Python 3.11+, and the project supports 3.10
+
+    fields = _read(path, "torchtitan config", lambda text, name: tomllib.loads(text))
+    notes: list[str] = []
+    model_t, training_t, parallel_t = (fields.sub(t) for t in ("model", "training", "parallelism"))
+    preset = _titan_preset(model_t, notes)
+    model: dict[str, Any] = {"preset": preset} if preset else {}
+    model["seq_len"] = training_t.get("seq_len", int, 2048)
+    num_layers = MODEL_PRESETS[preset][0]["num_layers"] if preset else None
+    compile_t = fields.sub("compile")
+    compiled = _titan_compiled(compile_t, training_t)
+    parallel, dp = _titan_parallel(parallel_t, training_t, num_layers, compiled, notes)
+    recompute = _titan_recompute(fields.sub("activation_checkpoint"), notes)
+    if recompute:
+        parallel["recompute"] = recompute
+    training = _titan_training(training_t, parallel_t, model_t, parallel["pp"], dp, notes)
+    training["stack"] = "compile" if compiled else "eager"
+    for table in (model_t, training_t, parallel_t, compile_t):
+        notes.extend(table.left())
+    sections = {"model": model, "parallel": parallel, "training": training}
+    return Imported(sections=sections, warnings=(*notes, *fields.left()))
+
+
+def _titan_preset(model: _Fields, notes: list[str]) -> str | None:
+    name, flavor = model.get("name", str, "llama3"), model.get("flavor", str, "debugmodel")
+    if name != "llama3":
+        notes.append(model.note("name", f"{shorten(name)} has no preset: give model's shape"))
+        return None
+    size, _, variant = flavor.partition("_")
+    if size not in _TITAN_FLAVORS:
+        notes.append(model.note("flavor", f"{shorten(flavor)} has no preset: give model's shape"))
+        return None
+    if variant:  # 8B_flex, 8B_varlen: block-causal masks over packed documents
+        notes.append(model.note("flavor", f"{flavor}: {variant} attention priced as full causal"))
+    return _TITAN_FLAVORS[size]
+
+
+def _titan_compiled(compile_t: _Fields, training: _Fields) -> bool:
+    """Whether the model is compiled: [compile] enable and "model" in components (v0.2), or
+    training.compile (v0.1)."""
+    enabled = compile_t.get("enable", bool, False) or training.get("compile", bool, False)
+    components = compile_t.get("components", list, ["model", "loss"])
+    return enabled and "model" in components
+
+
+def _titan_parallel(
+    par: _Fields, training: _Fields, num_layers: int | None, compiled: bool, notes: list[str]
+) -> tuple[dict[str, Any], int | None]:
+    """Degrees, the data-parallel kind (torchtitan's ParallelDims) and the pipeline split."""
+    replicate = par.get("data_parallel_replicate_degree", int, 1)
+    shard = par.get("data_parallel_shard_degree", int, -1)
+    degrees = {
+        key: par.get(f"{name}_parallel_degree", int, 1)
+        for key, name in (("tp", "tensor"), ("pp", "pipeline"), ("cp", "context"))
+    }
+    for key, value in (("data_parallel_replicate_degree", replicate), *degrees.items()):
+        if value < 1:
+            raise ValueError(f"{par.file}: parallelism {key} must be >= 1, got {value}")
+    if shard < 1 and shard != -1:
+        raise ValueError(f"{par.file}: parallelism.data_parallel_shard_degree must be -1 or >= 1")
+    parallel: dict[str, Any] = dict(degrees)
+    dp = replicate * shard if shard > 0 else None
+    if dp:
+        parallel["dp"] = dp
+    if degrees["tp"] > 1:  # torchtitan's TP plan shards norms over the sequence (SequenceParallel)
+        parallel["sequence_parallel"] = True
+    parallel.update(_titan_data_parallel(par, training, replicate, shard, degrees["cp"], notes))
+    if degrees["pp"] > 1:
+        parallel.update(_titan_pipeline(par, degrees["pp"], num_layers, notes))
+    for key in par.data if degrees["pp"] == 1 else ():
+        if key.startswith("pipeline_parallel_") and key != "pipeline_parallel_degree":
+            notes.append(par.note(key, "needs pipeline_parallel_degree > 1 (ignored)"))
+    if par.get("enable_async_tensor_parallel", bool, False):
+        if compiled and degrees["tp"] > 1:
+            parallel["tp_comm_overlap"] = True
+        why = (
+            "priced as tp_comm_overlap"
+            if compiled and degrees["tp"] > 1
+            else "needs compile and tp > 1 (ignored)"
+        )
+        notes.append(par.note("enable_async_tensor_parallel", f"(async TP): {why}"))
+    if degrees["cp"] > 1:
+        rotate = par.get("context_parallel_rotate_method", str, "allgather")
+        notes.append(
+            par.note("context_parallel_rotate_method", f"{rotate}: priced as Megatron's ring")
+        )
+    return parallel, dp
+
+
+def _titan_data_parallel(
+    par: _Fields, training: _Fields, replicate: int, shard: int, cp: int, notes: list[str]
+) -> dict[str, Any]:
+    """FSDP2 when sharded (shard degree -1 or > 1, or CP), HSDP with replication, else DDP."""
+    if shard == 1 and cp == 1:
+        for table, key in ((par, "fsdp_reshard_after_forward"),
+                           (training, "mixed_precision_reduce")):  # fmt: skip
+            if table.has(key):
+                notes.append(table.note(key, "applies only with FSDP (ignored)"))
+        if replicate > 1:
+            return {"data_parallel": "ddp", "ddp_bucket_mb": _TITAN_DDP_BUCKET_MB}
+        return {"data_parallel": "ddp"}
+    out: dict[str, Any] = {"data_parallel": "fsdp2"}
+    if replicate > 1:
+        out = {"data_parallel": "hsdp", "fsdp_version": 2}
+        if shard > 0:
+            out["hsdp_shard_size"] = shard
+        else:
+            notes.append(
+                par.note(
+                    "data_parallel_shard_degree",
+                    "-1 with replication: the shard group is the leftover ranks: set "
+                    "parallel.hsdp_shard_size",
+                )
+            )
+    reshard = par.choice("fsdp_reshard_after_forward", ("default", "always", "never"), "default")
+    if reshard != "default":  # "default" is the plan's default too: not under PP, kept under PP
+        out["fsdp_reshard_after_forward"] = reshard == "always"
+    reduce = training.choice("mixed_precision_reduce", ("float32", "bfloat16"), "float32")
+    out["fsdp_reduce_dtype"] = "fp32" if reduce == "float32" else "bf16"
+    return out
+
+
+def _titan_pipeline(
+    par: _Fields, pp: int, num_layers: int | None, notes: list[str]
+) -> dict[str, Any]:
+    """Schedule, virtual stages and torchtitan's layer split (pipeline_parallel.py)."""
+    schedule = par.get("pipeline_parallel_schedule", str, "1F1B")
+    if schedule not in _TITAN_SCHEDULES or par.get("pipeline_parallel_schedule_csv", str, ""):
+        notes.append(par.note("pipeline_parallel_schedule", f"{schedule} is not modelled"))
+        return {}
+    single = schedule != "Interleaved1F1B"
+    parts = par.get("module_fqns_per_model_part", (list, type(None)), None)
+    if parts is not None:
+        if not all(isinstance(part, list) for part in parts):
+            raise ValueError(f"{par.file}: parallelism.module_fqns_per_model_part must list lists")
+        counts = [sum(str(m).startswith("layers.") for m in part) for part in parts]
+    else:
+        split = _titan_default_split(par, pp, num_layers, single)
+        if split is None:
+            notes.append(par.note("pipeline_parallel_degree", "split needs the model: set vpp"))
+            return {"schedule": _TITAN_SCHEDULES[schedule]}
+        counts = split
+    vpp = len(counts) // pp
+    if len(counts) % pp or (single and vpp != 1) or (not single and vpp < 2):
+        raise ValueError(
+            f"{par.file}: {len(counts)} pipeline stages over {pp} ranks do not fit schedule "
+            f"{schedule} ({'one stage' if single else 'two or more stages'} per rank)"
+        )
+    out: dict[str, Any] = {"schedule": _TITAN_SCHEDULES[schedule], "pipeline_layers": counts}
+    return {**out, "vpp": vpp} if vpp > 1 else out
+
+
+def _titan_default_split(
+    par: _Fields, pp: int, num_layers: int | None, single: bool
+) -> list[int] | None:
+    """torchtitan's generate_llm_fqn_per_model_part: the embedding and the output count as
+    ``first/last_stage_less_layers`` layers, extra layers go to the first stages."""
+    first = par.get("pipeline_parallel_first_stage_less_layers", int, 1)
+    last = par.get("pipeline_parallel_last_stage_less_layers", int, 1)
+    per_stage = par.get("pipeline_parallel_layers_per_stage", (int, type(None)), None)
+    if num_layers is None:
+        return None
+    effective = num_layers + first + last
+    stages = math.ceil(effective / per_stage) if per_stage else pp * (1 if single else 2)
+    base, extra = divmod(effective, stages)
+    if base == 0 or first > base or last > base:
+        raise ValueError(
+            f"{par.file}: {stages} pipeline stages cannot hold {num_layers} layers with "
+            f"first/last_stage_less_layers {first}/{last}"
+        )
+    counts, left = [], num_layers
+    for stage in range(stages):
+        size = base + (stage < extra) - (first if stage == 0 else 0)
+        size -= last if stage == stages - 1 and stage else 0
+        counts.append(max(0, min(size, left)))
+        left -= counts[-1]
+    return counts
+
+
+def _titan_recompute(ac: _Fields, notes: list[str]) -> str | None:
+    """recompute from [activation_checkpoint] (torchtitan's default: selective, option "2")."""
+    mode = ac.choice("mode", ("selective", "full", "none", "memory_budget"), "selective")
+    if mode == "memory_budget":
+        notes.append(ac.note("mode", "memory_budget (chosen by the compiler) is not modelled"))
+    option = str(ac.get("selective_ac_option", (str, int), "2")) if mode == "selective" else ""
+    if option == "op":
+        notes.append(
+            ac.note(
+                "selective_ac_option",
+                "op (torchtitan's per-op policy: keeps the attention and every other matmul "
+                "output, recomputes the rest) is priced as recompute selective (the attention "
+                "core)",
+            )
+        )
+    elif option and not option.isdigit():
+        raise ValueError(f"{ac.file}: activation_checkpoint.selective_ac_option must be 'op' or "
+                         f"a layer interval, got {shorten(option)}")  # fmt: skip
+    elif option and int(option) > 1:
+        notes.append(ac.note("selective_ac_option", f"{option}: priced as full on every layer"))
+    notes.extend(ac.left())
+    if mode == "selective":
+        return "selective" if option == "op" else "full"
+    return None if mode == "memory_budget" else mode
+
+
+def _titan_training(
+    training: _Fields, par: _Fields, model: _Fields, pp: int, dp: int | None, notes: list[str]
+) -> dict[str, Any]:
+    """The micro-batch is local_batch_size, or the pipeline micro-batch under PP; the global
+    batch is given or local x dp (torchtitan's default)."""
+    if training.has("batch_size") and training.has("local_batch_size"):
+        raise ValueError(f"{training.file}: training gives batch_size and local_batch_size")
+    old = training.has("batch_size")  # the name before torchtitan v0.1
+    local = training.get("batch_size" if old else "local_batch_size", int, 8)
+    micro = local
+    if pp > 1:
+        micro = par.get("pipeline_parallel_microbatch_size", int, 1)
+        if micro <= 0 or local % micro:
+            raise ValueError(f"{par.file}: local_batch_size {local} is not divisible by "
+                             f"pipeline_parallel_microbatch_size {micro}")  # fmt: skip
+    out: dict[str, Any] = {"micro_batch_size": micro}
+    global_batch = training.get("global_batch_size", int, -1)
+    if pp > 1 and global_batch > 0 and (dp is None or global_batch > local * dp):
+        above = f"> local_batch_size x dp = {local * dp}" if dp else "above local_batch_size x dp"
+        notes.append(
+            training.note(
+                "global_batch_size",
+                f"{above}: torchtitan runs several pipeline rounds per step, the plan one round "
+                "of all the micro-batches (a smaller bubble)",
+            )
+        )
+    if global_batch > 0 or dp:
+        out["global_batch_size"] = global_batch if global_batch > 0 else local * (dp or 0)
+    else:
+        notes.append(
+            training.note(
+                "global_batch_size",
+                "unset: torchtitan uses local_batch_size x the data-parallel degree, which "
+                "data_parallel_shard_degree -1 leaves to the world size: left out",
+            )
+        )
+    precision = _titan_precision(training, model, notes)
+    if precision:
+        out["precision"] = precision
+    return out
+
+
+def _titan_precision(training: _Fields, model: _Fields, notes: list[str]) -> str | None:
+    converters = model.get("converters", (list, str), [])
+    if isinstance(converters, str):  # the command line's comma-separated form
+        converters = converters.split(",")
+    float8 = any("float8" in str(c) for c in converters)
+    if float8:
+        notes.append(model.note("converters", "float8 (torchao) is priced as precision fp8"))
+    for other in (str(c) for c in converters if "float8" not in str(c)):
+        notes.append(model.note("converters", f"{shorten(other)} is not modelled (ignored)"))
+    if training.choice("dtype", ("float32", "bfloat16"), "float32") == "bfloat16":
+        notes.append(training.note("dtype", "bfloat16 (no fp32 master weights) is not modelled"))
+    param = training.choice("mixed_precision_param", ("bfloat16", "float32"), "bfloat16")
+    if float8:
+        return "fp8"
+    if param == "float32":
+        notes.append(training.note("mixed_precision_param", "float32 is not modelled"))
+        return None
+    return "bf16"

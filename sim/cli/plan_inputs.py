@@ -1,0 +1,125 @@
+"""Where ``commsim plan`` (and ``search``) get their plan: a plan file, configs people already
+have (Hugging Face ``config.json``, DeepSpeed ``ds_config.json``, Megatron arguments, torchtitan
+TOML, through ``schedules.importers``), and cluster flags, merged in that order, later winning.
+
+Every key an importer does not carry over is one ``commsim: warning:`` line on standard error;
+``--export-plan`` writes the plan as understood, for the user to read and edit.
+
+    plan = assemble_plan(args)  # args of commsim plan
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fileio.strict import load_yaml, read_input
+
+IMPORT_FLAGS = ("model", "deepspeed", "megatron", "torchtitan")
+"""Flags that read another project's config (``--model`` also takes a preset name)."""
+
+
+def add_import_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that build or complete a plan from other configs and cluster options."""
+    group = parser.add_argument_group("plan from other configs (merged over PLAN.yaml)")
+    group.add_argument("--model", metavar="PRESET|config.json", help="model preset or HF config")
+    group.add_argument("--deepspeed", type=Path, metavar="ds_config.json", help="DeepSpeed config")
+    group.add_argument("--megatron", type=Path, metavar="ARGS", help="Megatron-LM arguments/script")
+    group.add_argument("--torchtitan", type=Path, metavar="JOB.toml", help="torchtitan job config")
+    group.add_argument("--cluster", metavar="NODE", help="node preset, e.g. dgx-h100")
+    group.add_argument("--nodes", type=int, help="number of nodes")
+    group.add_argument("--fabric", help="inter-node fabric preset, e.g. ib-ndr")
+    group.add_argument("--export-plan", type=Path, metavar="OUT.yaml", help="write the plan used")
+
+
+def wants_assembly(args: argparse.Namespace) -> bool:
+    """Whether the plan comes (partly) from flags rather than the plan file alone."""
+    names = (*IMPORT_FLAGS, "cluster", "nodes", "fabric", "export_plan")
+    return any(getattr(args, n, None) is not None for n in names)
+
+
+def assemble_plan(args: argparse.Namespace) -> Any:
+    """The plan of the file and flags, after printing the importers' warnings."""
+    from schedules.importers import (
+        from_deepspeed_config,
+        from_megatron_args,
+        from_torchtitan_toml,
+        merge_sections,
+        model_from_hf_config,
+    )
+    from schedules.plan import load_plan
+
+    base, base_dir = _base(args.plan)
+    base = _cluster_flags(base, args)
+    imported = []
+    if args.model is not None:
+        if Path(args.model).suffix == ".json":
+            imported.append(model_from_hf_config(_existing(Path(args.model), "--model")))
+        else:
+            base = {**base, "model": args.model}
+    if args.megatron is not None:
+        imported.append(from_megatron_args(_existing(args.megatron, "--megatron")))
+    if args.torchtitan is not None:
+        imported.append(from_torchtitan_toml(_existing(args.torchtitan, "--torchtitan")))
+    if args.deepspeed is not None:
+        world = _world_size(base)
+        ds_config = _existing(args.deepspeed, "--deepspeed")
+        imported.append(from_deepspeed_config(ds_config, world_size=world))
+    raw, warnings = merge_sections(base, *imported)
+    for line in warnings:
+        print(f"commsim: warning: {line}", file=sys.stderr)
+    if base_dir:
+        cluster = raw.get("cluster")
+        if isinstance(cluster, dict) and isinstance(cluster.get("file"), str):
+            cluster["file"] = str(Path(base_dir) / cluster["file"])
+    return load_plan(raw)
+
+
+def export_plan_bytes(plan: Any) -> bytes:
+    """The plan as a YAML file ``commsim plan`` reads back to the same plan."""
+    from schedules.plan import plan_to_dict
+
+    document = plan_to_dict(plan)
+    header = "# the plan commsim understood (edit and pass it back to commsim plan)\n"
+    return (header + yaml.safe_dump(document, sort_keys=False)).encode()
+
+
+def _base(path: Path | None) -> tuple[dict[str, Any], str]:
+    if path is None:
+        return {}, ""
+    text = read_input(_existing(path, "plan"), what="plan")
+    raw = load_yaml(text, name=str(path))
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a plan must be a mapping with sections model, cluster, ...")
+    return raw, str(path.resolve().parent)
+
+
+def _cluster_flags(base: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    flags = {"node": args.cluster, "num_nodes": args.nodes, "fabric": args.fabric}
+    given = {k: v for k, v in flags.items() if v is not None}
+    if not given:
+        return base
+    cluster = dict(base.get("cluster") or {})
+    if "node" in given:
+        cluster.pop("file", None)
+    return {**base, "cluster": {**cluster, **given}}
+
+
+def _world_size(base: dict[str, Any]) -> int | None:
+    """GPUs of the cluster given so far (DeepSpeed's batch arithmetic needs it), if known."""
+    from topologies.config import load_cluster
+
+    cluster = base.get("cluster")
+    if not isinstance(cluster, dict) or "node" not in cluster:
+        return None
+    return load_cluster(cluster).num_gpus
+
+
+def _existing(path: Path, flag: str) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag} {path}: file not found")
+    return path
