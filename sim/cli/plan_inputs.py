@@ -1,6 +1,7 @@
-"""Where ``commsim plan`` (and ``search``) get their plan: a plan file, configs people already
-have (Hugging Face ``config.json``, DeepSpeed ``ds_config.json``, Megatron arguments, torchtitan
-TOML, through ``schedules.importers``), and cluster flags, merged in that order, later winning.
+"""Where ``commsim plan`` gets its plan: a plan file, configs people already have (Hugging Face
+``config.json``, DeepSpeed ``ds_config.json``, Megatron arguments, torchtitan TOML, through
+``schedules.importers``; named by flags or by the plan's ``import:`` section, paths relative to
+the plan) and cluster flags (``--cluster dgx-h100:8``), merged in that order, later winning.
 
 Every key an importer does not carry over is one ``commsim: warning:`` line on standard error;
 ``--export-plan`` writes the plan as understood, for the user to read and edit.
@@ -30,16 +31,24 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--deepspeed", type=Path, metavar="ds_config.json", help="DeepSpeed config")
     group.add_argument("--megatron", type=Path, metavar="ARGS", help="Megatron-LM arguments/script")
     group.add_argument("--torchtitan", type=Path, metavar="JOB.toml", help="torchtitan job config")
-    group.add_argument("--cluster", metavar="NODE", help="node preset, e.g. dgx-h100")
+    group.add_argument("--cluster", metavar="NODE[:N]", help="node preset, e.g. dgx-h100:8")
     group.add_argument("--nodes", type=int, help="number of nodes")
     group.add_argument("--fabric", help="inter-node fabric preset, e.g. ib-ndr")
     group.add_argument("--export-plan", type=Path, metavar="OUT.yaml", help="write the plan used")
 
 
 def wants_assembly(args: argparse.Namespace) -> bool:
-    """Whether the plan comes (partly) from flags rather than the plan file alone."""
+    """Whether the plan comes (partly) from flags or an ``import:`` section, not the file alone."""
     names = (*IMPORT_FLAGS, "cluster", "nodes", "fabric", "export_plan")
-    return any(getattr(args, n, None) is not None for n in names)
+    if any(getattr(args, n, None) is not None for n in names):
+        return True
+    if args.plan is None or not args.plan.is_file():
+        return False
+    try:
+        raw = load_yaml(read_input(args.plan, what="plan"), name=str(args.plan))
+    except (ValueError, yaml.YAMLError):
+        return False  # the plan loader reports it
+    return isinstance(raw, dict) and "import" in raw
 
 
 def assemble_plan(args: argparse.Namespace) -> Any:
@@ -54,20 +63,23 @@ def assemble_plan(args: argparse.Namespace) -> Any:
     from schedules.plan import load_plan
 
     base, base_dir = _base(args.plan)
+    sources = _referenced(base.pop("import", None), base_dir)
+    sources.update({k: getattr(args, k) for k in IMPORT_FLAGS if getattr(args, k, None)})
     base = _cluster_flags(base, args)
     imported = []
-    if args.model is not None:
-        if Path(args.model).suffix == ".json":
-            imported.append(model_from_hf_config(_existing(Path(args.model), "--model")))
+    model = sources.get("model")
+    if model is not None:
+        if Path(model).suffix == ".json":
+            imported.append(model_from_hf_config(_existing(Path(model), "model")))
         else:
-            base = {**base, "model": args.model}
-    if args.megatron is not None:
-        imported.append(from_megatron_args(_existing(args.megatron, "--megatron")))
-    if args.torchtitan is not None:
-        imported.append(from_torchtitan_toml(_existing(args.torchtitan, "--torchtitan")))
-    if args.deepspeed is not None:
+            base = {**base, "model": str(model)}
+    if sources.get("megatron") is not None:
+        imported.append(from_megatron_args(_existing(Path(sources["megatron"]), "megatron")))
+    if sources.get("torchtitan") is not None:
+        imported.append(from_torchtitan_toml(_existing(Path(sources["torchtitan"]), "torchtitan")))
+    if sources.get("deepspeed") is not None:
         world = _world_size(base)
-        ds_config = _existing(args.deepspeed, "--deepspeed")
+        ds_config = _existing(Path(sources["deepspeed"]), "deepspeed")
         imported.append(from_deepspeed_config(ds_config, world_size=world))
     raw, warnings = merge_sections(base, *imported)
     for line in warnings:
@@ -98,8 +110,32 @@ def _base(path: Path | None) -> tuple[dict[str, Any], str]:
     return raw, str(path.resolve().parent)
 
 
+def _referenced(section: Any, base_dir: str) -> dict[str, Any]:
+    """The plan file's ``import:`` section: other configs to read, paths relative to the plan."""
+    if section is None:
+        return {}
+    if not isinstance(section, dict) or set(section) - set(IMPORT_FLAGS):
+        keys = sorted(set(section) - set(IMPORT_FLAGS)) if isinstance(section, dict) else section
+        raise ValueError(
+            f"plan key 'import' must map {', '.join(IMPORT_FLAGS)} to files, got {str(keys)[:80]}"
+        )
+    out = {}
+    for key, value in section.items():
+        if not isinstance(value, str):
+            raise ValueError(f"import.{key} must be a file name, got {str(value)[:80]}")
+        is_preset = key == "model" and not value.endswith(".json")
+        out[key] = value if is_preset else str(Path(base_dir) / value)
+    return out
+
+
 def _cluster_flags(base: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    flags = {"node": args.cluster, "num_nodes": args.nodes, "fabric": args.fabric}
+    node, nodes = args.cluster, args.nodes
+    if isinstance(node, str) and ":" in node:  # NODE:N, as in dgx-h100:8
+        node, count = node.split(":", 1)
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--cluster {args.cluster}: expected NODE or NODE:N with N >= 1")
+        nodes = int(count) if nodes is None else nodes
+    flags = {"node": node, "num_nodes": nodes, "fabric": args.fabric}
     given = {k: v for k, v in flags.items() if v is not None}
     if not given:
         return base

@@ -64,3 +64,29 @@ def test_what_is_still_missing_is_one_line(capsys: pytest.CaptureFixture[str]) -
     )
     assert main(["plan"]) == 2
     assert "give a PLAN.yaml, or build one with --model" in capsys.readouterr().err
+
+
+def test_a_plan_file_can_name_the_configs_it_imports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(HF.read_text())
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        yaml.safe_dump(
+            {
+                "import": {"model": "cfg/config.json"},  # relative to the plan file
+                "cluster": {"node": "dgx-h100"},
+                "training": {"micro_batch_size": 1, "global_batch_size": 64},
+            }
+        )
+    )
+    step, err = _step(["plan", str(plan)], capsys)
+    flags, _ = _step(["plan", str(_base(tmp_path)), "--model", str(HF), "--cluster", "dgx-h100:1"],
+                     capsys)  # fmt: skip
+    assert step == flags and "config.json: rope_theta is not modelled" in err
+    plan.write_text(yaml.safe_dump({"import": {"optimizer": "x.json"}}))
+    assert main(["plan", str(plan)]) == 2
+    assert "plan key 'import' must map model, deepspeed" in capsys.readouterr().err
+    assert main(["plan", str(_base(tmp_path)), "--cluster", "dgx-h100:x"]) == 2
+    assert "expected NODE or NODE:N" in capsys.readouterr().err
