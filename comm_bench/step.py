@@ -44,6 +44,11 @@ STATE_BYTES_PER_PARAM = 16
 MEMORY_HEADROOM = 0.80
 """Fraction of the device's free memory a default-sized slice may plan to use."""
 DEFAULTS = {"cuda": {"steps": 5, "warmup": 3}, "cpu": {"steps": 2, "warmup": 1}}
+CPU_FLOPS_PER_S = 1e11
+"""What one CPU core sustains in fp32 matmuls (``commbench --compute --device cpu`` measured
+0.10 TFLOP/s on this project's VM): the basis of the run-time estimate."""
+CPU_MAX_MINUTES = 30.0
+"""A CPU run estimated longer than this is refused before it starts (``--max-minutes``)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled step")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads")
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=CPU_MAX_MINUTES,
+        help="refuse a CPU run estimated to take longer (default %(default)s)",
+    )
     parser.add_argument("--output", "-o", default=None, help="write the measurement JSON here")
     return parser
 
@@ -79,6 +90,35 @@ def slice_layers(plan: Plan, free_bytes: float) -> int:
     )
     budget = free_bytes * MEMORY_HEADROOM - fixed
     return max(1, min(model.num_layers, int(budget // per_layer)))
+
+
+def _available_ram() -> float | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_cpu_work(
+    plan: Plan, layers: int, microbatches: int, num_steps: int, max_minutes: float
+) -> None:
+    """Refuse, before building anything, a CPU run that would take longer than ``max_minutes``."""
+    model = plan.model
+    params = (
+        layers * layer_params(model) + lm_head_params(model) + model.vocab_size * model.hidden_size
+    )
+    tokens = plan.training.micro_batch_size * model.seq_len * microbatches * num_steps
+    minutes = 6.0 * params * tokens / CPU_FLOPS_PER_S / 60.0
+    if minutes > max_minutes:
+        raise UsageError(
+            f"{layers} layer(s) of {model.name} at {model.seq_len} tokens would take about "
+            f"{minutes:,.0f} min on this CPU (estimate at {CPU_FLOPS_PER_S / 1e12:g} TFLOP/s); "
+            f"use --layers, a smaller plan, or --max-minutes {minutes:.0f}"
+        )
 
 
 def measured_plan(plan: Plan, *, num_layers: int, microbatches: int) -> dict[str, Any]:
@@ -205,9 +245,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if kind == "cpu":
         torch.set_num_threads(args.threads)
     layers = args.layers
-    if layers is None:  # on CPU the plan's own (tiny) model; on a GPU what fits it
-        free = torch.cuda.mem_get_info(device)[0] if kind == "cuda" else None
-        layers = plan.model.num_layers if free is None else slice_layers(plan, free)
+    if layers is None:  # on a GPU what fits it; on CPU the plan's model, if it fits the RAM
+        free = torch.cuda.mem_get_info(device)[0] if kind == "cuda" else _available_ram()
+        layers = slice_layers(plan, free) if free is not None else plan.model.num_layers
+    if kind == "cpu":
+        _check_cpu_work(plan, layers, args.microbatches, steps + warmup + 1, args.max_minutes)
     dtype = args.dtype or ("bf16" if kind == "cuda" else "fp32")
     torch.manual_seed(0)
     model = build_model(plan.model, num_layers=layers, recompute=plan.parallel.recompute)

@@ -96,3 +96,14 @@ def test_a_step_on_the_gpu(tmp_path: Path) -> None:
     assert cli.main(["--step", str(_plan(tmp_path)), "--device", "cuda", "-o", str(out)]) == 0
     profile = json.loads(out.read_text())["profile"]
     assert profile["classes_s"]["gemm"] > 0 and profile["busy_s"] > 0
+
+
+def test_a_cpu_run_that_would_take_too_long_is_refused_first(tmp_path: Path, capsys) -> None:
+    big = _plan(tmp_path, num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+                ffn_hidden_size=14336, vocab_size=128256, seq_len=8192)  # fmt: skip
+    out = tmp_path / "step.json"
+    argv = ["--step", str(big), "--layers", "1", "--device", "cpu", "-o", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "would take about" in err and "--max-minutes" in err and err.count("\n") == 1
+    assert not out.exists()
