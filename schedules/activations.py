@@ -132,15 +132,18 @@ def head_activation_bytes(
     return norm_in + ACTIVATION_BYTES * tokens * model.hidden_size
 
 
-LOGITS_BYTES_PER_ELEMENT = 10
-"""Cross-entropy's peak over the logits: the bf16 logits (2 bytes), their fp32 upcast (4) and the
-fp32 softmax kept for backward (4). Megatron's ``vocab_parallel_cross_entropy`` upcasts in
-``calculate_logits_max`` and saves ``exp_logits``; torchtitan's ``cross_entropy(pred.float())``
-keeps ``pred`` while ``log_softmax`` writes its fp32 output. (The backward peaks alike: the stored
-softmax, its fp32 gradient and the bf16 gradient of the logits.)"""
+LOGITS_BYTES_PER_ELEMENT = {"megatron": 10, "compile": 10, "eager": 12}
+"""Cross-entropy's peak over the logits, bytes per element, by kernel stack. Forward: the bf16
+logits (2), their fp32 upcast (4) and the fp32 softmax kept for backward (4) = 10 (Megatron's
+``vocab_parallel_cross_entropy`` upcasts in ``calculate_logits_max`` and saves ``exp_logits``;
+torchtitan's ``cross_entropy(pred.float())`` keeps ``pred`` while ``log_softmax`` writes). Eager
+backward is higher: the saved log-softmax output, the dense fp32 gradient from
+``nll_loss_backward`` and the fp32 output of ``log_softmax_backward`` live together = 12."""
 
 
-def logits_bytes(model: ModelConfig, micro_batch_size: float, *, tp: int, cp: int) -> float:
-    """Cross-entropy's logits buffers of one micro-batch on one GPU: 10 b s V / (t cp)."""
+def logits_bytes(
+    model: ModelConfig, micro_batch_size: float, *, tp: int, cp: int, per_element: float = 10
+) -> float:
+    """Cross-entropy's logits buffers, one micro-batch on one GPU: ``per_element`` b s V/(t cp)."""
     tokens = micro_batch_size * model.seq_len / cp
-    return LOGITS_BYTES_PER_ELEMENT * tokens * model.vocab_size / tp
+    return per_element * tokens * model.vocab_size / tp

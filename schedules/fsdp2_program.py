@@ -14,16 +14,19 @@ False: it would be gathered again at once for backward), then the root. Per micr
   streams wait for that at once, outside forward) and ``_backward_prefetch`` issues the next
   unit's all-gather in backward order: the all-gather of unit k - 1 waits for unit k's copy-out.
 - **Reduce-scatter**: ``post_backward`` makes the compute stream wait for the previous unit's
-  reduce-scatter (``comm_ctx.reduce_scatter_state.event``: its input buffer is freed before the
-  next copy-in), then reduce-scatters this unit's gradients in ``reduce_dtype`` (torchtitan:
-  fp32, ``mixed_precision_reduce``) on the reduce-scatter stream; HSDP then all-reduces the shard
-  over the replicate group. Every micro-batch reduces (torchtitan does not disable gradient sync
-  during accumulation); ``reshard_after_backward`` frees every unit after its backward.
+  reduce-scatter (``comm_ctx.reduce_scatter_state.event``, recorded before HSDP's all-reduce:
+  its input buffer is freed before the next copy-in), copies this unit's gradients into the
+  reduce-scatter input in ``reduce_dtype`` on the compute stream (``foreach_reduce``'s copy-in
+  runs before ``reduce_scatter_stream.wait_stream``; torchtitan reduces in fp32,
+  ``mixed_precision_reduce``), then reduce-scatters on the reduce-scatter stream; HSDP
+  all-reduces the shard over the replicate group. Every micro-batch reduces (torchtitan does not
+  disable gradient sync during accumulation) and ends in ``finalize_backward``, where the compute
+  stream waits for every reduction of the micro-batch; ``reshard_after_backward`` frees every
+  unit after its backward.
 - Step end: the gradient-norm all-reduce of ``clip_grad_norm_`` over DTensor shards, then the
   optimizer on the local shard.
 
-Not modelled: the copy-in kernels (shard-sized, on side streams) and the fp32 cast of the
-reduce-scatter copy-in (on the reduce-scatter stream, it lengthens no compute).
+Not modelled: the all-gather copy-in kernels (shard-sized, on a side stream).
 
     program = fsdp2_program(Fsdp2Rank(rank=0, num_microbatches=2, units=units, groups=groups))
 """
@@ -52,6 +55,9 @@ class Fsdp2Unit:
     """Backward recipe."""
     copy_out_s: float = 0.0
     """Compute-stream copy-out of the all-gather output into the parameters."""
+    copy_in_s: float = 0.0
+    """Compute-stream copy-in of the gradients into the reduce-scatter input (cast to the
+    reduce dtype), in ``post_backward`` after waiting for the previous reduce-scatter."""
     reshard_after_forward: bool = True
     """Free the parameters after forward (backward gathers them again)."""
 
@@ -118,6 +124,7 @@ class _Fsdp2:
 
     def backward(self, mb: int, waits: list[int]) -> list[int]:
         units, b = self.spec.units, self.b
+        mb_reduced: list[int] = []
         order = list(range(len(units) - 1, -1, -1))
         gathers: dict[int, list[int]] = {}
         need = [i for i in order if self.sharded[i]]
@@ -135,11 +142,19 @@ class _Fsdp2:
                 gathers[later[0]] = self.gather(later[0], f"mb{mb} bwd", after_copy_out=1)
                 need.remove(later[0])
             waits = b.run_steps(f"B{mb} {u.name}", u.backward, tuple(waits))
-            waits = [*waits, *self.pending_rs]  # post_backward waits for the previous RS
-            self.pending_rs = reduce_unit(b, f"{u.name} mb{mb}", u.grad_bytes, waits)
-            self.reduced += self.pending_rs
+            # post_backward: the compute stream waits for the previous unit's reduce-scatter, then
+            # casts this unit's gradients into the reduce-scatter input (foreach_reduce copy-in)
+            deps = tuple(sorted({*waits, *self.pending_rs}))
+            name = f"copy-in {u.name} mb{mb}"
+            copy_in = b.add(Compute(name=name, duration_s=u.copy_in_s, deps=deps))
+            issued = reduce_unit(b, f"{u.name} mb{mb}", u.grad_bytes, [copy_in])
+            self.pending_rs = issued[:1]  # its event; HSDP's all-reduce is not waited for here
+            self.reduced += issued
+            mb_reduced += issued
+            waits = []
             self.sharded[i] = True
-        return waits
+        # finalize_backward, every micro-batch: the compute stream waits for all its reductions
+        return mb_reduced
 
     def finish(self, waits: list[int]) -> None:
         spec, b = self.spec, self.b

@@ -32,11 +32,13 @@ The worst pipeline stage (largest total) is reported.
 from __future__ import annotations
 
 from schedules.activations import (
+    LOGITS_BYTES_PER_ELEMENT,
     head_activation_bytes,
     layer_activation_bytes,
     logits_bytes,
     stored_layer_activations,
 )
+from schedules.kernels import kernel_stack
 from schedules.messages import PARAM_BYTES, grad_bytes_per_param
 from schedules.params import (
     embedding_params,
@@ -161,8 +163,8 @@ def fsdp_unsharded_bytes(plan: Plan, stage: int) -> float:
     ``FSDPParam.to_accumulated_grad_if_needed``). Without pipelining: FSDP1's root unit
     (embedding, final norm, head) is not resharded after forward, so its parameters and their
     gradients are unsharded through the backward (+4 GiB on Llama 3 8B); FSDP2's ``[norm,
-    output]`` unit likewise keeps its parameters, and its gradients are produced at the start
-    of the backward, with their ``reduce_dtype`` copy.
+    output]`` unit likewise keeps its parameters until its backward, whose gradients then live
+    with their ``reduce_dtype`` copy once ``post_backward`` has resharded the parameters.
     """
     parallel = plan.parallel
     kind = parallel.data_parallel
@@ -179,7 +181,10 @@ def fsdp_unsharded_bytes(plan: Plan, stage: int) -> float:
     model = plan.model
     vocab = model.vocab_size * model.hidden_size
     head = root - min(root, vocab / parallel.tp + embedding_params(model) - vocab)
-    return head * (PARAM_BYTES + grad_bytes_per_param(kind) + parallel.reduce_dtype_bytes)
+    # Parameters and bf16 gradients until post_backward reshards the parameters, then the
+    # gradients and their reduce-dtype copy: never all three at once.
+    grad = grad_bytes_per_param(kind)
+    return head * max(PARAM_BYTES + grad, grad + parallel.reduce_dtype_bytes)
 
 
 def activation_bytes(plan: Plan, stage: int) -> float:
@@ -239,8 +244,8 @@ def fp8_weight_bytes(plan: Plan, stage: int) -> float:
     The embedding and the LM head stay in bf16; norms have no GEMM. The layers' non-GEMM
     parameters are a few per million, so all layer parameters are counted.
     """
-    if plan.training.precision != "fp8":
-        return 0.0
+    if plan.training.precision != "fp8" or plan.parallel.data_parallel in FSDP_KINDS:
+        return 0.0  # FSDP / ZeRO-3 keep no FP8 copy of weights they free after use
     layers = layers_per_stage(plan, stage) * layer_params_per_gpu(plan.model, plan.parallel.tp)
     return layers * FP8_CACHE_BYTES_PER_PARAM
 
@@ -261,7 +266,11 @@ def stage_memory_bytes(
         "buffers": transient_buffer_bytes(plan, stage),
         "fsdp_unsharded": fsdp_unsharded_bytes(plan, stage),
         "logits": logits_bytes(
-            plan.model, plan.training.micro_batch_size, tp=parallel.tp, cp=parallel.cp
+            plan.model,
+            plan.training.micro_batch_size,
+            tp=parallel.tp,
+            cp=parallel.cp,
+            per_element=LOGITS_BYTES_PER_ELEMENT[kernel_stack(plan)],
         )
         if is_last
         else 0.0,

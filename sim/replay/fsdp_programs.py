@@ -169,6 +169,7 @@ def fsdp2_units(plan: Plan, costs: StepCosts, compute: ComputeModel) -> tuple[Fs
             forward=tuple(fwd),
             backward=tuple(bwd),
             copy_out_s=compute.memory_time_s(4.0 * params),
+            copy_in_s=compute.memory_time_s((2.0 + reduce_bytes) * params),
             reshard_after_forward=reshard,
         )
 

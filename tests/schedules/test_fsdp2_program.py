@@ -65,11 +65,12 @@ def test_post_backward_waits_for_the_previous_reduce_scatter() -> None:
     spec = Fsdp2Rank(rank=0, num_microbatches=1, units=UNITS, groups={"dp": (0, 1)})
     actions = fsdp2_program(spec).actions
     index = {a.name: i for i, a in enumerate(actions)}
-    # post_backward(L1) makes the compute stream wait for RS(H): L0's copy-out depends on it,
-    # and L1's own copy-out (before that post_backward) does not.
-    assert index["RS H mb0"] in actions[index["copy-out L0 mb0 bwd"]].deps
-    assert index["RS L1 mb0"] in actions[index["copy-out E mb0 bwd"]].deps
-    assert index["RS H mb0"] not in actions[index["copy-out L1 mb0 bwd"]].deps
+    # post_backward(L1) makes the compute stream wait for RS(H) before its copy-in; H's own
+    # copy-in (nothing reduced before it) waits for nothing but H's backward
+    assert index["RS H mb0"] in actions[index["copy-in L1 mb0"]].deps
+    assert index["RS L1 mb0"] in actions[index["copy-in L0 mb0"]].deps
+    assert actions[index["copy-in H mb0"]].deps == ()  # after B(H) on the same stream
+    assert actions[index["RS L1 mb0"]].deps == (index["copy-in L1 mb0"],)
 
 
 def test_second_microbatch_gathers_again_and_hsdp_all_reduces_each_shard() -> None:
@@ -94,3 +95,9 @@ def test_second_microbatch_gathers_again_and_hsdp_all_reduces_each_shard() -> No
     optimizer = program.actions[-1]
     assert optimizer.name == "optimizer"
     assert optimizer.deps[-1] == len(program.actions) - 2  # after the grad-norm all-reduce
+    # finalize_backward: mb1's first compute waits for every reduction of mb0, all-reduces too
+    actions = program.actions
+    first_mb1 = next(i for i, a in enumerate(actions) if a.name.startswith("copy-out E mb1"))
+    mb0 = [i for i, a in enumerate(actions) if isinstance(a, Collective) and "mb0" in a.name
+           and a.op in ("reduce_scatter", "all_reduce")]  # fmt: skip
+    assert set(mb0) <= set(actions[first_mb1].deps)
