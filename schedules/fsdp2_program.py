@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schedules.fsdp_program import GRAD_NORM_BYTES, reduce_unit
+from schedules.fsdp_program import reduce_unit
 from schedules.program import Compute, Program, ProgramBuilder, Step
 
 
@@ -159,16 +159,7 @@ class _Fsdp2:
     def finish(self, waits: list[int]) -> None:
         spec, b = self.spec, self.b
         deps = sorted({*waits, *self.reduced})
-        if spec.grad_norm_group:
-            norm = b.collective(
-                "AR grad norm",
-                spec.grad_norm_group,
-                "all_reduce",
-                GRAD_NORM_BYTES,
-                deps=tuple(deps),
-                phase="optimizer",
-            )
-            deps += [] if norm is None else [norm]
+        deps += b.grad_norm(spec.grad_norm_group, tuple(deps))
         b.add(
             Compute(
                 name="optimizer", duration_s=spec.optimizer_s, kind="optimizer", deps=tuple(deps)

@@ -27,10 +27,6 @@ from schedules.program import ChunkWork, Compute, MarkStep, Program, ProgramBuil
 
 MAX_INFLIGHT_ALL_GATHERS = 2
 """FSDP1's ``_max_num_inflight_all_gathers``: the limiter's free-event queue threshold."""
-GRAD_NORM_BYTES = 8.0
-"""``clip_grad_norm_``'s all-reduce (FSDP1 reduces one fp32 scalar; latency-bound either way).
-Mirrors ``schedules.step_program.GRAD_NORM_BYTES`` (an fp32 norm and found-inf flag), restated
-because step_program imports this module and importing it here would be a cycle."""
 NO_WORK = ChunkWork(forward=(), backward=())
 """A part of the model with nothing to run."""
 
@@ -121,16 +117,7 @@ def fsdp_program(spec: FsdpRank) -> Program:
         outstanding = builder.backward(mb, outstanding)
     b = builder.b
     waits = [*outstanding, *builder.reduced]
-    if spec.grad_norm_group:
-        norm = b.collective(
-            "AR grad norm",
-            spec.grad_norm_group,
-            "all_reduce",
-            GRAD_NORM_BYTES,
-            deps=b.after_compute(*waits),
-            phase="optimizer",
-        )
-        waits += [] if norm is None else [norm]
+    waits += b.grad_norm(spec.grad_norm_group, b.after_compute(*waits))
     b.add(
         Compute(
             name="optimizer",

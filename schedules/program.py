@@ -20,6 +20,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 GROUPS = ("tp", "cp", "dp", "hsdp", "pp")
+GRAD_NORM_BYTES = 8.0
+"""The step-end all-reduce before the optimizer (``clip_grad_norm_``, Megatron's norm and
+found-inf check): an fp32 squared gradient norm and an fp32 found-inf flag, latency-bound."""
 """Process-group names used by programs (``pp`` for point-to-point transfers)."""
 
 
@@ -456,6 +459,16 @@ class ProgramBuilder:
             elif on_mark is not None:
                 waits += on_mark(step.index)
         return sorted({*waits, *hidden})
+
+    def grad_norm(self, group: str, deps: tuple[int, ...]) -> list[int]:
+        """Issue the step-end gradient-norm all-reduce on ``group`` after ``deps``; returns its
+        index to wait for (none for an empty or one-rank group)."""
+        if not group:
+            return []
+        index = self.collective(
+            "AR grad norm", group, "all_reduce", GRAD_NORM_BYTES, deps=deps, phase="optimizer"
+        )
+        return [] if index is None else [index]
 
     def program(self, stage: int = 0) -> Program:
         """The finished program."""

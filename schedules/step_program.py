@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from schedules.fsdp_program import GRAD_NORM_BYTES, FsdpPipelineState, FsdpStages
+from schedules.fsdp_program import FsdpPipelineState, FsdpStages
 from schedules.pipeline import Pass, RankOrder
 from schedules.program import (
     ChunkWork,
@@ -372,16 +372,7 @@ class _Pipeline:
                 phase="optimizer",
             )
             waits = [*waits, *([] if tied is None else [tied])]
-        if spec.grad_norm_group:
-            norm = b.collective(
-                "AR grad norm",
-                spec.grad_norm_group,
-                "all_reduce",
-                GRAD_NORM_BYTES,
-                deps=tuple(waits),
-                phase="optimizer",
-            )
-            waits = [*waits, *([] if norm is None else [norm])]
+        waits = [*waits, *b.grad_norm(spec.grad_norm_group, tuple(waits))]
         b.add(
             Compute(
                 name="optimizer", duration_s=spec.optimizer_s, kind="optimizer", deps=tuple(waits)

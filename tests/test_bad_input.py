@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -222,14 +223,27 @@ def test_cluster_files_that_used_to_hang(
     assert err.count("\n") == 1 and message in err
 
 
-@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
-def test_input_files_that_never_end_or_never_come_are_refused(tmp_path: Path, capsys: Any) -> None:
-    """/dev/zero used to be read until memory ran out; a FIFO without a writer blocked."""
-    assert main(["topo", "/dev/zero"]) == 2
-    assert "cluster file '/dev/zero' is larger than 1,048,576 bytes" in capsys.readouterr().err
-    args = ["collective", "--topology", "localhost", "--calibration", "/dev/zero"]
+def _endless_device(folder: Path) -> Path:
+    """A private character device that reads zeros forever (the /dev/zero driver, 1:5)."""
+    node = folder / "endless"
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    except (PermissionError, OSError, AttributeError):
+        pytest.skip("making a device node needs privileges this machine does not grant")
+    return node
+
+
+def test_input_files_that_never_end_or_never_come_are_refused(
+    tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    """An endless device used to be read until memory ran out; a FIFO without a writer blocked."""
+    monkeypatch.chdir(tmp_path)
+    endless = _endless_device(Path())
+    assert main(["topo", str(endless)]) == 2
+    assert f"cluster file '{endless}' is larger than 1,048,576 bytes" in capsys.readouterr().err
+    args = ["collective", "--topology", "localhost", "--calibration", str(endless)]
     assert main(args) == 2
-    assert "network calibration '/dev/zero' is larger than" in capsys.readouterr().err
+    assert f"network calibration '{endless}' is larger than" in capsys.readouterr().err
     fifo = tmp_path / "cluster.yaml"
     os.mkfifo(fifo)
     assert main(["topo", str(fifo)]) == 2

@@ -51,6 +51,16 @@ def fsdp_groups(plan: Plan, rank: int, gpus_per_node: int) -> dict[str, tuple[in
     return groups
 
 
+def sharded_groups(
+    plan: Plan, rank: int, gpus_per_node: int, *extra: str
+) -> dict[str, tuple[int, ...]]:
+    """``fsdp_groups`` plus the named layout groups (step-end norm group, ``mp``), when given."""
+    groups = fsdp_groups(plan, rank, gpus_per_node)
+    layout = layout_of(plan)
+    groups.update({name: layout.group(name, rank) for name in extra if name})
+    return groups
+
+
 def fsdp_stages(plan: Plan, costs: StepCosts, stage: int, gpus_per_node: int) -> FsdpStages:
     """The FSDP2 units of every chunk of pipeline rank ``stage`` (one unit per layer + root)."""
     par = plan.parallel
@@ -98,14 +108,13 @@ def fsdp_programs(
     ranks: tuple[int, ...],
     gpus_per_node: int,
 ) -> list[Program]:
-    """Programs of ``ranks`` for an FSDP / HSDP / ZeRO-3 plan without pipelining (FSDP1)."""
+    """Programs of ``ranks`` for an FSDP1 / HSDP plan without pipelining."""
     par = plan.parallel
     recipes = layer_recipes(plan, costs, 1)
     x = pass_extras(plan, costs, first=True, last=True)
     per_param = reduce_bytes_per_param(plan)
     unit_params = layer_params_per_gpu(plan.model, par.tp)
     root_params = stage_params_per_gpu(plan, 0) - unit_params * plan.model.num_layers
-    prefetch = par.fsdp_backward_prefetch if par.data_parallel != "zero3" else "backward_pre"
     units = FsdpUnits(
         num_units=plan.model.num_layers,
         layer=ChunkWork(forward=recipes["F"], backward=recipes["B"]),
@@ -117,18 +126,15 @@ def fsdp_programs(
         head=ChunkWork(forward=tuple(x["fwd_post"]), backward=tuple(x["bwd_pre"])),
     )
     norm_group = grad_norm_group(plan)
-    layout = layout_of(plan)
     programs = []
     for rank in ranks:
-        groups = fsdp_groups(plan, rank, gpus_per_node)
-        if norm_group:
-            groups[norm_group] = layout.group(norm_group, rank)
+        groups = sharded_groups(plan, rank, gpus_per_node, norm_group)
         spec = FsdpRank(
             rank=rank,
             num_microbatches=num_microbatches(plan),
             units=units,
             groups=groups,
-            backward_prefetch=prefetch,
+            backward_prefetch=par.fsdp_backward_prefetch,
             limit_all_gathers=par.fsdp_limit_all_gathers,
             reshard_after_forward=reshard_after_forward(plan),
             forward_prefetch=par.fsdp_forward_prefetch,
@@ -199,12 +205,9 @@ def fsdp2_programs(
     """Programs of ``ranks`` for an FSDP2 / HSDP-over-FSDP2 plan without pipelining."""
     units = fsdp2_units(plan, costs, compute)
     norm_group = grad_norm_group(plan)
-    layout = layout_of(plan)
     programs = []
     for rank in ranks:
-        groups = fsdp_groups(plan, rank, gpus_per_node)
-        if norm_group:
-            groups[norm_group] = layout.group(norm_group, rank)
+        groups = sharded_groups(plan, rank, gpus_per_node, norm_group)
         spec = Fsdp2Rank(
             rank=rank,
             num_microbatches=num_microbatches(plan),

@@ -21,8 +21,8 @@ from schedules.program import Program, Step
 from schedules.zero3_program import Submodule, Zero3Rank, split_recipe, zero3_program
 from schedules.zero3_units import ModuleShape, zero3_modules
 from sim.compute.model import ComputeModel
-from sim.replay.fsdp_programs import fsdp_groups
-from sim.replay.recipes import StepCosts, layer_recipes, layout_of, optimizer_time_s, pass_extras
+from sim.replay.fsdp_programs import sharded_groups
+from sim.replay.recipes import StepCosts, layer_recipes, optimizer_time_s, pass_extras
 
 
 def _layer_recipes(plan: Plan, costs: StepCosts) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
@@ -94,14 +94,13 @@ def zero3_programs(
     gpus_per_node: int,
 ) -> list[Program]:
     """Programs of ``ranks`` for a ZeRO-3 plan without pipelining."""
-    par, layout = plan.parallel, layout_of(plan)
+    par = plan.parallel
     submodules = zero3_submodules(plan, costs)
     norm_groups = ("dp", "mp") if par.tp > 1 else ("dp",)
     overlap = True if par.zero_overlap_comm is None else par.zero_overlap_comm
     programs = []
     for rank in ranks:
-        groups = fsdp_groups(plan, rank, gpus_per_node)
-        groups["mp"] = layout.group("mp", rank)
+        groups = sharded_groups(plan, rank, gpus_per_node, "mp")
         spec = Zero3Rank(
             rank=rank,
             num_microbatches=num_microbatches(plan),

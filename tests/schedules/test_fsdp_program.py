@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import simpy
 
-from schedules.fsdp_program import GRAD_NORM_BYTES, FsdpRank, FsdpUnits, fsdp_program
-from schedules.program import ChunkWork, Collective, Compute, ComputeStep, Program
+from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
+from schedules.program import GRAD_NORM_BYTES, ChunkWork, Collective, Compute, ComputeStep, Program
 from sim.replay.engine import Engine
 
 LAYER = ChunkWork(
