@@ -112,7 +112,7 @@ def transient_buffer_bytes(plan: Plan, stage: int) -> float:
 
     DeepSpeed ZeRO-3: its gradient bucket, the reduce-scatter's copy of the largest bucket, the
     most parameters its prefetcher keeps gathered and the persistent (small) parameters
-    (``schedules.zero3_program.zero3_buffer_bytes``). FSDP1: two layers' gathered parameters
+    (``schedules.zero3_fetch.zero3_buffer_bytes``). FSDP1: two layers' gathered parameters
     (the rate limiter's two in flight; every layer without it: the CPU runs ahead and issues
     them all) and one layer's gradients, plus their ``reduce_dtype`` copy when it differs.
     FSDP2: two all-gather outputs in flight (the current unit's copy-out and the next one's

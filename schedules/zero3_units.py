@@ -1,7 +1,7 @@
 """A plan's model as the modules DeepSpeed ZeRO-3 hooks: which parameters each fetch gathers.
 
 DeepSpeed registers hooks on every ``nn.Module`` and gathers a module's direct parameters before
-it runs (``schedules.zero3_program``). For the decoder models here the modules with parameters
+it runs (``schedules.zero3_fetch``). For the decoder models here the modules with parameters
 are, in forward order: the token embedding (with learned positions), per layer Hugging Face
 Llama's ``input_layernorm, q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, gate_proj,
 up_proj, down_proj`` (ZeRO-3 is mostly run on Hugging Face models; Megatron-DeepSpeed fuses QKV
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from schedules.params import norm_params
 from schedules.plan import Plan
-from schedules.zero3_program import Submodule, Zero3Rank, layer_submodules, zero3_buffer_bytes
+from schedules.zero3_fetch import zero3_buffer_bytes
+from schedules.zero3_spec import Submodule, Zero3Rank, layer_submodules
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

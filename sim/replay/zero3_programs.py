@@ -18,7 +18,8 @@ import dataclasses
 from schedules.model import grad_bytes_per_param
 from schedules.plan import Plan, num_microbatches
 from schedules.program import Program, Step
-from schedules.zero3_program import Submodule, Zero3Rank, split_recipe, zero3_program
+from schedules.zero3_program import zero3_program
+from schedules.zero3_spec import Submodule, Zero3Rank, split_recipe
 from schedules.zero3_units import ModuleShape, zero3_modules
 from sim.compute.model import ComputeModel
 from sim.replay.fsdp_programs import sharded_groups

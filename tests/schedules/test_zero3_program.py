@@ -9,19 +9,15 @@ from collections.abc import Sequence
 import pytest
 import simpy
 
+import schedules.zero3_fetch
 import schedules.zero3_program
+import schedules.zero3_spec
 from schedules.params import layer_params_per_gpu, norm_params
 from schedules.plan import ModelConfig
 from schedules.program import Collective, CommStep, Compute, ComputeStep, MarkStep, Program
-from schedules.zero3_program import (
-    Submodule,
-    Zero3Rank,
-    fetch_trace,
-    layer_submodules,
-    split_recipe,
-    zero3_buffer_bytes,
-    zero3_program,
-)
+from schedules.zero3_fetch import fetch_trace, zero3_buffer_bytes
+from schedules.zero3_program import zero3_program
+from schedules.zero3_spec import Submodule, Zero3Rank, layer_submodules, split_recipe
 from sim.replay.engine import Engine
 from tests.model_configs import LLAMA3_70B, gpt
 
@@ -335,7 +331,8 @@ def test_buffer_bytes_of_the_tiny_model() -> None:
 
 
 def test_docstring_examples_run() -> None:
-    assert doctest.testmod(schedules.zero3_program).failed == 0
+    for module in (schedules.zero3_spec, schedules.zero3_fetch, schedules.zero3_program):
+        assert doctest.testmod(module).failed == 0, module.__name__
 
 
 def test_bad_specs_raise() -> None:

@@ -1,0 +1,214 @@
+"""DeepSpeed ZeRO stage 3 specs: one rank's model as hooked submodules, and its ZeRO-3 settings.
+
+Modelled on DeepSpeed v0.16.4 (commit e2dc3eeb): every ``nn.Module`` gets pre/post forward and
+backward hooks (``parameter_offload.py``, ``_register_deepspeed_module``), so a rank's model is
+its modules in forward order (``Submodule``: direct parameter tensors and a share of the work),
+and ``Zero3Rank`` holds the ``stage3_*`` settings at DeepSpeed's config defaults.
+``layer_submodules`` gives a transformer layer's modules and tensors, ``split_recipe`` cuts a
+layer's recipe across them. ``fetch="sync_per_weight"`` selects the parameter fetch of DeepSpeed
+v0.3.13 (commit 12a53b43) instead: ``schedules.zero3_fetch`` and ``schedules.zero3_program``.
+
+    spec = Zero3Rank(rank=0, num_microbatches=2, submodules=subs, groups={"dp": (0, 1)})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedules.program import ComputeStep, Step
+
+FETCH_MODES = ("prefetch", "sync_per_weight")
+"""Parameter fetch behaviours: current DeepSpeed, or v0.3.x's synchronous per-weight gathers."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submodule:
+    """One module in forward order; with direct parameters it is fetched, without it only
+    triggers a prefetch (containers, activations: DeepSpeed hooks every module)."""
+
+    name: str
+    """Label, e.g. ``L3.qkv``."""
+    num_params: float
+    """Direct parameter elements on this GPU (after tensor parallelism, before ZeRO sharding)."""
+    forward: tuple[Step, ...]
+    """Its forward work (``ComputeStep`` / ``CommStep``)."""
+    backward: tuple[Step, ...]
+    """Its backward work; its gradients are ready when it ends."""
+    tensors: tuple[float, ...] = ()
+    """Elements of each parameter tensor (weight, bias) in registration order; empty means one
+    tensor of ``num_params``. Persistence and v0.3.x's per-weight gathers are per tensor."""
+
+    def __post_init__(self) -> None:
+        if self.num_params < 0:
+            raise ValueError(
+                f"submodule {self.name}: num_params must be >= 0, got {self.num_params}"
+            )
+        if any(t <= 0 for t in self.tensors):
+            raise ValueError(f"submodule {self.name}: tensor sizes must be > 0, got {self.tensors}")
+        total = sum(self.tensors)
+        if self.tensors and abs(total - self.num_params) > 1e-9 * max(total, 1.0):
+            raise ValueError(
+                f"submodule {self.name}: tensors sum to {total}, num_params is {self.num_params}"
+            )
+
+    @property
+    def param_tensors(self) -> tuple[float, ...]:
+        """Its tensors' element counts (none for a module without direct parameters)."""
+        return self.tensors or ((self.num_params,) if self.num_params > 0 else ())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Zero3Rank:
+    """Everything one rank's ZeRO-3 step program depends on (DeepSpeed's config defaults)."""
+
+    rank: int
+    """Global rank."""
+    num_microbatches: int
+    """Gradient-accumulation micro-batches (each a forward and a backward)."""
+    submodules: tuple[Submodule, ...]
+    """The whole model in forward order: embedding, each layer's modules, final norm, head."""
+    groups: dict[str, tuple[int, ...]]
+    """Ranks by group name: ``dp`` (ZeRO's partition group), ``tp``/``cp`` for the recipes, and
+    the grad-norm groups."""
+    param_bytes: float = 2.0
+    """Bytes per parameter element gathered (bf16)."""
+    grad_bytes: float = 2.0
+    """Bytes per gradient element reduce-scattered (``communication_data_type``: the model's)."""
+    prefetch_bucket_elems: int = 50_000_000
+    """``stage3_prefetch_bucket_size``: numel one prefetch walk may gather (0: no prefetch)."""
+    max_live_parameters: int = 1_000_000_000
+    """``stage3_max_live_parameters``: prefetch stops while this many elements are gathered."""
+    max_reuse_distance: int = 1_000_000_000
+    """``stage3_max_reuse_distance``: a module used again within this many elements of trace
+    keeps its parameters."""
+    persistence_threshold: int = 100_000
+    """``stage3_param_persistence_threshold``: tensors this small stay gathered."""
+    reduce_bucket_elems: int = 500_000_000
+    """``reduce_bucket_size``: gradient elements per reduce-scatter bucket."""
+    overlap_comm: bool = True
+    """Reduce (and all-gather) on side streams (stage-3 default) or on the compute stream."""
+    fetch: str = "prefetch"
+    """``prefetch`` (current DeepSpeed) or ``sync_per_weight`` (v0.3.x)."""
+    host_ahead: bool = True
+    """True: the host runs ahead of the GPU, so an all-gather starts once the dp FIFO lets it
+    (DeepSpeed's only limiter waits for earlier all-gathers). False: the host reaches each hook
+    only when the compute before it has ended (CPU-bound hooks), so all-gathers wait for it."""
+    grad_norm_groups: tuple[str, ...] = ()
+    """Groups of the step-end norm all-reduces, in order; DeepSpeed: ``("dp", "mp")`` (dp, then
+    the model-parallel group when an ``mpu`` is given). Empty: none."""
+    num_norm_groups: int = 1
+    """Optimizer sub-groups (param groups split at ``sub_group_size``); each all-reduces."""
+    recompute_blocks: tuple[tuple[int, int], ...] = ()
+    """Activation checkpointing: ``(start, stop)`` ranges of submodules whose forward runs again
+    in the backward, hooks and all, right before their backward (their ``backward`` recipes then
+    leave the recompute out)."""
+    optimizer_s: float = 0.0
+    """Optimizer step on the local partition."""
+
+    def __post_init__(self) -> None:
+        stops = [0, *(b for block in self.recompute_blocks for b in block)]
+        if (
+            stops != sorted(stops)
+            or stops[-1] > len(self.submodules)
+            or any(a >= b for a, b in self.recompute_blocks)
+        ):
+            raise ValueError(
+                f"recompute_blocks {self.recompute_blocks} must be disjoint, ordered, non-empty "
+                f"ranges of the {len(self.submodules)} submodules"
+            )
+        if self.num_microbatches < 1 or self.num_norm_groups < 1:
+            raise ValueError(
+                f"rank {self.rank}: num_microbatches={self.num_microbatches} and "
+                f"num_norm_groups={self.num_norm_groups} must be >= 1"
+            )
+        if self.fetch not in FETCH_MODES:
+            raise ValueError(f"fetch must be one of {FETCH_MODES}, got {self.fetch!r}")
+        limits = ("prefetch_bucket_elems", "max_live_parameters", "max_reuse_distance")
+        for name in (*limits, "persistence_threshold", "reduce_bucket_elems"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.param_bytes <= 0 or self.grad_bytes <= 0:
+            raise ValueError(f"param_bytes={self.param_bytes}, grad_bytes={self.grad_bytes}: > 0")
+        missing = [g for g in ("dp", *self.grad_norm_groups) if g not in self.groups]
+        if missing:
+            raise ValueError(
+                f"rank {self.rank}: groups {missing} missing from {sorted(self.groups)}"
+            )
+
+
+def layer_submodules(
+    *,
+    hidden: int,
+    ffn: int,
+    kv_size: int,
+    gated: bool,
+    bias: bool,
+    norm_params: int,
+    tp: int = 1,
+    fused: bool = False,
+) -> list[tuple[str, tuple[float, ...]]]:
+    """A transformer layer's modules with direct parameters and their tensors on one TP rank.
+
+    ``fused``: Megatron's names and fused QKV / gate-up (``input_norm, qkv, dense,
+    post_attn_norm, fc1, fc2``); otherwise Hugging Face Llama's (``q_proj`` ... ``down_proj``).
+    Column-parallel weights and biases are split ``tp`` ways; row-parallel weights too, their
+    biases and the norms are replicated: the sizes sum to ``schedules.params.layer_params_per_gpu``.
+
+    >>> layer_submodules(hidden=4, ffn=8, kv_size=2, gated=True, bias=False, norm_params=4)[1]
+    ('q_proj', (16.0,))
+    """
+    h, f = hidden, ffn
+
+    def linear(rows: int, cols: int, column_parallel: bool) -> tuple[float, ...]:
+        weight = rows * cols / tp
+        if not bias:
+            return (weight,)
+        return (weight, cols / tp if column_parallel else float(cols))
+
+    norm = (float(h), float(norm_params - h)) if norm_params > h else (float(norm_params),)
+    num_in = 2 if gated else 1
+    if fused:
+        attention = [("qkv", linear(h, h + 2 * kv_size, True)), ("dense", linear(h, h, False))]
+        mlp = [("fc1", linear(h, num_in * f, True)), ("fc2", linear(f, h, False))]
+    else:
+        attention = [
+            ("q_proj", linear(h, h, True)),
+            ("k_proj", linear(h, kv_size, True)),
+            ("v_proj", linear(h, kv_size, True)),
+            ("o_proj", linear(h, h, False)),
+        ]
+        mlp = [("gate_proj", linear(h, f, True))] if gated else []
+        mlp += [("up_proj", linear(h, f, True)), ("down_proj", linear(f, h, False))]
+    return [("input_norm", norm), *attention, ("post_attn_norm", norm), *mlp]
+
+
+def split_recipe(steps: tuple[Step, ...], fractions: tuple[float, ...]) -> list[tuple[Step, ...]]:
+    """Cut a pass recipe into consecutive parts holding ``fractions`` of its compute time.
+
+    A ``ComputeStep`` straddling a cut is split in two (same name); ``CommStep`` and ``MarkStep``
+    stay where they are, in the part whose compute they follow (the first part before any
+    compute). A recipe without compute time goes whole into the first part.
+
+    >>> split_recipe((ComputeStep(name="fwd", duration_s=4.0),), (0.25, 0.75))
+    [(ComputeStep(name='fwd', duration_s=1.0),), (ComputeStep(name='fwd', duration_s=3.0),)]
+    """
+    if not fractions or any(x < 0 for x in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must be >= 0 and sum to 1, got {fractions}")
+    total = sum(s.duration_s for s in steps if isinstance(s, ComputeStep))
+    parts: list[list[Step]] = [[] for _ in fractions]
+    cuts = [total * sum(fractions[: i + 1]) for i in range(len(fractions))]
+    part, elapsed = 0, 0.0
+    for step in steps:
+        if not isinstance(step, ComputeStep) or total <= 0:
+            parts[part].append(step)
+            continue
+        left = step.duration_s
+        while part < len(parts) - 1 and elapsed + left > cuts[part] * (1 + 1e-12):
+            piece = cuts[part] - elapsed
+            if piece > 0:
+                parts[part].append(ComputeStep(name=step.name, duration_s=piece))
+                left, elapsed = left - piece, cuts[part]
+            part += 1
+        parts[part].append(ComputeStep(name=step.name, duration_s=left))
+        elapsed += left
+    return [tuple(p) for p in parts]
