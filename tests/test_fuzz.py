@@ -36,6 +36,7 @@ import math
 import os
 import resource
 import signal
+import stat
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -589,7 +590,7 @@ NUMBERS = ["0", "-1", "1", "2", "3", "4", "8", "1.5", "2.0", "1e30", "1e400", "n
 SIZES = ["0", "1", "64", "1K", "1k", "32M", "1G", "4G", "1T", "-1K", "1KB", "1KiB", "1.5K",
          "99999999999999999999T", "1P", "K", "", "nan", "2 M"]  # fmt: skip
 PATHS = ["out.json", "out.png", "out.csv", "out.txt", "out", "missing/out.json",
-         "missing/deeper/out.png", ".", "folder", "folder/", "-", "", "/dev/null",
+         "missing/deeper/out.png", ".", "folder", "folder/", "-", "", "null-device",
          "/proc/out.json", "input.yaml", "input.json", "link.json", "loop.json",
          LONG + ".json"]  # fmt: skip
 
@@ -604,9 +605,20 @@ def _flags(table: dict[str, Sequence[str | None]]) -> st.SearchStrategy[list[str
     return st.lists(pair, max_size=4).map(lambda pairs: [x for p in pairs for x in p])
 
 
+def _device(path: Path, minor: int) -> None:
+    """A private character device in the case folder (the memory driver: 3 null, 5 zero), or a
+    FIFO where making devices is not allowed: special files either way, never the machine's."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, minor))
+    except (PermissionError, OSError, AttributeError):
+        os.mkfifo(path)
+
+
 def _prepare_paths(folder: Path) -> None:
-    """The files and folders ``PATHS`` refers to."""
+    """The files, folders and devices ``PATHS`` and the flag tables refer to."""
     (folder / "folder").mkdir()
+    _device(folder / "null-device", 3)
+    _device(folder / "zero-device", 5)
     (folder / "input.yaml").write_text(yaml.safe_dump(PLANS["tiny"]))
     (folder / "input.json").write_text((ROOT / "results/localhost/calibration.json").read_text())
     (folder / "link.json").symlink_to("input.json")
@@ -616,21 +628,21 @@ def _prepare_paths(folder: Path) -> None:
 PLAN_FLAGS: dict[str, Sequence[str | None]] = {
     "--json": [None], "--no-fold": [None], "-o": PATHS, "--output": PATHS, "--trace": PATHS,
     "--timeline": ["missing/t.png", "t.txt", "folder", "input.yaml", "-"],
-    "--calibration": ["input.json", "input.yaml", "missing.json", "folder", "/dev/null",
-                      "/dev/zero", "/proc/self/mem", LONG + ".json"],
-    "--compute-calibration": ["input.json", "missing.json", "folder", "/dev/null", "/dev/zero",
+    "--calibration": ["input.json", "input.yaml", "missing.json", "folder", "null-device",
+                      "zero-device", "/proc/self/mem", LONG + ".json"],
+    "--compute-calibration": ["input.json", "missing.json", "folder", "null-device", "zero-device",
                               LONG + ".json"],
     "--fidelity": ["analytical", "flow", "x", ""], "--bogus": ["1"],
 }  # fmt: skip
 COLLECTIVE_FLAGS: dict[str, Sequence[str | None]] = {
-    "--topology": [*NODE_PRESETS, "input.yaml", "missing.yaml", "folder", "/dev/null", "x",
-                   "/dev/zero", "/proc/self/mem", LONG, LONG + ".yaml"],
+    "--topology": [*NODE_PRESETS, "input.yaml", "missing.yaml", "folder", "null-device", "x",
+                   "zero-device", "/proc/self/mem", LONG, LONG + ".yaml"],
     "--nodes": NUMBERS, "--ranks": NUMBERS, "--fabric": [*FABRIC_PRESETS, "x", ""],
     "--oversubscription": NUMBERS, "--ops": ["all", *OPS, "all_reduce,all_gather", "x", "", ","],
     "-b": SIZES, "-e": SIZES, "-f": NUMBERS, "-d": [*NCCL_TESTS_DTYPES, "x"],
     "-o": [*REDUCTIONS, "x"], "-r": NUMBERS, "--algo": ["auto", "ring", "tree", "nvls", "x"],
     "--fidelity": ["analytical", "flow", "x"],
-    "--calibration": ["input.json", "missing.json", "/dev/zero", LONG + ".json", "folder"],
+    "--calibration": ["input.json", "missing.json", "zero-device", LONG + ".json", "folder"],
     "--output": PATHS,
 }  # fmt: skip
 TOPO_FLAGS: dict[str, Sequence[str | None]] = {
@@ -646,7 +658,7 @@ def commsim_argv(draw: st.DrawFn) -> list[str]:
     command = draw(st.sampled_from(["plan", "collective", "topo"]))
     if command == "plan":
         plan = draw(st.sampled_from(["input.yaml", "input.json", "missing.yaml", "folder",
-                                     "/dev/null", "/dev/zero", LONG + ".yaml"]))  # fmt: skip
+                                     "null-device", "zero-device", LONG + ".yaml"]))  # fmt: skip
         return ["plan", plan, *draw(_flags(PLAN_FLAGS))]
     if command == "topo":
         cluster = draw(
@@ -657,7 +669,7 @@ def commsim_argv(draw: st.DrawFn) -> list[str]:
                     "folder",
                     "x",
                     "",
-                    "/dev/zero",
+                    "zero-device",
                     "/proc/self/mem",
                     LONG + ".yaml",
                 ]
