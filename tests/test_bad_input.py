@@ -224,7 +224,7 @@ def test_cluster_files_that_used_to_hang(
 
 
 def _endless_device(folder: Path) -> Path:
-    """A private character device that reads zeros forever (the /dev/zero driver, 1:5)."""
+    """A private character device that reads zeros forever (the memory driver, 1:5)."""
     node = folder / "endless"
     try:
         os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 5))
