@@ -36,7 +36,8 @@ class ModuleShape:
 
 
 def zero3_modules(plan: Plan) -> tuple[ModuleShape, ...]:
-    """Every module ZeRO-3 fetches, in forward order."""
+    """Every module ZeRO-3 hooks, in forward order; those without parameters fetch nothing but
+    each starts a prefetch walk (DeepSpeed's ``fetch_sub_module`` runs for every module)."""
     model, tp = plan.model, plan.parallel.tp
     h, v = model.hidden_size, model.vocab_size
     embed = [v * h / tp] + (
@@ -53,16 +54,42 @@ def zero3_modules(plan: Plan) -> tuple[ModuleShape, ...]:
     )
     norm = norm_params(model)
     final_norm = (float(h), float(norm - h)) if norm > h else (float(norm),)
-    modules = [ModuleShape(name="embed", tensors=tuple(embed), part="embed")]
+    modules = [
+        ModuleShape(name="model", tensors=(), part="embed"),
+        ModuleShape(name="embed", tensors=tuple(embed), part="embed"),
+    ]
+    if model.position_embedding == "rope":
+        modules.append(ModuleShape(name="rotary_emb", tensors=(), part="embed"))
     for layer in range(model.num_layers):
         modules += [
-            ModuleShape(name=f"L{layer}.{name}", tensors=tensors, part="layer", layer=layer)
-            for name, tensors in per_layer
+            ModuleShape(name=_layer_name(layer, name), tensors=tensors, part="layer", layer=layer)
+            for name, tensors in _with_containers(per_layer, model.gated_mlp)
         ]
     modules.append(ModuleShape(name="final_norm", tensors=final_norm, part="head"))
     if not model.tied_embeddings:
         modules.append(ModuleShape(name="lm_head", tensors=(v * h / tp,), part="head"))
     return tuple(modules)
+
+
+def _layer_name(layer: int, name: str) -> str:
+    return f"L{layer}.{name}" if name else f"L{layer}"
+
+
+def _with_containers(
+    per_layer: list[tuple[str, tuple[float, ...]]], gated: bool
+) -> list[tuple[str, tuple[float, ...]]]:
+    """A layer's modules with the parameterless ones DeepSpeed hooks too, in forward order: the
+    decoder layer, ``self_attn`` before its projections, ``mlp`` and (gated) ``act_fn``."""
+    out: list[tuple[str, tuple[float, ...]]] = [("", ())]
+    for name, tensors in per_layer:
+        if name == "q_proj":
+            out.append(("self_attn", ()))
+        if name in ("gate_proj", "up_proj") and not any(n == "mlp" for n, _ in out):
+            out.append(("mlp", ()))
+        out.append((name, tensors))
+        if name == "gate_proj" and gated:
+            out.append(("mlp.act_fn", ()))
+    return out
 
 
 def zero3_runtime_bytes(plan: Plan, *, dp: int) -> dict[str, float]:

@@ -49,14 +49,14 @@ def zero3_submodules(plan: Plan, costs: StepCosts) -> tuple[Submodule, ...]:
     fractions = tuple(w / sum(weights) for w in weights)
     fwd_parts = split_recipe(forward, fractions)
     bwd_parts = split_recipe(backward, fractions[::-1])[::-1]
-    position = {m.name.split(".", 1)[1]: i for i, m in enumerate(layer_modules)}
+    position = {_suffix(m.name): i for i, m in enumerate(layer_modules)}
     last_head = max(i for i, m in enumerate(modules) if m.part == "head")
 
     def work(index: int, module: ModuleShape) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
         if module.part == "layer":
-            i = position[module.name.split(".", 1)[1]]
+            i = position[_suffix(module.name)]
             return fwd_parts[i], bwd_parts[i]
-        if module.part == "embed":
+        if module.name == "embed":
             return tuple(extras["fwd_pre"]), tuple(extras["bwd_post"])
         if index == last_head:
             return tuple(extras["fwd_post"]), tuple(extras["bwd_pre"])
@@ -77,12 +77,17 @@ def zero3_submodules(plan: Plan, costs: StepCosts) -> tuple[Submodule, ...]:
     return tuple(submodules)
 
 
+def _suffix(name: str) -> str:
+    """``L3.q_proj`` -> ``q_proj``; the layer container ``L3`` -> ``""``."""
+    return name.split(".", 1)[1] if "." in name else ""
+
+
 def _recompute_blocks(plan: Plan, submodules: tuple[Submodule, ...]) -> tuple[tuple[int, int], ...]:
     if plan.parallel.recompute != "full":
         return ()
     blocks: dict[str, list[int]] = {}
     for index, sub in enumerate(submodules):
-        if sub.name.startswith("L") and "." in sub.name:
+        if sub.name[:1] == "L" and sub.name[1:2].isdigit():
             blocks.setdefault(sub.name.split(".", 1)[0], []).append(index)
     return tuple((ids[0], ids[-1] + 1) for ids in blocks.values())
 

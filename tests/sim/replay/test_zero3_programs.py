@@ -30,7 +30,17 @@ def test_modules_hold_the_whole_model_and_its_work(recompute: str) -> None:
     costs = step_costs(plan, H100)
     subs = zero3_submodules(plan, costs)
     assert sum(s.num_params for s in subs) == pytest.approx(stage_params_per_gpu(plan, 0))
-    assert len(subs) == 1 + 8 * 9 + 2  # embedding, 9 modules per Llama layer, norm and head
+    # the model, embedding and rotary modules; per Llama layer 9 modules with parameters and 4
+    # hooked without (the layer, self_attn, mlp, act_fn); final norm and head
+    assert len(subs) == 3 + 8 * (9 + 4) + 2
+    assert [s.name for s in subs[3:16]] == [
+        "L0", "L0.input_norm", "L0.self_attn", "L0.q_proj", "L0.k_proj", "L0.v_proj",
+        "L0.o_proj", "L0.post_attn_norm", "L0.mlp", "L0.gate_proj", "L0.mlp.act_fn",
+        "L0.up_proj", "L0.down_proj",
+    ]  # fmt: skip
+    assert sum(_compute_s(s.forward) for s in subs if not s.name.startswith("L")) == (
+        pytest.approx(costs.embed.forward_s + costs.head.forward_s)
+    )
     layers = [s for s in subs if s.name.startswith("L")]
     forward = sum(_compute_s(s.forward) for s in layers)
     assert forward == pytest.approx(8 * costs.layer.forward_s)
