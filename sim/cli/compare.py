@@ -121,6 +121,13 @@ def run(args: argparse.Namespace) -> int:
             f"# time MAPE {name}: {_pct(stats['mape_pct'])} all sizes, "
             f"{_pct(stats['mape_pct_min_size'])} for sizes >= {args.min_size}"
         )
+    if len({(b["op"], b["num_nodes"]) for b in result["bands"]}) > 1 or len(result["bands"]) > 1:
+        print(f"# {'op':<16} {'nodes':>5}  {'size band':<15} {'points':>6} {'MAPE':>7} {'mean':>7}")
+        for b in result["bands"]:
+            print(
+                f"# {b['op']:<16} {b['num_nodes']:>5}  {b['band']:<15} {b['num_points']:>6} "
+                f"{_pct(b['mape_pct']):>7} {b['mean_error_pct']:>+6.1f}%"
+            )
     print(
         f"# time MAPE ({result['scored_on']}, {result['num_points']} points): "
         f"{_pct(result['mape_pct'])} all sizes, {_pct(result['mape_pct_min_size'])} "

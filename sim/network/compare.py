@@ -276,6 +276,45 @@ def mape(points: Sequence[Point], *, min_size_bytes: int = 0) -> float | None:
     return sum(chosen) / len(chosen) if chosen else None
 
 
+SIZE_BANDS: tuple[tuple[str, int], ...] = (
+    ("< 64 KiB", 0),
+    ("64 KiB - 1 MiB", 1 << 16),
+    ("1 - 64 MiB", 1 << 20),
+    ("64 MiB - 1 GiB", 1 << 26),
+    (">= 1 GiB", 1 << 30),
+)
+"""Size bands of the error breakdown (latency-bound, protocol switches, bandwidth-bound)."""
+
+
+def size_band(size_bytes: int) -> str:
+    """The ``SIZE_BANDS`` label a message size falls in."""
+    return [name for name, low in SIZE_BANDS if size_bytes >= low][-1]
+
+
+def band_errors(points: Sequence[Point]) -> list[dict[str, Any]]:
+    """Time MAPE and mean signed error per (op, size band, node count), in a stable order: where
+    the model is weak, across every measurement file compared at once."""
+    groups: dict[tuple[str, int, str], list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.op, p.num_nodes, size_band(p.size_bytes)), []).append(p)
+    order = [name for name, _ in SIZE_BANDS]
+    rows = []
+    for (op, nodes, band), ps in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.index(kv[0][2]))
+    ):
+        rows.append(
+            {
+                "op": op,
+                "num_nodes": nodes,
+                "band": band,
+                "num_points": len(ps),
+                "mape_pct": mape(ps),
+                "mean_error_pct": sum(p.error_pct for p in ps) / len(ps),
+            }
+        )
+    return rows
+
+
 def summary(points: Sequence[Point], *, min_size_bytes: int) -> dict[str, Any]:
     """MAPE overall and per series, on the scored points, all sizes and >= ``min_size_bytes``."""
     scored = [p for p in points if not p.used_for_fit] or list(points)
@@ -296,6 +335,7 @@ def summary(points: Sequence[Point], *, min_size_bytes: int) -> dict[str, Any]:
             }
             for name, ps in series.items()
         },
+        "bands": band_errors(scored),
     }  # fmt: skip
 
 

@@ -200,3 +200,27 @@ def test_measured_labels_say_held_out_only_when_something_was_fitted():
 )  # fmt: skip
 def test_holdout_description_reads_without_double_negation(holdouts, expected):
     assert describe_holdout([parse_selector(text) for text in holdouts]) == expected
+
+
+def test_errors_per_op_size_band_and_node_count() -> None:
+    from sim.network.compare import Point, band_errors, size_band
+
+    def point(op: str, nodes: int, size: int, error: float) -> Point:
+        return Point(op=op, world_size=8 * nodes, num_nodes=nodes, size_bytes=size, algo="ring",
+                     measured_time_us=100.0, simulated_time_us=100.0 * (1 + error / 100),
+                     measured_busbw_gbps=1.0, simulated_busbw_gbps=1.0, error_pct=error,
+                     busbw_error_pct=-error, used_for_fit=False)  # fmt: skip
+
+    assert [size_band(s) for s in (1024, 1 << 16, 8 << 20, 1 << 26, 8 << 30)] == [
+        "< 64 KiB", "64 KiB - 1 MiB", "1 - 64 MiB", "64 MiB - 1 GiB", ">= 1 GiB",
+    ]  # fmt: skip
+    rows = band_errors([
+        point("all_reduce", 2, 4 << 20, -30.0), point("all_reduce", 2, 8 << 20, -10.0),
+        point("all_reduce", 1, 2 << 30, 4.0), point("all_gather", 1, 1024, 50.0),
+    ])  # fmt: skip
+    assert [(r["op"], r["num_nodes"], r["band"], r["num_points"]) for r in rows] == [
+        ("all_gather", 1, "< 64 KiB", 1),
+        ("all_reduce", 1, ">= 1 GiB", 1),
+        ("all_reduce", 2, "1 - 64 MiB", 2),
+    ]
+    assert (rows[2]["mape_pct"], rows[2]["mean_error_pct"]) == (20.0, -20.0)
