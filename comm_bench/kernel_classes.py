@@ -42,7 +42,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             "elementwise",
             r"norm|elementwise|vectorized|reduce|unrolled|silu|gelu|sigmoid|relu|swiglu|rsqrt"
             r"|rotary|rope|embedding|index|aten::(add|mul|sub|div|neg|pow|mean|sum|exp|tanh"
-            r"|where|masked_fill|cos|sin|sqrt|rsub|square)",
+            r"|where|masked_fill|cos|sin|sqrt|rsub|square)_?\b",
         ),
     )
 )

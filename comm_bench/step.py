@@ -198,12 +198,12 @@ def profile_step(step: Callable[[Any], None], device: torch.device) -> dict[str,
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
-    begin = time.perf_counter()
     with profile(activities=activities) as prof:
+        begin = time.perf_counter()  # inside: the profiler's own start and stop are not the step's
         step(None)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    wall_s = time.perf_counter() - begin
+        wall_s = time.perf_counter() - begin
     classes = dict.fromkeys(CLASSES, 0.0)
     if device.type == "cuda":
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
@@ -237,7 +237,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{steps}, {args.microbatches}, {args.threads}, {warmup}"
         )
     target = (
-        check_output(args.output, formats=(".json",), option="--output") if args.output else None
+        check_output(args.output, formats=(".json",), option="--output", inputs=(args.plan,))
+        if args.output
+        else None
     )
     if not args.plan.is_file():
         raise FileNotFoundError(f"plan file not found: {args.plan}")
@@ -320,11 +322,23 @@ def summary(result: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``commbench --step``; bad input is one line and exit code 2."""
+    import sys
+
+    import yaml
+
     try:
         run(build_parser().parse_args(argv))
-    except (UsageError, ValueError, OSError) as exc:
-        import sys
-
-        print(f"commbench: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+    except torch.OutOfMemoryError:
+        print(
+            "commbench: error: the device ran out of memory: measure fewer --layers or a smaller "
+            "micro-batch",
+            file=sys.stderr,
+        )
+        return 2
+    except (UsageError, ValueError, OSError, yaml.YAMLError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, yaml.YAMLError):
+            message = f"{getattr(exc, 'problem', None) or message} (malformed YAML plan)"
+        print(f"commbench: error: {message}", file=sys.stderr)
         return 2
     return 0

@@ -24,6 +24,7 @@ from sim.cli.plan_inputs import (
     add_import_arguments,
     assemble_plan,
     export_plan_bytes,
+    imported_files,
     wants_assembly,
 )
 from sim.output.report import format_duration, format_report, pipeline_stage, rank_title
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         },
         inputs=tuple(
             p
-            for p in (args.plan, args.calibration, args.compute_calibration, *_import_files(args))
+            for p in (args.plan, args.calibration, args.compute_calibration, *imported_files(args))
             if p is not None
         ),
     )
@@ -113,14 +114,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_report(result, plan, gpu=topology.gpu_spec(0), fidelity=args.fidelity), end="")
     return 0
-
-
-def _import_files(args: argparse.Namespace) -> list[Path]:
-    files = [getattr(args, flag, None) for flag in ("deepspeed", "megatron", "torchtitan")]
-    model = getattr(args, "model", None)
-    if model is not None and Path(model).suffix == ".json":
-        files.append(Path(model))
-    return [f for f in files if f is not None]
 
 
 def load_plan_file(path: Path) -> Plan:
@@ -224,7 +217,7 @@ def compute_calibration_for(source: Any, gpu: Any) -> Any:
 
     try:
         return calibration_from_step(source, gpu)
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"--compute-calibration: malformed step measurement ({exc})") from None
 
 

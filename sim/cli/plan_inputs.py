@@ -91,6 +91,22 @@ def assemble_plan(args: argparse.Namespace) -> Any:
     return load_plan(raw)
 
 
+def imported_files(args: argparse.Namespace) -> list[Path]:
+    """Every config file the plan will read (flags and the plan's ``import:`` section): inputs
+    that no output may replace."""
+    sources: dict[str, Any] = {}
+    if args.plan is not None and args.plan.is_file():
+        try:
+            raw = load_yaml(read_input(args.plan, what="plan"), name=str(args.plan))
+            if isinstance(raw, dict):
+                sources = _referenced(raw.get("import"), str(args.plan.resolve().parent))
+        except (ValueError, yaml.YAMLError):
+            sources = {}  # reported when the plan is read
+    sources.update({k: getattr(args, k) for k in IMPORT_FLAGS if getattr(args, k, None)})
+    files = [Path(v) for k, v in sources.items() if k != "model" or str(v).endswith(".json")]
+    return files
+
+
 def export_plan_bytes(plan: Any) -> bytes:
     """The plan as a YAML file ``commsim plan`` reads back to the same plan."""
     from schedules.plan import plan_to_dict

@@ -5,7 +5,11 @@ ignored), enumerates the layouts (``sim.search.space``), drops those the framewo
 those that do not fit ``--headroom`` x HBM, simulates the rest in ``-j`` worker processes with a
 progress bar, and prints the top ``--top`` by throughput with step time, tokens/s, MFU, memory,
 exposed communication and bottleneck. ``--json`` / ``--csv`` write every row, ``--best-plan``
-the best layout as a plan YAML, ``--plot`` throughput against memory with the Pareto front.
+the best layout as a plan YAML, ``--plot`` throughput against memory with the Pareto front of
+the simulated layouts (a layout that fits without recompute is not simulated with more of it,
+so its lighter-memory twins are not on the front). Every layout runs one kernel stack:
+``--stack``, else the base plan's (``training.stack`` or its default for the base plan's
+``data_parallel``).
 
     commsim search examples/llama3-8b-ddp-8xh100.yaml --top 5 --best-plan best.yaml -j 2
 """
@@ -16,6 +20,7 @@ import argparse
 import csv
 import io
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +40,7 @@ raise ``--max-layouts``."""
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
@@ -46,7 +51,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _words(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
+    return tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +100,11 @@ def _space(args: argparse.Namespace) -> SearchSpace:
     unknown = set(args.recompute or ()) - {"none", "selective", "full"}
     if unknown:
         raise ValueError(f"--recompute {sorted(unknown)[0]!r} is not one of none, selective, full")
+    for flag, value in (("--tokens", args.tokens), ("--price", args.price)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} must be a positive number, got {value}")
+    if args.price is not None and args.tokens is None:
+        raise ValueError("--price needs --tokens (the tokens to train on)")
     if args.top < 1 or args.jobs < 1 or args.max_pp < 1 or args.max_layouts < 1:
         raise ValueError("--top, --jobs, --max-pp and --max-layouts must be >= 1")
     return SearchSpace(
@@ -160,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
     ranked = sorted(rows, key=lambda r: -r.tokens_per_s)
     print(_table(ranked[: args.top], len(layouts), screened.rejected, len(rows)), end="")
-    if args.tokens:
+    if args.tokens is not None:
         print(_cost_line(ranked[0], args.tokens, args.price, topology.num_gpus))
     best = next(p for p in screened.plans if p.name == ranked[0].name)
     files = _files(targets, ranked, pareto_front(rows), plan_to_dict(best))
@@ -173,7 +183,14 @@ def _base_plan(args: argparse.Namespace) -> Plan:
     """The plan file, or one built from --model, --cluster, --nodes and --global-batch."""
     from schedules.plan import load_plan
 
+    plan_flags = ("model", "cluster", "global_batch", "seq_len", "fabric")
     if args.plan is not None:
+        given = [f for f in plan_flags if getattr(args, f) is not None] + (
+            ["nodes"] if args.nodes != 1 else []
+        )
+        if given:
+            named = ", ".join("--" + f.replace("_", "-") for f in given)
+            raise ValueError(f"{named}: give either a PLAN.yaml or these flags, not both")
         return load_plan_file(args.plan)
     missing = [f for f in ("model", "cluster", "global_batch") if getattr(args, f) is None]
     if missing:
@@ -182,7 +199,13 @@ def _base_plan(args: argparse.Namespace) -> Plan:
     model: dict[str, Any] = {"preset": args.model}
     if args.seq_len is not None:
         model["seq_len"] = args.seq_len
-    cluster: dict[str, Any] = {"node": args.cluster, "num_nodes": args.nodes}
+    node, nodes = args.cluster, args.nodes
+    if ":" in node:  # NODE:N, as commsim plan takes it
+        node, count = node.split(":", 1)
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--cluster {args.cluster}: expected NODE or NODE:N with N >= 1")
+        nodes = int(count)
+    cluster: dict[str, Any] = {"node": node, "num_nodes": nodes}
     if args.fabric:
         cluster["fabric"] = args.fabric
     training = {"micro_batch_size": 1, "global_batch_size": args.global_batch,
@@ -192,8 +215,6 @@ def _base_plan(args: argparse.Namespace) -> Plan:
 
 def _cost_line(best: Any, tokens: float, price: float | None, num_gpus: int) -> str:
     """Days to train on ``tokens`` with the best layout, and the cost at ``price`` per GPU-hour."""
-    if not tokens > 0 or (price is not None and not price >= 0):
-        raise ValueError(f"--tokens must be > 0 and --price >= 0, got {tokens}, {price}")
     hours = tokens / best.tokens_per_s / 3600.0
     cost = f", {hours * num_gpus * price:,.0f} at {price:g} per GPU-hour" if price else ""
     return (

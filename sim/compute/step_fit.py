@@ -12,6 +12,7 @@ overhead of an eager step), so that the calibrated model reproduces the measured
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,11 +68,26 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
             f"the step was measured on {measured_gpu!r} ({measurement.get('device', '')}), not "
             f"on this plan's {gpu.name!r}; measure this GPU"
         )
+    if measurement.get("dtype", "bf16") != "bf16" and gpu.name != "cpu":
+        raise ValueError(
+            f"the step was measured in {measurement.get('dtype')}; calibrate a bf16 plan on a "
+            "step measured with --dtype bf16"
+        )
     plan = resolve_plan(load_plan(measurement["plan"]), 1)
-    microbatches = int(measurement.get("microbatches", 1))
-    step_s = float(measurement["timings_s"]["step"])
+    microbatches = measurement.get("microbatches", 1)
+    step_s = measurement["timings_s"]["step"]
     profile = measurement.get("profile") or {}
-    measured = profile.get("classes_s", {})
+    measured = profile.get("classes_s", {}) if isinstance(profile, dict) else None
+    numbers_ok = all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+        for x in (microbatches, step_s)
+    )
+    if not numbers_ok or not isinstance(measured, dict) or int(microbatches) != microbatches:
+        raise ValueError(
+            f"malformed step measurement: microbatches={microbatches!r}, step={step_s!r}, "
+            "profile.classes_s must be a mapping"
+        )
+    microbatches = int(microbatches)
     base = ComputeModel(gpu)
     modelled = modelled_classes_s(plan, base, microbatches)
     dtype = "bf16" if measurement.get("dtype", "bf16") == "bf16" else "fp32"
@@ -95,7 +111,12 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
                                 efficiency=efficiency)  # fmt: skip
     predicted = sum(modelled_classes_s(plan, ComputeModel(gpu, fitted), microbatches).values())
     low, high = TIME_SCALE_RANGE
-    scale = min(high, max(low, step_s / predicted))
+    scale = step_s / predicted
+    if not low <= scale <= high:
+        raise ValueError(
+            f"the measured step ({step_s:.4g} s) is {scale:.3g}x what the model gives for it "
+            f"({predicted:.4g} s), outside [{low}, {high}]: the file does not describe this GPU"
+        )
     note = (
         f"commbench --step {measurement.get('source_plan', '')}: "
         f"{measurement.get('measured_layers')} layers, {microbatches} micro-batch(es), "

@@ -110,6 +110,7 @@ def screen(
     training = {**base["training"], "stack": stack or kernel_stack(plan)}
     out = Screened()
     fitted: set[tuple[Any, ...]] = set()
+    seen: set[str] = set()
     for layout in layouts:
         key = _without_recompute(layout)
         if key in fitted:
@@ -130,7 +131,12 @@ def screen(
         if memory["total"] > headroom * hbm_bytes:
             out.rejected["over the memory headroom"] += 1
             continue
-        out.plans.append(dataclasses.replace(candidate, name=layout_name(candidate)))
+        name = layout_name(candidate)
+        if name in seen:  # e.g. fsdp and fsdp2 under PP: the same FSDP2 layout
+            out.rejected["the same layout as another"] += 1
+            continue
+        seen.add(name)
+        out.plans.append(dataclasses.replace(candidate, name=name))
         fitted.add(key)
     return out
 

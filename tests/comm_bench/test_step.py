@@ -107,3 +107,14 @@ def test_a_cpu_run_that_would_take_too_long_is_refused_first(tmp_path: Path, cap
     err = capsys.readouterr().err
     assert "would take about" in err and "--max-minutes" in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_a_malformed_plan_or_an_output_over_it_is_one_line(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [\n")
+    assert cli.main(["--step", str(bad), "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.endswith("(malformed YAML plan)\n")
+    plan = _plan(tmp_path)
+    assert cli.main(["--step", str(plan), "--device", "cpu", "-o", str(plan)]) == 2
+    assert "is also an input" in capsys.readouterr().err
+    assert "model:" in plan.read_text()

@@ -90,3 +90,17 @@ def test_a_plan_file_can_name_the_configs_it_imports(
     assert "plan key 'import' must map model, deepspeed" in capsys.readouterr().err
     assert main(["plan", str(_base(tmp_path)), "--cluster", "dgx-h100:x"]) == 2
     assert "expected NODE or NODE:N" in capsys.readouterr().err
+
+
+def test_no_output_replaces_a_config_the_plan_imports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(HF.read_text())
+    plan = tmp_path / "plan.yaml"
+    training = {"micro_batch_size": 1, "global_batch_size": 8}
+    document = {"import": {"model": "config.json"}, "cluster": {"node": "dgx-h100"}}
+    plan.write_text(yaml.safe_dump({**document, "training": training}))
+    assert main(["plan", str(plan), "-o", str(config)]) == 2
+    assert "is also an input" in capsys.readouterr().err
+    assert config.read_text() == HF.read_text()

@@ -82,3 +82,35 @@ def test_search_from_flags_reports_days_and_cost(
     )
     assert main(["search", "--model", "llama3-8b"]) == 2
     assert "give a PLAN.yaml, or --cluster, --global-batch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--nodes", "4"], "--nodes: give either a PLAN.yaml or these flags, not both"),
+        (["--price", "2"], "--price needs --tokens"),
+        (["--tokens", "nan"], "--tokens must be a positive number, got nan"),
+        (["--tokens", "0"], "--tokens must be a positive number, got 0.0"),
+    ],
+)
+def test_contradictory_or_bad_flags_are_refused_before_searching(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    plan = _write_plan(tmp_path, TINY_PLAN)
+    assert main(["search", str(plan), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_repeated_values_and_equal_layouts_are_simulated_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = _write_plan(tmp_path, TINY_PLAN)
+    out = tmp_path / "s.json"
+    argv = ["search", str(plan), "--tp", "2,2", "--pp", "2", "--data-parallel", "fsdp,fsdp2",
+            "--micro-batch", "1", "--recompute", "none", "--no-interleaved",
+            "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    names = [r["layout"] for r in json.loads(out.read_text())["rows"]]
+    assert names == ["tp2 pp2 dp2 fsdp2 mbs1 none 1f1b"]  # fsdp under PP is FSDP2
+    assert "1 the same layout as another" in capsys.readouterr().out

@@ -65,3 +65,19 @@ def test_efficiency_never_exceeds_the_peak_and_other_gpus_are_refused() -> None:
         calibration_from_step(_measurement(1, 1, 1, 0), GPUS["a100-sxm-80gb"])
     with pytest.raises(ValueError, match="schema 'x' is not 'commbench-step/1'"):
         calibration_from_step({"schema": "x"}, H100)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"timings_s": {"step": -1.0}}, "malformed step measurement"),
+        ({"microbatches": 0}, "malformed step measurement"),
+        ({"profile": {"classes_s": [1]}}, "malformed step measurement"),
+        ({"timings_s": {"step": 1e6}}, "outside"),
+        ({"dtype": "fp32"}, "measured in fp32"),
+    ],
+)
+def test_malformed_or_foreign_measurements_are_refused(change: dict, message: str) -> None:
+    measurement = {**_measurement(1, 1, 1, 0), **change}
+    with pytest.raises(ValueError, match=message):
+        calibration_from_step(measurement, H100)
