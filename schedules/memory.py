@@ -41,7 +41,7 @@ from schedules.activations import (
 from schedules.kernels import kernel_stack
 from schedules.messages import PARAM_BYTES, grad_bytes_per_param
 from schedules.params import (
-    embedding_params,
+    embedding_params_per_gpu,
     layer_params_per_gpu,
     layers_per_stage,
     stage_params_per_gpu,
@@ -178,9 +178,7 @@ def fsdp_unsharded_bytes(plan: Plan, stage: int) -> float:
     root = root_params_per_gpu(plan, stage)
     if not parallel.fsdp2:
         return root * (PARAM_BYTES + grad_bytes_per_param(kind))
-    model = plan.model
-    vocab = model.vocab_size * model.hidden_size
-    head = root - min(root, vocab / parallel.tp + embedding_params(model) - vocab)
+    head = root - min(root, embedding_params_per_gpu(plan.model, parallel.tp))
     # Parameters and bf16 gradients until post_backward reshards the parameters, then the
     # gradients and their reduce-dtype copy: never all three at once.
     grad = grad_bytes_per_param(kind)

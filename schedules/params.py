@@ -94,6 +94,13 @@ def layers_per_stage(plan: Plan, stage: int) -> int:
     return rank_layers(plan.parallel, plan.model.num_layers)[stage]
 
 
+def embedding_params_per_gpu(model: ModelConfig, tp: int) -> float:
+    """The input embedding on one GPU: the vocab-parallel word embedding (V h / t) and the
+    replicated learned position embedding, if any."""
+    vocab = model.vocab_size * model.hidden_size
+    return vocab / tp + embedding_params(model) - vocab
+
+
 def stage_params_per_gpu(plan: Plan, stage: int) -> float:
     """Parameters held by one GPU of pipeline rank ``stage`` (TP-sharded, before DP sharding).
 
@@ -109,7 +116,7 @@ def stage_params_per_gpu(plan: Plan, stage: int) -> float:
     vocab_shard = model.vocab_size * model.hidden_size / t
     count = layers_per_stage(plan, stage) * layer_params_per_gpu(model, t)
     if stage == 0:
-        count += vocab_shard + embedding_params(model) - model.vocab_size * model.hidden_size
+        count += embedding_params_per_gpu(model, t)
     if stage == p - 1:
         count += norm_params(model)
         if not model.tied_embeddings or p > 1:

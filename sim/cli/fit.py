@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if fitted is not None:
         gemm = fitted.max_flops_per_s / gpu.peak_flops_per_s[dtype]
     # time_scale multiplies the base calibration's own factor; GEMM efficiency = gemm / scale.
-    low, high = gemm / 1.0 / base.time_scale, gemm / MIN_GEMM_EFFICIENCY / base.time_scale
+    low, high = gemm / base.time_scale, gemm / MIN_GEMM_EFFICIENCY / base.time_scale
 
     def simulate(scale: float) -> float:
         calibration = dataclasses.replace(base, time_scale=base.time_scale * scale)

@@ -14,7 +14,7 @@ from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
 from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
 from schedules.memory import replica_group_size
 from schedules.model import layer_params_per_gpu, stage_params_per_gpu
-from schedules.params import embedding_params
+from schedules.params import embedding_params_per_gpu
 from schedules.plan import Plan, num_microbatches
 from schedules.program import ChunkWork, Program, Step
 from schedules.stages import chunk_layers
@@ -157,8 +157,7 @@ def fsdp2_units(plan: Plan, costs: StepCosts, compute: ComputeModel) -> tuple[Fs
     reduce_bytes = reduce_bytes_per_param(plan)
     layer = layer_params_per_gpu(model, par.tp)
     root = stage_params_per_gpu(plan, 0) - layer * model.num_layers
-    vocab = model.vocab_size * model.hidden_size
-    embed = min(root, vocab / par.tp + embedding_params(model) - vocab)
+    embed = min(root, embedding_params_per_gpu(model, par.tp))
     layers_reshard = reshard_after_forward(plan)
 
     def unit(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedules.kernels import weight_gemm_shapes
-from schedules.memory import replica_group_size
+from schedules.memory import FSDP_KINDS, replica_group_size
 from schedules.model import (
     cp_kv_message_bytes,
     grad_bytes_per_param,
@@ -35,9 +35,6 @@ from schedules.program import (
 )
 from schedules.stages import chunk_layers
 from sim.compute.model import ComputeModel, LayerTimes
-
-FSDP_KINDS = ("fsdp", "hsdp", "zero3")
-"""Data-parallel kinds replayed unit by unit (parameters sharded and gathered per layer)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -11,6 +10,7 @@ import simpy
 from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
 from schedules.program import GRAD_NORM_BYTES, ChunkWork, Collective, Compute, ComputeStep, Program
 from sim.replay.engine import Engine
+from tests.sim.replay.test_engine import UnitComm
 
 LAYER = ChunkWork(
     forward=(ComputeStep(name="fwd", duration_s=1.0),),
@@ -132,19 +132,6 @@ def test_no_grad_norm_all_reduce_by_default_and_unknown_group_is_rejected() -> N
     assert "AR grad norm" not in names(fsdp_program(spec()))
     with pytest.raises(ValueError, match=r"'world'.*\['dp'\]"):
         spec(grad_norm_group="world")
-
-
-class UnitComm:
-    """A network where a message of ``size_bytes`` takes ``size_bytes`` seconds, any op."""
-
-    def __init__(self, env: simpy.Environment) -> None:
-        self.env = env
-
-    def run(self, op: str, ranks: Sequence[int], size_bytes: float) -> simpy.Event:
-        return self.env.timeout(size_bytes)
-
-    def estimate_s(self, op: str, ranks: Sequence[int], size_bytes: float) -> float:
-        return size_bytes
 
 
 def timeline(program: Program) -> list[tuple[str, float, float]]:

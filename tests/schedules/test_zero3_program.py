@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
-from collections.abc import Sequence
 
 import pytest
 import simpy
@@ -20,6 +19,7 @@ from schedules.zero3_program import zero3_program
 from schedules.zero3_spec import Submodule, Zero3Rank, layer_submodules, split_recipe
 from sim.replay.engine import Engine
 from tests.model_configs import LLAMA3_70B, gpt
+from tests.sim.replay.test_engine import UnitComm
 
 SIZES = {"a": 10.0, "b": 20.0, "c": 30.0}
 """Elements of the three modules of each layer of the tiny model."""
@@ -231,19 +231,6 @@ def test_sync_per_weight_gathers_each_tensor_after_a_device_sync() -> None:
     assert program.actions[at["AG F0 fc w1"]].deps == (at["AG F0 fc w0"],)
     assert program.actions[at["AG F0 out w0"]].deps == (at["AG F0 fc w1"], at["F0 fc fwd"])
     assert program.actions[at["F0 out fwd"]].deps == (at["AG F0 out w0"], at["AG F0 out w1"])
-
-
-class UnitComm:
-    """A network where a message of ``size_bytes`` takes ``size_bytes`` seconds, any op."""
-
-    def __init__(self, env: simpy.Environment) -> None:
-        self.env = env
-
-    def run(self, op: str, ranks: Sequence[int], size_bytes: float) -> simpy.Event:
-        return self.env.timeout(size_bytes)
-
-    def estimate_s(self, op: str, ranks: Sequence[int], size_bytes: float) -> float:
-        return size_bytes
 
 
 def step_s(spec: Zero3Rank) -> float:
