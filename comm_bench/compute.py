@@ -13,6 +13,7 @@ CPU). Like nccl-tests, each figure is the time of ``iters`` back-to-back calls d
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -80,6 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int, default=1, help="CPU threads (default 1: one core per rank)"
     )
     parser.add_argument("--gpu", default=None, help="catalogue GPU key to record (auto)")
+    parser.add_argument(
+        "--adam-params",
+        type=int,
+        default=1 << 24,
+        help="parameters of the CPU Adam step measured on the host (0: skip)",
+    )
+    parser.add_argument(
+        "--adam-threads",
+        type=int,
+        default=None,
+        help="threads of the CPU Adam step (default: every core, as DeepSpeedCPUAdam)",
+    )
     parser.add_argument("--output", "-o", default=None, help="write the calibration JSON here")
     return parser
 
@@ -285,6 +298,11 @@ def run(args: argparse.Namespace) -> ComputeCalibration:
     device = resolve_device(args.device)
     if args.threads <= 0:
         raise UsageError(f"--threads must be > 0, got {args.threads}")
+    if args.adam_params < 0 or (args.adam_threads is not None and args.adam_threads <= 0):
+        raise UsageError(
+            f"--adam-params must be >= 0 and --adam-threads > 0, got {args.adam_params} and "
+            f"{args.adam_threads}"
+        )
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
@@ -323,12 +341,51 @@ def run(args: argparse.Namespace) -> ComputeCalibration:
         kernels=kernels,
         memory_bandwidth_bytes_per_s=measure_memory_bandwidth(device, **timing),
         measurements=tuple(samples),
+        cpu_adam_params_per_s=_host_adam(args, timing),
     )
     if target is not None:
         save_compute_calibration(calibration, target)
         if not target.is_stdout:
             print(f"# wrote {target.name}")
     return calibration
+
+
+def _host_adam(args: argparse.Namespace, timing: dict[str, int]) -> float | None:
+    """The host's CPU Adam rate (``--adam-params 0``: not measured), printed as it is taken."""
+    if args.adam_params == 0:
+        return None
+    threads = args.adam_threads if args.adam_threads is not None else os.cpu_count() or 1
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        step_s, impl = measure_cpu_adam(args.adam_params, **timing)
+    finally:
+        torch.set_num_threads(saved)
+    rate = args.adam_params / step_s
+    print(
+        f"# cpu adam: {args.adam_params:,} fp32 params, {threads} threads, {impl}: "
+        f"{step_s * 1e3:.2f} ms per step, {rate / 1e9:.3f} Gparam/s "
+        f"({rate * 28 / 1e9:.1f} GB/s of 28 B/param)"
+    )
+    return rate
+
+
+def measure_cpu_adam(num_params: int, **timing: int) -> tuple[float, str]:
+    """Seconds of one Adam step over ``num_params`` fp32 parameters on the CPU, and which
+    implementation ran: torch's fused CPU AdamW (vectorised and threaded, as DeepSpeedCPUAdam;
+    torch >= 2.4), else its foreach one. Each step reads the parameter, gradient and both moments
+    and writes back three: 28 bytes per parameter, memory-bound."""
+    param = torch.nn.Parameter(torch.zeros(num_params, dtype=torch.float32))
+    param.grad = torch.full_like(param, 1e-3)
+    try:
+        optimizer = torch.optim.AdamW([param], lr=1e-4, fused=True)
+        optimizer.step()
+        impl = "torch.optim.AdamW(fused=True)"
+    except (RuntimeError, ValueError):
+        optimizer = torch.optim.AdamW([param], lr=1e-4, foreach=True)
+        impl = "torch.optim.AdamW(foreach=True)"
+    cpu = torch.device("cpu")
+    return time_per_call_s(optimizer.step, device=cpu, **timing), impl
 
 
 def main(argv: Sequence[str] | None = None) -> int:

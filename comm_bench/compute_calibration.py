@@ -96,6 +96,10 @@ class ComputeCalibration:
     overlap_slowdown: float | None = None
     """Compute slowdown while communication runs beside it (0.2: 20% longer); None for the
     default (``sim.compute.model.DEFAULT_OVERLAP_SLOWDOWN``)."""
+    cpu_adam_params_per_s: float | None = None
+    """Measured CPU Adam step rate of the whole host (parameters per second, every core;
+    ``commbench --compute`` on the host): the CPU step of offloaded optimizers. None keeps the
+    catalogue CPU's memory bandwidth."""
 
     def __post_init__(self) -> None:
         for dtype, kinds in self.kernels.items():
@@ -124,6 +128,14 @@ class ComputeCalibration:
             _time_scale(self.time_scale)
         except ValueError as exc:
             raise ValueError(f"compute calibration: {exc}") from None
+        adam = self.cpu_adam_params_per_s
+        if adam is not None and not (
+            isinstance(adam, int | float) and not isinstance(adam, bool) and 1e3 <= adam <= 1e14
+        ):
+            raise ValueError(
+                f"compute calibration: cpu_adam_params_per_s must be a number in [1e3, 1e14], "
+                f"got {shorten(adam)}"
+            )
         slowdown = self.overlap_slowdown
         if slowdown is not None and not (
             isinstance(slowdown, int | float)
@@ -155,6 +167,7 @@ class ComputeCalibration:
             "time_scale": self.time_scale,
             "fitted_on": self.fitted_on,
             "overlap_slowdown": self.overlap_slowdown,
+            "cpu_adam_params_per_s": self.cpu_adam_params_per_s,
         }
 
     @classmethod
@@ -194,6 +207,7 @@ class ComputeCalibration:
             time_scale=_time_scale(data.get("time_scale", 1.0)),
             fitted_on=data.get("fitted_on", ""),
             overlap_slowdown=data.get("overlap_slowdown"),
+            cpu_adam_params_per_s=data.get("cpu_adam_params_per_s"),
         )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedules.moe import count_moe_layers, moe_mlp_forward_flops
 from schedules.plan import ModelConfig, Plan
 
 FLOPS_DEFINITION = (
@@ -85,6 +86,28 @@ def layer_forward_flops(model: ModelConfig, micro_batch_size: float, *, causal: 
     )
 
 
+def moe_layer_forward_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:
+    """One MoE layer's forward: attention as in a dense layer, then the router, k routed experts
+    and the shared experts per token (balanced routing: model FLOPs, not the busiest GPU's)."""
+    tokens = micro_batch_size * model.seq_len
+    return (
+        attention_linear_flops(model, tokens)
+        + attention_core_flops(model, micro_batch_size, causal=causal)
+        + moe_mlp_forward_flops(model, tokens)
+    )
+
+
+def layers_forward_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:
+    """Forward FLOPs of all L layers, dense and MoE."""
+    num_moe = count_moe_layers(model, start=0, count=model.num_layers)
+    dense = (model.num_layers - num_moe) * layer_forward_flops(
+        model, micro_batch_size, causal=causal
+    )
+    if not num_moe:
+        return dense
+    return dense + num_moe * moe_layer_forward_flops(model, micro_batch_size, causal=causal)
+
+
 def recompute_flops(
     model: ModelConfig, micro_batch_size: float, *, recompute: str, causal: bool
 ) -> float:
@@ -143,10 +166,13 @@ def model_flops_per_step(plan: Plan, *, causal: bool = True) -> tuple[float, str
     """
     batch = plan.training.global_batch_size
     model = plan.model
-    forward = model.num_layers * layer_forward_flops(model, batch, causal=causal)
+    forward = layers_forward_flops(model, batch, causal=causal)
     forward += logits_flops(model, batch)
     wording = "halved for causal masking" if causal else "counted whole (non-causal)"
-    return 3.0 * forward, FLOPS_DEFINITION.format(causal=wording)
+    definition = FLOPS_DEFINITION.format(causal=wording)
+    if model.num_experts:
+        definition += "; MoE layers: router, top-k routed and shared experts (active parameters)"
+    return 3.0 * forward, definition
 
 
 def hardware_flops_per_step(plan: Plan, *, causal: bool = True) -> float:
@@ -154,6 +180,8 @@ def hardware_flops_per_step(plan: Plan, *, causal: bool = True) -> float:
     model, parallel = plan.model, plan.parallel
     batch = plan.training.global_batch_size
     flops, _ = model_flops_per_step(plan, causal=causal)
+    if parallel.recompute == "full":
+        return flops + layers_forward_flops(model, batch, causal=causal)
     extra = recompute_flops(model, batch, recompute=parallel.recompute, causal=causal)
     return flops + model.num_layers * extra
 

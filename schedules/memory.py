@@ -32,6 +32,7 @@ The worst pipeline stage (largest total) is reported.
 from __future__ import annotations
 
 from schedules.activations import (
+    ACTIVATION_BYTES,
     LOGITS_BYTES_PER_ELEMENT,
     head_activation_bytes,
     layer_activation_bytes,
@@ -40,10 +41,14 @@ from schedules.activations import (
 )
 from schedules.kernels import kernel_stack
 from schedules.messages import PARAM_BYTES, grad_bytes_per_param
+from schedules.moe import expert_data_parallel, moe_activation_bytes
+from schedules.offload import gpu_offload_buffer_bytes, gpu_state_bytes_per_param
 from schedules.params import (
     embedding_params_per_gpu,
     layer_params_per_gpu,
     layers_per_stage,
+    stage_expert_params_per_gpu,
+    stage_moe_layers,
     stage_params_per_gpu,
 )
 from schedules.plan import Plan, num_microbatches
@@ -84,10 +89,14 @@ def replica_group_size(plan: Plan, *, gpus_per_node: int | None = None) -> int:
     return min(shard * parallel.cp, group)
 
 
-def state_bytes_per_param(plan: Plan, *, gpus_per_node: int | None = None) -> dict[str, float]:
-    """Bytes per parameter of weights, gradients and optimizer state after sharding."""
+def state_bytes_per_param(
+    plan: Plan, *, gpus_per_node: int | None = None, shards: int | None = None
+) -> dict[str, float]:
+    """Bytes per parameter of weights, gradients and optimizer state after sharding over
+    ``shards`` GPUs (default: the data-parallel kind's replica group)."""
     kind = plan.parallel.data_parallel
-    shards = replica_group_size(plan, gpus_per_node=gpus_per_node)
+    if shards is None:
+        shards = replica_group_size(plan, gpus_per_node=gpus_per_node)
     grad = grad_bytes_per_param(kind)
     sharded = {
         "ddp": (),
@@ -99,7 +108,8 @@ def state_bytes_per_param(plan: Plan, *, gpus_per_node: int | None = None) -> di
         "distributed_optimizer": ("optimizer",),
     }[kind]
     full = {"weights": PARAM_BYTES, "gradients": grad, "optimizer": OPTIMIZER_BYTES_PER_PARAM}
-    return {k: v / shards if k in sharded else float(v) for k, v in full.items()}
+    per_param = {k: v / shards if k in sharded else float(v) for k, v in full.items()}
+    return gpu_state_bytes_per_param(plan.parallel, per_param)  # less what is offloaded
 
 
 ZERO3_PEAK_BUFFERS = ("ipg_bucket", "reduce_scatter_copy", "live_params", "persistent_params")
@@ -185,6 +195,18 @@ def fsdp_unsharded_bytes(plan: Plan, stage: int) -> float:
     return head * max(PARAM_BYTES + grad, grad + parallel.reduce_dtype_bytes)
 
 
+def moe_layer_extra_bytes(plan: Plan) -> float:
+    """What an MoE layer stores beyond a dense layer (recompute none or selective): the expert,
+    router and shared-expert terms (``schedules.moe``) instead of the dense MLP hidden; 0 under
+    full recompute (only the layer input is kept)."""
+    model, parallel = plan.model, plan.parallel
+    if parallel.recompute == "full":
+        return 0.0
+    tokens = plan.training.micro_batch_size * model.seq_len / parallel.cp
+    dense_hidden = (3 if model.gated_mlp else 2) * model.ffn_hidden_size / parallel.tp
+    return moe_activation_bytes(plan) - ACTIVATION_BYTES * tokens * dense_hidden
+
+
 def activation_bytes(plan: Plan, stage: int) -> float:
     """Activations rank ``stage`` holds at its peak under the plan's schedule and recompute."""
     model, parallel, training = plan.model, plan.parallel, plan.training
@@ -197,6 +219,11 @@ def activation_bytes(plan: Plan, stage: int) -> float:
         recompute=parallel.recompute,
         flash_attention=training.flash_attention,
     )
+    layers = layers_per_stage(plan, stage)
+    num_moe = stage_moe_layers(plan, stage)
+    if num_moe:
+        moe_layer = per_layer + moe_layer_extra_bytes(plan)
+        per_layer = ((layers - num_moe) * per_layer + num_moe * moe_layer) / layers
     num_micro = num_microbatches(plan)
     stored = stored_layer_activations(
         parallel.schedule,
@@ -217,7 +244,7 @@ def activation_bytes(plan: Plan, stage: int) -> float:
             sequence_parallel=parallel.sequence_parallel,
             recompute="none",
             flash_attention=training.flash_attention,
-        )
+        ) + (max(moe_layer_extra_bytes(plan), 0.0) if num_moe else 0.0)
     if stage == parallel.pp - 1:
         head = head_activation_bytes(
             model,
@@ -256,12 +283,18 @@ def stage_memory_bytes(
     per_param = state_bytes_per_param(plan, gpus_per_node=gpus_per_node)
     is_last = stage == plan.parallel.pp - 1
     parallel = plan.parallel
+    experts = stage_expert_params_per_gpu(plan, stage)  # sharded over edp, not dp
+    per_expert = state_bytes_per_param(plan, shards=expert_data_parallel(parallel))
+
+    def states(key: str) -> float:
+        return (params - experts) * per_param[key] + experts * per_expert[key]
+
     memory = {
-        "weights": params * per_param["weights"],
-        "gradients": params * per_param["gradients"],
-        "optimizer": params * per_param["optimizer"],
+        "weights": states("weights"),
+        "gradients": states("gradients"),
+        "optimizer": states("optimizer"),
         "activations": activation_bytes(plan, stage),
-        "buffers": transient_buffer_bytes(plan, stage),
+        "buffers": transient_buffer_bytes(plan, stage) + gpu_offload_buffer_bytes(plan),
         "fsdp_unsharded": fsdp_unsharded_bytes(plan, stage),
         "logits": logits_bytes(
             plan.model,

@@ -50,6 +50,17 @@ def _megatron_gpt(layers: int, hidden: int, heads: int) -> dict:
     }
 
 
+def _moe(base: dict, experts: int, top_k: int, width: int, **extra: int) -> dict:
+    """A Llama-style shape whose MLPs are routed experts (``schedules.moe``)."""
+    return {
+        **base,
+        "num_experts": experts,
+        "moe_top_k": top_k,
+        "moe_ffn_hidden_size": width,
+        **extra,
+    }
+
+
 _NARAYANAN = "Narayanan et al., SC21, arXiv:2104.04473, Table 1"
 _LLAMA2 = "Llama 2 paper, arXiv:2307.09288, and the released config.json"
 _LLAMA3 = "Llama 3 paper, arXiv:2407.21783, Table 3 (3.1 has the same shapes)"
@@ -69,6 +80,40 @@ MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "mistral-7b": (_llama(32, 4096, 32, 8, 14336, 32000, 8192), _MISTRAL),
     "qwen2.5-7b": (_llama(28, 3584, 28, 4, 18944, 152064, 4096), _QWEN),
     "qwen2.5-72b": (_llama(80, 8192, 64, 8, 29568, 152064, 4096), _QWEN),
+    "mixtral-8x7b": (
+        _moe(_llama(32, 4096, 32, 8, 14336, 32000, 32768), 8, 2, 14336),
+        "Mixtral of Experts, arXiv:2401.04088, Table 1 (46.7B total, 12.9B active), and the "
+        "released config.json",
+    ),
+    "mixtral-8x22b": (
+        _moe(_llama(56, 6144, 48, 8, 16384, 32768, 65536), 8, 2, 16384),
+        "mistralai/Mixtral-8x22B-v0.1 config.json (141B total, 39B active per its model card)",
+    ),
+    "qwen2-57b-a14b": (
+        _moe(
+            _llama(28, 3584, 28, 4, 18944, 151936, 32768),
+            64,
+            8,
+            2560,
+            moe_shared_expert_ffn_hidden_size=20480,
+        ),
+        "Qwen2 technical report, arXiv:2407.10671, Table 1, and Qwen/Qwen2-57B-A14B config.json "
+        "(57B total, 14B active; its QKV biases and shared-expert gate, 0.01%, are left out)",
+    ),
+    "deepseek-v3": (
+        _moe(
+            _llama(61, 7168, 128, 128, 18432, 129280, 4096),
+            256,
+            8,
+            2048,
+            moe_shared_expert_ffn_hidden_size=2048,
+            moe_first_dense_layers=3,
+        ),
+        "DeepSeek-V3 technical report, arXiv:2412.19437, Sec. 4.2 (671B total, 37B active, "
+        "first 3 layers dense, 1 shared + 256 routed experts, top-8); its multi-head latent "
+        "attention is modelled as multi-head attention of the same width (+10% attention "
+        "parameters) and its multi-token-prediction module is left out",
+    ),
     "gpt3-175b": ({**_megatron_gpt(96, 12288, 96), "vocab_size": 50257}, _GPT3),
     "megatron-gpt-1.7b": (_megatron_gpt(24, 2304, 24), _NARAYANAN),
     "megatron-gpt-3.6b": (_megatron_gpt(30, 3072, 32), _NARAYANAN),

@@ -11,8 +11,17 @@ a final norm and an untied V x h LM head.
 
 from __future__ import annotations
 
-from schedules.plan import ModelConfig, Plan
-from schedules.stages import rank_layers
+from schedules.moe import (
+    active_expert_params,
+    count_moe_layers,
+    expert_params,
+    expert_params_per_gpu,
+    moe_dense_params_per_gpu,
+    router_params,
+    shared_expert_params,
+)
+from schedules.plan import ModelConfig, ParallelConfig, Plan
+from schedules.stages import chunk_first_layer, chunk_layers, rank_layers
 
 
 def attention_params(model: ModelConfig) -> int:
@@ -57,14 +66,31 @@ def lm_head_params(model: ModelConfig) -> int:
     return 0 if model.tied_embeddings else model.vocab_size * model.hidden_size
 
 
+def moe_layer_params(model: ModelConfig) -> int:
+    """One MoE layer: a dense layer whose MLP is replaced by the router, the routed experts and
+    the shared experts (``schedules.moe``)."""
+    moe_mlp = router_params(model) + expert_params(model) + shared_expert_params(model)
+    return layer_params(model) - mlp_params(model) + moe_mlp
+
+
 def total_params(model: ModelConfig) -> int:
     """All parameters: L layers + embeddings + final norm + LM head (counted once when tied)."""
+    num_moe = count_moe_layers(model, start=0, count=model.num_layers)
     return (
-        model.num_layers * layer_params(model)
+        (model.num_layers - num_moe) * layer_params(model)
+        + num_moe * moe_layer_params(model)
         + embedding_params(model)
         + norm_params(model)
         + lm_head_params(model)
     )
+
+
+def active_params(model: ModelConfig) -> float:
+    """Parameters one token goes through (MFU of MoE models counts these): every dense weight,
+    the router, k routed experts and the shared experts of each MoE layer."""
+    num_moe = count_moe_layers(model, start=0, count=model.num_layers)
+    routed_all = router_params(model) + expert_params(model) + shared_expert_params(model)
+    return total_params(model) - num_moe * (routed_all - active_expert_params(model))
 
 
 def megatron_gpt_params(num_layers: int, hidden_size: int, vocab_size: int, seq_len: int) -> float:
@@ -86,6 +112,37 @@ def layer_params_per_gpu(model: ModelConfig, tp: int) -> float:
     """
     replicated = 2 * norm_params(model) + (2 * model.hidden_size if model.linear_bias else 0)
     return (layer_params(model) - replicated) / tp + replicated
+
+
+def moe_layer_params_per_gpu(model: ModelConfig, parallel: ParallelConfig) -> float:
+    """One MoE layer on one GPU: the dense layer without its MLP, plus the router and shared
+    experts (dense layout) and E / ep routed experts split etp ways."""
+    h, bias = model.hidden_size, model.linear_bias
+    dense_mlp = (mlp_params(model) - (h if bias else 0)) / parallel.tp + (h if bias else 0)
+    dense = layer_params_per_gpu(model, parallel.tp) - dense_mlp
+    return (
+        dense + moe_dense_params_per_gpu(model, parallel) + expert_params_per_gpu(model, parallel)
+    )
+
+
+def vstage_moe_layers(plan: Plan, vstage: int) -> int:
+    """MoE layers of virtual stage ``vstage`` (index ``chunk * pp + rank``)."""
+    model, parallel = plan.model, plan.parallel
+    count = chunk_layers(parallel, model.num_layers)[vstage]
+    first = chunk_first_layer(parallel, model.num_layers, vstage)
+    return count_moe_layers(model, start=first, count=count)
+
+
+def stage_moe_layers(plan: Plan, stage: int) -> int:
+    """MoE layers held by pipeline rank ``stage`` (all of its chunks)."""
+    p = plan.parallel.pp
+    return sum(vstage_moe_layers(plan, c * p + stage) for c in range(plan.parallel.vpp))
+
+
+def stage_expert_params_per_gpu(plan: Plan, stage: int) -> float:
+    """Routed-expert parameters on one GPU of pipeline rank ``stage`` (reduced over the
+    expert-data-parallel group instead of dp)."""
+    return stage_moe_layers(plan, stage) * expert_params_per_gpu(plan.model, plan.parallel)
 
 
 def layers_per_stage(plan: Plan, stage: int) -> int:
@@ -115,6 +172,8 @@ def stage_params_per_gpu(plan: Plan, stage: int) -> float:
         raise ValueError(f"pipeline stage {stage} is outside 0..{p - 1} (pp={p})")
     vocab_shard = model.vocab_size * model.hidden_size / t
     count = layers_per_stage(plan, stage) * layer_params_per_gpu(model, t)
+    moe_extra = moe_layer_params_per_gpu(model, parallel) - layer_params_per_gpu(model, t)
+    count += stage_moe_layers(plan, stage) * moe_extra
     if stage == 0:
         count += embedding_params_per_gpu(model, t)
     if stage == p - 1:

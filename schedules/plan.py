@@ -39,6 +39,11 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 STACKS = ("eager", "compile", "megatron")
 """Which implementation runs the layers (``training.stack``; ``schedules.kernels`` inventories)."""
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
+MOE_DISPATCHERS = ("alltoall", "allgather")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+"""Where ``offload_optimizer`` / ``offload_param`` put their state (DeepSpeed's
+``OffloadDeviceEnum``); the rest of the offload checks are ``schedules.offload.check_offload``."""
+"""Megatron-Core's token dispatchers (``moe_token_dispatcher_type``)."""
 
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
@@ -65,6 +70,47 @@ MODEL_LIMITS = {
 """Upper bounds of the model dimensions: 10-100x past the largest published dense models (126
 layers, hidden 16,384, 128k vocabulary, 1M-token context), so a typo of a few digits or 1e30 is
 an error instead of a step of 10^50 seconds."""
+
+
+MOE_LIMITS = {"num_experts": 4096, "moe_ffn_hidden_size": 1 << 22}
+"""Upper bounds of the MoE dimensions (DeepSeek-V3 has 256 routed experts of width 2,048)."""
+
+
+def _check_moe(model: ModelConfig) -> None:
+    """MoE keys: counts in range, top-k within the experts, a capacity and imbalance >= 1."""
+    for name, limit in MOE_LIMITS.items():
+        value = getattr(model, name)
+        if not 0 <= value <= limit:
+            raise ValueError(f"model.{name} must be in 0..{limit:,}, got {value}")
+    if model.moe_shared_expert_ffn_hidden_size < 0:
+        raise ValueError(
+            "model.moe_shared_expert_ffn_hidden_size must be >= 0, got "
+            f"{model.moe_shared_expert_ffn_hidden_size}"
+        )
+    if model.moe_layer_freq < 1 or model.moe_first_dense_layers < 0:
+        raise ValueError(
+            f"model.moe_layer_freq must be >= 1 and model.moe_first_dense_layers >= 0, got "
+            f"{model.moe_layer_freq} and {model.moe_first_dense_layers}"
+        )
+    if not model.num_experts:
+        return
+    if not 1 <= model.moe_top_k <= model.num_experts:
+        raise ValueError(
+            f"model.moe_top_k={model.moe_top_k} must be in 1..num_experts={model.num_experts}"
+        )
+    if model.moe_first_dense_layers >= model.num_layers:
+        raise ValueError(
+            f"model.moe_first_dense_layers={model.moe_first_dense_layers} leaves no MoE layer of "
+            f"num_layers={model.num_layers}"
+        )
+    if not 1.0 <= model.moe_imbalance <= model.num_experts:
+        raise ValueError(
+            f"model.moe_imbalance={model.moe_imbalance} must be in 1..num_experts "
+            f"(the busiest expert's tokens over the mean)"
+        )
+    capacity = model.moe_capacity_factor
+    if capacity is not None and not 0.0 < capacity <= model.num_experts:
+        raise ValueError(f"model.moe_capacity_factor={capacity} must be in (0, num_experts]")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +147,25 @@ class ModelConfig:
     """Whether the linear layers have biases (GPT-2/3 and Megatron GPT: yes; Llama: no)."""
     dropout: bool = False
     """Whether dropout is on (stores masks: Korthikanti et al. count them; Llama trains without)."""
+    num_experts: int = 0
+    """Routed experts per MoE layer (Megatron --num-experts); 0: a dense model."""
+    moe_top_k: int = 2
+    """Experts each token is routed to (--moe-router-topk)."""
+    moe_ffn_hidden_size: int = 0
+    """One routed expert's MLP width (--moe-ffn-hidden-size); 0 means ffn_hidden_size."""
+    moe_shared_expert_ffn_hidden_size: int = 0
+    """Total width of the shared experts every token goes through
+    (--moe-shared-expert-intermediate-size); 0: none."""
+    moe_layer_freq: int = 1
+    """Every n-th layer (after the first dense ones) is an MoE layer (--moe-layer-freq)."""
+    moe_first_dense_layers: int = 0
+    """Leading dense layers (DeepSeek's first_k_dense_replace)."""
+    moe_capacity_factor: float | None = None
+    """Tokens an expert takes at most, relative to the mean (--moe-expert-capacity-factor);
+    excess tokens are dropped. Unset: dropless."""
+    moe_imbalance: float = 1.0
+    """Tokens of the busiest expert relative to the mean (1.0: perfectly balanced routing); the
+    rank holding it sets the pace of every all-to-all and expert GEMM."""
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -134,6 +199,7 @@ class ModelConfig:
                 f"model.num_kv_heads={self.num_kv_heads} must divide "
                 f"model.num_heads={self.num_heads}"
             )
+        _check_moe(self)
 
     @property
     def activation(self) -> str:
@@ -253,6 +319,19 @@ class ParallelConfig:
     """How ZeRO-3 fetches parameters: ``prefetch`` (current DeepSpeed, read at v0.14-v0.16: per
     module, coalesced, prefetched along the recorded trace) or ``sync_per_weight`` (v0.3.x, 2021:
     one all-gather per weight after a device synchronize, no effective prefetch)."""
+    offload_optimizer: str = "none"
+    """DeepSpeed ``offload_optimizer.device``: none | cpu | nvme (nvme: zero3, ZeRO-Infinity);
+    the optimizer steps on the CPU (``schedules.offload``)."""
+    offload_param: str = "none"
+    """DeepSpeed ``offload_param.device`` (zero3): none | cpu | nvme; for fsdp / hsdp ``cpu`` is
+    FSDP's CPU offload (``CPUOffloadPolicy``: parameters, gradients and optimizer on the CPU)."""
+    offload_pin_memory: bool | None = None
+    """Page-locked host buffers: DeepSpeed ``pin_memory`` (default false), FSDP
+    ``CPUOffloadPolicy.pin_memory`` (default true); unset: the framework's default."""
+    offload_pipeline_read: bool = False
+    """DeepSpeed ``offload_optimizer.pipeline_read``: overlap NVMe reads with CPU Adam."""
+    offload_pipeline_write: bool = False
+    """DeepSpeed ``offload_optimizer.pipeline_write``: overlap NVMe writes with CPU Adam."""
     overlap_grad_reduce: bool = True
     """Megatron --overlap-grad-reduce (DP reduction overlapped with the last backward)."""
     overlap_param_gather: bool = False
@@ -273,13 +352,24 @@ class ParallelConfig:
     loss_as_layer: bool = False
     """The LM head and loss count as one layer of the even split (Megatron
     --account-for-loss-in-pipeline-split): the last rank holds one layer fewer."""
+    ep: int = 1
+    """Expert-parallel degree (--expert-model-parallel-size): the routed experts of a layer are
+    split over ep GPUs, which exchange tokens by all-to-all."""
+    etp: int = 0
+    """Expert tensor-parallel degree (--expert-tensor-parallel-size); 0 means tp (Megatron's
+    default)."""
+    moe_token_dispatcher: str = "alltoall"
+    """How tokens reach their experts (--moe-token-dispatcher-type): alltoall | allgather."""
     pp_scatter_gather: bool = True
     """Megatron's scatter-gather pipeline p2p (--scatter-gather-tensors-in-pipeline, default on;
     not applied with SP): each TP rank sends 1/t of the activation, the receiver all-gathers it
     over TP. Megatron-core (2023+) dropped it: set False for those versions without SP."""
 
     def __post_init__(self) -> None:
-        _check_positive(self, "parallel", ("tp", "pp", "cp", "vpp"))
+        _check_positive(self, "parallel", ("tp", "pp", "cp", "vpp", "ep"))
+        if self.etp < 0:
+            raise ValueError(f"parallel.etp must be >= 0 (0 = tp), got {self.etp}")
+        _check_choice("parallel.moe_token_dispatcher", self.moe_token_dispatcher, MOE_DISPATCHERS)
         if self.dp < 0:
             raise ValueError(f"parallel.dp must be >= 0 (0 = derive), got {self.dp}")
         _check_choice("parallel.schedule", self.schedule, SCHEDULES)
@@ -319,6 +409,8 @@ class ParallelConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"parallel.{name} must be >= 0, got {value}")
+        _check_choice("parallel.offload_optimizer", self.offload_optimizer, OFFLOAD_DEVICES)
+        _check_choice("parallel.offload_param", self.offload_param, OFFLOAD_DEVICES)
 
     @property
     def fsdp2(self) -> bool:
@@ -332,6 +424,11 @@ class ParallelConfig:
         """Bytes per element of FSDP's gradient reduce-scatter (``fsdp_reduce_dtype``)."""
         dtype = self.fsdp_reduce_dtype or ("fp32" if self.fsdp2 else "bf16")
         return 4 if dtype == "fp32" else 2
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel degree: ``etp``, or tp when unset."""
+        return self.etp or self.tp
 
     @property
     def model_parallel_size(self) -> int:
@@ -434,6 +531,9 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         "parallel.fsdp_backward_prefetch": FSDP_BACKWARD_PREFETCH,
         "parallel.fsdp_reduce_dtype": REDUCE_DTYPES,
         "parallel.zero_fetch": ZERO_FETCH_MODES,
+        "parallel.offload_optimizer": OFFLOAD_DEVICES,
+        "parallel.offload_param": OFFLOAD_DEVICES,
+        "parallel.moe_token_dispatcher": MOE_DISPATCHERS,
         "training.precision": PRECISIONS,
         "training.stack": STACKS,
     }

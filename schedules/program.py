@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-GROUPS = ("tp", "cp", "dp", "hsdp", "pp")
+GROUPS = ("tp", "cp", "dp", "hsdp", "pp", "ep", "etp", "edp", "tpep")
 GRAD_NORM_BYTES = 8.0
 """The step-end all-reduce before the optimizer (``clip_grad_norm_``, Megatron's norm and
 found-inf check): an fp32 squared gradient norm and an fp32 found-inf flag, latency-bound."""
@@ -109,11 +109,32 @@ class Layout:
     """Data-parallel degree."""
     pp: int = 1
     """Pipeline-parallel degree."""
+    ep: int = 1
+    """Expert-parallel degree (the tp * cp * dp GPUs of a stage re-split as etp x ep x edp)."""
+    etp: int = 0
+    """Expert tensor-parallel degree; 0 means tp."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "cp", "dp", "pp"):
+        for name in ("tp", "cp", "dp", "pp", "ep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if (self.tp * self.cp * self.dp) % (self.ep * (self.etp or self.tp)):
+            raise ValueError(
+                f"ep * etp = {self.ep} * {self.etp or self.tp} must divide tp * cp * dp = "
+                f"{self.tp * self.cp * self.dp}"
+            )
+
+    def _expert_group(self, kind: str, rank: int) -> tuple[int, ...]:
+        """Megatron-Core's expert groups (order etp-ep-edp inside a pipeline stage): ``ep``,
+        ``etp``, ``edp`` (expert data parallel) and ``tpep`` (etp x ep)."""
+        stage_size = self.tp * self.cp * self.dp
+        base, local = divmod(rank, stage_size)
+        etp = self.etp or self.tp
+        strides = {"etp": (1, etp), "ep": (etp, self.ep), "tpep": (1, etp * self.ep)}
+        strides["edp"] = (etp * self.ep, stage_size // (etp * self.ep))
+        stride, size = strides[kind]
+        start = local - (local // stride % size) * stride
+        return tuple(base * stage_size + start + i * stride for i in range(size))
 
     @property
     def world_size(self) -> int:
@@ -147,6 +168,8 @@ class Layout:
             )
         if kind == "world":
             return tuple(range(self.world_size))
+        if kind in ("ep", "etp", "edp", "tpep"):
+            return self._expert_group(kind, rank)
         if kind in ("tp", "cp", "dp", "pp"):
             size = getattr(self, kind)
             return tuple(self.rank(**{**c, kind: i}) for i in range(size))
@@ -224,6 +247,15 @@ class ChunkWork:
     """DP gradient buckets of this chunk in ready order (last layers first), reduce dtype."""
     param_bytes: float = 0.0
     """This chunk's parameter bytes (post-step all-gather output)."""
+    grad_bucket_groups: tuple[str, ...] = ()
+    """Group each bucket is reduced on (``dp``, or ``edp`` for routed-expert gradients); empty
+    means every bucket on ``dp``."""
+    expert_param_bytes: float = 0.0
+    """Part of ``param_bytes`` that is routed experts (gathered over ``edp``)."""
+
+    def bucket_group(self, index: int) -> str:
+        """Group of gradient bucket ``index``."""
+        return self.grad_bucket_groups[index] if self.grad_bucket_groups else "dp"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -256,17 +288,20 @@ def tp_forward_steps(
     sequence_parallel: bool = False,
     tp_comm_overlap: bool = False,
     extra: tuple[Step, ...] = (),
+    per_layer: int = 2,
 ) -> tuple[Step, ...]:
     """Forward of ``num_layers`` layers (each ``forward_s``) with their TP collectives.
 
     Without SP: 2 all-reduces per layer; with SP: 2 all-gathers + 2 reduce-scatters, all on the
     critical path (Megatron), or hidden behind the GEMMs under ``tp_comm_overlap`` (TE
     userbuffers: the comm runs beside the layer compute, only the excess is exposed).
+    ``per_layer`` is 1 for MoE layers without shared experts (their MLP leaves TP for the
+    expert-parallel dispatcher: only the attention block's pair remains).
     """
     steps: list[Step] = []
     if tp > 1:
         ops = ("all_gather", "reduce_scatter") if sequence_parallel else ("all_reduce",)
-        per_op = 2 * num_layers
+        per_op = per_layer * num_layers
         steps = [
             CommStep(
                 name=op,
@@ -295,6 +330,7 @@ def tp_backward_steps(
     sequence_parallel: bool = False,
     full_recompute: bool = False,
     split: str = "",
+    per_layer: int = 2,
 ) -> tuple[Step, ...]:
     """Backward of ``num_layers`` layers with TP collectives placed where Megatron puts them.
 
@@ -318,6 +354,7 @@ def tp_backward_steps(
                 tp_bytes=tp_bytes,
                 tp=tp,
                 sequence_parallel=sequence_parallel,
+                per_layer=per_layer,
             )
     if tp == 1:
         wgrad = 0.0 if split == "input" else backward_weight_s
@@ -325,12 +362,16 @@ def tp_backward_steps(
         return _drop_empty(steps)
     if sequence_parallel:
         steps.append(
-            CommStep(name="AG grad", group="tp", op="all_gather", size_bytes=tp_bytes, repeat=2 * n)
+            CommStep(
+                name="AG grad",
+                group="tp",
+                op="all_gather",
+                size_bytes=tp_bytes,
+                repeat=per_layer * n,
+            )
         )
-    window = {
-        name: share * backward_weight_s * n
-        for name, share in (("qkv", shares.qkv), ("fc1", shares.fc1))
-    }
+    windows = (("qkv", shares.qkv), ("fc1", shares.fc1))[:per_layer]
+    window = {name: share * backward_weight_s * n for name, share in windows}
     dgrad_rest = (
         backward_input_s * n - sum(window.values()) if sequence_parallel else (backward_input_s * n)
     )

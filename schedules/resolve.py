@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from schedules.offload import check_offload
 from schedules.plan import ModelConfig, ParallelConfig, Plan
 from schedules.stages import check_stage_split
 
@@ -65,6 +66,50 @@ def check_model_split(model: ModelConfig, parallel: ParallelConfig) -> None:
         raise ValueError(
             f"with sequence_parallel, seq_len/cp = {model.seq_len}/{parallel.cp} must be "
             f"divisible by tp={t}"
+        )
+
+
+MOE_KINDS = ("ddp", "zero1", "zero2", "distributed_optimizer")
+"""Data-parallel kinds simulated with MoE layers (their expert gradients reduce over edp)."""
+
+
+def check_experts(model: ModelConfig, parallel: ParallelConfig, dp: int) -> None:
+    """Expert parallelism fits the experts and the GPUs: ep divides E, etp x ep divides
+    tp cp dp (Megatron-Core's expert grid), etp divides the expert width; sequence parallelism
+    with TP (Megatron asserts it); no ep, etp or dispatcher on a dense model."""
+    etp = parallel.expert_tp
+    if not model.num_experts:
+        if parallel.ep > 1 or parallel.etp or parallel.moe_token_dispatcher != "alltoall":
+            raise ValueError(
+                f"parallel.ep={parallel.ep}, etp={parallel.etp} and moe_token_dispatcher need an "
+                "MoE model (model.num_experts > 0)"
+            )
+        return
+    if parallel.data_parallel not in MOE_KINDS:
+        raise ValueError(
+            f"MoE plans are simulated with data_parallel {' | '.join(MOE_KINDS)}, got "
+            f"data_parallel={parallel.data_parallel!r}"
+        )
+    if model.num_experts % parallel.ep:
+        raise ValueError(
+            f"model.num_experts={model.num_experts} is not divisible by parallel.ep={parallel.ep}"
+        )
+    stage_gpus = parallel.tp * parallel.cp * dp
+    if stage_gpus % (parallel.ep * etp):
+        raise ValueError(
+            f"ep * etp = {parallel.ep} * {etp} must divide tp * cp * dp = {stage_gpus} "
+            f"({_degrees(parallel, dp)})"
+        )
+    width = model.moe_ffn_hidden_size or model.ffn_hidden_size
+    if width % etp or model.moe_shared_expert_ffn_hidden_size % parallel.tp:
+        raise ValueError(
+            f"the expert width {width} must be divisible by etp={etp} and the shared-expert "
+            f"width {model.moe_shared_expert_ffn_hidden_size} by tp={parallel.tp}"
+        )
+    if parallel.tp > 1 and not parallel.sequence_parallel:
+        raise ValueError(
+            f"MoE with tp={parallel.tp} needs sequence_parallel (Megatron-Core asserts it: the "
+            "dispatcher routes each TP rank's sequence shard)"
         )
 
 
@@ -162,6 +207,7 @@ def check_knobs(parallel: ParallelConfig, dp: int) -> None:
         )
     if parallel.sequence_parallel and parallel.tp == 1:
         raise ValueError("parallel.sequence_parallel needs tp > 1, got tp=1")
+    check_offload(parallel)
     if kind == "hsdp" and parallel.hsdp_shard_size and dp % parallel.hsdp_shard_size:
         raise ValueError(f"parallel.hsdp_shard_size={parallel.hsdp_shard_size} must divide dp={dp}")
 
@@ -182,4 +228,5 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
         )
     check_schedule(parallel, training.global_batch_size // per_step)
     check_knobs(parallel, dp)
+    check_experts(plan.model, parallel, dp)
     return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

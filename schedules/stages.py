@@ -78,6 +78,11 @@ def chunk_layers(parallel: ParallelConfig, num_layers: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def chunk_first_layer(parallel: ParallelConfig, num_layers: int, vstage: int) -> int:
+    """Index of the first layer of virtual stage ``vstage`` (the model flows in vstage order)."""
+    return sum(chunk_layers(parallel, num_layers)[:vstage])
+
+
 def rank_layers(parallel: ParallelConfig, num_layers: int) -> tuple[int, ...]:
     """Transformer layers held by each pipeline rank (all of its chunks), rank order."""
     p, v = parallel.pp, parallel.vpp

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schedules.fsdp_program import FsdpPipelineState, FsdpStages
+from schedules.offload import RankOffload, add_copies
 from schedules.pipeline import Pass, RankOrder
 from schedules.program import (
     ChunkWork,
@@ -129,6 +130,9 @@ class PipelineRank:
     grad_norm_group: str = ""
     """Group of the step-end all-reduce of the gradient norm (and found-inf flag) that every
     stage waits for before its optimizer step (Megatron, torchtitan under PP); empty: none."""
+    offload: RankOffload | None = None
+    """Host copies of an offloaded optimizer (``schedules.offload``): after each gradient
+    bucket's reduction (on its stream, before the next bucket's) and after the CPU step."""
 
 
 def with_marks(steps: tuple[Step, ...], sizes: tuple[float, ...]) -> tuple[Step, ...]:
@@ -188,18 +192,23 @@ class _Pipeline:
         self.batch: list[int] = []
         self.fsdp = FsdpPipelineState(self.b, spec.fsdp) if spec.fsdp else None
 
-    def sync_hook(self, sizes: tuple[float, ...], label: str) -> Callable[[int], list[int]]:
+    def sync_hook(
+        self, work: ChunkWork, label: str, microbatch: int = 0
+    ) -> Callable[[int], list[int]]:
         """Issue bucket ``i`` at its mark; returns what compute must wait for (DeepSpeed)."""
-        sync, issued = self.spec.sync, []
+        sync, sizes = self.spec.sync, work.grad_buckets_bytes
+        issued: list[int] = []
+        copied = self.spec.offload is not None  # host copies share the reduction stream
 
         def on_mark(i: int) -> list[int]:
             index = self.b.collective(
                 f"{sync.op} {label} bucket {i}",
-                "dp",
+                work.bucket_group(i),
                 sync.op,
                 sizes[i],
-                deps=self.b.after_compute(),
+                deps=self.b.after_compute(*(issued[-1:] if copied else ())),
             )
+            index = self.offload_copies(f"{label} bucket {i}", sizes[i], index, microbatch)
             if index is None:
                 return []
             issued.append(index)
@@ -209,6 +218,18 @@ class _Pipeline:
             return issued[-2:-1] if sync.depth_one else []
 
         return on_mark
+
+    def offload_copies(
+        self, label: str, size: float, reduced: int | None, microbatch: int
+    ) -> int | None:
+        """The host copies after a gradient reduction (after the backward so far when there is
+        no reduction: one rank); returns the last one, or ``reduced`` without offload."""
+        offload = self.spec.offload
+        if offload is None:
+            return reduced
+        deps = (reduced,) if reduced is not None else self.b.after_compute()
+        last = add_copies(self.b, label, offload.bucket(size, microbatch), deps)
+        return reduced if last is None else last
 
     def transfer(
         self, kind: str, mb: int, vstage: int, *, send: bool, deps: tuple[int, ...]
@@ -298,7 +319,7 @@ class _Pipeline:
         }[step.kind]
         if pos in self.grad_passes and sync.op and sync.bucketed and not sync.at_end:
             marked = with_marks(steps, work.grad_buckets_bytes)
-            return marked, self.sync_hook(work.grad_buckets_bytes, f"c{step.chunk}")
+            return marked, self.sync_hook(work, f"c{step.chunk}", step.microbatch)
         return steps, None
 
     def build(self) -> Program:
@@ -335,30 +356,45 @@ class _Pipeline:
         return b.program(stage=spec.stage)
 
     def _sync_whole(self, chunk: int, outstanding: list[int]) -> None:
-        size = sum(self.spec.chunks[chunk].grad_buckets_bytes)
-        sync = self.spec.sync
-        index = self.b.collective(
-            f"{sync.op} c{chunk} grads",
-            "dp",
-            sync.op,
-            size,
-            deps=self.b.after_compute(*outstanding),
-        )
-        if index is not None:
-            self.synced.append(index)
-            if sync.blocking:
-                outstanding.append(index)
+        work, sync = self.spec.chunks[chunk], self.spec.sync
+        sizes: dict[str, float] = {}
+        for i, size in enumerate(work.grad_buckets_bytes):
+            sizes[work.bucket_group(i)] = sizes.get(work.bucket_group(i), 0.0) + size
+        deps = self.b.after_compute(*outstanding)
+        for group, size in sizes.items():
+            name = f"{sync.op} c{chunk} grads" + ("" if group == "dp" else f" ({group})")
+            index = self.b.collective(name, group, sync.op, size, deps=deps)
+            last = self.spec.offload.num_micro - 1 if self.spec.offload else 0
+            index = self.offload_copies(f"c{chunk} grads", size, index, last)
+            if index is not None:
+                self.synced.append(index)
+                if sync.blocking:
+                    outstanding.append(index)
 
     def _param_gathers(self, *, issue_now: bool) -> dict[int, list[int]]:
         if not issue_now:
             return {}
         gathers = {}
         for chunk, work in enumerate(self.spec.chunks):
-            index = self.b.collective(
-                f"AG params c{chunk}", "dp", "all_gather", work.param_bytes, deps=()
-            )
-            gathers[chunk] = [] if index is None else [index]
+            gathers[chunk] = self._gather_params(chunk, work, deps=(), phase="")
         return gathers
+
+    def _gather_params(
+        self, chunk: int, work: ChunkWork, *, deps: tuple[int, ...], phase: str
+    ) -> list[int]:
+        """All-gather a chunk's updated parameters: dense over dp, routed experts over edp."""
+        parts = (
+            ("dp", work.param_bytes - work.expert_param_bytes),
+            ("edp", work.expert_param_bytes),
+        )
+        issued = []
+        for group, size in parts:
+            suffix = "" if group == "dp" else f" ({group})"
+            index = self.b.collective(
+                f"AG params c{chunk}{suffix}", group, "all_gather", size, deps=deps, phase=phase
+            )
+            issued += [] if index is None else [index]
+        return issued
 
     def _finish(self, waits: list[int], gathers: dict[int, list[int]]) -> None:
         spec, b = self.spec, self.b
@@ -373,25 +409,24 @@ class _Pipeline:
             )
             waits = [*waits, *([] if tied is None else [tied])]
         waits = [*waits, *b.grad_norm(spec.grad_norm_group, tuple(waits))]
-        b.add(
+        optimizer = b.add(
             Compute(
                 name="optimizer", duration_s=spec.optimizer_s, kind="optimizer", deps=tuple(waits)
             )
         )
+        if spec.offload is not None:
+            copied = add_copies(b, "params", spec.offload.step(), (optimizer,), phase="optimizer")
+            if copied is not None:
+                b.add(
+                    Compute(name="params copied", duration_s=0.0, kind="optimizer", deps=(copied,))
+                )
         if spec.sync.param_gather != "after_step":
             return
-        issued = [
-            b.collective(
-                f"AG params c{chunk}",
-                "dp",
-                "all_gather",
-                work.param_bytes,
-                deps=b.after_compute(),
-                phase="optimizer",
-            )
+        ready = tuple(
+            index
             for chunk, work in enumerate(spec.chunks)
-        ]
-        ready = tuple(i for i in issued if i is not None)
+            for index in self._gather_params(chunk, work, deps=b.after_compute(), phase="optimizer")
+        )
         if ready:
             b.add(Compute(name="params gathered", duration_s=0.0, kind="optimizer", deps=ready))
 

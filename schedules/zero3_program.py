@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from schedules.offload import add_copies
 from schedules.program import Compute, Program, ProgramBuilder
 from schedules.zero3_fetch import Fetch, ParamCoordinator
 from schedules.zero3_spec import Zero3Rank
@@ -68,6 +69,7 @@ class _Zero3:
         self.bucket_elems = 0.0
         self.bucket_producer: int | None = None
         self.reduces: list[int | None] = []
+        self.last_gather: int | None = None
 
     def build(self) -> Program:
         for mb in range(self.spec.num_microbatches):
@@ -127,7 +129,16 @@ class _Zero3:
 
     def gather_one(self, label: str, params: tuple[int, ...]) -> None:
         size = sum(self.coordinator.numel[p] for p in params) * self.spec.param_bytes
-        index = self.dp_collective(label, "all_gather", size, self.gather_deps())
+        deps = self.gather_deps()
+        copied = None
+        if self.spec.offload is not None:  # the partition from the host, on the gather stream
+            behind = [] if self.last_gather is None else [self.last_gather]
+            fetch = self.spec.offload.fetch(size)
+            copied = add_copies(self.b, label, fetch, tuple(sorted({*deps, *behind})))
+            deps = deps if copied is None else [copied]
+        index = self.dp_collective(label, "all_gather", size, deps)
+        index = copied if index is None else index
+        self.last_gather = index if index is not None else self.last_gather
         for p in params:
             self.carrier[p] = index
 
@@ -152,7 +163,13 @@ class _Zero3:
         else:
             deps = list(self.b.after_compute())
         size = self.bucket_elems * spec.grad_bytes
+        if spec.offload is not None and self.reduces and self.reduces[-1] is not None:
+            deps.append(self.reduces[-1])  # partition_grads ran on the same stream
         index = self.dp_collective(f"RS B{mb} bucket{n}", "reduce_scatter", size, deps)
+        if spec.offload is not None:
+            after = (index,) if index is not None else tuple(deps or self.b.after_compute())
+            copied = add_copies(self.b, f"B{mb} bucket{n}", spec.offload.bucket(size, mb), after)
+            index = index if copied is None else copied
         self.reduces.append(index)
         if index is not None and not spec.overlap_comm:
             self.waits.append(index)
@@ -182,6 +199,13 @@ class _Zero3:
                 deps=tuple(sorted({*self.waits, *norms})),
             )
         )
+        if spec.offload is not None:
+            step = spec.offload.step()
+            copied = add_copies(b, "params", step, (optimizer,), phase="optimizer")
+            if copied is not None:
+                optimizer = b.add(
+                    Compute(name="params copied", duration_s=0.0, kind="optimizer", deps=(copied,))
+                )
         coordinator = self.coordinator
         counts = Counter(
             n for n, p in zip(coordinator.numel, coordinator.persistent, strict=True) if p

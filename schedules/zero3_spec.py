@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedules.offload import RankOffload
 from schedules.program import ComputeStep, Step
 
 FETCH_MODES = ("prefetch", "sync_per_weight")
@@ -104,6 +105,8 @@ class Zero3Rank:
     leave the recompute out)."""
     optimizer_s: float = 0.0
     """Optimizer step on the local partition."""
+    offload: RankOffload | None = None
+    """ZeRO-Offload / ZeRO-Infinity host copies (``schedules.offload``); None: no offload."""
 
     def __post_init__(self) -> None:
         stops = [0, *(b for block in self.recompute_blocks for b in block)]

@@ -129,6 +129,15 @@ GPUS: dict[str, GPUSpec] = {
         peak_flops_per_s=_flops(bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
         source=_A100_DATASHEET + ", A100 40GB SXM column (no FP8 tensor cores)",
     ),
+    "v100-sxm3-32gb": GPUSpec(
+        name="v100-sxm3-32gb",
+        hbm_bytes=32 * GIB,
+        hbm_bandwidth_bytes_per_s=0.9e12,
+        peak_flops_per_s=_flops(fp16=125.0, fp32=15.7),
+        source="https://www.nvidia.com/en-us/data-center/v100/ (V100 datasheet, SXM column: "
+        "125 TFLOPS fp16 tensor, 15.7 fp32, 900 GB/s HBM2; the DGX-2's 32 GB SXM3 boards have "
+        "the same figures; no bf16)",
+    ),
     # A pseudo-GPU so that `localhost` (N gloo processes on one CPU host) is a cluster like any
     # other. Nominal one-core figures (AVX2 FMA, 2 x 8 fp32 lanes x 2 FLOP at ~3 GHz ~ 100
     # GFLOP/s; one DDR4 channel ~ 20 GB/s): they are placeholders for a compute calibration.
@@ -200,6 +209,16 @@ LINKS: dict[str, LinkSpec] = {
         source="H100 PCIe NVLink bridge: 600 GB/s bidir between 2 cards = 12 NVLink4 lanes; "
         "NCCL 20.6/link -> 247.2; " + _NCCL_LAT,
     ),
+    "pcie-gen3": _link(
+        "pcie-gen3",
+        16.0,
+        12.0,
+        0.5,
+        kind="pcie",
+        source="PCIe Gen3 x16: 8 GT/s x 16 lanes (128b/130b) ~ 16 GB/s/dir; NCCL kvDictPciGen "
+        "width*speed/80 -> 12; ZeRO-Infinity's SC21 slides budget 12 GB/s per V100 link; "
+        + _NCCL_LAT,
+    ),
     "pcie-gen4": _link(
         "pcie-gen4",
         32.0,
@@ -254,6 +273,29 @@ LINKS: dict[str, LinkSpec] = {
         source="RoCEv2 400 GbE (ConnectX-7 / Spectrum-4 SN5600 at 128 x 400G); effective as "
         "NDR's measured 47/50; " + _NCCL_LAT,
     ),
+    "efa-p5": _link(
+        "efa-p5",
+        50.0,
+        47.0,
+        0.35,
+        kind="network",
+        num_lanes=4,
+        source="AWS p5/p5e: 32 EFA network cards, 3,200 Gbps per instance (docs.aws.amazon.com "
+        "AWSEC2/latest/UserGuide/efa-acc-inst-types.html), i.e. 4 x 100 Gb/s per GPU, one port "
+        "here as aws-ofi-nccl's RDMA protocol stripes a GPU's 4 rails (its p5 model tuner: "
+        "num_rails 4, src/tuner/nccl_ofi_model.cpp); effective as NDR's measured 47/50; "
+        + _NCCL_LAT,
+    ),
+    "gcp-200g": _link(
+        "gcp-200g",
+        25.0,
+        23.5,
+        0.35,
+        kind="network",
+        source="GCP A3 Mega GPU NIC: 8+1 NICs, up to 1,800 Gbps per VM = 200 Gbps each "
+        "(cloud.google.com/compute/docs/gpus/gpu-network-bandwidth), GPUDirect-TCPXO; "
+        "effective as NDR's measured 47/50; " + _NCCL_LAT,
+    ),
     "upi": _link(
         "upi",
         32.0,
@@ -302,6 +344,98 @@ NVSWITCHES: dict[str, NVSwitchSpec] = {
     ),
 }
 """NVSwitch generations by catalogue key."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CPUSpec:
+    """One CPU socket model and its memory system (what CPU Adam and offload copies run on)."""
+
+    name: str
+    """Catalogue key, e.g. ``xeon-8480c``."""
+    num_cores: int
+    """Physical cores per socket."""
+    memory_bandwidth_bytes_per_s: float
+    """Nominal memory bandwidth of one socket: channels x transfer rate x 8 bytes."""
+    sustained_fraction: float
+    """Share of the nominal bandwidth a streaming kernel sustains (STREAM-like)."""
+    source: str
+    """Where the figures come from."""
+
+    @property
+    def sustained_bandwidth_bytes_per_s(self) -> float:
+        """What a memory-bound kernel such as CPU Adam can stream from one socket."""
+        return self.memory_bandwidth_bytes_per_s * self.sustained_fraction
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NVMeSpec:
+    """One NVMe drive (ZeRO-Infinity swaps optimizer states and parameters through them)."""
+
+    name: str
+    """Catalogue key, e.g. ``pm1733-3.84tb``."""
+    capacity_bytes: float
+    """Usable capacity."""
+    read_bytes_per_s: float
+    """Sequential read bandwidth (128 KiB blocks, the datasheet figure)."""
+    write_bytes_per_s: float
+    """Sequential write bandwidth."""
+    source: str
+    """Where the figures come from."""
+
+
+_STREAM = (
+    "sustained 0.75 of nominal: STREAM Triad on DDR4/DDR5 server sockets typically reaches "
+    "70-80% of the channel peak; commbench --compute --device cpu measures the real Adam rate"
+)
+CPUS: dict[str, CPUSpec] = {
+    "xeon-8480c": CPUSpec(
+        name="xeon-8480c",
+        num_cores=56,
+        memory_bandwidth_bytes_per_s=8 * 4.8e9 * 8,
+        sustained_fraction=0.75,
+        source="Intel Xeon Platinum 8480C/8480+ (Sapphire Rapids, DGX H100/H200): 56 cores, 8 "
+        "channels DDR5-4800 = 307.2 GB/s per socket (Intel ARK); " + _STREAM,
+    ),
+    "epyc-7742": CPUSpec(
+        name="epyc-7742",
+        num_cores=64,
+        memory_bandwidth_bytes_per_s=8 * 3.2e9 * 8,
+        sustained_fraction=0.75,
+        source="AMD EPYC 7742 (Rome, DGX A100): 64 cores, 8 channels DDR4-3200 = 204.8 GB/s "
+        "per socket (AMD product page); " + _STREAM,
+    ),
+    "xeon-8168": CPUSpec(
+        name="xeon-8168",
+        num_cores=24,
+        memory_bandwidth_bytes_per_s=6 * 2.666e9 * 8,
+        sustained_fraction=0.75,
+        source="Intel Xeon Platinum 8168 (Skylake-SP, DGX-2): 24 cores, 6 channels DDR4-2666 = "
+        "128 GB/s per socket (Intel ARK); " + _STREAM,
+    ),
+}
+"""CPU socket models by catalogue key."""
+
+NVMES: dict[str, NVMeSpec] = {
+    "pm1733-3.84tb": NVMeSpec(
+        name="pm1733-3.84tb",
+        capacity_bytes=3.84e12,
+        read_bytes_per_s=7.0e9,
+        write_bytes_per_s=3.8e9,
+        source="Samsung PM1733 U.2 PCIe Gen4 3.84 TB datasheet: 7,000 MB/s sequential read, "
+        "3,800 MB/s sequential write. DGX H100/H200 and DGX A100 ship 8 x 3.84 TB U.2 NVMe "
+        "data drives (DGX user guides); the drive model varies by build",
+    ),
+    "dgx2-3.84tb": NVMeSpec(
+        name="dgx2-3.84tb",
+        capacity_bytes=3.84e12,
+        read_bytes_per_s=3.5e9,
+        write_bytes_per_s=1.75e9,
+        source="DGX-2: 8 x 3.84 TB NVMe data drives (DGX-2 datasheet, 30 TB); read per drive = "
+        "the 28 GB/s per node NVMe->GPU that ZeRO-Infinity's SC21 slides measure, / 8; write "
+        "taken as half the read (typical of Gen3 U.2 drives of 2018)",
+    ),
+}
+"""NVMe drive models by catalogue key."""
 
 
 def peak_flops_per_s(gpu: GPUSpec, precision: str) -> float:

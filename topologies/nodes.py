@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import networkx as nx
 
 from fileio.strict import shorten
-from topologies.hardware import GPUS, LINKS, NVSWITCHES, LinkSpec, lookup
+from topologies.hardware import CPUS, GPUS, LINKS, NVMES, NVSWITCHES, LinkSpec, lookup
 from topologies.links import add_link
 
 INTRA_KINDS = ("nvswitch", "pcie", "nvlink-bridge", "loopback")
@@ -35,6 +35,7 @@ NODE_COUNT_LIMITS = {
     "num_pcie_switches": (1, 64),
     "nics_per_node": (0, 64),
     "num_cpus": (1, 32),
+    "num_nvme": (0, 64),
 }
 """Bounds of a server's counts. The upper ones are past any real server (a DGX H100 has 8 GPUs,
 8 compute NICs and 2 sockets; the largest single-image servers have 32 sockets), so that a
@@ -72,6 +73,14 @@ class NodeSpec:
     """Link key between CPU sockets."""
     default_fabric: str | None = None
     """Fabric preset used when a multi-server cluster names none."""
+    cpu_model: str | None = None
+    """CPU socket catalogue key (``topologies.hardware.CPUS``); None: unknown."""
+    host_memory_bytes: float = 0.0
+    """Host RAM of the server (all sockets); 0: unknown (offloaded memory is then not judged)."""
+    nvme: str | None = None
+    """NVMe drive catalogue key (``topologies.hardware.NVMES``) of the local data drives."""
+    num_nvme: int = 0
+    """Local NVMe data drives (striped: their bandwidths add up)."""
     source: str = ""
     """Where the layout comes from."""
 
@@ -120,9 +129,37 @@ def _check_node_spec(spec: NodeSpec) -> None:
             f"node.intra='nvlink-bridge' needs node.nvlink and an even node.num_gpus "
             f"(got nvlink={spec.nvlink!r}, num_gpus={spec.num_gpus})"
         )
+    _check_host(spec)
     if spec.intra == "loopback" and spec.nics_per_node:
         raise ValueError("node.intra='loopback' (one host) takes no NICs")
 
+
+MAX_HOST_MEMORY_BYTES = 2.0**50
+"""Most host RAM one server may declare (1 PiB, 30x the largest 32-socket servers' 48 TB)."""
+
+
+def _check_host(spec: NodeSpec) -> None:
+    """Host RAM a finite number of bytes; CPU and NVMe keys from the catalogue, drives with a
+    drive model."""
+    memory = spec.host_memory_bytes
+    number = isinstance(memory, int | float) and not isinstance(memory, bool)
+    if not number or not 0 <= memory <= MAX_HOST_MEMORY_BYTES:
+        raise ValueError(
+            f"node.host_memory_bytes={shorten(memory)}; must be a number of bytes in 0..2**50 "
+            "(0: unknown)"
+        )
+    if spec.cpu_model is not None:
+        lookup(CPUS, spec.cpu_model, "node.cpu_model")
+    if spec.nvme is not None:
+        lookup(NVMES, spec.nvme, "node.nvme")
+    if (spec.nvme is None) != (spec.num_nvme == 0):
+        raise ValueError(f"node.nvme={spec.nvme!r} needs node.num_nvme >= 1 (and vice versa)")
+
+
+_DGX_HOST = (
+    "; host: 2 TB RAM (read as 2 TiB: 32 x 64 GB DIMMs), 8 x 3.84 TB U.2 NVMe data drives "
+    "(DGX datasheet / user guide)"
+)
 
 NODE_PRESETS: dict[str, NodeSpec] = {
     "dgx-h100": NodeSpec(
@@ -137,8 +174,12 @@ NODE_PRESETS: dict[str, NodeSpec] = {
         nics_per_node=8,
         cpu_link="upi",
         default_fabric="ib-ndr",
+        cpu_model="xeon-8480c",
+        host_memory_bytes=2 * 2**40,
+        nvme="pm1733-3.84tb",
+        num_nvme=8,
         source="NVIDIA DGX H100 user guide: 8 H100 SXM, 4 NVSwitch gen3, 8 ConnectX-7 NDR "
-        "for compute, 2 Xeon 8480C",
+        "for compute, 2 Xeon 8480C" + _DGX_HOST,
     ),
     "hgx-h200": NodeSpec(
         name="hgx-h200",
@@ -152,7 +193,12 @@ NODE_PRESETS: dict[str, NodeSpec] = {
         nics_per_node=8,
         cpu_link="upi",
         default_fabric="ib-ndr",
-        source="NVIDIA HGX H200 8-GPU baseboard with one ConnectX-7 NDR per GPU",
+        cpu_model="xeon-8480c",
+        host_memory_bytes=2 * 2**40,
+        nvme="pm1733-3.84tb",
+        num_nvme=8,
+        source="NVIDIA HGX H200 8-GPU baseboard with one ConnectX-7 NDR per GPU; host as the "
+        "DGX H200's: 2 Xeon 8480C" + _DGX_HOST,
     ),
     "dgx-a100": NodeSpec(
         name="dgx-a100",
@@ -166,8 +212,13 @@ NODE_PRESETS: dict[str, NodeSpec] = {
         nics_per_node=8,
         cpu_link="xgmi",
         default_fabric="ib-hdr",
+        cpu_model="epyc-7742",
+        host_memory_bytes=2 * 2**40,
+        nvme="pm1733-3.84tb",
+        num_nvme=8,
         source="NVIDIA DGX A100 user guide: 8 A100 SXM, 6 NVSwitch gen2, 8 ConnectX-6 HDR, "
-        "4 PCIe Gen4 switches, 2 AMD EPYC 7742",
+        "4 PCIe Gen4 switches, 2 AMD EPYC 7742" + _DGX_HOST + " (the 640 GB system; the 320 "
+        "GB one has 1 TB and 4 drives)",
     ),
     "pcie-h100": NodeSpec(
         name="pcie-h100",

@@ -212,7 +212,16 @@ def _load_compute_source(path: Path) -> Any:
 def compute_calibration_for(source: Any, gpu: Any) -> Any:
     """A compute calibration for ``gpu``: as loaded, or fitted to a step measurement."""
     if not isinstance(source, dict):
-        return source
+        from sim.replay.offload import host_part
+
+        host = host_part(source, gpu)
+        if host is not source:
+            print(
+                "commsim: warning: --compute-calibration was measured on the CPU: only its CPU "
+                "Adam rate is used (the step of an offloaded optimizer)",
+                file=sys.stderr,
+            )
+        return host
     from sim.compute.step_fit import calibration_from_step
 
     try:

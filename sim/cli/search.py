@@ -72,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp", type=_ints, default=(), help="pipeline degrees")
     parser.add_argument("--max-pp", type=int, default=16, help="largest pipeline degree")
     parser.add_argument("--cp", type=_ints, default=(1,), help="context-parallel degrees")
+    parser.add_argument("--ep", type=_ints, default=(), help="expert-parallel degrees (MoE)")
     parser.add_argument("--data-parallel", type=_words, default=None, help="kinds to try")
     parser.add_argument("--micro-batch", type=_ints, default=(1, 2, 4), help="micro-batch sizes")
     parser.add_argument("--recompute", type=_words, default=None, help="none,selective,full")
@@ -112,6 +113,7 @@ def _space(args: argparse.Namespace) -> SearchSpace:
         pp=args.pp,
         max_pp=args.max_pp,
         cp=args.cp,
+        ep=args.ep,
         data_parallel=args.data_parallel or DEFAULT_KINDS,
         micro_batch_size=args.micro_batch,
         recompute=args.recompute or ("none", "selective", "full"),

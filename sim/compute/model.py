@@ -40,6 +40,7 @@ from schedules.kernels import (
     layer_kernels,
     memory,
 )
+from schedules.moe_kernels import moe_layer_kernels
 from schedules.plan import Plan
 from topologies.hardware import GPUSpec
 
@@ -209,6 +210,10 @@ class ComputeModel:
     def layer_times(self, plan: Plan) -> LayerTimes:
         """One transformer layer on one GPU for one micro-batch, sharded as the plan says."""
         return self.piece_times(layer_kernels(plan))
+
+    def moe_layer_times(self, plan: Plan) -> LayerTimes:
+        """One MoE layer on the busiest GPU for one micro-batch (``schedules.moe_kernels``)."""
+        return self.piece_times(moe_layer_kernels(plan))
 
     def embedding_times(self, plan: Plan) -> LayerTimes:
         """Input embedding of the first stage (memory-bound lookup, scatter-add backward)."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from schedules.params import active_params, total_params
+from sim.output.offload_report import offload_lines
 from sim.replay.result import PlanResult
 
 if TYPE_CHECKING:
@@ -33,6 +35,7 @@ def format_report(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: str
         plan_echo_lines(result, plan, gpu=gpu, fidelity=fidelity),
         headline_lines(result, plan, gpu=gpu),
         memory_lines(result, hbm_bytes=gpu.hbm_bytes),
+        *([offload_lines(result.offload)] if result.offload else []),
         breakdown_lines(
             result, critical=_critical_rank(result, plan), pipeline=plan.parallel.pp > 1
         ),
@@ -65,10 +68,34 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
             f"{num_microbatches} micro-batches of {train.micro_batch_size} per step, "
             f"global batch {train.global_batch_size} ({tokens:,} tokens), {train.precision}",
         ),
+        *experts_lines(plan),
         _row(
             "  simulated",
             f"{result.num_simulated_ranks} of {result.num_gpus} ranks ({folded}), "
             f"{fidelity} network",
+        ),
+    ]
+
+
+def experts_lines(plan: Plan) -> list[str]:
+    """For an MoE model: experts, routing and expert parallelism; nothing for a dense one."""
+    model, par = plan.model, plan.parallel
+    if not model.num_experts:
+        return []
+    shared = ", shared experts" if model.moe_shared_expert_ffn_hidden_size else ""
+    capacity = model.moe_capacity_factor
+    dropping = "dropless" if capacity is None else f"capacity factor {capacity:g}"
+    return [
+        _row(
+            "  experts",
+            f"{model.num_experts} routed (top-{model.moe_top_k}){shared}, ep={par.ep} "
+            f"etp={par.expert_tp}, {par.moe_token_dispatcher} dispatcher, {dropping}, "
+            f"busiest expert {model.moe_imbalance:g}x the mean",
+        ),
+        _row(
+            "  parameters",
+            f"{total_params(model) / 1e9:,.1f}B, {active_params(model) / 1e9:,.1f}B active per "
+            "token (MFU counts these)",
         ),
     ]
 

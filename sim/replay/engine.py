@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import simpy
 
+from schedules.offload import COPY_OPS
 from schedules.program import Action, Collective, Compute, Program, Transfer
 from sim.replay.result import Span
 
@@ -263,7 +264,8 @@ class Engine:
         if meeting.arrived == meeting.needed:
             meeting.start_s = self.env.now
             assert meeting.done is not None
-            if self.overlap_slowdown > 0:
+            copy = isinstance(action, Collective) and action.op in COPY_OPS  # copy engines
+            if self.overlap_slowdown > 0 and not copy:
                 self._comm_moved(members, +1)
                 meeting.done.callbacks.append(lambda _: self._comm_moved(members, -1))
             if isinstance(action, Collective):
@@ -335,11 +337,15 @@ def _span(rank: int, action: Action, record: _Record) -> Span:
     )
 
 
-def _wait_owner(action: Action, record: _Record, since_s: float) -> tuple[str, float]:
-    """Which bucket a compute wait on ``action`` belongs to, and from when it counts."""
+def _wait_owner(
+    action: Action, record: _Record, since_s: float, ready_s: float
+) -> tuple[str, float]:
+    """Which bucket a compute wait on ``action`` belongs to, and from when it counts: a
+    collective from when its dependencies were done (``ready_s``; time queued behind earlier
+    calls of its group is waiting on that group too)."""
     if isinstance(action, Collective):
         owner = "optimizer" if action.phase == "optimizer" else action.group
-        return owner, max(since_s, record.issue_s)
+        return owner, max(since_s, min(ready_s, record.issue_s))
     if isinstance(action, Transfer):
         return "pp", max(since_s, record.start_s)
     return "", record.end_s
@@ -397,16 +403,26 @@ def _charge_wait(
     start_s: float,
     exposed: dict[str, float],
 ) -> float:
-    """Charge the idle gap before ``action`` to the dep that released it; returns time charged."""
-    if not action.deps:
-        return 0.0
-    last = max(action.deps, key=lambda d: (records[d].end_s, -d))
-    releaser = actions[last]
-    if isinstance(releaser, Collective) and releaser.phase == "p2p" and releaser.deps:
-        last = releaser.deps[0]  # a scatter-gather receive: count from its transfer
-    owner, since_s = _wait_owner(actions[last], records[last], free_s)
-    if not owner:
-        return 0.0
-    waited = max(0.0, start_s - since_s)
-    exposed[owner] += waited
-    return waited
+    """Charge the idle gap before ``action`` to what it waited for; returns time charged.
+
+    The deps are taken in the order they finished: each is charged the part of the gap from
+    when it began to hold the compute back (``_wait_owner``) to its end, beyond what earlier
+    deps were charged, so a pass blocked first by an all-to-all and then by a receive charges
+    each its own share."""
+    charged, cursor = 0.0, free_s
+    for dep in sorted(action.deps, key=lambda d: (records[d].end_s, -d)):
+        end_s = min(records[dep].end_s, start_s)
+        if end_s <= cursor:
+            continue
+        source = dep
+        releaser = actions[dep]
+        if isinstance(releaser, Collective) and releaser.phase == "p2p" and releaser.deps:
+            source = releaser.deps[0]  # a scatter-gather receive: count from its transfer
+        ready_s = max((records[d].end_s for d in actions[source].deps), default=0.0)
+        owner, since_s = _wait_owner(actions[source], records[source], free_s, ready_s)
+        begin_s = max(cursor, since_s)
+        if owner and end_s > begin_s:
+            exposed[owner] += end_s - begin_s
+            charged += end_s - begin_s
+        cursor = max(cursor, end_s)
+    return charged

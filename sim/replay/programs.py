@@ -20,6 +20,9 @@ import math
 import simpy
 
 from schedules.model import grad_bytes_per_param
+from schedules.moe import expert_params_per_gpu, is_moe
+from schedules.offload import offload_of
+from schedules.params import vstage_moe_layers
 from schedules.pipeline import pipeline_orders
 from schedules.plan import Plan, num_microbatches
 from schedules.program import ChunkWork, Program
@@ -29,6 +32,7 @@ from sim.compute.model import ComputeModel
 from sim.replay.engine import CommRunner, Engine, Timeline
 from sim.replay.folding import simulated_ranks
 from sim.replay.fsdp_programs import fsdp2_programs, fsdp_groups, fsdp_programs, fsdp_stages
+from sim.replay.offload import HostCopyRunner, OffloadReplay, stage_offload
 from sim.replay.recipes import (
     FSDP_KINDS,
     StepCosts,
@@ -73,10 +77,38 @@ def _buckets(
 
 def grad_buckets(plan: Plan, stage: int, chunk: int) -> tuple[float, ...]:
     """DP gradient buckets of a chunk in ready order, as the plan's framework forms them."""
+    return tuple(size for size, _ in grouped_grad_buckets(plan, stage, chunk))
+
+
+def grouped_grad_buckets(plan: Plan, stage: int, chunk: int) -> tuple[tuple[float, str], ...]:
+    """(bytes, group) of a chunk's gradient buckets in ready order: the dense parameters' on
+    ``dp`` and, for MoE models, the routed experts' on ``edp`` (Megatron keeps them in separate
+    buffers, each bucketed, both filling as the backward runs: merged by their fill fraction)."""
+    per_param = grad_bytes_per_param(plan.parallel.data_parallel)
+    expert = chunk_expert_params(plan, stage, chunk) * per_param
+    dense = chunk_params(plan, stage, chunk) * per_param - expert
+    parts = [(_framework_buckets(plan, stage, chunk, dense), "dp")]
+    if expert > 0:
+        parts.append((_framework_buckets(plan, stage, chunk, expert), "edp"))
+    tagged = [
+        (sum(sizes[: i + 1]) / (sum(sizes) or 1.0), size, group)
+        for sizes, group in parts
+        for i, size in enumerate(sizes)
+    ]
+    return tuple((size, group) for _, size, group in sorted(tagged, key=lambda t: t[0]))
+
+
+def chunk_expert_params(plan: Plan, stage: int, chunk: int) -> float:
+    """Routed-expert parameters of one model chunk on one GPU."""
+    vstage = chunk * plan.parallel.pp + stage
+    return vstage_moe_layers(plan, vstage) * expert_params_per_gpu(plan.model, plan.parallel)
+
+
+def _framework_buckets(plan: Plan, stage: int, chunk: int, total: float) -> tuple[float, ...]:
+    """``total`` gradient bytes of a chunk split as the plan's framework buckets them."""
     parallel = plan.parallel
     kind = parallel.data_parallel
     per_param = grad_bytes_per_param(kind)
-    total = chunk_params(plan, stage, chunk) * per_param
     if kind == "ddp":
         knob = f"parallel.ddp_bucket_mb={parallel.ddp_bucket_mb}"
         cap, first = parallel.ddp_bucket_mb * MIB, parallel.ddp_first_bucket_mb * MIB
@@ -93,15 +125,19 @@ def grad_buckets(plan: Plan, stage: int, chunk: int) -> tuple[float, ...]:
 def _chunk_work(plan: Plan, costs: StepCosts, stage: int, chunk: int) -> ChunkWork:
     p, v = plan.parallel.pp, plan.parallel.vpp
     vstage = chunk * p + stage
-    recipes = layer_recipes(plan, costs, chunk_layers(plan.parallel, plan.model.num_layers)[vstage])
+    num_layers = chunk_layers(plan.parallel, plan.model.num_layers)[vstage]
+    recipes = layer_recipes(plan, costs, num_layers, vstage_moe_layers(plan, vstage))
     x = pass_extras(plan, costs, first=vstage == 0, last=vstage == p * v - 1)
+    buckets = grouped_grad_buckets(plan, stage, chunk)
     return ChunkWork(
         forward=(*x["fwd_pre"], *recipes["F"], *x["fwd_post"]),
         backward=(*x["bwd_pre"], *recipes["B"], *x["bwd_post"]),
         backward_input=(*x["bwd_pre"], *recipes["Bi"], *x["bwd_post"]),
         backward_weight=recipes["W"],
-        grad_buckets_bytes=grad_buckets(plan, stage, chunk),
+        grad_buckets_bytes=tuple(size for size, _ in buckets),
+        grad_bucket_groups=tuple(group for _, group in buckets),
         param_bytes=chunk_params(plan, stage, chunk) * 2.0,
+        expert_param_bytes=chunk_expert_params(plan, stage, chunk) * 2.0,
     )
 
 
@@ -130,7 +166,7 @@ def pipeline_programs(
         GradSync(op="")
         if fsdp
         else grad_sync_for(
-            par.data_parallel if par.dp * par.cp > 1 else "ddp",
+            par.data_parallel if par.dp * par.cp > 1 or offload_of(par) else "ddp",
             overlap_grad_reduce=par.overlap_grad_reduce,
             overlap_param_gather=par.overlap_param_gather,
             zero_overlap_comm=par.zero_overlap_comm,
@@ -151,6 +187,8 @@ def pipeline_programs(
             else {g: layout.group(k, rank) for g, k in (("tp", "tp"), ("cp", "cp"), ("dp", "dpcp"))}
         )
         groups["embd"] = layout.group("embd", rank)
+        if is_moe(plan.model):
+            groups.update({g: layout.group(g, rank) for g in ("ep", "etp", "edp", "tpep")})
         if norm_group:
             groups[norm_group] = layout.group(norm_group, rank)
         spec = PipelineRank(
@@ -170,6 +208,7 @@ def pipeline_programs(
             fsdp=stages.get(stage),
             tied_embedding_grad_bytes=tied_embedding_grad_bytes(plan, stage),
             grad_norm_group=norm_group,
+            offload=stage_offload(plan, stage, gpus_per_node),
         )
         programs.append(pipeline_program(spec))
     return programs
@@ -198,7 +237,11 @@ def replay_plan(
     compute: ComputeModel,
     fold: bool = True,
     gpus_per_node: int = 8,
+    host: OffloadReplay | None = None,
 ) -> Timeline:
-    """Simulate one steady-state step of a resolved plan; ``comm`` must be bound to ``env``."""
+    """Simulate one steady-state step of a resolved plan; ``comm`` must be bound to ``env``.
+    ``host`` times an offloading plan's CPU step and host copies (``sim.replay.offload``)."""
     programs = build_programs(plan, compute, fold=fold, gpus_per_node=gpus_per_node)
+    if host is not None:
+        programs, comm = host.apply(programs), HostCopyRunner(env, comm, host.rates)
     return Engine(env, comm, programs, overlap_slowdown=compute.overlap_slowdown).run()

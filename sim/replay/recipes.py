@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedules.activations import ACTIVATION_BYTES
 from schedules.kernels import weight_gemm_shapes
 from schedules.memory import FSDP_KINDS, replica_group_size
 from schedules.model import (
@@ -23,6 +24,7 @@ from schedules.model import (
     stage_params_per_gpu,
     tp_message_bytes,
 )
+from schedules.moe import dispatch_bytes, expert_tokens, is_moe
 from schedules.plan import Plan
 from schedules.program import (
     CommStep,
@@ -55,6 +57,12 @@ class StepCosts:
     """One CP ring step's K and V."""
     p2p_bytes: float
     """One pipeline send."""
+    moe_layer: LayerTimes | None = None
+    """One MoE layer on the busiest GPU (None for a dense model)."""
+    dispatch_bytes: float = 0.0
+    """One MoE token dispatch (or combine) message per GPU."""
+    expert_tp_bytes: float = 0.0
+    """The all-gather (reduce-scatter) of the dispatched tokens over expert TP (etp > 1)."""
 
 
 def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
@@ -63,6 +71,11 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
     dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
     wgrad = [compute.gemm_time_s(k, n, m, dtype) for m, n, k in weight_gemm_shapes(plan)]
     total = sum(wgrad) or 1.0
+    moe_layer, dispatch, expert_tp = None, 0.0, 0.0
+    if is_moe(model):
+        moe_layer, dispatch = compute.moe_layer_times(plan), dispatch_bytes(plan)
+        if parallel.expert_tp > 1:
+            expert_tp = expert_tokens(plan) * model.hidden_size * ACTIVATION_BYTES
     return StepCosts(
         layer=compute.layer_times(plan),
         embed=compute.embedding_times(plan),
@@ -73,6 +86,9 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         p2p_bytes=pp_message_bytes(
             model, b, tp=parallel.tp, cp=parallel.cp, sequence_parallel=parallel.sequence_parallel
         ),
+        moe_layer=moe_layer,
+        dispatch_bytes=dispatch,
+        expert_tp_bytes=expert_tp,
     )
 
 
@@ -113,9 +129,69 @@ def pass_extras(plan: Plan, costs: StepCosts, *, first: bool, last: bool) -> dic
     return out
 
 
-def layer_recipes(plan: Plan, costs: StepCosts, num_layers: int) -> dict[str, tuple[Step, ...]]:
-    """Forward, backward, Bi and W recipes of ``num_layers`` consecutive layers."""
-    parallel, layer = plan.parallel, costs.layer
+def layer_recipes(
+    plan: Plan, costs: StepCosts, num_layers: int, num_moe: int = 0
+) -> dict[str, tuple[Step, ...]]:
+    """Forward, backward, Bi and W recipes of ``num_layers`` consecutive layers, ``num_moe`` of
+    them MoE layers (their recipes follow the dense ones': the layers are aggregated)."""
+    dense = _uniform_recipes(plan, costs, num_layers - num_moe)
+    if not num_moe:
+        return dense
+    moe = _uniform_recipes(plan, costs, num_moe, moe=True)
+    return {key: dense[key] + moe[key] for key in dense}
+
+
+def _ep_steps(plan: Plan, costs: StepCosts, num_layers: int, *, recompute: bool) -> list[Step]:
+    """The token dispatch and combine of ``num_layers`` MoE layers in one pass (blocking, as
+    Megatron-Core runs them), with the expert-TP gather and scatter when etp > 1; twice with
+    full recompute (the recomputed forward dispatches again)."""
+    parallel, passes = plan.parallel, 2 if recompute else 1
+    size, n = costs.dispatch_bytes, num_layers * passes
+    if parallel.moe_token_dispatcher == "allgather":
+        return [
+            CommStep(
+                name="moe all_gather", group="tpep", op="all_gather", size_bytes=size, repeat=n
+            ),
+            CommStep(
+                name="moe reduce_scatter",
+                group="tpep",
+                op="reduce_scatter",
+                size_bytes=size,
+                repeat=n,
+            ),
+        ]
+    steps: list[Step] = [
+        CommStep(name="moe dispatch", group="ep", op="all_to_all", size_bytes=size, repeat=n)
+    ]
+    if costs.expert_tp_bytes:
+        etp = costs.expert_tp_bytes
+        steps += [
+            CommStep(
+                name="moe etp all_gather", group="etp", op="all_gather", size_bytes=etp, repeat=n
+            ),
+            CommStep(
+                name="moe etp reduce_scatter",
+                group="etp",
+                op="reduce_scatter",
+                size_bytes=etp,
+                repeat=n,
+            ),
+        ]
+    steps.append(
+        CommStep(name="moe combine", group="ep", op="all_to_all", size_bytes=size, repeat=n)
+    )
+    return steps
+
+
+def _uniform_recipes(
+    plan: Plan, costs: StepCosts, num_layers: int, *, moe: bool = False
+) -> dict[str, tuple[Step, ...]]:
+    """Recipes of ``num_layers`` identical layers (dense, or MoE with their dispatch)."""
+    parallel = plan.parallel
+    layer = costs.moe_layer if moe and costs.moe_layer is not None else costs.layer
+    per_layer = 1 if moe and not plan.model.moe_shared_expert_ffn_hidden_size else 2
+    if num_layers == 0:
+        return {"F": (), "B": (), "Bi": (), "W": ()}
 
     def backward(split: str) -> tuple[Step, ...]:
         return tp_backward_steps(
@@ -129,6 +205,7 @@ def layer_recipes(plan: Plan, costs: StepCosts, num_layers: int) -> dict[str, tu
             sequence_parallel=parallel.sequence_parallel,
             full_recompute=parallel.recompute == "full",
             split=split,
+            per_layer=per_layer,
         )
 
     forward = tp_forward_steps(
@@ -138,13 +215,20 @@ def layer_recipes(plan: Plan, costs: StepCosts, num_layers: int) -> dict[str, tu
         tp=parallel.tp,
         sequence_parallel=parallel.sequence_parallel,
         tp_comm_overlap=parallel.tp_comm_overlap,
+        per_layer=per_layer,
     )
     cp_fwd = tuple(_cp_steps(plan, costs, num_layers, "all_gather"))
     cp_bwd = tuple(_cp_steps(plan, costs, num_layers, "reduce_scatter"))
+    ep_fwd: tuple[Step, ...] = ()
+    ep_bwd: tuple[Step, ...] = ()
+    if moe:
+        ep_fwd = tuple(_ep_steps(plan, costs, num_layers, recompute=False))
+        full = parallel.recompute == "full"
+        ep_bwd = tuple(_ep_steps(plan, costs, num_layers, recompute=full))
     return {
-        "F": cp_fwd + forward,
-        "B": cp_bwd + backward(""),
-        "Bi": cp_bwd + backward("input"),
+        "F": cp_fwd + forward + ep_fwd,
+        "B": cp_bwd + backward("") + ep_bwd,
+        "Bi": cp_bwd + backward("input") + ep_bwd,
         "W": backward("weight"),
     }
 
@@ -171,7 +255,7 @@ def reduce_bytes_per_param(plan: Plan) -> float:
 def layout_of(plan: Plan) -> Layout:
     """Rank layout of a resolved plan."""
     par = plan.parallel
-    return Layout(tp=par.tp, cp=par.cp, dp=par.dp, pp=par.pp)
+    return Layout(tp=par.tp, cp=par.cp, dp=par.dp, pp=par.pp, ep=par.ep, etp=par.expert_tp)
 
 
 def optimizer_time_s(plan: Plan, compute: ComputeModel, stage: int, gpus_per_node: int) -> float:

@@ -95,6 +95,10 @@ class PlanResult:
     """What the figures rest on: ``compute``, ``network`` (defaults or calibrations), ``stack``."""
     bottleneck: str = ""
     """The largest share of the critical rank's step (or memory when the plan does not fit)."""
+    offload: dict[str, Any] = field(default_factory=dict)
+    """An offloading plan's host side (``sim.replay.offload.offload_summary``): PCIe and NVMe
+    bytes per GPU per step, the CPU optimizer step, host memory per node and whether it fits;
+    empty without offload."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of ``commsim plan --json`` (keys as in DESIGN.md)."""
@@ -119,4 +123,5 @@ class PlanResult:
             "num_gpus": self.num_gpus,
             "num_simulated_ranks": self.num_simulated_ranks,
             **({"extra": dict(self.extra)} if self.extra else {}),
+            **({"offload": dict(self.offload)} if self.offload else {}),
         }

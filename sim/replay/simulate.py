@@ -14,6 +14,7 @@ optimizer, and the remaining idle time as the pipeline bubble.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import simpy
 
@@ -22,6 +23,8 @@ from schedules.flops import hardware_flops_per_step
 from schedules.kernels import kernel_stack
 from schedules.memory import memory_per_gpu
 from schedules.model import model_flops_per_step
+from schedules.moe import load_factor
+from schedules.params import active_params, total_params
 from schedules.plan import Plan, num_microbatches
 from schedules.resolve import resolve_plan
 from sim.compute.model import ComputeModel
@@ -29,6 +32,7 @@ from sim.network.calibration import Calibration
 from sim.network.model import CommModel
 from sim.replay.basis import bottleneck, compute_basis, network_basis
 from sim.replay.engine import ClosedFormRunner, Timeline
+from sim.replay.offload import offload_replay, offload_summary
 from sim.replay.programs import replay_plan
 from sim.replay.result import Breakdown, PlanResult
 from topologies.config import load_cluster
@@ -89,6 +93,7 @@ def simulate_plan(
     comm = CommModel(env, topology, fidelity=fidelity, calibration=comm_calibration)
     compute = ComputeModel(gpu, compute_calibration)
     runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
+    host = offload_replay(plan, topology, calibration=compute_calibration)
     timeline = replay_plan(
         plan,
         env=env,
@@ -96,6 +101,7 @@ def simulate_plan(
         compute=compute,
         fold=fold,
         gpus_per_node=topology.gpus_per_node,
+        host=host,
     )
     step_s = timeline.step_time_s
     flops, definition = model_flops_per_step(plan)
@@ -126,10 +132,34 @@ def simulate_plan(
         num_gpus=topology.num_gpus,
         num_simulated_ranks=len(timeline.ranks),
         spans=timeline.spans,
+        offload={}
+        if host is None
+        else offload_summary(plan, topology, host, timeline.spans, timeline.critical_rank),
         extra={
             "num_microbatches": num_microbatches(plan),
             "critical_rank": timeline.critical_rank,
             "fidelity": fidelity,
             "folded": fold,
+            **moe_summary(plan),
         },
     )
+
+
+def moe_summary(plan: Plan) -> dict[str, Any]:
+    """Parameters and routing of an MoE plan for the JSON result (empty for a dense model)."""
+    model, par = plan.model, plan.parallel
+    if not model.num_experts:
+        return {}
+    return {
+        "params": total_params(model),
+        "active_params": active_params(model),
+        "moe": {
+            "num_experts": model.num_experts,
+            "top_k": model.moe_top_k,
+            "ep": par.ep,
+            "etp": par.expert_tp,
+            "dispatcher": par.moe_token_dispatcher,
+            "imbalance": model.moe_imbalance,
+            "busiest_gpu_load": load_factor(model, par),
+        },
+    }

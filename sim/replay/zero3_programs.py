@@ -23,6 +23,7 @@ from schedules.zero3_spec import Submodule, Zero3Rank, split_recipe
 from schedules.zero3_units import ModuleShape, zero3_modules
 from sim.compute.model import ComputeModel
 from sim.replay.fsdp_programs import sharded_groups
+from sim.replay.offload import stage_offload
 from sim.replay.recipes import StepCosts, layer_recipes, optimizer_time_s, pass_extras
 
 
@@ -122,6 +123,7 @@ def zero3_programs(
             grad_norm_groups=norm_groups,
             recompute_blocks=_recompute_blocks(plan, submodules),
             optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
+            offload=stage_offload(plan, 0, gpus_per_node),
         )
         programs.append(zero3_program(spec))
     return programs

@@ -23,7 +23,7 @@ from typing import Any
 from schedules.kernels import kernel_stack
 from schedules.memory import memory_per_gpu
 from schedules.plan import RECOMPUTE_MODES, Plan, load_plan, plan_to_dict
-from schedules.resolve import resolve_plan
+from schedules.resolve import MOE_KINDS, resolve_plan
 
 DEFAULT_KINDS = ("ddp", "zero1", "distributed_optimizer", "fsdp2", "zero3")
 """Data-parallel kinds searched by default (``hsdp``, ``zero2`` and FSDP1 on request)."""
@@ -41,6 +41,9 @@ class SearchSpace:
     """Largest pipeline degree tried by default."""
     cp: tuple[int, ...] = (1,)
     """Context-parallel degrees."""
+    ep: tuple[int, ...] = ()
+    """Expert-parallel degrees of an MoE model (default: the powers of two that divide its
+    experts, up to the GPUs of a node times 8); ignored for a dense model."""
     data_parallel: tuple[str, ...] = DEFAULT_KINDS
     """Data-parallel kinds (plan names; ``fsdp2`` is FSDP2)."""
     micro_batch_size: tuple[int, ...] = (1, 2, 4)
@@ -70,6 +73,18 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _expert_degrees(plan: Plan, space: SearchSpace, gpus_per_node: int) -> tuple[int, ...]:
+    """The ep values to try: none but 1 for a dense model; the given ones, or the powers of two
+    dividing the experts up to 8 nodes' GPUs."""
+    experts = plan.model.num_experts
+    if not experts:
+        return (1,)
+    if space.ep:
+        return space.ep
+    powers = (2**i for i in range(13))
+    return tuple(e for e in powers if experts % e == 0 and e <= 8 * gpus_per_node)
+
+
 def candidate_layouts(
     plan: Plan, *, gpus_per_node: int, world_size: int, space: SearchSpace
 ) -> list[dict[str, Any]]:
@@ -78,10 +93,14 @@ def candidate_layouts(
     pps = space.pp or tuple(p for p in (1, 2, 4, 8, 16, 32, 64) if p <= space.max_pp)
     layouts = []
     recomputes = sorted(space.recompute, key=RECOMPUTE_MODES.index)  # lightest first
-    for tp, pp, cp, kind, mbs, recompute in itertools.product(
-        tps, pps, space.cp, space.data_parallel, space.micro_batch_size, recomputes
+    eps = _expert_degrees(plan, space, gpus_per_node)
+    kinds = space.data_parallel
+    if plan.model.num_experts:  # the kinds MoE layers are simulated with
+        kinds = tuple(k for k in kinds if k in MOE_KINDS) or kinds
+    for tp, pp, cp, ep, kind, mbs, recompute in itertools.product(
+        tps, pps, space.cp, eps, kinds, space.micro_batch_size, recomputes
     ):
-        if world_size % (tp * pp * cp):
+        if world_size % (tp * pp * cp) or (world_size // pp) % (tp * ep):
             continue
         schedules = [("1f1b", 1)]
         if pp > 1 and space.interleaved:
@@ -96,6 +115,7 @@ def candidate_layouts(
                 "sequence_parallel": tp > 1,
                 "recompute": recompute,
                 "data_parallel": kind,
+                **({"ep": ep} if plan.model.num_experts else {}),
             }
             layouts.append({"parallel": parallel, "micro_batch_size": mbs})
     return layouts
@@ -152,6 +172,7 @@ def layout_name(plan: Plan) -> str:
     kind = "fsdp2" if par.fsdp2 and par.data_parallel == "fsdp" else par.data_parallel
     schedule = f" {par.schedule}" + (f" vpp{par.vpp}" if par.vpp > 1 else "") if par.pp > 1 else ""
     cp = f" cp{par.cp}" if par.cp > 1 else ""
+    cp += f" ep{par.ep}" if plan.model.num_experts else ""
     return (
         f"tp{par.tp} pp{par.pp}{cp} dp{par.dp} {kind} mbs{plan.training.micro_batch_size} "
         f"{par.recompute}{schedule}"

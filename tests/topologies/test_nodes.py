@@ -83,7 +83,10 @@ def test_nic_without_switch_goes_to_nearest():
         ({"intra": "ethernet"}, "node.intra='ethernet'; valid: nvswitch"),
         ({"num_gpus": 0}, "node.num_gpus=0; must be an integer >= 1"),
         ({"num_gpus": 2.5}, "node.num_gpus=2.5"),
-        ({"nic": "pcie-gen5"}, "node.nic='pcie-gen5' is a pcie link; valid: ib-hdr"),
+        (
+            {"nic": "pcie-gen5"},
+            "node.nic='pcie-gen5' is a pcie link; valid: efa-p5, gcp-200g, ib-hdr",
+        ),
         ({"nvswitch": None}, "needs node.nvswitch and node.nvlink"),
         ({"nics_per_node": 0}, "needs node.nics_per_node >= 1"),
         ({"nvswitch": "nvswitch-gen9"}, "unknown node.nvswitch 'nvswitch-gen9'"),

@@ -136,12 +136,21 @@ def test_every_example_plan_resolves_on_its_cluster() -> None:
     names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
     assert names == [
         "gpt3-175b-1024xa100.yaml",
+        "llama2-13b-offload-8xh100.yaml",
         "llama3-405b-16k.yaml",
         "llama3-70b-256xh100.yaml",
         "llama3-8b-ddp-8xh100.yaml",
+        "mixtral-8x7b-ep8-64xh100.yaml",
         "small-zb.yaml",
     ]
-    expected_dp = {"gpt3-175b": 16, "llama3-405b": 128, "llama3-70b": 16, "llama3-8b": 8}
+    expected_dp = {
+        "gpt3-175b": 16,
+        "llama2-13b": 8,
+        "llama3-405b": 128,
+        "llama3-70b": 16,
+        "llama3-8b": 8,
+        "mixtral-8x7b": 16,
+    }
     for name in names:
         plan = load_plan(EXAMPLES / name)
         resolved = resolve_plan(plan, plan_topology(plan).num_gpus)

@@ -114,3 +114,34 @@ def test_repeated_values_and_equal_layouts_are_simulated_once(
     names = [r["layout"] for r in json.loads(out.read_text())["rows"]]
     assert names == ["tp2 pp2 dp2 fsdp2 mbs1 none 1f1b"]  # fsdp under PP is FSDP2
     assert "1 the same layout as another" in capsys.readouterr().out
+
+
+def test_moe_layouts_try_expert_parallelism_that_divides_the_experts() -> None:
+    from schedules.plan import load_plan
+    from sim.search.space import SearchSpace, candidate_layouts
+
+    def plan_of(experts: int) -> object:
+        model = {
+            "name": "m", "num_layers": 4, "hidden_size": 256, "num_heads": 4,
+            "ffn_hidden_size": 512, "vocab_size": 1000, "seq_len": 128, "num_experts": experts,
+        }  # fmt: skip
+        return load_plan(
+            {
+                "model": model,
+                "cluster": {"node": "dgx-h100", "num_nodes": 2},
+                "training": {"micro_batch_size": 1, "global_batch_size": 64},
+            }
+        )
+
+    space = SearchSpace(tp=(1, 2), pp=(1,), micro_batch_size=(1,), recompute=("none",))
+    moe = candidate_layouts(plan_of(8), gpus_per_node=8, world_size=16, space=space)
+    pairs = {(x["parallel"]["tp"], x["parallel"]["ep"]) for x in moe}
+    # ep divides the 8 experts; tp x ep divides the 16 GPUs of the stage
+    assert pairs == {(t, e) for t in (1, 2) for e in (1, 2, 4, 8)}
+    assert {x["parallel"]["data_parallel"] for x in moe} == {
+        "ddp",
+        "zero1",
+        "distributed_optimizer",
+    }
+    dense = candidate_layouts(plan_of(0), gpus_per_node=8, world_size=16, space=space)
+    assert all("ep" not in x["parallel"] for x in dense)

@@ -44,6 +44,21 @@ KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
     "pipeline_layers": ({"tp": 2, "pp": 2}, [2, 6]),
     "first_stage_layers": ({"tp": 2, "pp": 2}, 2),
     "last_stage_layers": ({"tp": 2, "pp": 2}, 2),
+    "moe_token_dispatcher": (
+        {"tp": 2, "sequence_parallel": True, "ep": 4, "data_parallel": "distributed_optimizer"},
+        "allgather",
+    ),
+    "offload_optimizer": ({"data_parallel": "zero2", "tp": 2}, "cpu"),
+    "offload_param": ({"data_parallel": "zero3", "tp": 2}, "cpu"),
+    "offload_pin_memory": ({"data_parallel": "zero2", "tp": 2, "offload_optimizer": "cpu"}, True),
+    "offload_pipeline_read": (
+        {"data_parallel": "zero3", "tp": 2, "offload_optimizer": "nvme"},
+        True,
+    ),
+    "offload_pipeline_write": (
+        {"data_parallel": "zero3", "tp": 2, "offload_optimizer": "nvme"},
+        True,
+    ),
 }
 """Per framework knob: a plan where it applies, and a value away from its default."""
 
@@ -57,17 +72,24 @@ FRAMEWORK_KNOBS = {
     "zero_bucket_elems", "zero_overlap_comm", "zero_prefetch_bucket_elems",
     "zero_max_live_parameters", "zero_param_persistence_threshold", "zero_fetch",
     "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "pp_scatter_gather",
-    "pipeline_layers", "first_stage_layers", "last_stage_layers",
+    "pipeline_layers", "first_stage_layers", "last_stage_layers", "moe_token_dispatcher",
+    "offload_optimizer", "offload_param", "offload_pin_memory", "offload_pipeline_read",
+    "offload_pipeline_write",
 }  # fmt: skip
 """``embedding_as_layer`` and ``loss_as_layer`` cannot be toggled alone on a valid plan (they move
 the layer count across a divisibility boundary); tests/schedules/test_stages.py checks the split
 they give."""
 
 
+MOE_KNOBS = {"moe_token_dispatcher"}
+"""Knobs of expert parallelism: their plans run an MoE version of the model (8 experts)."""
+
+
 def _fingerprint(parallel: dict[str, Any]) -> tuple[Any, ...]:
+    moe = {"num_experts": 8} if MOE_KNOBS & set(parallel) or parallel.get("ep") else {}
     plan = load_plan(
         {
-            "model": MODEL,
+            "model": {**MODEL, **moe},
             "cluster": {"node": "dgx-h100", "num_nodes": 2},
             "parallel": parallel,
             "training": {"micro_batch_size": 1, "global_batch_size": 48},
@@ -83,7 +105,7 @@ def _fingerprint(parallel: dict[str, Any]) -> tuple[Any, ...]:
 
 LAYOUT_KEYS = {
     "tp", "pp", "cp", "dp", "vpp", "schedule", "sequence_parallel", "recompute",
-    "data_parallel", "embedding_as_layer", "loss_as_layer",
+    "data_parallel", "embedding_as_layer", "loss_as_layer", "ep", "etp",
 }  # fmt: skip
 """Keys that say what the layout is rather than how a framework runs it."""
 

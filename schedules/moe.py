@@ -1,0 +1,178 @@
+"""Mixture-of-experts layers: which layers route, their parameters, FLOPs, tokens and messages.
+
+An MoE layer (Megatron-Core ``MoELayer``, Mixtral, DeepSeek, Qwen MoE) keeps the attention block
+and replaces the MLP by a router (an h x E linear, softmax / sigmoid and top-k), E routed experts
+(each an MLP of width ``moe_ffn_hidden_size``) of which every token visits k, and optionally shared
+experts every token visits. Layers ``moe_first_dense_layers`` and on, every ``moe_layer_freq``-th,
+route; the others are dense (Megatron's ``moe_layer_freq`` pattern ``i % freq == 0``).
+
+Placement, as Megatron-Core forms its expert groups (``parallel_state.RankGenerator`` with order
+``tp-ep-dp-pp`` for experts): within one pipeline stage the tp * cp * dp GPUs are re-split as
+``etp x ep x edp``; the routed experts of a layer are split over the ep GPUs of an expert-parallel
+group (E / ep each), each expert's matrices over etp, and the expert-data-parallel group (edp =
+tp cp dp / (etp ep)) reduces the expert gradients. The attention, router and shared experts stay on
+the dense layout (TP over tp, gradients over dp x cp).
+
+Token flow per MoE layer and micro-batch with the ``alltoall`` dispatcher (``token_dispatcher.py``
+``MoEAlltoAllTokenDispatcher``): each GPU routes its T_r tokens (b s / cp, and / tp under sequence
+parallelism), permutes the k copies, all-to-alls them over ep (each GPU receives T_r k copies when
+routing is balanced), all-gathers them over etp when etp > 1, runs its experts as grouped GEMMs,
+reduce-scatters over etp, all-to-alls back and un-permutes; the backward mirrors all of it. The
+``allgather`` dispatcher all-gathers the T_r tokens over the etp x ep group instead and
+reduce-scatters the outputs. Routing is rarely balanced: ``moe_imbalance`` is the busiest expert's
+tokens over the mean, capped by the capacity factor when tokens are dropped.
+
+    count_moe_layers(plan.model, start=0, count=plan.model.num_layers)
+"""
+
+from __future__ import annotations
+
+from schedules.plan import ModelConfig, ParallelConfig, Plan
+
+ROUTER_PROBS_BYTES = 4
+"""Bytes per router probability kept for the backward (fp32 softmax / sigmoid scores)."""
+
+
+def is_moe(model: ModelConfig) -> bool:
+    """Whether the model has routed experts."""
+    return model.num_experts > 0
+
+
+def is_moe_layer(model: ModelConfig, index: int) -> bool:
+    """Whether layer ``index`` (0-based) is an MoE layer."""
+    if not is_moe(model) or index < model.moe_first_dense_layers:
+        return False
+    return (index - model.moe_first_dense_layers) % model.moe_layer_freq == 0
+
+
+def count_moe_layers(model: ModelConfig, *, start: int, count: int) -> int:
+    """MoE layers among layers ``start .. start + count - 1``."""
+    return sum(is_moe_layer(model, i) for i in range(start, start + count))
+
+
+def expert_width(model: ModelConfig) -> int:
+    """One routed expert's MLP width (``moe_ffn_hidden_size``, else ``ffn_hidden_size``)."""
+    return model.moe_ffn_hidden_size or model.ffn_hidden_size
+
+
+def mlp_params_of(model: ModelConfig, width: int) -> int:
+    """An MLP of ``width`` on the model's h: 3hf gated or 2hf, plus biases when the model has
+    them (2f + h gated, f + h not)."""
+    if width == 0:
+        return 0
+    h = model.hidden_size
+    num_in = 2 if model.gated_mlp else 1
+    biases = num_in * width + h if model.linear_bias else 0
+    return (num_in + 1) * h * width + biases
+
+
+def router_params(model: ModelConfig) -> int:
+    """The router's E x h weight (no bias, as Megatron's ``TopKRouter``)."""
+    return model.num_experts * model.hidden_size
+
+
+def expert_params(model: ModelConfig) -> int:
+    """All routed experts of one MoE layer: E MLPs of the expert width."""
+    return model.num_experts * mlp_params_of(model, expert_width(model))
+
+
+def shared_expert_params(model: ModelConfig) -> int:
+    """The shared experts of one MoE layer (one MLP of the total shared width)."""
+    return mlp_params_of(model, model.moe_shared_expert_ffn_hidden_size)
+
+
+def active_expert_params(model: ModelConfig) -> int:
+    """Parameters one token goes through in an MoE layer's MLP part: the router, k routed
+    experts and the shared experts."""
+    routed = model.moe_top_k * mlp_params_of(model, expert_width(model))
+    return router_params(model) + routed + shared_expert_params(model)
+
+
+def expert_params_per_gpu(model: ModelConfig, parallel: ParallelConfig) -> float:
+    """Routed-expert parameters of one MoE layer on one GPU: E / ep experts, split etp ways."""
+    return expert_params(model) / (parallel.ep * parallel.expert_tp)
+
+
+def moe_dense_params_per_gpu(model: ModelConfig, parallel: ParallelConfig) -> float:
+    """An MoE layer's non-expert MLP parameters on one GPU: the router (replicated over TP) and
+    the shared experts (split over TP like a dense MLP)."""
+    return router_params(model) + shared_expert_params(model) / parallel.tp
+
+
+def expert_data_parallel(parallel: ParallelConfig) -> int:
+    """GPUs holding the same experts, edp = tp cp dp / (etp ep); needs a resolved dp."""
+    return parallel.tp * parallel.cp * parallel.dp // (parallel.expert_tp * parallel.ep)
+
+
+def routed_tokens(plan: Plan) -> float:
+    """Tokens one GPU routes per micro-batch, T_r = b s / cp (/ tp under sequence parallelism)."""
+    parallel = plan.parallel
+    tokens = plan.training.micro_batch_size * plan.model.seq_len / parallel.cp
+    return tokens / parallel.tp if parallel.sequence_parallel else tokens
+
+
+def load_factor(model: ModelConfig, parallel: ParallelConfig) -> float:
+    """Tokens of the busiest expert-parallel rank over the mean.
+
+    The busiest expert carries ``moe_imbalance`` times the mean (capped at the capacity factor
+    when tokens are dropped); the other experts of its rank are taken at the mean, so a rank of
+    n = E / ep experts carries (imbalance + n - 1) / n of the mean.
+    """
+    hottest = model.moe_imbalance
+    if model.moe_capacity_factor is not None:
+        hottest = min(hottest, model.moe_capacity_factor)
+    local = model.num_experts / parallel.ep
+    if local <= 1:
+        return hottest
+    return (hottest + local - 1) / local
+
+
+def expert_tokens(plan: Plan) -> float:
+    """Token copies the busiest GPU's experts process per micro-batch:
+    T_r k etp x load factor (T_r k arrive over ep, gathered from the etp peers)."""
+    model, parallel = plan.model, plan.parallel
+    balanced = routed_tokens(plan) * model.moe_top_k * parallel.expert_tp
+    return balanced * load_factor(model, parallel)
+
+
+def dispatch_bytes(plan: Plan, *, element_bytes: float = 2.0) -> float:
+    """One dispatch (or combine) message per GPU of the plan's dispatcher, nccl-tests sizes.
+
+    ``alltoall``: the busiest rank's T_r k copies of h (x load factor); ``allgather``: the output
+    of gathering the T_r tokens of all etp x ep GPUs.
+    """
+    model, parallel = plan.model, plan.parallel
+    h = model.hidden_size
+    if parallel.moe_token_dispatcher == "allgather":
+        return routed_tokens(plan) * h * element_bytes * parallel.ep * parallel.expert_tp
+    return routed_tokens(plan) * model.moe_top_k * h * element_bytes * load_factor(model, parallel)
+
+
+def moe_mlp_forward_flops(model: ModelConfig, num_tokens: float) -> float:
+    """Model FLOPs of an MoE layer's MLP part for T tokens with balanced routing: router 2ThE,
+    k routed experts and the shared experts (2Thf per matrix)."""
+    matrices = 3 if model.gated_mlp else 2
+    h = model.hidden_size
+    routed = model.moe_top_k * expert_width(model)
+    width = routed + model.moe_shared_expert_ffn_hidden_size
+    return 2.0 * num_tokens * h * model.num_experts + matrices * 2.0 * num_tokens * h * width
+
+
+def moe_activation_bytes(plan: Plan, *, activation_bytes: float = 2.0) -> float:
+    """What the MLP part of one MoE layer stores for the backward (recompute none or
+    selective), one micro-batch on the busiest GPU.
+
+    Router probabilities (fp32, T_r E), the permuted expert inputs (copies x h), the up
+    projection outputs (2f_e / etp gated) and the activation outputs (f_e / etp) of the expert
+    GEMMs, the expert outputs the combine weights (copies x h), and the shared experts' hidden
+    (3f_s / tp gated, over the TP-gathered tokens); the dense MLP terms it replaces are not counted.
+    """
+    model, parallel = plan.model, plan.parallel
+    copies, width = expert_tokens(plan), expert_width(model) / parallel.expert_tp
+    hidden = (3 if model.gated_mlp else 2) * width
+    experts = copies * (2 * model.hidden_size + hidden) * activation_bytes
+    router = routed_tokens(plan) * model.num_experts * ROUTER_PROBS_BYTES
+    shared_width = model.moe_shared_expert_ffn_hidden_size
+    gathered = plan.training.micro_batch_size * model.seq_len / parallel.cp
+    shared = gathered * (3 if model.gated_mlp else 2) * shared_width / parallel.tp
+    return experts + router + shared * activation_bytes

@@ -1,0 +1,173 @@
+"""Mixture-of-experts arithmetic: layers, parameters, FLOPs, routing loads, groups, plan checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schedules.flops import layer_forward_flops, model_flops_per_step, moe_layer_forward_flops
+from schedules.memory import stage_memory_bytes
+from schedules.moe import (
+    dispatch_bytes,
+    expert_data_parallel,
+    expert_tokens,
+    is_moe_layer,
+    load_factor,
+    routed_tokens,
+)
+from schedules.params import (
+    active_params,
+    layer_params,
+    stage_expert_params_per_gpu,
+    stage_params_per_gpu,
+    total_params,
+)
+from schedules.plan import load_plan
+from schedules.program import Layout
+from schedules.resolve import resolve_plan
+
+TINY = {
+    "name": "tiny-moe", "num_layers": 4, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 4,
+    "ffn_hidden_size": 256, "vocab_size": 1000, "seq_len": 32, "num_experts": 8, "moe_top_k": 2,
+    "moe_ffn_hidden_size": 128,
+}  # fmt: skip
+
+
+def plan_of(model: dict[str, Any] | str, parallel: dict[str, Any], gpus: int = 8) -> Any:
+    raw = {
+        "model": model,
+        "cluster": {"node": "dgx-h100", "num_nodes": max(gpus // 8, 1)},
+        "parallel": parallel,
+        "training": {"micro_batch_size": 2, "global_batch_size": 64},
+    }
+    return resolve_plan(load_plan(raw), gpus)
+
+
+def test_mixtral_counts_match_the_published_ones() -> None:
+    # Mixtral of Experts (arXiv:2401.04088): 46.7B parameters, 12.9B active per token.
+    model = plan_of("mixtral-8x7b", {"ep": 8}).model
+    assert total_params(model) / 1e9 == pytest.approx(46.7, abs=0.05)
+    assert active_params(model) / 1e9 == pytest.approx(12.9, abs=0.05)
+
+
+def test_moe_layer_pattern_follows_first_dense_and_frequency() -> None:
+    model = load_plan(
+        {
+            "model": {**TINY, "num_layers": 7, "moe_first_dense_layers": 1, "moe_layer_freq": 2},
+            "cluster": {"node": "dgx-h100"},
+            "training": {"micro_batch_size": 1, "global_batch_size": 8},
+        }
+    ).model
+    assert [is_moe_layer(model, i) for i in range(7)] == [0, 1, 0, 1, 0, 1, 0]
+
+
+def test_parameters_by_hand() -> None:
+    model = plan_of(TINY, {"ep": 8}).model
+    h, f_e = 64, 128
+    expert = 3 * h * f_e  # gated: gate, up, down
+    moe_layer = layer_params(model) - 3 * h * 256 + h * 8 + 8 * expert
+    assert total_params(model) == 4 * moe_layer + 2 * 1000 * h + h
+    assert active_params(model) == total_params(model) - 4 * 6 * expert
+
+
+def test_moe_forward_flops_by_hand() -> None:
+    model = plan_of(TINY, {"ep": 8}).model
+    tokens, h = 2 * 32, 64
+    dense = layer_forward_flops(model, 2, causal=True)
+    dense_mlp = 3 * 2 * tokens * h * 256
+    router, routed = 2 * tokens * h * 8, 2 * 3 * 2 * tokens * h * 128
+    assert moe_layer_forward_flops(model, 2, causal=True) == dense - dense_mlp + router + routed
+
+
+def test_model_flops_count_active_experts() -> None:
+    plan = plan_of(TINY, {"ep": 8})
+    flops, definition = model_flops_per_step(plan)
+    layers = 4 * moe_layer_forward_flops(plan.model, 64, causal=True)
+    assert flops == pytest.approx(3 * (layers + 2 * 64 * 32 * 1000 * 64))
+    assert "active parameters" in definition
+
+
+@pytest.mark.parametrize(
+    ("ep", "imbalance", "capacity", "expected"),
+    [
+        (8, 1.0, None, 1.0),
+        (8, 3.0, None, 3.0),
+        (2, 2.0, None, 1.25),  # 4 experts per GPU: (2 + 3) / 4
+        (8, 3.0, 1.5, 1.5),  # tokens past the capacity are dropped
+    ],
+)
+def test_load_factor(ep: int, imbalance: float, capacity: float | None, expected: float) -> None:
+    model = {**TINY, "moe_imbalance": imbalance, "moe_capacity_factor": capacity}
+    plan = plan_of(model, {"ep": ep})
+    assert load_factor(plan.model, plan.parallel) == expected
+
+
+def test_tokens_and_dispatch_messages() -> None:
+    plan = plan_of({**TINY, "moe_imbalance": 2.0}, {"ep": 4, "tp": 2, "sequence_parallel": True})
+    assert routed_tokens(plan) == 2 * 32 / 2  # b s / tp under sequence parallelism
+    # 2 experts per GPU, the busiest at 2x the mean: the GPU carries (2 + 1) / 2 = 1.5x
+    assert expert_tokens(plan) == 32 * 2 * 2 * 1.5  # T_r k etp x load
+    assert dispatch_bytes(plan) == 32 * 2 * 64 * 2 * 1.5  # T_r k h bf16 x load
+    gather = resolve_plan(
+        load_plan(
+            {
+                "model": TINY,
+                "cluster": {"node": "dgx-h100"},
+                "parallel": {
+                    "ep": 4,
+                    "tp": 2,
+                    "etp": 1,
+                    "sequence_parallel": True,
+                    "moe_token_dispatcher": "allgather",
+                },
+                "training": {"micro_batch_size": 2, "global_batch_size": 64},
+            }
+        ),
+        8,
+    )
+    assert dispatch_bytes(gather) == 32 * 64 * 2 * 4 * 1
+
+
+def test_expert_groups_follow_megatron_core_order() -> None:
+    # 16 GPUs per stage, tp 2 and etp 1: expert rank order etp-ep-edp inside each stage.
+    layout = Layout(tp=2, dp=8, ep=4, etp=1)
+    assert layout.group("ep", 5) == (4, 5, 6, 7)
+    assert layout.group("edp", 5) == (1, 5, 9, 13)
+    assert layout.group("etp", 5) == (5,)
+    # etp = tp = 2, ep 4 over 8 GPUs per stage, second stage
+    layout = Layout(tp=2, dp=4, pp=2, ep=4)
+    assert layout.group("ep", 11) == (9, 11, 13, 15)
+    assert layout.group("etp", 11) == (10, 11)
+    assert layout.group("tpep", 11) == tuple(range(8, 16))
+    assert layout.group("edp", 11) == (11,)
+
+
+def test_expert_states_shard_over_expert_data_parallel() -> None:
+    plan = plan_of(TINY, {"ep": 2, "data_parallel": "distributed_optimizer"})
+    assert expert_data_parallel(plan.parallel) == 4
+    params = stage_params_per_gpu(plan, 0)
+    experts = stage_expert_params_per_gpu(plan, 0)
+    assert experts == 4 * 8 / 2 * 3 * 64 * 128
+    memory = stage_memory_bytes(plan, 0)
+    assert memory["optimizer"] == pytest.approx((params - experts) * 12 / 8 + experts * 12 / 4)
+    assert memory["weights"] == pytest.approx(params * 2)
+
+
+@pytest.mark.parametrize(
+    ("model", "parallel", "message"),
+    [
+        (TINY, {"ep": 3}, "is not divisible by parallel.ep=3"),
+        (TINY, {"ep": 8, "tp": 2, "sequence_parallel": True}, "must divide tp * cp * dp"),
+        (TINY, {"ep": 2, "tp": 2}, "needs sequence_parallel"),
+        (TINY, {"ep": 2, "data_parallel": "fsdp"}, "MoE plans are simulated with"),
+        ({**TINY, "num_experts": 0}, {"ep": 2}, "need an MoE model"),
+        ({**TINY, "moe_top_k": 9}, {}, "moe_top_k=9"),
+        ({**TINY, "moe_imbalance": 0.5}, {}, "moe_imbalance=0.5"),
+    ],
+)
+def test_bad_moe_plans_name_the_problem(
+    model: dict[str, Any], parallel: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message.replace("*", r"\*").replace(".", r"\.")):
+        plan_of(model, parallel)

@@ -1,0 +1,100 @@
+"""MoE plans replayed: token dispatch per layer and pass, expert-TP gathers, expert gradients on
+the expert-data-parallel group, and routing imbalance slowing the step."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from schedules.moe import dispatch_bytes
+from schedules.plan import load_plan, num_microbatches
+from schedules.program import Collective
+from schedules.resolve import resolve_plan
+from sim.compute.model import ComputeModel
+from sim.replay.programs import build_programs
+from sim.replay.simulate import simulate_plan
+from topologies.hardware import GPUS
+
+MODEL = {
+    "name": "moe", "num_layers": 4, "hidden_size": 1024, "num_heads": 16, "num_kv_heads": 4,
+    "ffn_hidden_size": 2816, "vocab_size": 32000, "seq_len": 1024, "num_experts": 8,
+    "moe_top_k": 2, "moe_ffn_hidden_size": 1408,
+}  # fmt: skip
+
+
+def plan_of(parallel: dict[str, Any], **model: Any) -> Any:
+    return load_plan(
+        {
+            "model": {**MODEL, **model},
+            "cluster": {"node": "dgx-h100", "num_nodes": 2},
+            "parallel": {"data_parallel": "distributed_optimizer", **parallel},
+            "training": {"micro_batch_size": 1, "global_batch_size": 32},
+        }
+    )
+
+
+def collectives(parallel: dict[str, Any], **model: Any) -> tuple[Any, list[Collective]]:
+    plan = resolve_plan(plan_of(parallel, **model), 16)
+    program = build_programs(plan, ComputeModel(GPUS["h100-sxm"]))[0]
+    return plan, [a for a in program.actions if isinstance(a, Collective)]
+
+
+def calls(actions: list[Collective], group: str, op: str) -> int:
+    return sum(a.repeat for a in actions if a.group == group and a.op == op)
+
+
+def test_each_moe_layer_dispatches_and_combines_in_forward_and_backward() -> None:
+    plan, actions = collectives({"ep": 8})
+    m = num_microbatches(plan)
+    # 4 MoE layers x (dispatch + combine) x (forward + backward) per micro-batch
+    assert calls(actions, "ep", "all_to_all") == 4 * 2 * 2 * m
+    sizes = {a.size_bytes for a in actions if a.group == "ep"}
+    assert sizes == {dispatch_bytes(plan)} == {1024 * 2 * 1024 * 2.0}
+    assert len(next(a for a in actions if a.group == "ep").ranks) == 8
+
+
+def test_full_recompute_dispatches_again_in_the_backward() -> None:
+    plan, actions = collectives({"ep": 8, "recompute": "full"})
+    assert calls(actions, "ep", "all_to_all") == 4 * 2 * 3 * num_microbatches(plan)
+
+
+def test_expert_tensor_parallel_gathers_the_dispatched_tokens() -> None:
+    plan, actions = collectives({"ep": 4, "tp": 2, "sequence_parallel": True})
+    m = num_microbatches(plan)
+    assert calls(actions, "etp", "all_gather") == 4 * 2 * m
+    assert calls(actions, "etp", "reduce_scatter") == 4 * 2 * m
+    # without shared experts an MoE layer keeps only the attention's TP collectives: all-gathers
+    # forward 1, backward 2 (output-gradient gather, QKV input re-gather) per layer, where a
+    # dense layer has 2 + 4; plus the LM head's gather once per micro-batch
+    assert calls(actions, "tp", "all_gather") == (4 * (1 + 2) + 1) * m
+    gather = collectives({"ep": 4, "tp": 2, "sequence_parallel": True, "etp": 1})[1]
+    assert calls(gather, "etp", "all_gather") == 0
+
+
+def test_expert_gradients_reduce_on_the_expert_data_parallel_group() -> None:
+    _, actions = collectives({"ep": 8})
+    edp = [a for a in actions if a.group == "edp" and a.op == "reduce_scatter"]
+    dp = [a for a in actions if a.group == "dp" and a.op == "reduce_scatter"]
+    assert edp and dp
+    assert len(edp[0].ranks) == 2 and len(dp[0].ranks) == 16
+    expert_params = 4 * 8 / 8 * 3 * 1024 * 1408  # 4 layers, 1 expert per GPU, 3 matrices
+    assert sum(a.size_bytes for a in edp) == pytest.approx(expert_params * 4)  # fp32 main grads
+
+
+def test_imbalance_slows_the_step_and_shows_as_exposed_all_to_all() -> None:
+    steps, exposed = [], []
+    for imbalance in (1.0, 1.5, 2.0):
+        result = simulate_plan(plan_of({"ep": 8}, moe_imbalance=imbalance))
+        steps.append(result.step_time_s)
+        exposed.append(result.breakdown.exposed_comm_s["ep"])
+    assert steps[0] < steps[1] < steps[2]
+    assert 0 < exposed[0] < exposed[1] < exposed[2]
+
+
+def test_dense_layers_of_a_moe_model_do_not_dispatch() -> None:
+    plan, actions = collectives({"ep": 8}, moe_first_dense_layers=1, moe_layer_freq=2)
+    # layers 1 and 3 route
+    assert calls(actions, "ep", "all_to_all") == 2 * 2 * 2 * num_microbatches(plan)
+    assert Counter(a.group for a in actions)["ep"] > 0
