@@ -24,7 +24,13 @@ from schedules.model import (
     stage_params_per_gpu,
     tp_message_bytes,
 )
-from schedules.moe import dispatch_bytes, expert_tokens, is_moe
+from schedules.moe import dispatch_bytes, expert_data_parallel, expert_tokens, is_moe
+from schedules.params import (
+    moe_layer_params_per_gpu,
+    stage_expert_params_per_gpu,
+    stage_moe_layers,
+    vstage_moe_layers,
+)
 from schedules.plan import Plan
 from schedules.program import (
     CommStep,
@@ -237,10 +243,15 @@ def chunk_params(plan: Plan, stage: int, chunk: int) -> float:
     """Parameters of one model chunk on one GPU (embedding on the first, head on the last)."""
     p, v = plan.parallel.pp, plan.parallel.vpp
     per_layer = layer_params_per_gpu(plan.model, plan.parallel.tp)
+    moe_extra = moe_layer_params_per_gpu(plan.model, plan.parallel) - per_layer
     layers = chunk_layers(plan.parallel, plan.model.num_layers)[chunk * p + stage]
-    extra = stage_params_per_gpu(plan, stage) - per_layer * layers_per_stage(plan, stage)
+    in_layers = per_layer * layers_per_stage(plan, stage) + moe_extra * stage_moe_layers(
+        plan, stage
+    )
+    extra = stage_params_per_gpu(plan, stage) - in_layers
     owns_extra = (stage == 0 and chunk == 0) or (stage == p - 1 and chunk == v - 1)
-    return layers * per_layer + (extra if owns_extra else 0.0)
+    moe = moe_extra * vstage_moe_layers(plan, chunk * p + stage) if plan.model.num_experts else 0.0
+    return layers * per_layer + moe + (extra if owns_extra else 0.0)
 
 
 def reduce_bytes_per_param(plan: Plan) -> float:
@@ -259,10 +270,14 @@ def layout_of(plan: Plan) -> Layout:
 
 
 def optimizer_time_s(plan: Plan, compute: ComputeModel, stage: int, gpus_per_node: int) -> float:
+    """Adam over the parameters this GPU updates: all of its stage's under DDP, else its shard
+    (routed experts sharded over the expert-data-parallel group, the rest over dp x cp)."""
     kind = plan.parallel.data_parallel
     params = stage_params_per_gpu(plan, stage)
     if kind != "ddp":
-        params /= replica_group_size(plan, gpus_per_node=gpus_per_node)
+        experts = stage_expert_params_per_gpu(plan, stage)
+        dense = (params - experts) / replica_group_size(plan, gpus_per_node=gpus_per_node)
+        params = dense + (experts / expert_data_parallel(plan.parallel) if experts else 0.0)
     return compute.optimizer_step_s(params, grad_bytes_per_param=grad_bytes_per_param(kind))
 
 

@@ -98,3 +98,17 @@ def test_dense_layers_of_a_moe_model_do_not_dispatch() -> None:
     # layers 1 and 3 route
     assert calls(actions, "ep", "all_to_all") == 2 * 2 * 2 * num_microbatches(plan)
     assert Counter(a.group for a in actions)["ep"] > 0
+
+
+def test_interleaved_chunks_hold_their_own_moe_layers() -> None:
+    from schedules.params import stage_params_per_gpu
+    from sim.replay.recipes import chunk_params
+
+    parallel = {"ep": 4, "pp": 2, "vpp": 2, "schedule": "interleaved"}
+    plan = resolve_plan(plan_of(parallel, moe_first_dense_layers=1, moe_layer_freq=2), 16)
+    # virtual stages chunk * pp + rank hold layers 0, 1, 2, 3; MoE layers are 1 and 3
+    sizes = [[chunk_params(plan, s, c) for c in range(2)] for s in range(2)]
+    moe_extra = 8 / 4 * 3 * 1024 * 1408 + 8 * 1024 - 3 * 1024 * 2816  # experts + router - MLP
+    assert sizes[1][0] - sizes[0][1] == pytest.approx(moe_extra)  # layer 1 (MoE) - layer 2
+    for stage in range(2):
+        assert sum(sizes[stage]) == pytest.approx(stage_params_per_gpu(plan, stage))
