@@ -66,7 +66,9 @@ def test_a_bogus_default_fabric_is_named(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(raw))
     assert main(["plan", str(path)]) == 2
-    assert "default_fabric 'bogus'; valid: ib-hdr, ib-ndr, roce-400g" in capsys.readouterr().err
+    assert "default_fabric 'bogus'; valid: azure-ndr, efa-p5, gcp-a3-mega, ib-hdr" in (
+        capsys.readouterr().err
+    )
 
 
 def test_calibration_files_with_nonsense_are_refused(tmp_path: Path, capsys: Any) -> None:

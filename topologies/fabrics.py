@@ -1,6 +1,7 @@
 """Network fabrics: 1-, 2- and 3-tier fat-trees (leaf-spine, pods + core) with oversubscription.
 
-A ``FabricSpec`` names the switch radix, the link and whether NICs are wired rail-optimised;
+A ``FabricSpec`` names the switch radix, the link, whether NICs are wired rail-optimised,
+whether the switches reduce in the network (SHARP) and the transport's latencies and tuner;
 ``fat_tree_graph(endpoints, spec, oversubscription=...)`` builds the switches and links above a
 list of NIC endpoints and returns the graph with a ``FabricLayout`` (the counts the bisection
 and the summary read). Construction, with radix ``k``:
@@ -56,10 +57,27 @@ class FabricSpec:
     """Switch tiers (1, 2 or 3); None picks the fewest that fit."""
     rail_optimized: bool = True
     """NIC i of every server of a scalable unit on leaf i of that unit."""
+    sharp: bool = False
+    """Whether the switches reduce in the network (SHARP): NCCL's CollNet algorithms and NVLS
+    across nodes run only on such a fabric."""
+    transport: str = "ib"
+    """How NCCL reaches the NICs: ``ib`` (its IB verbs transport, also RoCE), ``ofi``
+    (aws-ofi-nccl over EFA) or ``tcpx`` (Google's GPUDirect-TCPX/TCPXO plugin)."""
+    plugin_latency_s: float = 0.0
+    """Latency the NCCL net plugin reports (``ncclNetProperties.latency``); NCCL's tuner adds it
+    to every inter-node step (twice for Simple). Only its choice of algorithm depends on it."""
+    step_latency_s: float | None = None
+    """The transport's own latency per inter-node message, replacing NCCL's NET hwLat table in
+    the time model (None: NCCL's table, 2.7-14 us per step)."""
+    simple_extra_latency_s: float = 0.0
+    """Extra per-message latency of NCCL's Simple protocol on this transport."""
+    tuner: str = "nccl"
+    """Who picks NCCL's algorithm and protocol: ``nccl`` or a tuner plugin (``aws-ofi-p5``)."""
     source: str = ""
     """Where the figures come from."""
 
     def __post_init__(self) -> None:
+        _check_network(self)
         link = lookup(LINKS, self.link, "fabric.link")
         if link.kind != "network":
             raise ValueError(f"fabric.link={self.link!r} is a {link.kind} link, not a network")
@@ -82,6 +100,34 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+TRANSPORTS = ("ib", "ofi", "tcpx")
+"""Values of ``FabricSpec.transport``."""
+TUNERS = ("nccl", "aws-ofi-p5")
+"""Values of ``FabricSpec.tuner``: NCCL's own, or aws-ofi-nccl's region tuner on AWS p5."""
+MAX_LATENCY_S = 1.0
+"""Largest per-message latency a fabric may declare (a second: 10^4 x any real network)."""
+
+
+def _check_network(spec: FabricSpec) -> None:
+    """ValueError naming the field unless SHARP, transport, latencies and tuner are valid."""
+    if not isinstance(spec.sharp, bool):
+        raise ValueError(f"fabric.sharp={shorten(spec.sharp)}; give true/false")
+    for name, valid in (("transport", TRANSPORTS), ("tuner", TUNERS)):
+        value = getattr(spec, name)
+        if not isinstance(value, str) or value not in valid:
+            raise ValueError(f"fabric.{name}={shorten(value)}; valid: {', '.join(valid)}")
+    for name in ("plugin_latency_s", "step_latency_s", "simple_extra_latency_s"):
+        value = getattr(spec, name)
+        if value is None and name == "step_latency_s":
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not 0.0 <= value <= MAX_LATENCY_S:
+            raise ValueError(
+                f"fabric.{name}={shorten(value)}; must be a number of seconds in "
+                f"0..{MAX_LATENCY_S:g}"
+            )
+
+
 FABRIC_PRESETS: dict[str, FabricSpec] = {
     "ib-ndr": FabricSpec(
         name="ib-ndr",
@@ -99,7 +145,54 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         name="roce-400g",
         link="roce-400g",
         radix=128,
-        source="NVIDIA Spectrum-4 SN5600: 64 x 800 GbE split to 128 x 400 GbE; rail-optimised",
+        source="NVIDIA Spectrum-4 SN5600: 64 x 800 GbE split to 128 x 400 GbE; rail-optimised; "
+        "NCCL's IB verbs transport reports no latency (src/transport/net_ib/init.cc)",
+    ),
+    "ib-ndr-sharp": FabricSpec(
+        name="ib-ndr-sharp",
+        link="ib-ndr",
+        radix=64,
+        sharp=True,
+        source="NVIDIA Quantum-2 QM9700: 64 NDR ports with SHARPv3 in-network reduction; NCCL "
+        "reaches it through the SHARP collnet plugin (Mellanox/nccl-rdma-sharp-plugins 2f5ac02: "
+        "all_reduce, iallgather, ireducescatter); rail-optimised",
+    ),
+    "efa-p5": FabricSpec(
+        name="efa-p5",
+        link="efa-p5",
+        radix=64,
+        rail_optimized=False,
+        transport="ofi",
+        plugin_latency_s=75e-6,
+        step_latency_s=20e-6,
+        simple_extra_latency_s=3e-6,
+        tuner="aws-ofi-p5",
+        source="AWS EFA on p5 through aws-ofi-nccl (aws/aws-ofi-nccl 2daf7d3): plugin latency "
+        "75 us (src/platform-aws.cpp, p5/p5e), per-message network latency 20 us + 3 us "
+        "completion overhead for Simple (p5 net_lat, src/tuner/nccl_ofi_model.cpp; "
+        "TUNER_NET_COMP_OVERHEAD, include/nccl_ofi_param.h), no CollNet ('No CollNet on AWS "
+        "today'), region tuner on > 2 nodes. AWS does not publish switch radix or wiring: a "
+        "non-blocking fat tree of radix-64 switches is assumed",
+    ),
+    "gcp-a3-mega": FabricSpec(
+        name="gcp-a3-mega",
+        link="gcp-200g",
+        radix=64,
+        rail_optimized=False,
+        transport="tcpx",
+        source="GCP A3 Mega GPUDirect-TCPXO: 8 x 200 Gbps GPU NICs per VM; the TCPX plugin "
+        "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc), no "
+        "published per-message latency (NCCL's NET table is used). Google does not publish "
+        "switch radix or wiring: a non-blocking fat tree of radix-64 switches is assumed",
+    ),
+    "azure-ndr": FabricSpec(
+        name="azure-ndr",
+        link="ib-ndr",
+        radix=64,
+        rail_optimized=False,
+        source="Azure ND H100 v5: a dedicated 'topology-agnostic' 400 Gb/s Quantum-2 CX7 "
+        "InfiniBand link per GPU (MicrosoftDocs/azure-docs ndh100v5-series-summary.md), so NICs "
+        "are not wired by rail here; Quantum-2 switches (64 NDR ports); no SHARP stated",
     ),
 }
 """Fabric presets by name (``build_cluster(fabric=...)``)."""

@@ -243,6 +243,54 @@ NODE_PRESETS: dict[str, NodeSpec] = {
         num_cpus=1,
         source="N gloo processes on one host over the loopback device",
     ),
+    "p5-h100": NodeSpec(
+        name="p5-h100",
+        gpu="h100-sxm",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink4",
+        nvswitch="nvswitch-gen3",
+        pcie="pcie-gen5",
+        nic="efa-p5",
+        nics_per_node=8,
+        cpu_link="xgmi",
+        default_fabric="efa-p5",
+        source="AWS p5.48xlarge: 8 H100 SXM with NVSwitch, 32 EFA cards at 3,200 Gbps "
+        "(docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html) as 8 ports of "
+        "4 x 100 Gb/s, AMD EPYC 7R13 hosts (docs.aws.amazon.com/ec2/latest/instancetypes/ac.html)",
+    ),
+    "a3-mega-h100": NodeSpec(
+        name="a3-mega-h100",
+        gpu="h100-sxm",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink4",
+        nvswitch="nvswitch-gen3",
+        pcie="pcie-gen5",
+        nic="gcp-200g",
+        nics_per_node=8,
+        cpu_link="upi",
+        default_fabric="gcp-a3-mega",
+        source="GCP a3-megagpu-8g: 8 H100 SXM with NVSwitch and NVLink 4, 8 GPU NICs of "
+        "200 Gbps (8+1 arrangement, 1,800 Gbps; cloud.google.com/compute/docs/gpus/"
+        "gpu-network-bandwidth), GPUDirect-TCPXO, 4th Gen Intel Xeon hosts",
+    ),
+    "nd-h100-v5": NodeSpec(
+        name="nd-h100-v5",
+        gpu="h100-sxm",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink4",
+        nvswitch="nvswitch-gen3",
+        pcie="pcie-gen5",
+        nic="ib-ndr",
+        nics_per_node=8,
+        cpu_link="upi",
+        default_fabric="azure-ndr",
+        source="Azure Standard_ND96isr_H100_v5: 8 H100, one 400 Gb/s Quantum-2 CX7 InfiniBand "
+        "link per GPU (3.2 Tbps per VM), 4th Gen Intel Xeon (MicrosoftDocs/azure-docs "
+        "articles/virtual-machines/sizes/gpu-accelerated/includes/ndh100v5-series-summary.md)",
+    ),
 }
 """Server presets by name (``build_cluster(node=...)``)."""
 

@@ -1,9 +1,11 @@
 """Clusters from presets: N servers of one type on a fabric, built into a ``Topology``.
 
-Server presets: ``dgx-h100``, ``dgx-a100``, ``hgx-h200``, ``pcie-h100``, ``localhost``; fabric
-presets: ``ib-ndr``, ``ib-hdr``, ``roce-400g``. Any server type goes on any fabric, with a server
-count and an oversubscription ratio. One server needs no fabric; several without one use the
-server preset's ``default_fabric``.
+Server presets: ``dgx-h100``, ``dgx-a100``, ``hgx-h200``, ``pcie-h100``, ``localhost`` and the
+cloud servers ``p5-h100`` (AWS), ``a3-mega-h100`` (GCP), ``nd-h100-v5`` (Azure); fabric presets:
+``ib-ndr``, ``ib-hdr``, ``roce-400g``, ``ib-ndr-sharp`` (in-network reduction), ``efa-p5``,
+``gcp-a3-mega``, ``azure-ndr``. Any server type goes on any fabric, with a server count and an
+oversubscription ratio. One server needs no fabric; several without one use the server preset's
+``default_fabric``.
 
     >>> build_cluster("dgx-h100", num_nodes=128, fabric="ib-ndr").num_gpus
     1024

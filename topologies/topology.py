@@ -232,6 +232,10 @@ class Topology:
             cuts.append(self.fabric.bisection_bytes_per_s(effective=effective))
         return min(cuts)
 
+    def sharp_capable(self) -> bool:
+        """Whether the fabric's switches reduce in the network (SHARP, ``FabricSpec.sharp``)."""
+        return self.fabric is not None and self.fabric.spec.sharp
+
     def nvls_capable(self) -> bool:
         """Whether the servers' NVSwitches can reduce in-switch (NVLink SHARP)."""
         return any(

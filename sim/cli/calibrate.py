@@ -19,8 +19,9 @@ from comm_bench.records import Record
 from fileio.output import check_output
 from sim.cli.collective import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
-from sim.network.calibration import Calibration, fit_calibration
+from sim.network.calibration import Calibration
 from sim.network.compare import any_matches, parse_selector
+from sim.network.fitting import fit_calibration
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

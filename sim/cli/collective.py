@@ -25,10 +25,12 @@ from comm_bench.report import footer, format_row, op_banner, table_header
 from comm_bench.writer import results_csv, results_json
 from fileio.output import Target, check_outputs, twin, write_text
 from sim.network.analytical import ALGORITHMS
-from sim.network.calibration import Calibration, TopologyFactory, load_calibration
+from sim.network.calibration import Calibration, load_calibration
+from sim.network.fitting import TopologyFactory
 from sim.network.model import FIDELITIES, CommModel
 from sim.output.progress import progress_bar
 from topologies.config import load_cluster
+from topologies.fabrics import FABRIC_PRESETS
 from topologies.presets import MAX_GPUS_PER_NODE, NODE_PRESETS, build_cluster
 from topologies.topology import Topology
 
@@ -40,7 +42,10 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"node preset ({', '.join(NODE_PRESETS)}) or a cluster YAML file",
     )  # fmt: skip
     parser.add_argument("--nodes", type=int, default=None, help="servers (presets only)")
-    parser.add_argument("--fabric", default=None, help="fabric preset for several servers")
+    parser.add_argument(
+        "--fabric", default=None,
+        help=f"fabric preset for several servers ({', '.join(FABRIC_PRESETS)})",
+    )  # fmt: skip
     parser.add_argument(
         "--oversubscription", type=float, default=1.0, help="leaf down:up capacity ratio"
     )
@@ -196,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
         mine = [r for r in records if r.op == op]
         for out_of_place, in_place in zip(mine[::2], mine[1::2], strict=True):
             print(format_row(out_of_place, in_place))
-        print(f"# algorithms: {_algo_ranges(mine[::2])}")
+        labels = [_choice_label(model, r, ranks) for r in mine[::2]]
+        print(f"# algorithms: {_algo_ranges(mine[::2], labels)}")
     print("\n".join(footer(records)))
     if output is not None:
         _write(output, csv_target, args, topology, layout.num_nodes, num_ranks, records)
@@ -215,15 +221,22 @@ def _localhost_ranks_per_node(args: argparse.Namespace) -> int:
     return per_node
 
 
-def _algo_ranges(records: list[Record]) -> str:
-    """``"1024-65536 ring, 131072-8589934592 nvls"``: which algorithm ran over which sizes."""
+def _choice_label(model: CommModel, record: Record, ranks: list[int]) -> str:
+    """``ring/ll128``: the algorithm and NCCL protocol that ran (the algorithm alone where no
+    protocol applies)."""
+    algo, protocol = model.choice(record.op, ranks, record.size_bytes, record.algo)
+    return f"{algo}/{protocol}" if protocol else algo
+
+
+def _algo_ranges(records: list[Record], labels: list[str] | None = None) -> str:
+    """``"1024-65536 ring/ll, 131072-8589934592 nvls/simple"``: what ran over which sizes."""
     spans: list[list[Any]] = []
-    for r in records:
-        if spans and spans[-1][2] == r.algo:
+    for r, label in zip(records, labels or [str(r.algo) for r in records], strict=True):
+        if spans and spans[-1][2] == label:
             spans[-1][1] = r.size_bytes
         else:
-            spans.append([r.size_bytes, r.size_bytes, r.algo])
-    return ", ".join(f"{lo}-{hi} {algo}" for lo, hi, algo in spans)
+            spans.append([r.size_bytes, r.size_bytes, label])
+    return ", ".join(f"{lo}-{hi} {label}" for lo, hi, label in spans)
 
 
 def _write(

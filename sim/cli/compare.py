@@ -21,7 +21,7 @@ from fileio.output import check_outputs, write_text
 from sim.cli.calibrate import add_reading_arguments, read_measured
 from sim.cli.collective import add_topology_arguments, load_optional_calibration, topology_factory
 from sim.network.analytical import ALGORITHMS
-from sim.network.calibration import Calibration, fit_calibration
+from sim.network.calibration import Calibration
 from sim.network.compare import (
     any_matches,
     compare_records,
@@ -32,6 +32,7 @@ from sim.network.compare import (
     points_json,
     summary,
 )
+from sim.network.fitting import fit_calibration
 from sim.network.model import FIDELITIES
 
 

@@ -1,9 +1,10 @@
 """``commsim topo``: describe (and draw) a cluster so it can be checked against a datasheet.
 
 Prints GPU and switch counts, per-GPU bandwidth into NVLink, the network and PCIe (nominal and
-effective, GB/s per direction), the bisection, the oversubscription at each fabric tier and the
-hop counts between GPU pairs; ``--draw`` writes a matplotlib drawing; ``--json`` prints the same
-figures as JSON.
+effective, GB/s per direction), the bisection, the oversubscription at each fabric tier, whether
+the NVSwitches (NVLS) and the fabric's switches (SHARP) reduce, the transport's latencies and who
+picks NCCL's algorithm, and the hop counts between GPU pairs; ``--draw`` writes a matplotlib
+drawing; ``--json`` prints the same figures as JSON.
 
     commsim topo dgx-h100 --nodes 128 --fabric ib-ndr --oversubscription 2 --draw cluster.png
 """
@@ -17,6 +18,7 @@ from typing import Any
 from fileio.output import check_outputs
 from topologies.config import cluster_from_mapping, cluster_mapping
 from topologies.draw import FORMATS as DRAWING_FORMATS
+from topologies.fabrics import FABRIC_PRESETS
 from topologies.hardware import GBPS, GIB, LINKS
 from topologies.nodes import NODE_PRESETS
 from topologies.topology import NODE_KINDS, Topology, count_by_kind
@@ -28,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``commsim topo``."""
     parser.add_argument("cluster", help="node preset (dgx-h100, ...) or cluster YAML file")
     parser.add_argument("--nodes", type=int, default=None, help="number of servers")
-    parser.add_argument("--fabric", default=None, help="fabric preset (ib-ndr, ib-hdr, roce-400g)")
+    parser.add_argument(
+        "--fabric", default=None, help=f"fabric preset ({', '.join(FABRIC_PRESETS)})"
+    )
     parser.add_argument(
         "--oversubscription", type=float, default=None, help="leaf down:up ratio (default 1)"
     )
@@ -135,16 +139,32 @@ def summarize(topology: Topology) -> dict[str, Any]:
     if node is not None:
         summary["links"] = {"nvlink": node.nvlink, "pcie": node.pcie, "nic": node.nic}
         summary["nics_per_server"] = node.nics_per_node
+        if node.nic is not None:
+            nic = LINKS[node.nic]
+            summary["nic"] = {
+                "line_rate_gbps": nic.nominal_bandwidth_bytes_per_s / GBPS,
+                "lanes": nic.num_lanes,
+                "source": nic.source,
+            }
     if topology.fabric is not None:
         fabric = topology.fabric
+        spec = fabric.spec
+        step = spec.step_latency_s
         summary["fabric"] = {
-            "name": fabric.spec.name,
+            "name": spec.name,
             "link": fabric.link.name,
-            "radix": fabric.spec.radix,
+            "radix": spec.radix,
             "tiers": fabric.num_tiers,
-            "rail_optimized": fabric.spec.rail_optimized,
+            "rail_optimized": spec.rail_optimized,
             "leaf_ports_down_up": [fabric.leaf_down_ports, fabric.leaf_up_ports],
             "oversubscription": fabric.tier_oversubscription(),
+            "sharp": spec.sharp,
+            "transport": spec.transport,
+            "plugin_latency_us": spec.plugin_latency_s * 1e6,
+            "step_latency_us": None if step is None else step * 1e6,
+            "simple_extra_latency_us": spec.simple_extra_latency_s * 1e6,
+            "tuner": spec.tuner,
+            "source": spec.source,
         }
     return summary
 
@@ -166,7 +186,40 @@ def _network_note(summary: dict[str, Any]) -> str:
             f"{share} ({nic}, {link.nominal_bandwidth_bytes_per_s / GBPS:g} GB/s), "
             "not attached: single server, no fabric"
         )
-    return f"{share} ({nic})"
+    lanes = summary["nic"]["lanes"]
+    ports = f"{nic}, {lanes} lanes of {summary['nic']['line_rate_gbps'] / lanes:g} GB/s"
+    return f"{share} ({ports if lanes > 1 else nic})"
+
+
+_TRANSPORTS = {
+    "ib": "NCCL's IB verbs (InfiniBand or RoCE)",
+    "ofi": "aws-ofi-nccl over EFA",
+    "tcpx": "GPUDirect-TCPX(O) plugin",
+}
+
+
+def _fabric_lines(fabric: dict[str, Any]) -> list[str]:
+    """SHARP, the transport's latencies and the tuner, as ``render`` prints them."""
+    step = fabric["step_latency_us"]
+    per_message = (
+        "NCCL's NET hwLat table (2.7-14 us per inter-node step)"
+        if step is None
+        else f"{step:g} us per inter-node step"
+        + (f" (+{fabric['simple_extra_latency_us']:g} us Simple)"
+           if fabric["simple_extra_latency_us"] else "")
+    )  # fmt: skip
+    tuner = (
+        "NCCL's tuner"
+        if fabric["tuner"] == "nccl"
+        else f"the {fabric['tuner']} tuner plugin (NCCL's tuner outside its regions)"
+    )
+    sharp = "yes (NCCL CollNet, NVLS across nodes)" if fabric["sharp"] else "no"
+    return [
+        f"in-network reduction (SHARP): {sharp}",
+        f"transport: {_TRANSPORTS[fabric['transport']]}; plugin-reported latency "
+        f"{fabric['plugin_latency_us']:g} us (NCCL's tuner adds it per inter-node step)",
+        f"per-message latency: {per_message}; algorithm and protocol: {tuner}",
+    ]
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -209,6 +262,7 @@ def render(summary: dict[str, Any]) -> str:
             f"fabric: {fabric['name']} ({fabric['link']}), radix {fabric['radix']}, "
             f"{fabric['tiers']} tier(s), {wiring}",
             f"oversubscription: {ratios or 'none (one switch)'} (leaf ports {down} down / {up} up)",
+            *_fabric_lines(fabric),
         ]
     lines.append("hops between GPUs (rank pair: links on the path, latency):")
     for label, hop in summary["hops"].items():

@@ -1,4 +1,4 @@
-"""Collective algorithms as flows on the topology, and NCCL-like automatic selection.
+"""Collective algorithms as flows on the topology, and the (algorithm, protocol) NCCL picks.
 
 Each algorithm turns a collective into a few *flow groups*: sets of paths whose transfers
 advance in lockstep (``FlowGroup``). The decompositions, and why they equal the closed forms of
@@ -10,10 +10,11 @@ advance in lockstep (``FlowGroup``). The decompositions, and why they equal the 
   several nodes one channel per local GPU, each entering every node through a different GPU
   (rail) so every NIC carries 1/g of the bytes and NVLink the other (g-1)/g. The 2(n-1) step
   latencies are paid once before the bytes flow (pipelined ring).
-- nvls: every GPU's link to its NVSwitch carries the ``nvls_bytes`` up and down.
-- hierarchical: the intra-node phase (NVLS, else a ring per node) and the inter-node phase (a
-  ring per rail across nodes, on 1/g of the buffer) run concurrently, as NCCL pipelines them.
-- tree: like hierarchical, with the inter-node phase on NCCL's double binary tree per rail.
+- nvls (one node): every GPU's link to its NVSwitch carries the ``nvls_bytes`` up and down.
+- two-level (``tree``, ``nvlstree``, ``hierarchical``, ``collnet_direct``, ``collnet_chain``,
+  ``nvls`` across nodes): an intra-node phase and an inter-node phase per rail, concurrent as
+  NCCL pipelines them (``sim/network/tiered_flows.py``; in-network reduction loads each link of
+  the fabric's reduction tree once).
 - direct: every (sender, receiver) pair is an independent flow of S/n (all_to_all); send_recv
   is one send (src, dst), or on more ranks every rank sending S to the next (nccl-tests).
 - gloo (CPU): all_reduce and reduce_scatter a ring carrying all_reduce's 2(n-1)/n S (gloo
@@ -21,46 +22,51 @@ advance in lockstep (``FlowGroup``). The decompositions, and why they equal the 
   broadcast/reduce the root's binomial-tree edges, S each (the root's link carries
   ceil(log2 n) S, as the closed form).
 
+Which algorithm and protocol run (``choose``) is what NCCL's tuner predicts fastest
+(``sim/network/nccl_tuner.py``), or a tuner plugin's pick on fabrics that load one.
+
     groups = decompose("all_reduce", "ring", topology, (0, 1, 2, 3), 1 << 20)
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Any
 
 from comm_bench.collectives import get
 from sim.network.analytical import (
-    NVLS_EFFICIENCY,
-    CommParams,
     Layout,
     available_algorithms,
     check_algorithm,
-    cost_terms,
-    double_tree_edges,
     gloo_plan,
-    nvls_bytes,
     ring_wire_bytes,
 )
+from sim.network.nccl_tables import NCCL_ALGORITHMS
+from sim.network.nccl_tuner import MODELLED_OPS, pick
+from sim.network.plugin_tuner import region_pick
+from sim.network.terms import FlowGroup
+from sim.network.tiered_flows import inter_groups, intra_groups, nvls_groups, switch_edges
+from topologies.hardware import LINKS
 from topologies.topology import Path, Topology
 
-AUTO_ALGORITHMS = ("ring", "tree", "nvls", "direct", "gloo")
-"""Algorithms ``auto`` chooses among: NCCL's (its NVLSTree is our ``tree`` on NVLS nodes).
+__all__ = [
+    "AUTO_ALGORITHMS",
+    "FlowGroup",
+    "choose",
+    "choose_algorithm",
+    "decompose",
+    "group_nodes",
+    "layout_of",
+    "ring_orders",
+    "switch_edges",
+]
 
-``hierarchical`` (NVLS or ring inside nodes, a ring per rail across them) is not an NCCL
-algorithm; it models hierarchical schemes of frameworks and can be forced with ``--algo``.
-"""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FlowGroup:
-    """Paths that each carry ``size_bytes`` at one common rate."""
-
-    paths: tuple[Path, ...]
-    """Directed-edge paths moving in lockstep."""
-    size_bytes: float
-    """Bytes each path carries (at 100% efficiency)."""
+AUTO_ALGORITHMS = (*NCCL_ALGORITHMS, "direct", "gloo")
+"""Algorithms ``auto`` chooses among: NCCL's, ``direct`` for all_to_all and send_recv (outside
+NCCL's tuning model) and ``gloo`` on CPU. ``hierarchical`` (NVLS or a ring inside nodes, a ring
+per rail across them) models frameworks' hierarchical schemes and runs only when forced."""
 
 
 def group_nodes(topology: Topology, ranks: Sequence[int]) -> list[list[int]]:
@@ -124,7 +130,35 @@ def layout_of(topology: Topology, ranks: Sequence[int]) -> Layout:
         backend="gloo" if spec.name == "cpu" else "nccl",
         gpu_arch=gpu_arch(spec.name),
         intra_hw="nvlink" if nvlink_any else "pci",
+        nvswitch=_has_nvswitch(topology, ranks[0]),
+        **_network_fields(topology, len(nodes) > 1),
     )
+
+
+def _has_nvswitch(topology: Topology, rank: int) -> bool:
+    graph = topology.graph
+    return any(graph.nodes[v]["kind"] == "nvswitch" for v in graph.successors(topology.gpus[rank]))
+
+
+def _network_fields(topology: Topology, multi_node: bool) -> dict[str, Any]:
+    """Layout fields read off the server spec and the fabric (NIC count and rate, CPU vendor,
+    SHARP, the transport's latencies and tuner)."""
+    fields: dict[str, Any] = {}
+    node = topology.node
+    if node is not None:
+        fields["nics_per_node"] = node.nics_per_node
+        if node.nic is not None:
+            fields["nic_line_rate_bytes_per_s"] = LINKS[node.nic].nominal_bandwidth_bytes_per_s
+        cpu_model = str(getattr(node, "cpu_model", None) or "")
+        fields["cpu_amd"] = node.cpu_link == "xgmi" or cpu_model.startswith("epyc")
+    if multi_node and topology.fabric is not None:
+        fabric = topology.fabric.spec
+        fields.update(
+            sharp=fabric.sharp, plugin_latency_s=fabric.plugin_latency_s,
+            net_step_latency_s=fabric.step_latency_s,
+            net_simple_extra_s=fabric.simple_extra_latency_s, tuner=fabric.tuner,
+        )  # fmt: skip
+    return fields
 
 
 def gpu_arch(spec_name: str) -> str:
@@ -139,23 +173,46 @@ def _path_bw(topology: Topology, path: Path) -> float:
     return topology.path_bandwidth_bytes_per_s(path, effective=True)
 
 
-def choose_algorithm(
-    op: str, layout: Layout, size_bytes: float, params_for: Callable[[str], CommParams]
-) -> str:
-    """The algorithm with the smallest predicted time, as NCCL's tuner picks (ties: list order).
+@functools.lru_cache(maxsize=4096)
+def choose(
+    op: str, layout: Layout, size_bytes: float, algo: str = "auto"
+) -> tuple[str, str | None]:
+    """(algorithm, protocol) that runs: NCCL's tuner pick (or the fabric's tuner plugin's) among
+    the algorithms this layout supports, or the best protocol of a forced ``algo``.
 
-    Only NCCL's own algorithms compete (``AUTO_ALGORITHMS``); ``hierarchical`` runs when forced.
+    The protocol is None where NCCL's model does not apply (gloo, all_to_all, send_recv,
+    ``hierarchical``, a forced algorithm its graphs give no channels); the time model then
+    takes the algorithm's fastest protocol.
     """
-    best, best_time = "", math.inf
-    for algo in available_algorithms(op, layout):
-        if algo not in AUTO_ALGORITHMS:
-            continue
-        time_s = cost_terms(op, algo, layout, size_bytes).time_s(params_for(algo), size_bytes)
-        if time_s < best_time:
-            best, best_time = algo, time_s
-    if not best:
-        raise ValueError(f"no algorithm can run {op} on this group")
-    return best
+    if algo != "auto":
+        check_algorithm(op, algo, layout)
+        if algo not in NCCL_ALGORITHMS or op not in MODELLED_OPS:
+            return algo, None
+        usable = [algo]
+    else:
+        usable = [a for a in available_algorithms(op, layout) if a in AUTO_ALGORITHMS]
+        if layout.backend == "gloo" or op not in MODELLED_OPS:
+            if not usable:
+                raise ValueError(f"no algorithm can run {op} on this group")
+            return usable[0], None
+    if layout.tuner == "aws-ofi-p5":
+        plugin = region_pick(
+            op, num_ranks=layout.num_ranks, num_nodes=layout.num_nodes, size_bytes=size_bytes,
+            allowed=usable,
+        )  # fmt: skip
+        if plugin is not None:
+            return plugin
+    chosen = pick(op, layout.hardware(), size_bytes, allowed=usable)
+    if chosen is not None:
+        return chosen
+    if algo != "auto":  # NCCL's model has no channels for it here: the fastest protocol runs
+        return algo, None
+    raise ValueError(f"no algorithm can run {op} on this group")
+
+
+def choose_algorithm(op: str, layout: Layout, size_bytes: float) -> str:
+    """The algorithm ``choose`` picks."""
+    return choose(op, layout, size_bytes)[0]
 
 
 MAX_DIRECT_FLOWS = 1_000_000
@@ -177,10 +234,10 @@ def decompose(
         return _gloo_groups(op, topology, ranks, size_bytes, root)
     if algo == "ring":
         return _ring_groups(op, topology, ranks, nodes, size_bytes, root)
-    if algo == "nvls":
-        return _nvls_groups(op, topology, ranks, size_bytes)
-    if algo in ("hierarchical", "tree"):
-        return _intra_groups(op, topology, nodes, size_bytes, layout) + _inter_groups(
+    if algo == "nvls" and len(nodes) == 1:
+        return nvls_groups(op, topology, ranks, size_bytes)
+    if algo != "direct":
+        return intra_groups(op, algo, topology, nodes, size_bytes, layout) + inter_groups(
             op, algo, topology, nodes, size_bytes
         )
     if op == "send_recv":
@@ -239,84 +296,6 @@ def _ring_groups(
             hops = hops[:-1]
         paths = tuple(topology.path(a, b, channel) for a, b in hops)
         groups.append(FlowGroup(paths=paths, size_bytes=wire / len(orders)))
-    return groups
-
-
-def switch_edges(topology: Topology, rank: int) -> tuple[list[Path], list[Path]]:
-    """One-edge paths from ``rank``'s GPU up to each of its NVSwitches, and back down."""
-    gpu = topology.gpus[rank]
-    graph = topology.graph
-    switches = sorted(v for v in graph.successors(gpu) if graph.nodes[v]["kind"] == "nvswitch")
-    if not switches:
-        raise ValueError(f"rank {rank} has no NVSwitch; 'nvls' needs one")
-    return [((gpu, s),) for s in switches], [((s, gpu),) for s in switches]
-
-
-def _nvls_groups(
-    op: str, topology: Topology, ranks: Sequence[int], size_bytes: float
-) -> list[FlowGroup]:
-    up_bytes, down_bytes = nvls_bytes(op, size_bytes, len(ranks))
-    ups: list[Path] = []
-    downs: list[Path] = []
-    for rank in ranks:
-        up, down = switch_edges(topology, rank)
-        ups.extend(up)
-        downs.extend(down)
-    # Bytes spread evenly over a GPU's switch chips, moved at the switch's NVLS efficiency.
-    per_switch = len(ups) // len(ranks) * NVLS_EFFICIENCY
-    return [
-        FlowGroup(paths=tuple(ups), size_bytes=up_bytes / per_switch),
-        FlowGroup(paths=tuple(downs), size_bytes=down_bytes / per_switch),
-    ]
-
-
-def _intra_groups(
-    op: str, topology: Topology, nodes: list[list[int]], size_bytes: float, layout: Layout
-) -> list[FlowGroup]:
-    if layout.ranks_per_node == 1:
-        return []
-    if layout.nvls:
-        groups = []
-        for members in nodes:
-            groups.extend(_nvls_groups(op, topology, members, size_bytes))
-        return groups
-    wire = ring_wire_bytes(op, size_bytes, layout.ranks_per_node)
-    return [
-        FlowGroup(
-            paths=tuple(
-                topology.path(a, b) for a, b in zip(members, members[1:] + members[:1], strict=True)
-            ),
-            size_bytes=wire,
-        )
-        for members in nodes
-    ]
-
-
-def _inter_groups(
-    op: str, algo: str, topology: Topology, nodes: list[list[int]], size_bytes: float
-) -> list[FlowGroup]:
-    g = len(nodes[0])
-    if any(len(members) != g for members in nodes):
-        raise ValueError(f"{algo} needs the same number of ranks per node, got {nodes}")
-    rail_bytes = size_bytes / g
-    groups = []
-    for rail in range(g):
-        members = [node[rail] for node in nodes]
-        if algo == "tree":
-            for tree in double_tree_edges(len(members)):
-                paths = []
-                for parent, child in tree:
-                    paths.append(topology.path(members[child], members[parent], rail))
-                    paths.append(topology.path(members[parent], members[child], rail))
-                groups.append(FlowGroup(paths=tuple(paths), size_bytes=rail_bytes / 2))
-            continue
-        hops = zip(members, members[1:] + members[:1], strict=True)
-        groups.append(
-            FlowGroup(
-                paths=tuple(topology.path(a, b, rail) for a, b in hops),
-                size_bytes=ring_wire_bytes(op, size_bytes, len(members)) / g,
-            )
-        )
     return groups
 
 

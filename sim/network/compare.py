@@ -3,13 +3,7 @@
 Errors are simulated minus measured, relative to measured: ``error_pct`` on time (what the MAPE
 averages), ``busbw_error_pct`` on busbw (what the table prints next to the busbw columns).
 
-A ``Selector`` picks records with a small expression language (used by ``--holdout`` and
-``--only``): terms joined by ``&`` (all must hold); each term is ``KEY=V1,V2`` (one of the
-values), ``KEY!=V1,V2`` or ``KEY<V``, ``<=``, ``>``, ``>=`` for numbers. Keys: ``op``,
-``algo``, ``nodes``, ``world``, ``size`` (binary K/M/G suffixes allowed), ``placement``
-(``in``/``out``). Several selectors: a record matches if any does.
-
-    op=all_gather,reduce_scatter      nodes=8      size<1M      op=all_reduce & nodes>=2
+Records are picked for hold-out and filtering with ``sim/network/selectors.py`` (re-exported).
 
     points = compare_records(records, factory, calibration); print(format_table(points))
 """
@@ -17,8 +11,6 @@ values), ``KEY!=V1,V2`` or ``KEY<V``, ``<=``, ``>``, ``>=`` for numbers. Keys: `
 from __future__ import annotations
 
 import io
-import operator
-import re
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -33,148 +25,38 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from comm_bench.collectives import busbw_gbps
-from comm_bench.options import parse_size
 from comm_bench.records import Record
 from fileio.output import Target, write_bytes
-from sim.network.calibration import (
-    NCCL_ALGO_NAMES,
-    Calibration,
-    TopologyFactory,
-    record_ranks,
-    record_time_s,
-)
+from sim.network.calibration import Calibration
+from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory, record_ranks, record_time_s
 from sim.network.model import CommModel
+from sim.network.selectors import (
+    Selector,
+    Term,
+    any_matches,
+    describe_holdout,
+    parse_selector,
+)
 
-_COMPARATORS: dict[str, Callable[[Any, Any], bool]] = {
-    "<=": operator.le, ">=": operator.ge, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
-    "=": operator.eq,
-}  # fmt: skip
-_TERM = re.compile(r"^\s*(\w+)\s*(<=|>=|!=|<|>|=)\s*(.+?)\s*$")
-_KEYS = ("op", "algo", "nodes", "world", "size", "placement")
+__all__ = [
+    "Point",
+    "Selector",
+    "Term",
+    "any_matches",
+    "band_errors",
+    "compare_records",
+    "describe_holdout",
+    "format_table",
+    "mape",
+    "parse_selector",
+    "plot_comparison",
+    "points_json",
+    "size_band",
+    "summary",
+]
 
 SPREAD_NOTE = "bars: busbw of the p99 (low)\nto the fastest (high) iteration"
 """Legend title of a comparison plot whose measurements carry their spread."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Term:
-    """One condition on a record field."""
-
-    key: str
-    """Field: op, algo, nodes, world, size or placement."""
-    comparator: str
-    """One of = != < <= > >=."""
-    values: tuple[Any, ...]
-    """Allowed values (= and !=) or the one bound."""
-
-    def matches(self, record: Record) -> bool:
-        """Whether ``record`` satisfies this condition."""
-        value = _field(record, self.key)
-        if self.comparator == "=":
-            return value in self.values
-        if self.comparator == "!=":
-            return value not in self.values
-        return bool(_COMPARATORS[self.comparator](value, self.values[0]))
-
-    def __str__(self) -> str:
-        values = ",".join(_format_value(self.key, v) for v in self.values)
-        return f"{self.key}{self.comparator}{values}"
-
-    def negated(self) -> Term:
-        """The term that holds exactly where this one does not (``op=a`` -> ``op!=a``)."""
-        return Term(key=self.key, comparator=_NEGATIONS[self.comparator], values=self.values)
-
-
-_NEGATIONS = {"=": "!=", "!=": "=", "<": ">=", ">=": "<", ">": "<=", "<=": ">"}
-
-
-def _format_value(key: str, value: Any) -> str:
-    """A selector value as typed: sizes with the largest binary suffix that divides them."""
-    if key != "size":
-        return str(value)
-    for suffix, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if value and value % (1 << shift) == 0:
-            return f"{value >> shift}{suffix}"
-    return str(value)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Selector:
-    """Terms that must all hold; the text it was parsed from."""
-
-    text: str
-    """The expression as given."""
-    terms: tuple[Term, ...]
-    """Conditions, AND-ed."""
-
-    def matches(self, record: Record) -> bool:
-        """Whether every term holds for ``record``."""
-        return all(term.matches(record) for term in self.terms)
-
-
-def _field(record: Record, key: str) -> Any:
-    if key == "op":
-        return record.op
-    if key == "algo":
-        return NCCL_ALGO_NAMES.get((record.algo or "").lower(), record.algo)
-    if key == "nodes":
-        return record.num_nodes
-    if key == "world":
-        return record.world_size
-    if key == "size":
-        return record.size_bytes
-    return "in" if record.in_place else "out"
-
-
-def parse_selector(text: str) -> Selector:
-    """Parse ``op=all_gather & size>=1M`` (see the module docstring); ValueError if malformed."""
-    terms = []
-    for part in text.split("&"):
-        match = _TERM.match(part)
-        if match is None or match.group(1) not in _KEYS:
-            raise ValueError(
-                f"bad selector term {part.strip()!r} in {text!r}; use KEY=V1,V2 or KEY<V with KEY "
-                f"in {', '.join(_KEYS)} (e.g. op=all_gather, nodes=8, size<1M)"
-            )
-        key, comparator, raw = match.groups()
-        values = tuple(_value(key, v.strip()) for v in raw.split(","))
-        if comparator not in ("=", "!=") and (len(values) != 1 or isinstance(values[0], str)):
-            raise ValueError(f"{key}{comparator}{raw}: ordering needs one number")
-        terms.append(Term(key=key, comparator=comparator, values=values))
-    return Selector(text=text, terms=tuple(terms))
-
-
-def _value(key: str, text: str) -> Any:
-    if key in ("nodes", "world"):
-        if not text.isdigit():
-            raise ValueError(f"{key} takes an integer, got {text!r}")
-        return int(text)
-    if key == "size":
-        return parse_size(text)
-    return text
-
-
-def any_matches(selectors: Sequence[Selector], record: Record) -> bool:
-    """Whether ``record`` matches at least one selector."""
-    return any(s.matches(record) for s in selectors)
-
-
-def describe_holdout(selectors: Sequence[Selector]) -> str:
-    """How a hold-out split reads, naming both sides without a double negation.
-
-    >>> describe_holdout([parse_selector("op!=all_reduce,all_gather")])
-    'fitted on op=all_reduce,all_gather, scored on op!=all_reduce,all_gather'
-    >>> describe_holdout([parse_selector("size<1M & nodes=1")])
-    'fitted on size>=1M | nodes!=1, scored on size<1M & nodes=1'
-    """
-    held = " | ".join(" & ".join(map(str, s.terms)) for s in selectors)
-    if len(selectors) == 1:
-        fitted = " | ".join(str(t.negated()) for t in selectors[0].terms)
-    elif all(len(s.terms) == 1 for s in selectors):
-        fitted = " & ".join(str(s.terms[0].negated()) for s in selectors)
-    else:
-        fitted = "the other records"
-    return f"fitted on {fitted}, scored on {held}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,6 +73,8 @@ class Point:
     """nccl-tests size."""
     algo: str
     """Algorithm simulated."""
+    protocol: str = ""
+    """NCCL protocol simulated (``ll``, ``ll128``, ``simple``; empty where none applies)."""
     measured_time_us: float
     """Measured time."""
     simulated_time_us: float
@@ -248,7 +132,7 @@ def compare_records(
         ranks = record_ranks(record, topology)
         model = CommModel(simpy.Environment(), topology, fidelity=fidelity, calibration=calibration)
         forced = NCCL_ALGO_NAMES.get(record.algo.lower()) if record.algo else None
-        run_algo = model.algorithm(record.op, ranks, record.size_bytes, forced or algo)
+        run_algo, protocol = model.choice(record.op, ranks, record.size_bytes, forced or algo)
         model.env.run(model.run(record.op, ranks, record.size_bytes, algo=run_algo))
         simulated_s = model.env.now
         measured_s = record_time_s(record)
@@ -258,7 +142,8 @@ def compare_records(
         points.append(
             Point(
                 op=record.op, world_size=record.world_size, num_nodes=record.num_nodes,
-                size_bytes=record.size_bytes, algo=run_algo, measured_time_us=measured_s * 1e6,
+                size_bytes=record.size_bytes, algo=run_algo, protocol=protocol or "",
+                measured_time_us=measured_s * 1e6,
                 simulated_time_us=simulated_s * 1e6,
                 measured_busbw_gbps=measured_busbw, simulated_busbw_gbps=simulated_busbw,
                 error_pct=(simulated_s - measured_s) / measured_s * 100.0,
@@ -346,13 +231,15 @@ def format_table(points: Sequence[Point]) -> list[str]:
     busbw has four significant digits, so the small sizes of a slow fabric do not read 0.00.
     """
     lines = [
-        "#  op              ranks nodes         size  algo         measured  simulated"
-        "   busbw  fit",
-        "#                                       (B)                 (GB/s)     (GB/s)  err(%)",
+        "#  op              ranks nodes         size  algo           proto    measured"
+        "  simulated   busbw  fit",
+        "#                                       (B)                           (GB/s)"
+        "     (GB/s)  err(%)",
     ]
     for p in points:
         lines.append(
-            f"   {p.op:<15} {p.world_size:5d} {p.num_nodes:5d} {p.size_bytes:12d}  {p.algo:<12}"
+            f"   {p.op:<15} {p.world_size:5d} {p.num_nodes:5d} {p.size_bytes:12d}  {p.algo:<14}"
+            f" {p.protocol or '-':<6}"
             f" {p.measured_busbw_gbps:9.4g}  {p.simulated_busbw_gbps:9.4g}"
             f"  {p.busbw_error_pct:+6.1f}  {'yes' if p.used_for_fit else 'no'}"
         )

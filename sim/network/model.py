@@ -4,10 +4,10 @@
 independent of anything else running. ``flow``: each collective becomes flow groups on topology
 paths (``sim/network/algorithms.py``) sharing link capacity max-min fairly with every other
 transfer in flight (``sim/network/flow.py``), so concurrent collectives contend. Both use the
-same parameters (latencies and the efficiency curve, calibrated or default; the protocol NCCL
-would pick): the flow model moves each flow's bytes times the closed form's bandwidth seconds
-over its link-rate seconds, so the protocol's factor, cap, start-up and efficiency apply to
-contended links too.
+same parameters (latencies and the efficiency curve, calibrated or default) and run the
+(algorithm, protocol) NCCL's tuner picks (``sim/network/nccl_tuner.py``): the flow model moves
+each flow's bytes times the closed form's bandwidth seconds over its link-rate seconds, so the
+protocol's factor, caps, start-up and efficiency apply to contended links too.
 
     model = CommModel(env, build_cluster("dgx-h100"), fidelity="flow"); done = model.run(
         "all_reduce", range(8), 1 << 30)
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import simpy
 
 from comm_bench.collectives import canonical_op
-from sim.network.algorithms import choose_algorithm, decompose, layout_of
-from sim.network.analytical import ALGORITHMS, CommParams, Layout, check_algorithm, cost_terms
+from sim.network.algorithms import choose, decompose, layout_of
+from sim.network.analytical import ALGORITHMS, CommParams, CostTerms, Layout, cost_terms
 from sim.network.calibration import UNCALIBRATED, Calibration
 from sim.network.flow import FlowNetwork
 from topologies.topology import Topology
@@ -74,18 +74,32 @@ class CommModel:
         """Calibrated (or fallback/default) parameters of (op, algo) for this group's scope."""
         return self.calibration.lookup(op, algo, scope_of(layout))[0]
 
+    def choice(
+        self, op: str, ranks: Sequence[int], size_bytes: float, algo: str | None = None
+    ) -> tuple[str, str | None]:
+        """(algorithm, protocol) that will run: the forced algorithm (checked) with the protocol
+        NCCL's tuner gives it, or the tuner's pick."""
+        op = canonical_op(op)
+        chosen = self.algo if algo is None else algo
+        check_algo_name(chosen)
+        return choose(op, self.layout(ranks), size_bytes, chosen)
+
     def algorithm(
         self, op: str, ranks: Sequence[int], size_bytes: float, algo: str | None = None
     ) -> str:
         """The algorithm that will run: the forced one (checked), or auto's pick."""
-        op = canonical_op(op)
+        return self.choice(op, ranks, size_bytes, algo)[0]
+
+    def _priced(
+        self, op: str, ranks: Sequence[int], size_bytes: float, algo: str | None
+    ) -> tuple[str, CommParams, CostTerms]:
+        """(algorithm, parameters, cost terms) of one collective: the tuner's protocol applies
+        unless the parameters force one."""
         layout = self.layout(ranks)
-        chosen = self.algo if algo is None else algo
-        check_algo_name(chosen)
-        if chosen == "auto":
-            return choose_algorithm(op, layout, size_bytes, lambda a: self.params(op, a, layout))
-        check_algorithm(op, chosen, layout)
-        return chosen
+        chosen, protocol = self.choice(op, ranks, size_bytes, algo)
+        params = self.params(op, chosen, layout)
+        keep = protocol if params.protocol == "auto" else None
+        return chosen, params, cost_terms(op, chosen, layout, size_bytes, keep)
 
     def estimate_s(
         self, op: str, ranks: Sequence[int], size_bytes: float, *, algo: str | None = None
@@ -93,10 +107,8 @@ class CommModel:
         """Closed-form seconds of one collective alone on the network."""
         op = canonical_op(op)
         _check_op_ranks(op, ranks)
-        layout = self.layout(ranks)
-        chosen = self.algorithm(op, ranks, size_bytes, algo)
-        terms = cost_terms(op, chosen, layout, size_bytes)
-        return terms.time_s(self.params(op, chosen, layout), size_bytes)
+        _, params, terms = self._priced(op, ranks, size_bytes, algo)
+        return terms.time_s(params, size_bytes)
 
     def run(
         self,
@@ -120,9 +132,7 @@ class CommModel:
         if self.network is None:
             return self.env.timeout(self.estimate_s(op, ranks, size_bytes, algo=algo))
         layout = self.layout(ranks)
-        chosen = self.algorithm(op, ranks, size_bytes, algo)
-        params = self.params(op, chosen, layout)
-        terms = cost_terms(op, chosen, layout, size_bytes)
+        chosen, params, terms = self._priced(op, ranks, size_bytes, algo)
         _, latency_s, bandwidth_s = terms.split_s(params, size_bytes)
         groups = decompose(op, chosen, self.topology, ranks, size_bytes, root=root, layout=layout)
         if not groups or terms.bandwidth_time_s == 0:

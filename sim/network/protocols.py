@@ -1,20 +1,24 @@
-"""NCCL's protocols (LL, LL128, Simple) as cost-model data: latencies, bandwidth factors, caps.
+"""NCCL's protocols (LL, LL128, Simple) as time-model data: latencies, factors, caps, channels.
 
-NCCL runs every collective with one of three protocols and its tuner picks the (algorithm,
-protocol) with the smallest predicted time (``src/graph/tuning.cc``; reference §3.2-3.7):
+Each (op, algorithm, protocol) NCCL can run becomes a ``Protocol`` (constants from
+``sim/network/nccl_tables.py``, NCCL 2.30.7 ``src/graph/tuning.cc``):
 
-- LL: 8-byte lines of 4 B data + 4 B flag, so at most half the link rate (factor 0.5), capped
-  by ``llMaxBws`` (busbw, GB/s), but the lowest latency;
-- LL128: 128-byte lines carrying 120 B (factor 0.92), enabled by default on NVLink;
-- Simple: the full rate, the highest latency (bigger per-step handshakes).
+- wire format: LL carries 4 B per 8-byte line (factor 0.5), LL128 120 of 128 B (0.92), Simple
+  the full rate; Tree's LL (1/3.8) and LL128 (120/128) are relative to Tree/Simple;
+- caps on the busbw: LL's ``llMaxBw``, the per-channel maxima (``perChMaxRingLL128Bw``,
+  ``perChMaxTreeBw``, ``perChMaxTreeLL128Bw``, ``perChMaxNVLSTreeBw``) times the graph's channels;
+- latencies: ``baseLat`` plus per-step ``hwLat`` beyond what the topology's hops already hold
+  (NVLink 0.6, PCI 1.0, NET 2.7 us per step); a fabric's own per-message latency replaces the
+  NET row (``Layout.net_step_latency_s``); multi-node rings pay at least the proxy overhead per
+  intra step (1 us Intel, 2 us AMD, x3 Simple); Ring/Simple all_reduce on several nodes x1.4;
+- mid sizes: the pipeline start-up chunk (a buffer slot), the channels NCCL launches for the
+  size (``nc`` shrinks while ``bytes < nc x threads x threshold``, enqueue.cc; each launched
+  channel moves at most its graph channel's speed, an assumption: NCCL models only the full
+  count), and Tree all_reduce's ``treeCorrectionFactor``.
 
-Each protocol carries NCCL's base latency and per-step hardware latency for the algorithm, as
-*extra* latency on top of the topology's hop latencies (which already hold Ring/LL's hwLat:
-NVLink 0.6 us, PCI 1.0 us, NET 2.7 us per step), and its pipeline start-up chunk: the slot of
-its buffer that one step moves (buffer / NCCL_STEPS: LL 512 KiB / 8, LL128 4.69 MiB / 8,
-Simple 4 MiB / 8). gloo (CPU) has no protocols: one plain alpha-beta entry.
+gloo (CPU) has no protocols: an empty tuple, plain alpha-beta.
 
-    protos = protocols_for("all_reduce", "ring", "nccl", ("hopper", "nvlink", 1))
+    protos = protocols_for("all_reduce", "ring", hardware)
 """
 
 from __future__ import annotations
@@ -23,130 +27,207 @@ import functools
 import math
 from dataclasses import dataclass
 
+from sim.network import nccl_tables as T
+from sim.network.nccl_graph import Hardware, comm_channels, graphs
+
 US = 1e-6
 GBPS = 1e9
 
-PROTOCOL_NAMES = ("ll", "ll128", "simple")
+PROTOCOL_NAMES = T.PROTOCOLS
 """NCCL's protocols, in NCCL's enum order."""
 
 PROTOCOL_MODES = ("auto", "none", *PROTOCOL_NAMES)
 """Values of ``CommParams.protocol``."""
 
+SIMPLE_ONLY = ("nvls", "nvlstree", "collnet_direct", "collnet_chain")
+"""Algorithms NCCL runs with Simple only (tuning.cc)."""
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Protocol:
-    """One protocol's cost on one algorithm and hardware: NCCL's tuning constants."""
-
-    name: str
-    """``ll``, ``ll128``, ``simple`` (NCCL) or ``plain`` (gloo)."""
-    bandwidth_factor: float
-    """Fraction of the link rate the protocol's wire format leaves for data."""
-    bandwidth_cap_bytes_per_s: float
-    """Upper bound on the busbw the protocol reaches (NCCL's llMaxBws for LL; else inf)."""
-    base_latency_s: float
-    """NCCL's baseLat for the algorithm and protocol."""
-    intra_step_latency_s: float
-    """Per intra-node step, NCCL's hwLat beyond the topology's hop latency."""
-    inter_step_latency_s: float
-    """Per inter-node step, NCCL's hwLat beyond the topology's hop latency."""
-    latency_scale: float
-    """Multiplier on the protocol's latencies (NCCL's 1.4 ring plateau on several nodes)."""
-    chunk_bytes: float
-    """Pipeline start-up: bytes of one buffer slot (buffer / NCCL_STEPS)."""
-
-    def latency_s(self, intra_steps: int, inter_steps: int) -> float:
-        """The protocol's own latency for a collective of these steps."""
-        steps = intra_steps * self.intra_step_latency_s + inter_steps * self.inter_step_latency_s
-        return (self.base_latency_s + steps) * self.latency_scale
-
-    def bandwidth_s(self, bandwidth_time_s: float, bus_bytes: float, size_bytes: float) -> float:
-        """Bandwidth seconds: the link-rate time over the factor, the cap, plus start-up."""
-        if bandwidth_time_s <= 0:
-            return 0.0
-        steady = max(
-            bandwidth_time_s / self.bandwidth_factor, bus_bytes / self.bandwidth_cap_bytes_per_s
-        )
-        return steady * (1.0 + self.chunk_bytes / size_bytes) if size_bytes > 0 else steady
-
-
-# NCCL tuning tables (reference §3.2), microseconds, in (LL, LL128, Simple) order.
-_BASE_US = {"ring": (6.6, 14.0, 8.4), "tree": (6.8, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
-_HW_US = {
-    ("nvlink", "ring"): (0.6, 1.9, 3.4),
-    ("pci", "ring"): (1.0, 2.5, 5.7),
-    ("net", "ring"): (2.7, 4.0, 14.0),
-    ("nvlink", "tree"): (0.6, 1.25, 4.0),
-    ("pci", "tree"): (1.0, 1.9, 4.0),
-    ("net", "tree"): (5.0, 8.5, 14.0),
-    ("nvlink", "nvls"): (0.0, 0.0, 25.0),
-    ("net", "nvls"): (0.0, 0.0, 18.0),
-    ("nvlink", "nvlstree"): (0.0, 0.0, 25.0),
-    ("net", "nvlstree"): (0.0, 0.0, 20.9),
-}
 _TOPOLOGY_HOP_US = {"nvlink": 0.6, "pci": 1.0, "net": 2.7}
 """What the topology's hop latencies already hold per step (Ring/LL hwLat)."""
 
-_FACTORS = {"ring": (0.5, 0.92, 1.0), "tree": (1 / 3.8 / 0.92, 120 / 128 / 0.92, 1.0)}
-"""Bandwidth factors per protocol: Ring LL 0.5, LL128 0.92; Tree LL busBw/3.8 and LL128
-busBw x 120/128 relative to Tree/Simple's 0.92 x busBw (reference §3.4)."""
 
-_LL_MAX_GBPS = {"volta": 39.0, "ampere": 87.7, "hopper": 141.0, "blackwell": 282.0}
-"""llMaxBws on one node, per GPU generation (busbw GB/s)."""
-_LL_MAX_MULTI_GBPS = (39.0, 20.4)
-"""llMaxBws on 2 and > 2 nodes (Intel hosts; reference §3.2)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Protocol:
+    """One protocol's cost on one (op, algorithm, hardware): NCCL's tuning constants."""
 
-_CHUNK_BYTES = (512 * 1024 / 8, 120 * 640 * 8 * 8 / 8, (1 << 22) / 8)
-"""One NCCL_STEPS slot of each protocol's buffer (LL 512 KiB, LL128 4.69 MiB, Simple 4 MiB)."""
+    name: str
+    """``ll``, ``ll128`` or ``simple``."""
+    bandwidth_factor: float
+    """Fraction of the link rate the protocol's wire format leaves for data."""
+    bandwidth_cap_bytes_per_s: float
+    """Upper bound on the busbw (NCCL's llMaxBw, per-channel maxima; inf when none)."""
+    base_latency_s: float
+    """NCCL's baseLat for the algorithm and protocol (plus CollNetDirect's arity term)."""
+    intra_step_latency_s: float
+    """Per intra-node step, NCCL's hwLat beyond the topology's hop latency."""
+    inter_step_latency_s: float
+    """Per inter-node step, the NET latency beyond the topology's hop latency."""
+    latency_scale: float = 1.0
+    """Multiplier on the protocol's latencies from ``plateau_min_bytes`` on (the ring plateau)."""
+    plateau_min_bytes: float = math.inf
+    """Size from which ``latency_scale`` applies (64 B per channel and rank, tuning.cc)."""
+    chunk_bytes: float = 0.0
+    """Pipeline start-up: bytes of one buffer slot (buffer / NCCL_STEPS)."""
+    channel_bytes: float = 0.0
+    """Bytes per launched channel before NCCL adds another (threads x threshold; 0: all)."""
+    num_channels: int = 1
+    """Channels of the communicator (``comm->nChannels``): the most NCCL launches."""
+    channel_bandwidth_bytes_per_s: float = math.inf
+    """busbw one launched channel carries at most: its graph channel's speed x the factor."""
+    tree_correction: bool = False
+    """Whether NCCL's ``treeCorrectionFactor`` scales the bandwidth by size."""
 
-_RING_PLATEAU = 1.4
-"""NCCL multiplies Ring/Simple all_reduce latency by 1.4 on several nodes (tuning.cc)."""
+    def latency_s(self, intra_steps: int, inter_steps: int, size_bytes: float = 0.0) -> float:
+        """The protocol's own latency for a collective of these steps."""
+        steps = intra_steps * self.intra_step_latency_s + inter_steps * self.inter_step_latency_s
+        scale = self.latency_scale if size_bytes >= self.plateau_min_bytes else 1.0
+        return (self.base_latency_s + steps) * scale
 
+    def launched_channels(self, size_bytes: float) -> int:
+        """Channels NCCL launches for ``size_bytes``: fewer while each would get too little
+        (``nc`` shrinks while ``bytes < nc x threads x threshold``, enqueue.cc)."""
+        if self.channel_bytes <= 0:
+            return self.num_channels
+        return max(1, min(self.num_channels, int(size_bytes // self.channel_bytes)))
 
-@functools.lru_cache(maxsize=512)
-def protocols_for(
-    op: str, algo: str, backend: str, shape: tuple[str, str, int]
-) -> tuple[Protocol, ...]:
-    """The protocols ``algo`` may use for ``op`` on hardware ``shape`` = (arch, intra hw, nodes).
-
-    NVLS and NVLSTree (our ``tree`` on NVLS nodes, ``nvls``) run Simple only; LL128 is enabled
-    on NVLink only; ``hierarchical`` and ``direct`` (not in NCCL's model) use Ring's constants.
-    gloo has no protocols (empty tuple: plain alpha-beta).
-    """
-    if backend == "gloo":
-        return ()
-    arch, intra_hw, nodes = shape
-    table = {"tree": "tree", "nvls": "nvls"}.get(algo, "ring")
-    if algo == "tree" and intra_hw == "nvlink" and arch in ("hopper", "blackwell"):
-        table = "nvlstree"
-    names: tuple[str, ...] = ("simple",) if table in ("nvls", "nvlstree") else PROTOCOL_NAMES
-    if intra_hw != "nvlink":
-        names = tuple(n for n in names if n != "ll128")
-    return tuple(_protocol(name, op, algo, table, arch, intra_hw, nodes) for name in names)
-
-
-def _protocol(
-    name: str, op: str, algo: str, table: str, arch: str, intra_hw: str, nodes: int
-) -> Protocol:
-    index = PROTOCOL_NAMES.index(name)
-    base = _BASE_US["nvls" if table == "nvlstree" else table][index]
-    intra = _HW_US.get((intra_hw, table), _HW_US[(intra_hw, "ring")])[index]
-    inter = _HW_US[("net", table)][index]
-    cap = math.inf
-    if name == "ll":
-        cap_gbps = (
-            _LL_MAX_GBPS.get(arch, math.inf)
-            if nodes == 1
-            else _LL_MAX_MULTI_GBPS[0 if nodes == 2 else 1]
+    def bandwidth_s(self, bandwidth_time_s: float, bus_bytes: float, size_bytes: float) -> float:
+        """Bandwidth seconds: link time over the factor, the caps (busbw and the launched
+        channels'), Tree's correction, pipeline start-up."""
+        if bandwidth_time_s <= 0:
+            return 0.0
+        channels_bw = self.launched_channels(size_bytes) * self.channel_bandwidth_bytes_per_s
+        steady = max(
+            bandwidth_time_s / self.bandwidth_factor,
+            bus_bytes / self.bandwidth_cap_bytes_per_s,
+            bus_bytes / channels_bw,
         )
-        cap = cap_gbps * GBPS
-    plateau = algo == "ring" and op == "all_reduce" and name == "simple" and nodes > 1
+        if self.tree_correction:
+            steady /= T.tree_correction(self.name, size_bytes)
+        return steady * (1.0 + self.chunk_bytes / size_bytes) if size_bytes > 0 else steady
+
+
+@functools.lru_cache(maxsize=1024)
+def protocols_for(op: str, algo: str, hw: Hardware) -> tuple[Protocol, ...]:
+    """The protocols ``algo`` may use for ``op`` on ``hw``.
+
+    NVLS, NVLSTree and CollNet run Simple only; LL128 is enabled on NVLink only (tuning.cc: up to
+    PXN between GPU and NIC, NVB inside the node); ``hierarchical`` and ``direct`` (not in NCCL's
+    model) use Ring's constants.
+    """
+    names: tuple[str, ...] = ("simple",) if algo in SIMPLE_ONLY else PROTOCOL_NAMES
+    if hw.intra_hw != "nvlink":
+        names = tuple(n for n in names if n != "ll128")
+    return tuple(_protocol(name, op, algo, hw) for name in names)
+
+
+def _table_algo(algo: str) -> str:
+    return algo if algo in T.NCCL_ALGORITHMS else "ring"
+
+
+def _protocol(name: str, op: str, algo: str, hw: Hardware) -> Protocol:
+    p = T.PROTOCOLS.index(name)
+    table = _table_algo(algo)
+    intra_row = T.NVLINK_US if hw.intra_hw == "nvlink" else T.PCI_US
+    intra = intra_row[table][p]
+    inter = inter_step_us(name, table, hw, physical=True)
+    multi = hw.num_nodes > 1
+    if table == "ring" and multi and op not in ("broadcast", "reduce"):
+        intra = max(intra, net_overhead_us(name, hw))
+    base = T.BASE_US[table][p]
+    if table == "collnet_direct":
+        base += 2 * (hw.ranks_per_node - 1) * T.COLLNET_ARITY_US
+    plateau = table == "ring" and op == "all_reduce" and name == "simple" and multi
+    channels = comm_channels(hw)
+    factor = _factor(name, table, hw)
     return Protocol(
         name=name,
-        bandwidth_factor=_FACTORS["tree" if table == "tree" else "ring"][index],
-        bandwidth_cap_bytes_per_s=cap,
+        bandwidth_factor=factor,
+        bandwidth_cap_bytes_per_s=_cap_gbps(name, op, table, hw) * GBPS,
         base_latency_s=base * US,
-        intra_step_latency_s=max(intra - _TOPOLOGY_HOP_US[intra_hw], 0.0) * US,
+        intra_step_latency_s=max(intra - _TOPOLOGY_HOP_US[hw.intra_hw], 0.0) * US,
         inter_step_latency_s=max(inter - _TOPOLOGY_HOP_US["net"], 0.0) * US,
-        latency_scale=_RING_PLATEAU if plateau else 1.0,
-        chunk_bytes=_CHUNK_BYTES[index],
+        latency_scale=T.RING_PLATEAU[0 if hw.arch == "volta" else 1] if plateau else 1.0,
+        plateau_min_bytes=64.0 * channels * hw.num_ranks,
+        chunk_bytes=T.BUFFER_BYTES[name] / T.NCCL_STEPS,
+        channel_bytes=_channel_bytes(name, table, hw.num_ranks),
+        num_channels=channels,
+        channel_bandwidth_bytes_per_s=_channel_gbps(table, hw) * factor * GBPS,
+        tree_correction=table == "tree" and op == "all_reduce",
     )
+
+
+def _channel_gbps(table: str, hw: Hardware) -> float:
+    """Speed of one channel of the algorithm's graph (bwIntra on <= 2 nodes, else bwInter, as
+    tuning.cc reads it); inf where the graph has none (no cap)."""
+    if table not in ("ring", "tree"):
+        return math.inf
+    graph = graphs(hw)[table]
+    speed = graph.bw_intra_gbps if hw.num_nodes <= 2 else graph.bw_inter_gbps
+    return speed if graph.num_channels and speed > 0 else math.inf
+
+
+def inter_step_us(name: str, table: str, hw: Hardware, *, physical: bool) -> float:
+    """Latency of one inter-node step: NCCL's NET hwLat (Tree's row with one GPU per node) plus
+    the plugin latency (x2 for Simple) in NCCL's model; the fabric's own figure, where it has
+    one, in the time model."""
+    p = T.PROTOCOLS.index(name)
+    ppn_one = hw.num_ranks == hw.num_nodes
+    if physical and hw.net_step_latency_us is not None:
+        return hw.net_step_latency_us + (hw.net_simple_extra_us if name == "simple" else 0.0)
+    latency = T.NET_US["tree" if ppn_one else table][p]
+    if not physical:
+        latency += hw.plugin_latency_us * (2 if name == "simple" else 1)
+    return latency
+
+
+def net_overhead_us(name: str, hw: Hardware) -> float:
+    """``getNetOverhead`` x3 for Simple: the floor of a multi-node ring's intra-step latency."""
+    overhead = T.NET_OVERHEAD_US["amd" if hw.cpu_amd else "intel"]
+    return overhead * (3 if name == "simple" else 1)
+
+
+def _channel_bytes(name: str, table: str, num_ranks: int) -> float:
+    """Bytes per channel before NCCL launches another (Ring/Tree only; Ring/LL x nRanks)."""
+    if table not in ("ring", "tree"):
+        return 0.0
+    threshold = T.THREAD_THRESHOLD[name] * (num_ranks if table == "ring" and name == "ll" else 1)
+    return float(T.THREADS[name] * threshold)
+
+
+def _factor(name: str, table: str, hw: Hardware) -> float:
+    """Wire-format factor; Tree's relative to Tree/Simple, CollNetDirect's sm90 efficiency."""
+    if table == "tree":
+        ll128 = T.TREE_LL128_FACTOR[0 if hw.num_nodes == 1 else 1]
+        return {"ll": T.TREE_LL_FACTOR, "ll128": ll128, "simple": T.TREE_AR_FACTOR}[name] / (
+            T.TREE_AR_FACTOR
+        )
+    if table == "collnet_direct" and hw.arch in ("hopper", "blackwell"):
+        return T.COLLNET_SM90_FACTOR
+    return {"ll": T.LL_FACTOR, "ll128": T.LL128_FACTOR, "simple": 1.0}[name]
+
+
+def _cap_gbps(name: str, op: str, table: str, hw: Hardware) -> float:
+    """The busbw cap of (op, algorithm, protocol) on ``hw`` (nccl-tests busbw, GB/s)."""
+    n, nodes = hw.num_ranks, hw.num_nodes
+    channels = graphs(hw)[table].num_channels if table in T.NCCL_ALGORITHMS else 0
+    ll_max = T.ll_max_gbps(hw.arch, nodes, hw.cpu_amd)
+    if table == "ring":
+        if name == "ll":
+            return ll_max
+        if name == "ll128":
+            return T.channel_cap(channels, T.per_channel(T.PER_CH_RING_LL128_GBPS, hw.arch, nodes))
+        return math.inf
+    if table == "tree" and op == "all_reduce":
+        # NCCL's Tree busBw is twice its algbw; nccl-tests' is 2(n-1)/n of it.
+        tree_bus = {
+            "ll": ll_max,
+            "ll128": T.channel_cap(
+                channels, T.per_channel(T.PER_CH_TREE_LL128_GBPS, hw.arch, nodes)
+            ),
+            "simple": T.channel_cap(channels, T.per_channel(T.PER_CH_TREE_GBPS, hw.arch, nodes)),
+        }[name]
+        return tree_bus * (n - 1) / n
+    if table == "nvlstree":
+        cap = T.per_channel(T.PER_CH_NVLSTREE_GBPS, hw.arch, nodes)
+        return T.channel_cap(channels, cap) if cap > 0 else math.inf
+    return math.inf

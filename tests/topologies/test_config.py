@@ -55,6 +55,14 @@ def test_fully_described_node():
                 "fabric": {"base": "ib-ndr", "radix": 16, "tiers": 3},
             }
         ),
+        build_cluster("p5-h100", num_nodes=3),
+        load_cluster(
+            {
+                "node": "nd-h100-v5",
+                "num_nodes": 2,
+                "fabric": {"base": "azure-ndr", "sharp": True, "step_latency_s": 5e-6},
+            }
+        ),
     ],
     ids=lambda t: t.name,
 )
@@ -86,6 +94,8 @@ def test_preset_dumps_as_names():
         ({"node": {"base": "dgx-h100", "num_gpus": -1}}, "node.num_gpus=-1"),
         ({"node": 8}, "cluster.node=8; give a preset name or a mapping"),
         ({"node": "dgx-h100", "fabric": {"radix": 8}}, "cluster.fabric: missing key\\(s\\) link"),
+        ({"node": "dgx-h100", "fabric": {"base": "ib-ndr", "sharp": "maybe"}},
+         "cluster.fabric: fabric.sharp='maybe'; give true/false"),
         ({"node": "dgx-h100", "fabric": {"base": "ib-ndr", "kind": "torus"}},
          "cluster.fabric.kind='torus'; valid: fat-tree"),
         ({"node": "dgx-h100", "fabric": {"base": "ib-ndr", "ports": 8}},

@@ -79,6 +79,12 @@ def test_capacity_error_says_the_capacity():
         ({"tiers": 4}, "fabric.tiers=4; valid: 1, 2, 3"),
         ({"link": "pcie-gen5"}, "fabric.link='pcie-gen5' is a pcie link"),
         ({"link": "ib-qdr"}, "unknown fabric.link 'ib-qdr'"),
+        ({"sharp": "yes"}, "fabric.sharp='yes'; give true/false"),
+        ({"tuner": "magic"}, "fabric.tuner='magic'; valid: nccl, aws-ofi-p5"),
+        ({"transport": "myrinet"}, "fabric.transport='myrinet'; valid: ib, ofi, tcpx"),
+        ({"plugin_latency_s": -1e-6}, r"fabric.plugin_latency_s=-1e-06; must be a number"),
+        ({"step_latency_s": float("nan")}, "fabric.step_latency_s=nan; must be a number"),
+        ({"simple_extra_latency_s": 2.0}, r"simple_extra_latency_s=2.0; must be .* in 0..1"),
     ],
 )
 def test_bad_fabric_specs(kwargs, message):
@@ -94,5 +100,17 @@ def test_bad_oversubscription_and_empty():
 
 
 def test_presets():
-    assert set(FABRIC_PRESETS) == {"ib-ndr", "ib-hdr", "roce-400g"}
+    assert set(FABRIC_PRESETS) == {
+        "ib-ndr", "ib-hdr", "roce-400g", "ib-ndr-sharp", "efa-p5", "gcp-a3-mega", "azure-ndr",
+    }  # fmt: skip
     assert FABRIC_PRESETS["ib-ndr"].radix == 64
+    assert [name for name, spec in FABRIC_PRESETS.items() if spec.sharp] == ["ib-ndr-sharp"]
+    efa = FABRIC_PRESETS["efa-p5"]  # aws-ofi-nccl: 75 us plugin latency, 20 (+3) us per message
+    assert (efa.plugin_latency_s, efa.step_latency_s, efa.simple_extra_latency_s) == (
+        75e-6, 20e-6, 3e-6,
+    )  # fmt: skip
+    assert (efa.transport, efa.tuner) == ("ofi", "aws-ofi-p5")
+    assert FABRIC_PRESETS["gcp-a3-mega"].transport == "tcpx"
+    assert FABRIC_PRESETS["roce-400g"].rail_optimized
+    for spec in FABRIC_PRESETS.values():
+        assert spec.source

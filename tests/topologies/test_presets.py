@@ -5,6 +5,7 @@ import itertools
 import pytest
 
 from topologies.fabrics import FABRIC_PRESETS
+from topologies.hardware import LINKS
 from topologies.nodes import NODE_PRESETS
 from topologies.presets import build_cluster
 
@@ -16,7 +17,9 @@ from topologies.presets import build_cluster
 def test_any_node_on_any_fabric(node, fabric):
     topo = build_cluster(node, num_nodes=4, fabric=fabric, oversubscription=2)
     assert topo.num_gpus == 4 * NODE_PRESETS[node].num_gpus
-    assert topo.fabric is not None and topo.fabric.oversubscription == 2.0
+    assert topo.fabric is not None
+    # 32 NICs fit one radix-64 leaf unless rails spread them: one tier has no up-links.
+    assert topo.fabric.oversubscription == (2.0 if topo.fabric.num_tiers > 1 else 1.0)
     path = topo.path(0, topo.num_gpus - 1)
     assert any(topo.graph.edges[e]["kind"] == "network" for e in path)
 
@@ -45,7 +48,7 @@ def test_localhost_processes():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"node": "dgx-h1000"}, "unknown node preset 'dgx-h1000'; valid: dgx-a100"),
+        ({"node": "dgx-h1000"}, "unknown node preset 'dgx-h1000'; valid: a3-mega-h100, dgx-a100"),
         ({"node": "dgx-h100", "fabric": "myrinet"}, "unknown fabric preset 'myrinet'"),
         ({"node": "dgx-h100", "num_nodes": 0}, "num_nodes=0; must be an integer >= 1"),
         ({"node": "dgx-h100", "oversubscription": 0.5}, "oversubscription=0.5"),
@@ -58,3 +61,20 @@ def test_localhost_processes():
 def test_bad_cluster_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         build_cluster(**kwargs)
+
+
+def test_cloud_servers():
+    p5 = build_cluster("p5-h100", num_nodes=2)
+    assert p5.fabric is not None and p5.fabric.spec.name == "efa-p5"
+    # 32 EFA cards of 100 Gb/s as one 4-lane port per GPU: 400 Gb/s, 3,200 Gb/s per server.
+    assert p5.injection_bandwidth_bytes_per_s(0, "network") == 50e9
+    assert 8 * 50e9 * 8 == 3200e9
+    assert LINKS["efa-p5"].num_lanes == 4
+    a3 = build_cluster("a3-mega-h100", num_nodes=2)
+    assert a3.injection_bandwidth_bytes_per_s(0, "network") == 25e9  # 200 Gbps per GPU NIC
+    azure = build_cluster("nd-h100-v5", num_nodes=2)
+    assert azure.injection_bandwidth_bytes_per_s(0, "network") == 50e9  # 400 Gb/s NDR
+    assert not azure.fabric.spec.rail_optimized  # "topology-agnostic" per Azure
+    assert not p5.sharp_capable()
+    assert build_cluster("dgx-h100", num_nodes=2, fabric="ib-ndr-sharp").sharp_capable()
+    assert not build_cluster("dgx-h100").sharp_capable()

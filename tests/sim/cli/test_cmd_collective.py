@@ -230,3 +230,21 @@ def test_collective_sweep_ticks_a_progress_bar_per_op_and_size(monkeypatch, caps
     monkeypatch.undo()
     assert main(argv) == 0
     assert capsys.readouterr().err == ""  # stderr is not a terminal here: no bar
+
+
+def test_collective_names_protocols_and_runs_in_network_reduction(capsys):
+    assert main(["collective", "--topology", "dgx-h100", "--nodes", "8", "--fabric",
+                 "ib-ndr-sharp", "--ops", "all_reduce", "-b", "8G", "-e", "8G"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "# algorithms: 8589934592-8589934592 nvls/simple" in out  # NVLS + SHARP
+    row = next(line.split() for line in out.splitlines() if line.lstrip().startswith("858993"))
+    assert float(row[7]) > 8 * 47  # busbw: in-network reduction passes the ring's 8-NIC limit
+
+
+def test_compare_on_the_p5_preset_attributes_the_plugins_picks(capsys):
+    assert main(["compare", str(DATA / "h100_multinode_all_reduce_busbw.csv"), "--topology",
+                 "p5-h100", "--only", "nodes=8"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "proto" in out.splitlines()[1]
+    assert "33554432  tree           ll128" in out
+    assert "1073741824  ring           ll128" in out

@@ -63,7 +63,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "unknown key 'num_nodse'" in err
     assert main(["topo", "dgx-h100", "--fabric", "myrinet"]) == 2
     assert (
-        "error: unknown cluster.fabric preset 'myrinet'; valid: ib-hdr" in capsys.readouterr().err
+        "error: unknown cluster.fabric preset 'myrinet'; valid: azure-ndr, efa-p5"
+        in capsys.readouterr().err
     )
     assert main(["topo", "missing.yaml"]) == 2
 
@@ -90,3 +91,16 @@ def test_malformed_cluster_yaml_is_one_line_with_file_and_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.startswith("commsim: error: malformed input:") and err.count("\n") == 1
     assert f"{path}, line 2, column 1" in err
+
+
+def test_cloud_and_sharp_fabrics_are_described(capsys):
+    assert main(["topo", "p5-h100", "--nodes", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "1 NIC per GPU (efa-p5, 4 lanes of 12.5 GB/s)" in out
+    assert "in-network reduction (SHARP): no" in out
+    assert "aws-ofi-nccl over EFA; plugin-reported latency 75 us" in out
+    assert "per-message latency: 20 us per inter-node step (+3 us Simple)" in out
+    assert main(["topo", "dgx-h100", "--nodes", "4", "--fabric", "ib-ndr-sharp", "--json"]) == 0
+    fabric = json.loads(capsys.readouterr().out)["fabric"]
+    assert fabric["sharp"] is True and fabric["tuner"] == "nccl"
+    assert fabric["step_latency_us"] is None and fabric["plugin_latency_us"] == 0.0

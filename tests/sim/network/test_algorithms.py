@@ -6,7 +6,6 @@ import pytest
 import simpy
 
 from sim.network.algorithms import choose_algorithm, decompose, layout_of, ring_orders
-from sim.network.calibration import DEFAULT_PARAMS
 from sim.network.model import CommModel
 from tests.sim.helpers import IDEAL, calibration_with, star_topology
 from topologies.config import load_cluster
@@ -81,14 +80,13 @@ def test_decomposed_bytes_match_the_ops_wire_bytes():
 
 def test_auto_picks_like_nccl():
     h100 = layout_of(build_cluster("dgx-h100"), range(8))
-    defaults = DEFAULT_PARAMS.__getitem__
-    assert choose_algorithm("all_reduce", h100, 8 << 30, defaults) == "nvls"
-    assert choose_algorithm("all_reduce", h100, 1024, defaults) == "ring"  # NVLS latency 25 us
+    assert choose_algorithm("all_reduce", h100, 8 << 30) == "nvls"
+    assert choose_algorithm("all_reduce", h100, 1024) == "ring"  # NVLS latency 25 us
     a100 = layout_of(build_cluster("dgx-a100"), range(8))
-    assert choose_algorithm("all_reduce", a100, 8 << 30, defaults) == "ring"
+    assert choose_algorithm("all_reduce", a100, 8 << 30) == "ring"
     two_nodes = layout_of(build_cluster("dgx-h100", 2, "ib-ndr"), range(16))
-    assert choose_algorithm("all_reduce", two_nodes, 8 << 30, defaults) == "tree"  # NVLSTree
-    assert choose_algorithm("all_to_all", two_nodes, 8 << 30, defaults) == "direct"
+    assert choose_algorithm("all_reduce", two_nodes, 8 << 30) == "nvlstree"
+    assert choose_algorithm("all_to_all", two_nodes, 8 << 30) == "direct"
 
 
 def _small_fat_tree(oversubscription: float):

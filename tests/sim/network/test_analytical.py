@@ -60,15 +60,21 @@ def test_multi_node_ring_is_bound_by_the_nodes_nics_or_nvlink():
     assert (terms.intra_steps, terms.inter_steps) == (30 - 2, 2)
 
 
-def test_nvls_moves_s_each_way_for_all_reduce_so_busbw_is_175_percent_of_the_link():
-    assert nvls_bytes("all_reduce", 8.0, 8) == (8.0, 8.0)
-    assert nvls_bytes("reduce_scatter", 8.0, 8) == (7.0, 1.0)
-    assert nvls_bytes("all_gather", 8.0, 8) == (1.0, 7.0)
-    layout = _layout(num_ranks=8, num_nodes=1, nvls=True)
+def test_nvls_bytes_follow_nccls_maintainer_and_reach_480_busbw_on_eight_h100():
+    # NVIDIA/nccl#1083: reduce_scatter sends S, receives S/n; all_gather the reverse;
+    # all_reduce S (n+1)/n each way (nccl-tests PR #239).
+    assert nvls_bytes("all_reduce", 8.0, 8) == (9.0, 9.0)
+    assert nvls_bytes("reduce_scatter", 8.0, 8) == (8.0, 1.0)
+    assert nvls_bytes("all_gather", 8.0, 8) == (1.0, 8.0)
+    layout = layout_of(build_cluster("dgx-h100"), range(8))
     terms = cost_terms("all_reduce", "nvls", layout, 8e9)
     algbw = 8e9 / terms.bandwidth_time_s
-    assert algbw == pytest.approx(400 * GB * 0.85)  # NCCL's Hopper nvlsEfficiency
-    assert algbw * 2 * 7 / 8 == pytest.approx(1.75 * 0.85 * 400 * GB)  # busbw 1.49x the link
+    # NCCL maintainer in NVIDIA/nccl-tests#212: "peak busBw of ~480GB/s (algbw ~275GB/s)".
+    assert algbw == pytest.approx(275 * GB)
+    assert algbw * 2 * 7 / 8 == pytest.approx(481.25 * GB)
+    rs = cost_terms("reduce_scatter", "nvls", layout, 8e9).bandwidth_time_s
+    # S up at 300 x 8/7 GB/s (NVIDIA/nccl#1506's all_gather): busbw 300 GB/s.
+    assert 8e9 / rs * 7 / 8 == pytest.approx(300 * GB)
 
 
 def test_double_binary_tree_sends_at_most_four_half_buffers_per_node():
@@ -80,13 +86,17 @@ def test_double_binary_tree_sends_at_most_four_half_buffers_per_node():
         assert double_tree_max_sends(n) <= 4
 
 
-def test_tree_beats_ring_on_two_nodes_because_only_one_gpu_share_crosses_the_network():
+def test_nvlstree_beats_ring_on_two_nodes_because_only_one_gpu_share_crosses_the_network():
     layout = _layout(nvls=True)
     ring = cost_terms("all_reduce", "ring", layout, 1e9).bandwidth_time_s
+    nvlstree = cost_terms("all_reduce", "nvlstree", layout, 1e9).bandwidth_time_s
+    # NVLS inside the node moves S 9/8 each way at 0.834 of NVLink; each NIC carries S/8.
+    nvls_eff = 275 * 9 / 8 / 370.8
+    assert nvlstree == pytest.approx(max(1e9 / 8 / (50 * GB), 1e9 * 9 / 8 / (400 * GB * nvls_eff)))
+    assert nvlstree < ring
+    # NCCL's Tree chains the node's GPUs instead: the ring's 2(g-1)/g S on NVLink.
     tree = cost_terms("all_reduce", "tree", layout, 1e9).bandwidth_time_s
-    # NVLS inside the node moves S each way at 0.85 of NVLink; each NIC carries S/8.
-    assert tree == pytest.approx(max(1e9 / 8 / (50 * GB), 1e9 / (400 * GB * 0.85)))
-    assert tree < ring
+    assert tree == pytest.approx(max(1e9 / 8 / (50 * GB), 2 * 7 / 8 * 1e9 / (400 * GB)))
 
 
 def test_direct_all_to_all_is_bound_by_nics_and_bisection():
@@ -107,7 +117,12 @@ def test_efficiency_curve_and_latency_terms():
     assert terms.latency_s(plain, 1024) == pytest.approx(10e-6 + 28 * 2e-6 + 2 * 8e-6)
     # NCCL's LL on 2 nodes (no arch given): baseLat 6.6 us, hwLat fully in the hop latencies.
     assert terms.split_s(params, 1024)[0] == "ll"
-    assert terms.latency_s(params, 1024) == pytest.approx(6.6e-6 + 10e-6 + 28 * 2e-6 + 2 * 8e-6)
+    # Multi-node rings pay NCCL's 1 us network overhead per intra step (getNetOverhead, Intel):
+    # 1.0 - 0.6 us (the topology's hop) more on each of the 28 NVLink steps.
+    overhead = 28 * 0.4e-6
+    assert terms.latency_s(params, 1024) == pytest.approx(
+        6.6e-6 + 10e-6 + 28 * 2e-6 + 2 * 8e-6 + overhead
+    )
 
 
 def test_protocols_follow_nccl_tables_on_one_h100_node():
@@ -123,12 +138,17 @@ def test_protocols_follow_nccl_tables_on_one_h100_node():
     name, _, bandwidth = terms.split_s(neutral, 1 << 30)
     assert name == "simple"
     assert bandwidth == pytest.approx(1.75 * ((1 << 30) + (1 << 19)) / 370.8e9)
-    # 64 KiB: LL; half the link (185.4 GB/s busbw) is above Hopper's llMaxBw 141 GB/s, so the
-    # cap holds; start-up is one 64 KiB LL slot (512 KiB / 8 steps): x (1 + 64K / 64K).
+    # 64 KiB: LL. NCCL launches 64 KiB / (512 threads x 8 B x 8 ranks) = 2 channels, each at
+    # most its graph channel's 30 GB/s x 0.5 (LL): 30 GB/s busbw, under llMaxBw's 141 and half
+    # the link's 185.4; start-up is one 64 KiB LL slot (512 KiB / 8 steps): x (1 + 64K / 64K).
     small = cost_terms("all_reduce", "ring", layout, 1 << 16)
     name, _, bandwidth = small.split_s(neutral, 1 << 16)
     assert name == "ll"
-    assert bandwidth == pytest.approx(1.75 * (1 << 16) / 141e9 * 2)
+    assert bandwidth == pytest.approx(1.75 * (1 << 16) / 30e9 * 2)
+    # From 24 x 32 KiB = 768 KiB every channel runs: llMaxBw caps LL at 141 GB/s.
+    big = cost_terms("all_reduce", "ring", layout, 1 << 20)
+    _, _, mid = big.split_s(replace(neutral, protocol="ll"), 1 << 20)
+    assert mid == pytest.approx(1.75 * (1 << 20) / 141e9 * (1 + 1 / 16))
 
 
 def test_unsupported_algorithms_are_clear_errors():
@@ -140,3 +160,5 @@ def test_unsupported_algorithms_are_clear_errors():
         cost_terms("all_to_all", "ring", a100, 1e6)
     with pytest.raises(ValueError, match=">= 2 nodes"):
         cost_terms("all_reduce", "tree", a100, 1e6)
+    with pytest.raises(ValueError, match=r"needs a fabric whose switches reduce \(SHARP"):
+        cost_terms("all_reduce", "collnet_direct", _layout(), 1e6)

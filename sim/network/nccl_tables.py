@@ -1,0 +1,199 @@
+"""NCCL's tuning constants, copied once from its source: what every other module reads.
+
+Read from NVIDIA/nccl at commit 5067397 (2026-06-11, version 2.30.7, ``makefiles/version.mk``):
+``src/graph/tuning.cc`` (``ncclTunerConstantsDefaults``, ``nvlsEfficiency``,
+``treeCorrectionFactor``, ``getNetOverhead``), ``src/graph/search.cc`` (the speed arrays the
+graph search walks, ``ncclTopoDupChannels``), ``src/include/device.h`` and ``comm.h`` (thread
+counts, thresholds, arities). Times are microseconds and bandwidths GB/s, as in NCCL; the tables
+are indexed by our algorithm names and NCCL's protocol order (LL, LL128, Simple).
+
+    NET_US["ring"][PROTOCOLS.index("simple")]  # 14.0 us per inter-node ring step
+"""
+
+from __future__ import annotations
+
+import math
+
+NCCL_VERSION = "2.30.7 (NVIDIA/nccl 5067397)"
+"""The NCCL source these tables were read from."""
+
+PROTOCOLS = ("ll", "ll128", "simple")
+"""NCCL's protocols in its enum order (``NCCL_PROTO_LL``, ``_LL128``, ``_SIMPLE``)."""
+
+NCCL_ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvlstree")
+"""NCCL's algorithms under our names, in its enum order (``NCCL_ALGO_TREE`` ... ``NVLS_TREE``);
+PAT (``NCCL_ALGO_PAT``, all_gather/reduce_scatter with one GPU per node) is not modelled."""
+
+NCCL_NAMES = {
+    "tree": "Tree", "ring": "Ring", "collnet_direct": "CollnetDirect",
+    "collnet_chain": "CollnetChain", "nvls": "NVLS", "nvlstree": "NVLSTree",
+}  # fmt: skip
+"""``NCCL_ALGO`` spelling of each algorithm (``ncclAlgoStr``)."""
+
+BASE_US = {
+    "tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "collnet_direct": (0.0, 0.0, 0.0),
+    "collnet_chain": (0.0, 0.0, 0.0), "nvls": (0.0, 0.0, 0.0), "nvlstree": (0.0, 0.0, 0.0),
+}  # fmt: skip
+"""``baseLatencies[algo][proto]``: fixed cost of one call."""
+
+NVLINK_US = {
+    "tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "collnet_direct": (0.0, 0.0, 3.7),
+    "collnet_chain": (0.0, 0.0, 2.8), "nvls": (0.0, 0.0, 25.0), "nvlstree": (0.0, 0.0, 25.0),
+}  # fmt: skip
+"""``hwLatencies[NCCL_HW_NVLINK][algo][proto]``: per intra-node step over NVLink."""
+
+PCI_US = {
+    "tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "collnet_direct": (0.0, 0.0, 3.7),
+    "collnet_chain": (0.0, 0.0, 2.8), "nvls": (0.0, 0.0, 0.0), "nvlstree": (0.0, 0.0, 0.0),
+}  # fmt: skip
+"""``hwLatencies[NCCL_HW_PCI][algo][proto]``: per intra-node step over PCIe."""
+
+NET_US = {
+    "tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "collnet_direct": (0.0, 0.0, 31.0),
+    "collnet_chain": (0.0, 0.0, 30.0), "nvls": (0.0, 0.0, 18.0), "nvlstree": (0.0, 0.0, 20.9),
+}  # fmt: skip
+"""``hwLatencies[NCCL_HW_NET][algo][proto]``: per inter-node step."""
+
+ARCHS = ("volta", "ampere", "hopper", "blackwell")
+"""GPU generations of NCCL's per-compute-capability tables (``NCCL_*_COMPCAP_IDX``)."""
+
+LL_MAX_GBPS = {
+    "volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0),
+    "hopper": (141.0, 45.0, 35.0), "blackwell": (282.0, 90.0, 70.0),
+}  # fmt: skip
+"""``llMaxBws[index1][index2]``: index1 is the GPU generation on one node and the CPU vendor on
+several (row 0 Intel, row 1 AMD: the volta and ampere rows); index2 is 1, 2, > 2 nodes."""
+
+PER_CH_RING_LL128_GBPS = {
+    "volta": (20.0, 20.0, 20.0), "ampere": (20.0, 20.0, 20.0),
+    "hopper": (36.7, 36.7, 36.7), "blackwell": (40.0, 40.0, 40.0),
+}  # fmt: skip
+"""``perChMaxRingLL128Bws[arch][1, 2, > 2 nodes]``."""
+
+PER_CH_TREE_LL128_GBPS = {
+    "volta": (20.0, 20.0, 20.0), "ampere": (20.0, 20.0, 20.0),
+    "hopper": (36.7, 36.7, 29.0), "blackwell": (55.6, 31.67, 20.0),
+}  # fmt: skip
+"""``perChMaxTreeLL128Bws[arch][1, 2, > 2 nodes]``."""
+
+PER_CH_TREE_GBPS = {
+    "volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),
+    "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0),
+}  # fmt: skip
+"""``perChMaxTreeBws[arch][1, 2, > 2 nodes]``."""
+
+PER_CH_NVLSTREE_GBPS = {
+    "volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),
+    "hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0),
+}  # fmt: skip
+"""``perChMaxNVLSTreeBws[arch][1, 2, > 2 nodes]``."""
+
+NVLS_EFFICIENCY = {"volta": 0.0, "ampere": 0.0, "hopper": 0.85, "blackwell": 0.74}
+"""``nvlsEfficiency[arch]``: NCCL's NVLS busbw per unit of its graph's intra bandwidth."""
+
+LL_FACTOR = 0.5
+"""Ring/LL busbw factor: 4 B of data per 8-byte line (tuning.cc ``busBw * .5``)."""
+LL128_FACTOR = 0.92
+"""Ring/LL128 busbw factor (tuning.cc ``0.92 /*120.0/128.0*/``)."""
+TREE_AR_FACTOR = 0.92
+"""Tree all_reduce busbw factor (tuning.cc ``busBw * .92``)."""
+TREE_LL_FACTOR = 1.0 / 3.8
+"""Tree/LL busbw factor (tuning.cc ``busBw * 1.0 / 3.8``)."""
+TREE_LL128_FACTOR = (7.0 / 9.0, 120.0 / 128.0)
+"""Tree/LL128 busbw factor on one node and on several (tuning.cc)."""
+COLLNET_SM90_FACTOR = 0.85
+"""CollNetDirect all_reduce busbw factor on compute capability >= 9.0 (tuning.cc)."""
+COLLNET_ARITY_US = 0.4
+"""CollNetDirect "arity serialization latency" per extra local rank, per direction (tuning.cc)."""
+RING_PLATEAU = (1.9, 1.4)
+"""Ring/Simple all_reduce latency multiplier on several nodes: before Ampere, from Ampere on
+(``ncclTopoGetAlgoTime``, "plateau effect of ring")."""
+NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}
+"""``getNetOverhead``: per-step proxy cost of multi-node rings (x3 for Simple), by CPU vendor."""
+
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0,
+     1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0,
+     1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9,
+     .9),
+)  # fmt: skip
+"""``treeCorrectionFactor[proto][log2(bytes / 64)]``, 64 B .. 256 MiB: Tree all_reduce bandwidth
+at mid sizes ("Trees are not perfectly sticking to the model for medium sizes")."""
+
+SPEEDS_INTRA = {
+    "pre_hopper": (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+    "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+    "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),
+}  # fmt: skip
+"""Per-channel speeds (GB/s) the graph search tries on one node (search.cc ``speedArrayIntra``,
+``sm90SpeedArrayIntra``, ``sm100SpeedArrayIntra``)."""
+
+SPEEDS_INTER = {
+    "pre_hopper": (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0,
+                   3.0, 2.4, 1.2, 0.24, 0.12),
+    "hopper": (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4,
+               1.2, 0.24, 0.12),
+    "blackwell": (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0,
+                  12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12),
+}  # fmt: skip
+"""Per-channel speeds (GB/s) the graph search tries across nodes (search.cc ``speedArrayInter``,
+``sm90SpeedArrayInter``, ``sm100SpeedArrayInter``)."""
+
+MAX_RING_CHANNELS = 32
+"""Most channels of a ring or tree graph (init.cc: ``maxChannels = MAXCHANNELS / 2``, 64 / 2)."""
+MAX_DIRECT_ARITY = 7
+"""``NCCL_MAX_DIRECT_ARITY``: CollNet algorithms need at most 8 local ranks."""
+MAX_NVLS_ARITY = 32
+"""``NCCL_MAX_NVLS_ARITY``: NVLS reduce_scatter/all_gather need at most 32 local ranks."""
+NVLS_CHANNELS_SM90 = 16
+"""``NVLS_NCHANNELS_SM90``: CTAs NVLS runs with on Hopper (transport/nvls.cc)."""
+
+THREADS = {"ll": 512, "ll128": 640, "simple": 512}
+"""Threads per channel of Ring/Tree (``NCCL_LL_MAX_NTHREADS``, ``NCCL_LL128_MAX_NTHREADS``,
+``NCCL_SIMPLE_MAX_NTHREADS``)."""
+THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}
+"""Bytes per thread before NCCL adds a channel (``NCCL_*_THREAD_THRESHOLD``; Ring/LL x nRanks)."""
+
+BUFFER_BYTES = {"ll": 512 * 1024, "ll128": 120 * 640 * 8 * 8, "simple": 1 << 22}
+"""Default per-channel buffer of each protocol: LL 8 lines x 512 threads x 8 steps x 16 B,
+LL128 120 B x 640 threads x 8 steps x 8, Simple ``DEFAULT_BUFFSIZE`` 4 MiB."""
+NCCL_STEPS = 8
+"""``NCCL_STEPS``: slots per buffer; one slot is the pipeline's start-up chunk."""
+
+
+def node_index(num_nodes: int) -> int:
+    """NCCL's ``index2``: 0 for one node, 1 for two, 2 for more."""
+    return 0 if num_nodes <= 1 else 1 if num_nodes == 2 else 2
+
+
+def ll_max_gbps(arch: str, num_nodes: int, cpu_amd: bool) -> float:
+    """``llMaxBw``: by GPU generation on one node, by CPU vendor (Intel row 0, AMD row 1) on more.
+
+    An unknown generation has no cap on one node (inf).
+    """
+    if num_nodes <= 1:
+        return LL_MAX_GBPS[arch][0] if arch in LL_MAX_GBPS else math.inf
+    return LL_MAX_GBPS["ampere" if cpu_amd else "volta"][node_index(num_nodes)]
+
+
+def per_channel(table: dict[str, tuple[float, float, float]], arch: str, num_nodes: int) -> float:
+    """A per-channel cap for ``arch`` and the node count (inf for an unknown generation)."""
+    return table[arch][node_index(num_nodes)] if arch in table else math.inf
+
+
+def channel_cap(channels: int, per_channel_gbps: float) -> float:
+    """``nChannels x perChMax...``; inf when either is unknown (no channels, no table row)."""
+    if channels <= 0 or not math.isfinite(per_channel_gbps):
+        return math.inf
+    return channels * per_channel_gbps
+
+
+def tree_correction(proto: str, size_bytes: float) -> float:
+    """``treeCorrectionFactor[proto][log2i(bytes >> 6)]`` for 64 B .. 256 MiB, else 1."""
+    log_size = int(size_bytes) >> 6
+    index = log_size.bit_length() - 1
+    if not 0 <= index < 23:  # NCCL applies the factor for logSize < 23 (Tree all_reduce)
+        return 1.0
+    return TREE_CORRECTION[PROTOCOLS.index(proto)][index]

@@ -1,0 +1,128 @@
+"""NCCL's tuner (graphs, tuning model, pick) against values computed by hand from tuning.cc."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.network import nccl_tables as T
+from sim.network.algorithms import choose, layout_of
+from sim.network.nccl_graph import comm_channels, graphs
+from sim.network.nccl_tuner import pick, time_us, tune
+from topologies.presets import build_cluster
+
+
+def _hw(node: str = "dgx-h100", nodes: int = 1, fabric: str | None = None):
+    topology = build_cluster(node, nodes, fabric)
+    return layout_of(topology, range(topology.num_gpus)).hardware()
+
+
+def _graph(hw, algo):
+    g = graphs(hw)[algo]
+    return g.num_channels, g.bw_intra_gbps, g.bw_inter_gbps
+
+
+def test_graphs_follow_the_search_budgets():
+    one = _hw()
+    # 370.8 GB/s NVLink: 6 x 60 GB/s, doubled by ncclTopoDupChannels (60 >= 50) to 12 x 30.
+    assert _graph(one, "ring") == (12, 30.0, 30.0)
+    # NVLS: 8 channels, (8 + 1) x 40 <= 370.8; bwInter raised to the list's top, 60 < 2 x 40.
+    assert _graph(one, "nvls") == (8, 40.0, 60.0)
+    assert comm_channels(one) == 24  # ncclTopoPostset doubles the ring channels
+    # A100: 240 GB/s = 6 x 40, doubled (compute capability 8.0 duplicates) to 12 x 20.
+    assert _graph(_hw("dgx-a100"), "ring") == (12, 20.0, 20.0)
+    # Across nodes: one channel per 50 GB/s NDR NIC at 48 GB/s, not doubled (Hopper, < 50, > 4).
+    assert _graph(_hw(nodes=2, fabric="ib-ndr"), "ring") == (8, 48.0, 48.0)
+    # HDR 25 GB/s: 24 GB/s channels, < 25 so not doubled; GCP's 200 Gb/s NICs likewise.
+    assert _graph(_hw("dgx-a100", 4), "ring") == (8, 24.0, 24.0)
+    assert _graph(_hw("a3-mega-h100", 2), "ring") == (8, 24.0, 24.0)
+    # No SHARP, no CollNet graphs; SHARP: one head per NIC at 48 GB/s.
+    assert _graph(_hw(nodes=2, fabric="ib-ndr"), "collnet_direct")[0] == 0
+    assert _graph(_hw(nodes=2, fabric="ib-ndr-sharp"), "collnet_direct") == (8, 48.0, 48.0)
+
+
+def test_one_h100_node_all_reduce_matches_tuning_cc():
+    table = tune(_hw())
+    entries = {k[1:]: (round(v.latency_us, 6), v.algbw_gbps) for k, v in table.items()
+               if k[0] == "all_reduce"}  # fmt: skip
+    # Ring: 6.6 + 14 x 0.6; busBw min(141, 0.5 x 360) = 141 -> algbw x 8/14.
+    assert entries[("ring", "ll")] == pytest.approx((15.0, 141 * 8 / 14))
+    # LL128: 14 + 14 x 1.9; min(0.92 x 360, 12 x 36.7).
+    assert entries[("ring", "ll128")] == pytest.approx((40.6, 0.92 * 360 * 8 / 14))
+    assert entries[("ring", "simple")] == pytest.approx((56.0, 360 * 8 / 14))
+    # NVLS: latency 25 us (base not added); busBw 8 x min(40 x 0.85 x 7/8 x 2, 60) = 476.
+    assert entries[("nvls", "simple")] == pytest.approx((25.0, 476 * 8 / 14))
+    # Tree on one node: 6.8 + 2 x 7 x 0.6 and min(0.92 x 360, 12 x 38.7) / 3.8, x0.5.
+    assert entries[("tree", "ll")] == pytest.approx((15.2, 0.92 * 360 / 3.8 * 0.5))
+    assert ("nvlstree", "simple") not in entries or entries[("nvlstree", "simple")][1] == 0
+
+
+def test_multi_node_latencies_and_bandwidths():
+    two = tune(_hw(nodes=2, fabric="ib-ndr"))
+    # NVLSTree on 2 nodes: 25 + 2 x 1 x 20.9; busBw 8 x min(59.5, 2 x 48, 57.7), x 16/30.
+    nvlstree = two[("all_reduce", "nvlstree", "simple")]
+    assert (nvlstree.latency_us, nvlstree.algbw_gbps) == pytest.approx((66.8, 8 * 57.7 * 16 / 30))
+    # Ring/Simple on 8 nodes: 8.4 + 112 x max(3.4, 3 x 1.0 Intel overhead) + 14 x 14.
+    eight = tune(_hw(nodes=8, fabric="ib-ndr"))
+    assert eight[("all_reduce", "ring", "simple")].latency_us == pytest.approx(585.2)
+    # AWS p5 (AMD, plugin latency 75 us): intra step max(3.4, 3 x 2.0), inter 14 + 2 x 75.
+    p5 = tune(_hw("p5-h100", 4))
+    assert p5[("all_reduce", "ring", "simple")].latency_us == pytest.approx(
+        8.4 + 56 * 6.0 + 6 * 164.0
+    )
+
+
+def test_in_network_algorithms_match_tuning_cc():
+    sharp = tune(_hw(nodes=2, fabric="ib-ndr-sharp"))
+    direct = sharp[("all_reduce", "collnet_direct", "simple")]
+    # 2 (min(1, 7) x 3.7 + 7 x 0.4) + 31; busBw 8 x 48 / (f - (f-1)/2 = 1) x 0.85, x 0.5.
+    assert (direct.latency_us, direct.algbw_gbps) == pytest.approx((44.0, 8 * 48 * 0.85 * 0.5))
+    chain = sharp[("all_reduce", "collnet_chain", "simple")]
+    assert (chain.latency_us, chain.algbw_gbps) == pytest.approx((2 * 7 * 2.8 + 30, 8 * 48 * 0.5))
+    nvls = sharp[("all_reduce", "nvls", "simple")]  # NVLS + SHARP: 25 + 18
+    assert (nvls.latency_us, nvls.algbw_gbps) == pytest.approx((43.0, 8 * 48 * 16 / 30))
+    # all_gather by CollNetDirect: ppn x min(bwIntra, 0.9 bwInter), no conversion.
+    ag = sharp[("all_gather", "collnet_direct", "simple")]
+    assert ag.algbw_gbps == pytest.approx(8 * min(48, 0.9 * 48))
+    plain = tune(_hw(nodes=2, fabric="ib-ndr"))
+    assert plain[("all_reduce", "nvls", "simple")].algbw_gbps == 0  # no collnet, no NVLS+SHARP
+    assert ("all_reduce", "collnet_direct", "simple") not in plain  # no CollNet graph
+
+
+def test_time_applies_the_tree_correction_and_the_ring_plateau():
+    hw = _hw(nodes=2, fabric="ib-ndr")
+    tree = tune(hw)[("all_reduce", "tree", "ll")]
+    # 4 KiB: log2(4096 >> 6) = 6 -> treeCorrectionFactor[LL][6] = 0.7.
+    assert time_us("all_reduce", "tree", "ll", hw, 4096) == pytest.approx(
+        tree.latency_us + 4096 / (1000 * tree.algbw_gbps * 0.7)
+    )
+    ring = tune(hw)[("all_reduce", "ring", "simple")]
+    assert time_us("all_reduce", "ring", "simple", hw, 1 << 30) == pytest.approx(
+        ring.latency_us * 1.4 + (1 << 30) / (1000 * ring.algbw_gbps)
+    )
+    assert T.tree_correction("simple", 1 << 40) == 1.0  # past 256 MiB: no correction
+
+
+def test_pick_crossovers():
+    hw = _hw()
+    # Ring/LL 15 + S/80.57 vs NVLS 25 + S/272 (us, KB): equal at 1.1448 MB.
+    crossover = 10 / (1 / (141 * 8 / 14) - 1 / 272.0) * 1000
+    assert pick("all_reduce", hw, crossover * 0.99) == ("ring", "ll")
+    assert pick("all_reduce", hw, crossover * 1.01) == ("nvls", "simple")
+    assert pick("all_reduce", hw, 1 << 30, allowed=("ring",)) == ("ring", "simple")
+    assert pick("all_to_all", hw, 1 << 20) is None  # outside NCCL's model
+    two = _hw(nodes=2, fabric="ib-ndr")
+    assert pick("all_reduce", two, 1 << 30) == ("nvlstree", "simple")
+    eight_sharp = _hw(nodes=8, fabric="ib-ndr-sharp")
+    assert pick("all_reduce", eight_sharp, 1 << 30) == ("nvls", "simple")  # NVLS + SHARP
+
+
+def test_aws_region_tuner_picks_for_the_p5_points():
+    # aws-ofi-nccl's regions (8 ranks per node, > 2 nodes); 2 nodes: NCCL's own tuner.
+    topology = build_cluster("p5-h100", 8)
+    layout = layout_of(topology, range(64))
+    assert choose("all_reduce", layout, 32 << 20) == ("tree", "ll128")
+    assert choose("all_reduce", layout, 1 << 30) == ("ring", "ll128")
+    assert choose("all_reduce", layout, 8 << 30) == ("ring", "simple")
+    assert choose("all_reduce", layout, 1 << 30, "ring") == ("ring", "ll128")
+    two = layout_of(build_cluster("p5-h100", 2), range(16))
+    assert choose("all_reduce", two, 1 << 30) == pick("all_reduce", two.hardware(), 1 << 30)
