@@ -35,11 +35,24 @@ SOURCES: dict[str, str] = {
     "bloom176B": "BLOOM 176B (Jean Zay, A100)",
     "mtnlg530B": "Smith et al. 2022 (MT-NLG 530B), A100",
     "opt175B": "Zhang et al. 2022 (OPT-175B), A100",
+    "mcoremoe": "Megatron-Core MoE (README and MoE model zoo), H100",
 }
 """Short source key (the case-id prefix) -> the publication it comes from."""
 
 _PRE_FLASH_ATTENTION = ("narayanan21", "korthikanti22", "bloom176B", "mtnlg530B", "opt175B")
 """Sources whose runs predate FlashAttention (2022): Megatron's fused softmax kept s x s scores."""
+MOE_MODEL_KEYS = (
+    "num_experts",
+    "moe_top_k",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_ffn_hidden_size",
+    "moe_layer_freq",
+    "moe_first_dense_layers",
+    "moe_capacity_factor",
+)
+"""Model keys of an MoE run, spelled as in a plan."""
+MOE_PARALLEL_KEYS = ("ep", "etp", "moe_token_dispatcher")
+"""Expert-parallel keys of an MoE run, spelled as in a plan."""
 _MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len")
 _NODE_FOR_GPU = {"a100-sxm-80gb": ("dgx-a100", "ib-hdr"), "h100-sxm": ("dgx-h100", "ib-ndr")}
 
@@ -247,6 +260,9 @@ def _model_section(model: dict[str, Any], missing: list[str]) -> dict[str, Any]:
         section[key] = value
     section["num_kv_heads"] = as_integer(model.get("num_kv_heads")) or section["num_heads"]
     section.update(parse_architecture(model))
+    for key in MOE_MODEL_KEYS:  # mixture-of-experts runs carry the plan's own keys
+        if key in model:
+            section[key] = model[key]
     return section
 
 
@@ -307,6 +323,7 @@ def _parallel_section(
     if isinstance(parallel.get("tp_comm_overlap"), bool):
         knobs["tp_comm_overlap"] = parallel["tp_comm_overlap"]
     section.update(knobs)
+    section.update({k: parallel[k] for k in MOE_PARALLEL_KEYS if k in parallel})
     return section
 
 

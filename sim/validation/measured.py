@@ -50,7 +50,7 @@ def megatron_core_flops_per_step(
     vocab_size: int,
     num_heads: int,
     num_kv_heads: int,
-    ffn_hidden_size: int,
+    ffn_hidden_size: float,
     gated_mlp: bool,
 ) -> float:
     """Megatron-Core ``num_floating_point_operations`` (model FLOPs, non-causal attention).
@@ -126,11 +126,28 @@ def _flops_from_definition(case: dict[str, Any]) -> tuple[float, str] | None:
             **shape,
             num_heads=heads,
             num_kv_heads=as_integer(model.get("num_kv_heads")) or heads,
-            ffn_hidden_size=ffn,
+            ffn_hidden_size=_active_ffn(model, ffn, shape["num_layers"]),
             gated_mlp="swiglu" in str(model.get("arch") or "").lower(),
         )
         return flops, "Megatron-Core num_floating_point_operations"
     return None
+
+
+def _active_ffn(model: dict[str, Any], ffn: int, num_layers: int) -> float:
+    """The MLP width Megatron-Core's formula counts per layer: the dense width, or for MoE
+    layers top-k routed expert widths plus the shared experts' (no router), averaged over the
+    layers (``num_floating_point_operations``, MoE branch)."""
+    experts = as_integer(model.get("num_experts")) or 0
+    if not experts:
+        return float(ffn)
+    first_dense = as_integer(model.get("moe_first_dense_layers")) or 0
+    freq = as_integer(model.get("moe_layer_freq")) or 1
+    moe = sum(1 for i in range(first_dense, num_layers) if (i - first_dense) % freq == 0)
+    routed = (as_integer(model.get("moe_top_k")) or 2) * (
+        as_integer(model.get("moe_ffn_hidden_size")) or ffn
+    )
+    shared = as_integer(model.get("moe_shared_expert_ffn_hidden_size")) or 0
+    return ((num_layers - moe) * ffn + moe * (routed + shared)) / num_layers
 
 
 def _peak_flops_per_s(case: dict[str, Any]) -> float | None:

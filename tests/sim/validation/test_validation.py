@@ -215,6 +215,7 @@ def test_the_rule_picks_the_documented_calibration_cases() -> None:
         "narayanan21_t1_1.7B",
         "korthikanti22_t5_22B_full_recompute",
         "nemo2407_h100_fp8_LLAMA2-7B_8gpu",
+        "mcoremoe_h100_mixtral-8x7b_64gpu",
     )
 
 

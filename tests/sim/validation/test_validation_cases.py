@@ -267,8 +267,9 @@ def test_simulable_case_count_per_source() -> None:
         mapping = map_case(case)
         if mapping.simulable:
             counts[mapping.source] = counts.get(mapping.source, 0) + 1
-    # Table 1 (10) + Table 2 ZeRO-3 (6); Table 5 (8) + 530B on 2240 GPUs (2); NeMo (12)
-    assert counts == {"narayanan21": 16, "korthikanti22": 10, "nemo2407": 12}
+    # Table 1 (10) + Table 2 ZeRO-3 (6); Table 5 (8) + 530B on 2240 GPUs (2); NeMo (12);
+    # Mixtral 8x7B and 8x22B (2)
+    assert counts == {"narayanan21": 16, "korthikanti22": 10, "nemo2407": 12, "mcoremoe": 2}
 
 
 _JUNK = st.one_of(

@@ -129,3 +129,21 @@ def test_measured_step_time_from_mfu_uses_korthikanti_eq7() -> None:
     )
     assert measurement.step_time_s == pytest.approx(flops / (0.421 * 312e12 * 2240))
     assert measurement.step_time_s == pytest.approx(50.36, rel=1e-3)
+
+
+def test_moe_runs_count_the_routed_experts_as_megatron_core_does() -> None:
+    from sim.validation.cases import DEFAULT_CASES_PATH, load_cases, map_case
+
+    case = next(
+        c for c in load_cases(DEFAULT_CASES_PATH) if c["id"] == "mcoremoe_h100_mixtral-8x7b_64gpu"
+    )
+    # 12 B s l h^2 [(1 + g/a + s/h) + (k f_e / h) 1.5 + V / (2 l h)], no router term
+    b, s, layers, h, v = 256, 4096, 32, 4096, 32000
+    bracket = (1 + 8 / 32 + s / h) + (2 * 14336 / h) * 1.5 + v / (2 * layers * h)
+    flops = 12 * b * s * layers * h**2 * bracket
+    mapping = map_case(case)
+    assert mapping.measured is not None
+    assert mapping.measured.step_time_s == pytest.approx(flops / (468e12 * 64))
+    assert mapping.plan is not None
+    assert mapping.plan["model"]["num_experts"] == 8
+    assert mapping.plan["parallel"]["ep"] == 8 and mapping.plan["parallel"]["etp"] == 1
