@@ -86,7 +86,7 @@ MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
         "released config.json",
     ),
     "mixtral-8x22b": (
-        _moe(_llama(56, 6144, 48, 8, 16384, 32768, 65536), 8, 2, 16384),
+        _moe(_llama(56, 6144, 48, 8, 16384, 32000, 65536), 8, 2, 16384),
         "mistralai/Mixtral-8x22B-v0.1 config.json (141B total, 39B active per its model card)",
     ),
     "qwen2-57b-a14b": (

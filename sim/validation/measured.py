@@ -52,6 +52,7 @@ def megatron_core_flops_per_step(
     num_kv_heads: int,
     ffn_hidden_size: float,
     gated_mlp: bool,
+    causal: bool = False,
 ) -> float:
     """Megatron-Core ``num_floating_point_operations`` (model FLOPs, non-causal attention).
 
@@ -59,7 +60,8 @@ def megatron_core_flops_per_step(
     equal to the hidden size (as for every case here).
     """
     b, s, layers, h, v = global_batch_size, seq_len, num_layers, hidden_size, vocab_size
-    attention = 1.0 + num_kv_heads / num_heads + s / h
+    # Megatron-LM since 2025-03-06 (commit 8873b55d) halves the score term for the causal mask.
+    attention = 1.0 + num_kv_heads / num_heads + s / (2 * h if causal else h)
     mlp = (ffn_hidden_size / h) * (1.5 if gated_mlp else 1.0)
     return 12.0 * b * s * layers * h**2 * (attention + mlp + v / (2.0 * layers * h))
 
@@ -128,6 +130,7 @@ def _flops_from_definition(case: dict[str, Any]) -> tuple[float, str] | None:
             num_kv_heads=as_integer(model.get("num_kv_heads")) or heads,
             ffn_hidden_size=_active_ffn(model, ffn, shape["num_layers"]),
             gated_mlp="swiglu" in str(model.get("arch") or "").lower(),
+            causal="halved for the causal mask" in definition,
         )
         return flops, "Megatron-Core num_floating_point_operations"
     return None

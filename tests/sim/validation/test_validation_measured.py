@@ -147,3 +147,17 @@ def test_moe_runs_count_the_routed_experts_as_megatron_core_does() -> None:
     assert mapping.plan is not None
     assert mapping.plan["model"]["num_experts"] == 8
     assert mapping.plan["parallel"]["ep"] == 8 and mapping.plan["parallel"]["etp"] == 1
+
+
+def test_recent_megatron_core_formula_halves_the_causal_score_term() -> None:
+    from sim.validation.cases import DEFAULT_CASES_PATH, load_cases, map_case
+
+    case = next(
+        c for c in load_cases(DEFAULT_CASES_PATH) if c["id"] == "mcoremoe_h100_mixtral-8x22b_128gpu"
+    )
+    b, s, layers, h, v = 256, 4096, 56, 6144, 32000
+    bracket = (1 + 8 / 48 + s / (2 * h)) + (2 * 16384 / h) * 1.5 + v / (2 * layers * h)
+    mapping = map_case(case)
+    assert mapping.measured is not None
+    flops = 12 * b * s * layers * h**2 * bracket
+    assert mapping.measured.step_time_s == pytest.approx(flops / (445e12 * 128))
