@@ -25,6 +25,9 @@ False: it would be gathered again at once for backward), then the root. Per micr
   unit after its backward.
 - Step end: the gradient-norm all-reduce of ``clip_grad_norm_`` over DTensor shards, then the
   optimizer on the local shard.
+- CPU offload (``CPUOffloadPolicy``): each unit's fp32 shard is copied to the GPU before its
+  all-gather and its gradient shard to the host after its reduce-scatter, the optimizer runs on
+  the CPU (``schedules.fsdp_offload``).
 
 Not modelled: the all-gather copy-in kernels (shard-sized, on a side stream).
 
@@ -35,7 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from schedules.fsdp_offload import FsdpHostCopies
 from schedules.fsdp_program import reduce_unit
+from schedules.offload import RankOffload
 from schedules.program import Compute, Program, ProgramBuilder, Step
 
 
@@ -79,6 +84,9 @@ class Fsdp2Rank:
     """Group of the step-end gradient-norm all-reduce; empty for none."""
     optimizer_s: float = 0.0
     """Optimizer step on the local shard."""
+    offload: RankOffload | None = None
+    """``CPUOffloadPolicy``: host copies around each unit's collectives
+    (``schedules.fsdp_offload``); None: no offload."""
 
 
 class _Fsdp2:
@@ -91,16 +99,21 @@ class _Fsdp2:
         self.copy_outs: list[int] = []
         self.reduced: list[int] = []
         self.pending_rs: list[int] = []
+        self.host = FsdpHostCopies(self.b, spec.offload)
 
     def gather(self, unit: int, tag: str, after_copy_out: int) -> list[int]:
-        """All-gather of a unit once the copy-out ``after_copy_out`` places back has run."""
+        """All-gather of a unit once the copy-out ``after_copy_out`` places back has run (with
+        CPU offload, after the shard's copy to the GPU on the copy-in stream, gated alike)."""
         back = len(self.copy_outs) - after_copy_out
         deps = (self.copy_outs[back],) if back >= 0 else ()
         u = self.spec.units[unit]
+        ready = self.host.fetch(f"{u.name} {tag}", u.param_bytes, deps)
         index = self.b.collective(
-            f"AG {u.name} {tag}", "dp", "all_gather", u.param_bytes, deps=deps
+            f"AG {u.name} {tag}", "dp", "all_gather", u.param_bytes, deps=ready
         )
-        return [] if index is None else [index]
+        if index is None:  # one-rank group: the copy-out waits for the copy itself
+            return [] if ready == deps else list(ready)
+        return [index]
 
     def copy_out(self, unit: int, tag: str, gathered: list[int], waits: list[int]) -> list[int]:
         """The compute-stream copy-out of a gathered unit; returns what the next compute waits."""
@@ -147,11 +160,13 @@ class _Fsdp2:
             deps = tuple(sorted({*waits, *self.pending_rs}))
             name = f"copy-in {u.name} mb{mb}"
             copy_in = b.add(Compute(name=name, duration_s=u.copy_in_s, deps=deps))
-            issued = reduce_unit(b, f"{u.name} mb{mb}", u.grad_bytes, [copy_in])
+            label = f"{u.name} mb{mb}"
+            issued = reduce_unit(b, label, u.grad_bytes, [copy_in], tail=self.host.tail)
             self.pending_rs = issued[:1]  # its event; HSDP's all-reduce is not waited for here
-            self.reduced += issued
-            mb_reduced += issued
-            waits = []
+            copies, held = self.host.grads(label, u.grad_bytes, issued, [copy_in], mb)
+            self.reduced += issued + copies
+            mb_reduced += issued + copies
+            waits = held  # a blocking copy to the host (and its CPU add) holds the host
             self.sharded[i] = True
         # finalize_backward, every micro-batch: the compute stream waits for all its reductions
         return mb_reduced

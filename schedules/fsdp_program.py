@@ -2,7 +2,8 @@
 
 ``fsdp_program`` builds an FSDP1 / ZeRO-3 step without pipelining, unit by unit: the all-gathers
 with the 2-in-flight rate limiter, forward and backward prefetch, the reduce-scatters on the same
-FIFO, HSDP's replicate all-reduce and ``clip_grad_norm_``'s all-reduce before the optimizer.
+FIFO, HSDP's replicate all-reduce and ``clip_grad_norm_``'s all-reduce before the optimizer; with
+``CPUOffload(offload_params=True)`` the host copies of ``schedules.fsdp_offload`` around them.
 ``FsdpStages`` / ``FsdpPipelineState`` add FSDP2 units to the passes of
 ``schedules.step_program``'s pipeline builder, as ``torch.distributed.pipelining`` runs them
 (torch 2.13, torchtitan): every unit of a stage is all-gathered at its first forward (micro-batch
@@ -22,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from schedules.fsdp_offload import FsdpHostCopies
+from schedules.offload import RankOffload
 from schedules.pipeline import Pass
 from schedules.program import ChunkWork, Compute, MarkStep, Program, ProgramBuilder, Step
 
@@ -78,8 +81,18 @@ class FsdpRank:
     grad_norm_group: str = ""
     """Group of ``clip_grad_norm_``'s all-reduce of the squared norms of the gradient shards,
     before the optimizer (a name in ``groups``); empty: no clipping."""
+    offload: RankOffload | None = None
+    """``CPUOffload(offload_params=True)``: host copies around each unit's collectives
+    (``schedules.fsdp_offload``); None: no offload."""
 
     def __post_init__(self) -> None:
+        if self.offload is not None and self.num_microbatches > 1:
+            raise ValueError(
+                f"FSDP1's CPUOffload cannot accumulate gradients over {self.num_microbatches} "
+                "micro-batches outside no_sync (each backward's copy overwrites the CPU gradient: "
+                "FlatParamHandle.prepare_gradient_for_backward), and no_sync is not modelled: "
+                "use FSDP2 (fsdp_version: 2) or one micro-batch per step"
+            )
         if self.grad_norm_group and self.grad_norm_group not in self.groups:
             raise ValueError(
                 f"grad_norm_group={self.grad_norm_group!r} is not one of the groups "
@@ -137,16 +150,22 @@ class _Fsdp:
         self.b = ProgramBuilder(rank=spec.rank, groups=dict(spec.groups))
         self.frees: deque[int] = deque()
         self.reduced: list[int] = []
+        self.host = FsdpHostCopies(self.b, spec.offload)
 
     def gather(self, name: str, size: float, deps: tuple[int, ...] = ()) -> list[int]:
-        """All-gather on the shard FIFO, after the rate limiter lets it through."""
+        """All-gather on the shard FIFO, after the rate limiter lets it through (and, with CPU
+        offload, after the shard's copy to the GPU, which ``pre_unshard`` issues before it)."""
         if size <= 0:  # no parameters, no handle: ``_unshard`` is never called
             return []
-        waits = list(deps)
+        ready = self.host.fetch(name.removeprefix("AG "), size, deps)
+        waits = list(ready)
         while self.spec.limit_all_gathers and len(self.frees) >= MAX_INFLIGHT_ALL_GATHERS:
             waits.append(self.frees.popleft())
+            self.host.held(waits[-1])
         index = self.b.collective(name, "dp", "all_gather", size, deps=tuple(sorted(set(waits))))
-        return [] if index is None else [index]
+        if index is None:  # one-rank group: the compute waits for the copy itself
+            return [] if ready == deps else list(ready)
+        return [index]
 
     def free(self) -> None:
         """A reshard after the latest compute: its free event joins the limiter's queue."""
@@ -195,15 +214,30 @@ class _Fsdp:
             self.free()
             if regather and prefetch == "backward_post" and u > 0:
                 gathers[u - 1] = self.gather(f"AG u{u - 1} mb{mb} bwd", units.unit_param_bytes)
-            self.reduced += reduce_unit(b, f"u{u} mb{mb}", units.unit_grad_bytes, waits)
+            self.reduce(f"u{u} mb{mb}", units.unit_grad_bytes, waits, mb)
         waits = b.run_steps(f"B{mb} embed", units.embed.backward, tuple(waits))
-        self.reduced += reduce_unit(b, f"root mb{mb}", units.root_grad_bytes, waits)
+        self.reduce(f"root mb{mb}", units.root_grad_bytes, waits, mb)
         return waits
 
+    def reduce(self, label: str, size: float, waits: list[int], mb: int) -> None:
+        """RS (and HSDP's AR) of a unit's gradient, then its copy to the host when offloaded."""
+        reduced = reduce_unit(self.b, label, size, waits, tail=self.host.tail)
+        copies, _ = self.host.grads(label, size, reduced, waits, mb)  # FSDP1 never blocks
+        self.reduced += reduced + copies
 
-def reduce_unit(b: ProgramBuilder, label: str, size: float, waits: list[int]) -> list[int]:
-    """RS of a unit's gradient on the shard FIFO, then HSDP's all-reduce of the shard."""
-    rs = b.collective(f"RS {label}", "dp", "reduce_scatter", size, deps=b.after_compute(*waits))
+
+def reduce_unit(
+    b: ProgramBuilder, label: str, size: float, waits: list[int], *, tail: tuple[int, ...] = ()
+) -> list[int]:
+    """RS of a unit's gradient on the shard FIFO, then HSDP's all-reduce of the shard.
+
+    ``tail``: earlier work on the stream the last of the two runs on (the reduce-scatter stream,
+    or HSDP's all-reduce stream), which it queues behind: an offloaded gradient's copy to the
+    host (``schedules.fsdp_offload``).
+    """
+    hsdp = len(b.groups.get("hsdp", ())) > 1
+    rs_deps = b.after_compute(*waits, *(() if hsdp else tail))
+    rs = b.collective(f"RS {label}", "dp", "reduce_scatter", size, deps=rs_deps)
     out = [] if rs is None else [rs]
     shard = len(b.groups.get("dp", ())) or 1
     ar = b.collective(
@@ -211,7 +245,7 @@ def reduce_unit(b: ProgramBuilder, label: str, size: float, waits: list[int]) ->
         "hsdp",
         "all_reduce",
         size / shard,
-        deps=tuple(out) or b.after_compute(*waits),
+        deps=tuple(sorted({*(tuple(out) or b.after_compute(*waits)), *tail})),
     )
     return out + ([] if ar is None else [ar])
 

@@ -28,9 +28,12 @@ What moves, read from DeepSpeed v0.16.4 (commit 38327e07) and torch 2.13:
   boundary. With ``offload_param`` the bit16 parameter partitions are on the CPU (or NVMe): each
   all-gather first copies the rank's partition to the GPU (after an NVMe read), and the step
   updates them on the CPU; without it the step copies the updated bit16 partition to the GPU.
-- FSDP2 (``_fsdp_param.py``, ``_fsdp_collectives.py``): the fp32 sharded parameter is copied to
-  the GPU before every all-gather and cast there; after every reduce-scatter the gradient shard
-  (reduce dtype) is copied to the CPU; the optimizer steps on the CPU tensors.
+- FSDP2 (``_fsdp_param.py``, ``_fsdp_collectives.py``) and FSDP1 (``_flat_param.py``,
+  ``_runtime_utils.py``): the fp32 shard is copied to the GPU before every all-gather and cast
+  there; after every reduce-scatter (HSDP: all-reduce) the gradient shard is cast to the
+  parameter dtype (fp32) and copied to the CPU; FSDP2 adds it there into the gradient of the
+  earlier micro-batches; the optimizer steps on the CPU tensors. Where the copies sit in the step
+  is ``schedules.fsdp_offload``.
 
     per_param = gpu_state_bytes_per_param(plan.parallel, {"weights": 2, "gradients": 2, ...})
 """
@@ -50,6 +53,13 @@ OFFLOAD_KINDS = ("zero1", "zero2", "zero3", "fsdp", "hsdp")
 COPY_OPS = ("d2h", "h2d", "nvme_read", "nvme_write")
 """Program actions that move bytes between a GPU and its host (or the host's NVMe). Each runs on
 a per-rank stream of its own name; the replay times it on the host's links."""
+CPU_ADD = "cpu_add"
+"""Program action of host work on a gradient (FSDP2 accumulating a micro-batch's shard into the
+CPU gradient); its size is the host memory traffic, timed at the CPU optimizer's bandwidth."""
+HOST_OPS = (*COPY_OPS, CPU_ADD)
+"""Program actions that the host's copy engines or CPU run, not the GPU's SMs or the network."""
+CPU_ADD_BYTES_PER_ELEM = 12.0
+"""``grad._local_tensor += new_sharded_grad`` on fp32 CPU tensors: read both, write one."""
 FP32_BYTES = 4.0
 BIT16_BYTES = 2.0
 CPU_ADAM_BYTES_PER_PARAM = 28.0
@@ -100,7 +110,7 @@ def check_offload(parallel: ParallelConfig) -> None:
             f"ZeRO-Offload / ZeRO-Infinity, FSDP CPU offload), got data_parallel={kind!r}"
         )
     if kind in ("fsdp", "hsdp"):
-        _check_fsdp(optimizer, param)
+        _check_fsdp(parallel)
     elif kind in ("zero1", "zero2"):
         if param != "none":
             raise ValueError(
@@ -124,13 +134,20 @@ def check_offload(parallel: ParallelConfig) -> None:
         )
 
 
-def _check_fsdp(optimizer: str, param: str) -> None:
-    """FSDP offloads parameters, gradients and optimizer together, to CPU memory only."""
+def _check_fsdp(parallel: ParallelConfig) -> None:
+    """FSDP offloads parameters, gradients and optimizer together, to CPU memory only; FSDP1's
+    ``CPUOffload`` always pins its buffers (``FlatParamHandle._init_flat_param_attributes``)."""
+    optimizer, param = parallel.offload_optimizer, parallel.offload_param
     if param != "cpu" or optimizer not in ("none", "cpu"):
         raise ValueError(
             f"FSDP's CPU offload (CPUOffloadPolicy) moves parameters, gradients and the optimizer "
             f"to CPU memory together: set parallel.offload_param='cpu' (offload_optimizer 'none' "
             f"or 'cpu'), got offload_param={param!r}, offload_optimizer={optimizer!r}"
+        )
+    if not parallel.fsdp2 and parallel.offload_pin_memory is False:
+        raise ValueError(
+            "parallel.offload_pin_memory=False needs FSDP2 (CPUOffloadPolicy(pin_memory=False)): "
+            "FSDP1's CPUOffload(offload_params=True) always pins; set fsdp_version: 2"
         )
 
 
@@ -151,6 +168,8 @@ class Offload:
     """ZeRO-Infinity overlaps the next sub-group's NVMe read with the current step."""
     pipeline_write: bool = False
     """ZeRO-Infinity overlaps the previous sub-group's NVMe write with the current step."""
+    fsdp2: bool = False
+    """FSDP's offload is FSDP2's ``CPUOffloadPolicy`` (False: FSDP1's ``CPUOffload``)."""
 
     @property
     def fsdp(self) -> bool:
@@ -171,6 +190,7 @@ def offload_of(parallel: ParallelConfig) -> Offload | None:
         pin_memory=fsdp if pin is None else pin,
         pipeline_read=parallel.offload_pipeline_read,
         pipeline_write=parallel.offload_pipeline_write,
+        fsdp2=parallel.fsdp2,
     )
 
 
@@ -273,7 +293,11 @@ def grad_copies(
 ) -> tuple[Copy, ...]:
     """The host transfers after one gradient reduction of ``reduced_bytes`` (``grad_bytes`` per
     element; an all-reduced bucket for ZeRO-1/2, a reduce-scattered one for ZeRO-3 and FSDP) on
-    micro-batch ``microbatch`` of ``num_micro``, in the order the framework issues them."""
+    micro-batch ``microbatch`` of ``num_micro``, in the order the framework issues them.
+
+    FSDP casts the reduced shard to the parameter dtype (fp32) before copying it (FSDP2
+    ``foreach_reduce``, FSDP1 ``_cast_grad_to_param_dtype``); FSDP2 then adds it into the CPU
+    gradient of the earlier micro-batches (``CPU_ADD``)."""
     if offload.optimizer == "none":
         return ()
     # ZeRO-1/2 all-reduce the whole bucket and copy their partition's slice; ZeRO-3 and FSDP
@@ -281,7 +305,8 @@ def grad_copies(
     elems = reduced_bytes / grad_bytes / shards
     last = microbatch == num_micro - 1
     if offload.fsdp:
-        return (("d2h", elems * grad_bytes),)
+        add = ((CPU_ADD, elems * CPU_ADD_BYTES_PER_ELEM),) if offload.fsdp2 and microbatch else ()
+        return (("d2h", elems * FP32_BYTES), *add)
     copies: list[Copy] = []
     if offload.kind in ("zero1", "zero2"):
         if num_micro > 1:
@@ -424,6 +449,13 @@ class RankOffload:
     def step(self) -> tuple[Copy, ...]:
         """Copies after the CPU optimizer step."""
         return step_copies(self.offload, params=self.params, shards=self.shards)
+
+    def blocks_host(self, microbatch: int) -> bool:
+        """Whether the host waits for the gradient copies of ``microbatch`` before issuing more
+        work: FSDP2 copies ``non_blocking`` only into pinned memory with no CPU gradient to add
+        into yet (``foreach_reduce``); FSDP1 and DeepSpeed never block there."""
+        offload = self.offload
+        return offload.fsdp2 and (not offload.pin_memory or microbatch > 0)
 
 
 def rank_offload(

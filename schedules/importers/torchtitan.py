@@ -129,7 +129,8 @@ def _titan_data_parallel(
     """FSDP2 when sharded (shard degree -1 or > 1, or CP), HSDP with replication, else DDP."""
     if shard == 1 and cp == 1:
         for table, key in ((par, "fsdp_reshard_after_forward"),
-                           (training, "mixed_precision_reduce")):  # fmt: skip
+                           (training, "mixed_precision_reduce"),
+                           (training, "enable_cpu_offload")):  # fmt: skip
             if table.has(key):
                 notes.append(table.note(key, "applies only with FSDP (ignored)"))
         if replicate > 1:
@@ -153,6 +154,8 @@ def _titan_data_parallel(
         out["fsdp_reshard_after_forward"] = reshard == "always"
     reduce = training.choice("mixed_precision_reduce", ("float32", "bfloat16"), "float32")
     out["fsdp_reduce_dtype"] = "fp32" if reduce == "float32" else "bf16"
+    if training.get("enable_cpu_offload", bool, False):  # apply_fsdp: CPUOffloadPolicy()
+        out["offload_param"] = "cpu"
     return out
 
 

@@ -23,9 +23,10 @@ def offload_lines(summary: Mapping[str, Any]) -> list[str]:
     if not summary:
         return []
     pin = "pinned" if summary["pin_memory"] else "pageable"
+    framework = f"{summary['framework']}: " if summary.get("framework") else ""
     lines = [
-        f"Offload (optimizer on {summary['optimizer']}, parameters on {summary['param']}, "
-        f"{pin} host buffers)",
+        f"Offload ({framework}optimizer on {summary['optimizer']}, parameters on "
+        f"{summary['param']}, {pin} host buffers)",
         _row(
             "  PCIe per GPU per step",
             f"{summary['pcie_d2h_bytes_per_gpu'] / 1e9:.2f} GB to host at "
@@ -45,6 +46,14 @@ def offload_lines(summary: Mapping[str, Any]) -> list[str]:
             f"{summary['cpu_optimizer_s'] * 1e3:.1f} ms ({summary['cpu_adam_basis']})",
         )
     )
+    if summary.get("cpu_grad_accumulate_s"):
+        lines.append(
+            _row(
+                "  CPU gradient accumulation",
+                f"{summary['cpu_grad_accumulate_s'] * 1e3:.1f} ms (FSDP2 adds each later "
+                "micro-batch's shards into the CPU gradients)",
+            )
+        )
     memory = summary["host_memory_bytes_per_node"]
     lines.append(_row("  Host memory per node", _fit(memory["total"], summary["host_ram_bytes"])))
     parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in memory.items() if k != "total" and v)

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import simpy
 
-from schedules.offload import COPY_OPS
+from schedules.offload import HOST_OPS
 from schedules.program import Action, Collective, Compute, Program, Transfer
 from sim.replay.result import Span
 
@@ -264,7 +264,7 @@ class Engine:
         if meeting.arrived == meeting.needed:
             meeting.start_s = self.env.now
             assert meeting.done is not None
-            copy = isinstance(action, Collective) and action.op in COPY_OPS  # copy engines
+            copy = isinstance(action, Collective) and action.op in HOST_OPS  # not on the SMs
             if self.overlap_slowdown > 0 and not copy:
                 self._comm_moved(members, +1)
                 meeting.done.callbacks.append(lambda _: self._comm_moved(members, -1))
@@ -408,9 +408,13 @@ def _charge_wait(
     The deps are taken in the order they finished: each is charged the part of the gap from
     when it began to hold the compute back (``_wait_owner``) to its end, beyond what earlier
     deps were charged, so a pass blocked first by an all-to-all and then by a receive charges
-    each its own share."""
+    each its own share. Host copies a collective waited for (offload: a shard copied to the GPU
+    before its all-gather), and what a waited-for copy waited for (the reduce-scatter before a
+    gradient's copy to the host), join the deps: each is charged its own part of the wait."""
     charged, cursor = 0.0, free_s
-    for dep in sorted(action.deps, key=lambda d: (records[d].end_s, -d)):
+    fed = (c for d in action.deps for c in _feeding_copies(actions, records, d, free_s))
+    deps = {*action.deps, *fed}
+    for dep in sorted(deps, key=lambda d: (records[d].end_s, -d)):
         end_s = min(records[dep].end_s, start_s)
         if end_s <= cursor:
             continue
@@ -426,3 +430,25 @@ def _charge_wait(
             charged += end_s - begin_s
         cursor = max(cursor, end_s)
     return charged
+
+
+def _feeding_copies(
+    actions: Sequence[Action], records: list[_Record], index: int, free_s: float
+) -> list[int]:
+    """Host copies (``HOST_OPS``) that collective ``index`` waited for, and the collectives and
+    copies before them in such chains (a gradient's copy after its reduce-scatter), as far back
+    as they still ended after ``free_s``."""
+    found: list[int] = []
+    todo = [index]
+    while todo:
+        action = actions[todo.pop()]
+        if not isinstance(action, Collective):
+            continue
+        for dep in action.deps:
+            feeder = actions[dep]
+            if not isinstance(feeder, Collective) or records[dep].end_s <= free_s:
+                continue
+            if feeder.op in HOST_OPS or action.op in HOST_OPS:
+                found.append(dep)
+                todo.append(dep)
+    return found

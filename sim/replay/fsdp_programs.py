@@ -10,15 +10,19 @@ pipeline program (``schedules.fsdp_program.FsdpStages``).
 
 from __future__ import annotations
 
+import dataclasses
+
 from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
 from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
 from schedules.memory import replica_group_size
 from schedules.model import layer_params_per_gpu, stage_params_per_gpu
+from schedules.offload import RankOffload
 from schedules.params import embedding_params_per_gpu
 from schedules.plan import Plan, num_microbatches
 from schedules.program import ChunkWork, Program, Step
 from schedules.stages import chunk_layers
 from sim.compute.model import ComputeModel
+from sim.replay.offload import stage_offload
 from sim.replay.recipes import (
     StepCosts,
     chunk_params,
@@ -49,6 +53,17 @@ def fsdp_groups(plan: Plan, rank: int, gpus_per_node: int) -> dict[str, tuple[in
     else:
         groups["dp"] = layout.group("dp", rank)
     return groups
+
+
+def host_copies(
+    plan: Plan, groups: dict[str, tuple[int, ...]], gpus_per_node: int
+) -> RankOffload | None:
+    """The FSDP CPU offload of a rank (None: none), its copies sized as the shards of the group
+    its units are gathered over."""
+    offload = stage_offload(plan, 0, gpus_per_node)
+    if offload is None:
+        return None
+    return dataclasses.replace(offload, shards=len(groups.get("dp", ())) or 1)
 
 
 def sharded_groups(
@@ -140,6 +155,7 @@ def fsdp_programs(
             forward_prefetch=par.fsdp_forward_prefetch,
             grad_norm_group=norm_group,
             optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
+            offload=host_copies(plan, groups, gpus_per_node),
         )
         programs.append(fsdp_program(spec))
     return programs
@@ -214,6 +230,7 @@ def fsdp2_programs(
             groups=groups,
             grad_norm_group=norm_group,
             optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
+            offload=host_copies(plan, groups, gpus_per_node),
         )
         programs.append(fsdp2_program(spec))
     return programs

@@ -18,9 +18,11 @@ takes on a cluster:
   cores of the host) replaces it, shared the same way.
 - **NVMe.** The server's drives striped (their bandwidths add up), shared by its ranks.
 
-The copies are program actions of ``schedules.offload.COPY_OPS``; ``HostCopyRunner`` times them
-(and hands every collective to the network model). They do not slow the compute down: copy
-engines move them, not SMs.
+The copies are program actions of ``schedules.offload.COPY_OPS`` (DeepSpeed's placed by its step
+builders, FSDP's by ``schedules.fsdp_offload``), and FSDP2's accumulation of gradient shards on
+the host is a ``CPU_ADD`` action timed at the CPU optimizer's bandwidth; ``HostCopyRunner`` times
+them (and hands every collective to the network model). They do not slow the compute down: copy
+engines and the CPU run them, not SMs.
 
     rates = host_rates(topology, plan, calibration=None)
 """
@@ -39,9 +41,9 @@ import simpy
 
 from comm_bench.compute_calibration import ComputeCalibration
 from schedules.memory import replica_group_size
-from schedules.messages import grad_bytes_per_param
 from schedules.offload import (
     COPY_OPS,
+    CPU_ADD,
     Offload,
     RankOffload,
     cpu_step_bytes,
@@ -56,7 +58,7 @@ from schedules.params import stage_params_per_gpu
 from schedules.plan import Plan, num_microbatches
 from schedules.program import Compute, Program
 from sim.replay.engine import CommRunner
-from sim.replay.recipes import layout_of
+from sim.replay.recipes import layout_of, reduce_bytes_per_param
 from sim.replay.result import Span
 from topologies.hardware import CPUS, NVMES
 from topologies.topology import Topology
@@ -218,9 +220,11 @@ class HostCopyRunner:
         self.rates = rates
 
     def run(self, op: str, ranks: Sequence[int], size_bytes: float) -> simpy.Event:
-        """A timeout for a host copy; the inner runner's event for anything else."""
+        """A timeout for a host copy or CPU add; the inner runner's event for anything else."""
         if op in COPY_OPS:
             return self.env.timeout(copy_time_s(self.rates, op, size_bytes))
+        if op == CPU_ADD:
+            return self.env.timeout(size_bytes / self.rates.adam_bytes_per_s)
         return self.inner.run(op, ranks, size_bytes)
 
 
@@ -240,7 +244,7 @@ def stage_offload(plan: Plan, stage: int, gpus_per_node: int) -> RankOffload | N
         params=stage_params_per_gpu(plan, stage),
         shards=replica_group_size(plan, gpus_per_node=gpus_per_node),
         num_micro=num_microbatches(plan),
-        grad_bytes=float(grad_bytes_per_param(plan.parallel.data_parallel)),
+        grad_bytes=reduce_bytes_per_param(plan),
     )
 
 
@@ -275,12 +279,6 @@ def offload_replay(
     offload = offload_of(plan.parallel)
     if offload is None:
         return None
-    if offload.fsdp:
-        raise ValueError(
-            f"parallel.offload_param='cpu' with data_parallel={offload.kind}: FSDP's CPU offload "
-            "is checked and sized (schedules.offload) but its step is not replayed yet; "
-            "simulate DeepSpeed's (zero1, zero2, zero3) instead"
-        )
     rates = host_rates(topology, plan, calibration=calibration)
     check_nvme(plan, rates)
     shards = replica_group_size(plan, gpus_per_node=topology.gpus_per_node)
@@ -344,6 +342,7 @@ def offload_summary(
     if node is not None and node.nvme is not None:
         capacity = NVMES[node.nvme].capacity_bytes * node.num_nvme
     return {
+        "framework": framework_of(offload),
         "optimizer": offload.optimizer,
         "param": offload.param,
         "pin_memory": offload.pin_memory,
@@ -354,6 +353,9 @@ def offload_summary(
         "nvme_read_bytes_per_gpu": moved["nvme_read"] + read,
         "nvme_write_bytes_per_gpu": moved["nvme_write"] + write,
         "cpu_optimizer_s": host.optimizer_s[stage],
+        "cpu_grad_accumulate_s": sum(
+            s.end_s - s.start_s for s in spans if s.rank == rank and s.stream == CPU_ADD
+        ),
         "cpu_adam_basis": host.rates.adam_basis,
         "host_memory_bytes_per_node": memory,
         "host_ram_bytes": ram,
@@ -362,6 +364,16 @@ def offload_summary(
         "nvme_capacity_bytes": capacity,
         "nvme_fits": None if not nvme or capacity is None else nvme <= capacity,
     }
+
+
+def framework_of(offload: Offload) -> str:
+    """The framework feature a plan's offload stands for, as its users name it."""
+    if offload.fsdp:
+        if offload.fsdp2:
+            return f"FSDP2 CPUOffloadPolicy(pin_memory={offload.pin_memory})"
+        return "FSDP1 CPUOffload(offload_params=True)"
+    name = "ZeRO-Infinity" if "nvme" in (offload.optimizer, offload.param) else "ZeRO-Offload"
+    return f"DeepSpeed {name}, {offload.kind}"
 
 
 def host_part(calibration: Any, gpu: Any) -> Any:

@@ -630,6 +630,23 @@ selective_ac_option = "1"
     assert imported.sections["model"] == {"preset": "llama3-8b", "seq_len": 2048}
 
 
+def test_torchtitan_cpu_offload_is_fsdp2_offload(tmp_path: Path) -> None:
+    toml = """
+[model]
+flavor = "8B"
+[training]
+local_batch_size = 1
+enable_cpu_offload = true
+"""
+    parallel = from_torchtitan_toml(_write(tmp_path, "t.toml", toml)).sections["parallel"]
+    assert (parallel["data_parallel"], parallel["offload_param"]) == ("fsdp2", "cpu")
+    ddp = toml + "[parallelism]\ndata_parallel_shard_degree = 1\n"
+    imported = from_torchtitan_toml(_write(tmp_path, "d.toml", ddp))
+    assert "offload_param" not in imported.sections["parallel"]
+    warning = "d.toml: training.enable_cpu_offload applies only with FSDP (ignored)"
+    assert warning in imported.warnings
+
+
 def test_torchtitan_unmodelled_schedule_and_flavor(tmp_path: Path) -> None:
     toml = """
 [model]

@@ -5,6 +5,7 @@ import pytest
 from schedules.memory import memory_per_gpu, state_bytes_per_param
 from schedules.offload import (
     Offload,
+    RankOffload,
     fetch_copies,
     grad_copies,
     host_bytes,
@@ -103,6 +104,33 @@ def test_fetch_and_step_copies():
     assert step_copies(_offload("zero3"), params=8e9, shards=8) == (("h2d", 2e9),)
     fsdp = _offload("fsdp", "cpu", "cpu")
     assert fetch_copies(fsdp, gathered_bytes=8e8, shards=8) == (("h2d", 2e8),)  # fp32 shard
+    assert step_copies(fsdp, params=8e9, shards=8) == ()  # the CPU shards are updated in place
+
+
+def test_fsdp_gradient_copies_are_fp32_and_fsdp2_adds_later_microbatches_on_the_host():
+    # 1e9 bytes reduced in fp32 over 8 shards: 3.125e7 elements, copied as fp32
+    bucket = dict(reduced_bytes=1e9, grad_bytes=4.0, shards=8)
+    fsdp1 = Offload(kind="fsdp", optimizer="cpu", param="cpu", pin_memory=True)
+    assert grad_copies(fsdp1, microbatch=0, num_micro=1, **bucket) == (("d2h", 1.25e8),)
+    fsdp2 = Offload(kind="hsdp", optimizer="cpu", param="cpu", pin_memory=True, fsdp2=True)
+    assert grad_copies(fsdp2, microbatch=0, num_micro=2, **bucket) == (("d2h", 1.25e8),)
+    bf16 = {**bucket, "reduced_bytes": 5e8, "grad_bytes": 2.0}  # same elements, cast to fp32
+    assert grad_copies(fsdp2, microbatch=1, num_micro=2, **bf16) == (
+        ("d2h", 1.25e8),
+        ("cpu_add", 3.125e7 * 12),
+    )
+
+
+def test_fsdp2_copies_block_the_host_as_foreach_reduce_says():
+    def blocks(pin, microbatch, fsdp2=True):
+        offload = Offload(kind="fsdp", optimizer="cpu", param="cpu", pin_memory=pin, fsdp2=fsdp2)
+        rank = RankOffload(offload=offload, shards=8, grad_bytes=4.0, num_micro=2, params=1e9)
+        return rank.blocks_host(microbatch)
+
+    assert not blocks(True, 0)  # pinned, no CPU gradient yet: non_blocking
+    assert blocks(True, 1) and blocks(False, 0)  # accumulating, or pageable
+    assert not blocks(True, 1, fsdp2=False)  # FSDP1 (one micro-batch only) never blocks
+    assert offload_of(plan_of("fsdp", fsdp_version=2, offload_param="cpu").parallel).fsdp2
 
 
 def test_nvme_step_overlap():
@@ -136,6 +164,10 @@ def test_framework_defaults():
         ({"data_parallel": "zero2", "offload_optimizer": "nvme"}, "needs data_parallel zero3"),
         ({"data_parallel": "zero1", "offload_param": "cpu"}, "only in stage 3"),
         ({"data_parallel": "fsdp", "offload_optimizer": "cpu"}, "offload_param='cpu'"),
+        (
+            {"data_parallel": "fsdp", "offload_param": "cpu", "offload_pin_memory": False},
+            "FSDP1's CPUOffload(offload_params=True) always pins",
+        ),
         ({"data_parallel": "zero3", "offload_pipeline_read": True}, "needs parallel.offload"),
         (
             {"data_parallel": "zero3", "offload_optimizer": "cpu", "offload_pipeline_read": True},

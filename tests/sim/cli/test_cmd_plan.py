@@ -136,6 +136,7 @@ def test_every_example_plan_resolves_on_its_cluster() -> None:
     names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
     assert names == [
         "gpt3-175b-1024xa100.yaml",
+        "llama2-13b-fsdp2-offload-8xh100.yaml",
         "llama2-13b-offload-8xh100.yaml",
         "llama3-405b-16k.yaml",
         "llama3-70b-256xh100.yaml",

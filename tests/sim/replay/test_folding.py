@@ -45,6 +45,8 @@ PLANS: list[dict[str, Any]] = [
     {"tp": 2, "pp": 2, "pipeline_layers": [1, 3]},
     {"tp": 2, "pp": 2, "first_stage_layers": 3, "data_parallel": "fsdp"},
     {"pp": 2, "schedule": "interleaved", "vpp": 2, "pipeline_layers": [1, 2, 0, 1]},
+    {"tp": 2, "data_parallel": "fsdp", "fsdp_version": 2, "offload_param": "cpu"},
+    {"data_parallel": "hsdp", "hsdp_shard_size": 4, "fsdp_version": 2, "offload_param": "cpu"},
 ]
 
 
