@@ -28,7 +28,8 @@ found-inf check): an fp32 squared gradient norm and an fp32 found-inf flag, late
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Compute:
-    """Work on the rank's compute stream (kernels run one after another in program order)."""
+    """Work on the rank's compute stream (kernels run one after another in program order), or on
+    its host thread (``stream="host"``: framework Python and launch loops, one after another)."""
 
     name: str
     """Label, e.g. ``F3.c0``."""
@@ -37,7 +38,10 @@ class Compute:
     deps: tuple[int, ...] = ()
     """Earlier actions (indices in the program) that must finish before it starts."""
     kind: str = "compute"
-    """``compute`` or ``optimizer`` (counted apart in the breakdown)."""
+    """``compute``, ``optimizer`` (counted apart in the breakdown) or ``host``."""
+    stream: str = "compute"
+    """``compute`` (the GPU's compute stream) or ``host`` (the rank's CPU thread: a compute that
+    waits for it is charged to the host in the breakdown)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,7 +429,7 @@ class ProgramBuilder:
         """Append an action; returns its index."""
         self.actions.append(action)
         index = len(self.actions) - 1
-        if isinstance(action, Compute):
+        if isinstance(action, Compute) and action.stream == "compute":
             self.last_compute = index
         return index
 

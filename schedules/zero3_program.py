@@ -26,16 +26,23 @@ Modelled on DeepSpeed v0.16.4 (commit e2dc3eeb), checked against its source:
 - Step end (``stage3.py``, ``step`` / ``get_grad_norm_direct``): per optimizer sub-group a float64
   norm all-reduce on the dp group, then on the model-parallel group (``mpu``), then the optimizer.
 
-Host time is not modelled. DeepSpeed has no compute-side limit on all-gathers: the hooks run on
-the host, which runs ahead of the GPU, and the coordinator's ``__ongoing_fetch_events`` throttle
-only waits for all-gathers already ahead in the dp FIFO; so by default an all-gather starts as
-soon as that FIFO allows, and the prefetch settings change memory more than time.
+Host time of the current release is not modelled. DeepSpeed has no compute-side limit on
+all-gathers: the hooks run on the host, which runs ahead of the GPU, and the coordinator's
+``__ongoing_fetch_events`` throttle only waits for all-gathers already ahead in the dp FIFO; so
+by default an all-gather starts as soon as that FIFO allows, and the prefetch settings change
+memory more than time.
 ``host_ahead=False`` models CPU-bound hooks instead (a hook runs when the compute before it ends).
 ``fetch="sync_per_weight"`` models DeepSpeed v0.3.13 (commit 12a53b43, the ZeRO-3 of Narayanan
 et al. 2021's comparison): ``_allgather_param`` runs ``torch.cuda.synchronize()`` before each
 weight's own all-gather, and ``fetch_sub_module`` synchronizes again before the module runs (its
-prefetch is left out: ``schedules.zero3_fetch``). Its gradient path is modelled as the current
-one.
+prefetch is left out: ``schedules.zero3_fetch``). Its list-based collectives cost host time
+per dp rank (``host_loop_s``, ``host_copy_s``, on the rank's host thread): before each weight's
+all-gather a Python loop builds one view per rank (the GPU is idle: the host just synchronized),
+and after it torch copies each rank's part out of the flat buffer, launched while the
+all-gather runs. Its gradients are reduce-scattered one parameter at a time
+(``_reduce_scatter_gradients`` over the bucket, each call again building one view per rank and
+torch copying each into a flat buffer first); that host work starts when the host reaches the
+gradient hooks, i.e. when the module's backward is launched, so it runs beside the backward.
 
     program = zero3_program(Zero3Rank(rank=0, num_microbatches=2, submodules=subs, groups=groups))
 """
@@ -70,6 +77,11 @@ class _Zero3:
         self.bucket_producer: int | None = None
         self.reduces: list[int | None] = []
         self.last_gather: int | None = None
+        self.bucket_params: list[float] = []
+        self.hook_deps: tuple[int, ...] = ()
+        dp = len(spec.groups["dp"])
+        self.per_weight = spec.fetch == "sync_per_weight" and dp > 1
+        self.loop_s, self.copy_s = dp * spec.host_loop_s, dp * spec.host_copy_s
 
     def build(self) -> Program:
         for mb in range(self.spec.num_microbatches):
@@ -89,6 +101,7 @@ class _Zero3:
             recipe = sub.backward if fetch.kind == "B" else sub.forward
             self.waits = self.b.run_steps(f"{tag} {sub.name}", recipe, tuple(sorted(set(deps))))
             if fetch.kind == "B":
+                self.hook_deps = tuple(sorted(set(deps)))
                 self.grads_ready(fetch.module, mb)
             coordinator.release(step)
         if self.bucket_elems > 0:
@@ -127,9 +140,21 @@ class _Zero3:
             owners = dict.fromkeys(subs[owner[p]].name for p in fetch.prefetch)
             self.gather_one(f"AG {tag} {name} prefetch {'+'.join(owners)}", fetch.prefetch)
 
+    def host(self, label: str, seconds: float, deps: tuple[int, ...]) -> int | None:
+        """Host-thread work (v0.3.x's per-rank loops); None when it takes no time."""
+        if seconds <= 0:
+            return None
+        return self.b.add(
+            Compute(name=label, duration_s=seconds, kind="host", stream="host", deps=deps)
+        )
+
     def gather_one(self, label: str, params: tuple[int, ...]) -> None:
         size = sum(self.coordinator.numel[p] for p in params) * self.spec.param_bytes
         deps = self.gather_deps()
+        views = (
+            self.host(f"host {label} views", self.loop_s, tuple(deps)) if self.per_weight else None
+        )
+        deps = deps if views is None else [views]
         copied = None
         if self.spec.offload is not None:  # the partition from the host, on the gather stream
             behind = [] if self.last_gather is None else [self.last_gather]
@@ -141,6 +166,9 @@ class _Zero3:
         self.last_gather = index if index is not None else self.last_gather
         for p in params:
             self.carrier[p] = index
+        if self.per_weight and index is not None:
+            out = self.host(f"host {label} copy-out", self.copy_s, tuple(deps))
+            self.waits += [] if out is None else [out]
 
     def grads_ready(self, module: int, mb: int) -> None:
         """Per-parameter gradient hooks: reduce the bucket before it would overflow, then add."""
@@ -149,6 +177,7 @@ class _Zero3:
             if self.bucket_elems + numel > self.spec.reduce_bucket_elems and self.bucket_elems > 0:
                 self.reduce(mb)
             self.bucket_elems += numel
+            self.bucket_params.append(numel)
             self.bucket_producer = self.b.last_compute
 
     def reduce(self, mb: int) -> None:
@@ -162,6 +191,30 @@ class _Zero3:
             deps = [] if producer is None else [producer]
         else:
             deps = list(self.b.after_compute())
+        if self.per_weight and spec.offload is None:
+            index = self.reduce_each(f"RS B{mb} bucket{n}", deps)
+        else:
+            index = self.reduce_bucket(mb, n, deps)
+        self.reduces.append(index)
+        if index is not None and not spec.overlap_comm:
+            self.waits.append(index)
+        self.bucket_elems, self.bucket_producer, self.bucket_params = 0.0, None, []
+
+    def reduce_each(self, label: str, deps: list[int]) -> int | None:
+        """v0.3.x: one reduce-scatter per parameter of the bucket, each after its host loops
+        (which start at the hook, beside the backward); returns the last."""
+        index = None
+        for k, numel in enumerate(self.bucket_params):
+            host = self.host(f"host {label} p{k}", self.loop_s + self.copy_s, self.hook_deps)
+            after = deps if host is None else [*deps, host]
+            size = numel * self.spec.grad_bytes
+            index = self.dp_collective(f"{label} p{k}", "reduce_scatter", size, after)
+        return index
+
+    def reduce_bucket(self, mb: int, n: int, deps: list[int]) -> int | None:
+        """One reduce-scatter of the whole bucket (``reduce_scatter_coalesced``), then its copy
+        to the host under offload; returns what finishes it."""
+        spec = self.spec
         size = self.bucket_elems * spec.grad_bytes
         if spec.offload is not None and self.reduces and self.reduces[-1] is not None:
             deps.append(self.reduces[-1])  # partition_grads ran on the same stream
@@ -170,10 +223,7 @@ class _Zero3:
             after = (index,) if index is not None else tuple(deps or self.b.after_compute())
             copied = add_copies(self.b, f"B{mb} bucket{n}", spec.offload.bucket(size, mb), after)
             index = index if copied is None else copied
-        self.reduces.append(index)
-        if index is not None and not spec.overlap_comm:
-            self.waits.append(index)
-        self.bucket_elems, self.bucket_producer = 0.0, None
+        return index
 
     def finish(self) -> None:
         """Norm all-reduces, optimizer, then the persistent parameters' all-gathers."""

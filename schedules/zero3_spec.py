@@ -90,6 +90,14 @@ class Zero3Rank:
     """Reduce (and all-gather) on side streams (stage-3 default) or on the compute stream."""
     fetch: str = "prefetch"
     """``prefetch`` (current DeepSpeed) or ``sync_per_weight`` (v0.3.x)."""
+    host_loop_s: float = 0.0
+    """``fetch="sync_per_weight"`` (v0.3.x): host seconds per dp rank of the Python loops that
+    build one tensor view per rank before each weight's all-gather and each gradient's
+    reduce-scatter (``_allgather_param``, ``_reduce_scatter_gradient``)."""
+    host_copy_s: float = 0.0
+    """``fetch="sync_per_weight"``: host seconds per dp rank of torch's list-based collectives,
+    which copy each rank's tensor out of (all_gather) or into (reduce_scatter) a flat buffer,
+    one ``copy_`` per rank (``ProcessGroupNCCL::allgather`` / ``reduce_scatter``)."""
     host_ahead: bool = True
     """True: the host runs ahead of the GPU, so an all-gather starts once the dp FIFO lets it
     (DeepSpeed's only limiter waits for earlier all-gathers). False: the host reaches each hook
@@ -130,6 +138,10 @@ class Zero3Rank:
         for name in (*limits, "persistence_threshold", "reduce_bucket_elems"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.host_loop_s < 0 or self.host_copy_s < 0:
+            raise ValueError(
+                f"host_loop_s={self.host_loop_s}, host_copy_s={self.host_copy_s}: must be >= 0"
+            )
         if self.param_bytes <= 0 or self.grad_bytes <= 0:
             raise ValueError(f"param_bytes={self.param_bytes}, grad_bytes={self.grad_bytes}: > 0")
         missing = [g for g in ("dp", *self.grad_norm_groups) if g not in self.groups]

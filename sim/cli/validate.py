@@ -142,16 +142,17 @@ def format_report(report: ValidationReport) -> str:
         f"commsim validate: {len(report.results)} published runs simulated "
         f"({report.fidelity} network); {len(report.skipped)} cannot be simulated faithfully",
         f"{'case':<50} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8}"
-        f" {'exposed comm s':>15} {'bubble s':>9}",
+        f" {'exposed comm s':>15} {'bubble s':>9} {'host s':>8}",
     ]
     for result in report.results:
         mark = " *" if result.calibration else ""
         exposed_s = sum(v for k, v in result.breakdown.items() if k.startswith("exposed_"))
         bubble_s = result.breakdown.get("bubble_s", 0.0)
+        host_s = result.breakdown.get("host_s", 0.0)
         lines.append(
             f"{result.case_id + mark:<50} {result.num_gpus:>5} "
             f"{result.measured_step_time_s:>11.3f} {result.predicted_step_time_s:>12.3f} "
-            f"{result.error:>+8.1%} {exposed_s:>15.3f} {bubble_s:>9.3f}"
+            f"{result.error:>+8.1%} {exposed_s:>15.3f} {bubble_s:>9.3f} {host_s:>8.3f}"
         )
     if report.calibration_cases:
         lines.append("* calibration case: compute efficiency fitted on it, excluded from MAPE")

@@ -38,6 +38,7 @@ COMPUTE_COLORS = {
     "copy-out": "#bab0ac",
     "other compute": "#937860",
     "optimizer": "#da8bc3",
+    "host": "#8c8c8c",
 }
 """Colour per compute category (see ``compute_category``), in legend order."""
 
@@ -70,8 +71,8 @@ def span_category(span: Span) -> str | None:
     """Legend category of a span, or ``None`` for spans not drawn (waits)."""
     if span.kind == "wait":
         return None
-    if span.kind == "optimizer":
-        return "optimizer"
+    if span.kind in ("optimizer", "host"):
+        return span.kind
     if span.kind in ("collective", "p2p"):
         return f"{span.stream} comm"
     return compute_category(span.name)
@@ -171,7 +172,7 @@ def figure_bytes(fig: Figure, image_format: str = "png") -> bytes:
 
 
 def _on_compute_lane(span: Span) -> bool:
-    return span.kind not in ("collective", "p2p")
+    return span.kind not in ("collective", "p2p", "host")
 
 
 def _lane_order(
@@ -227,7 +228,7 @@ def _lane_label(lane: tuple[int, str], titles: Mapping[int, str]) -> str:
     rank, stream = lane
     if stream == "compute":
         return titles.get(rank, f"rank {rank}")
-    return f"{stream} comm"
+    return "host thread" if stream == "host" else f"{stream} comm"
 
 
 def _legend_order(categories: set[str]) -> list[str]:

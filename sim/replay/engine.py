@@ -1,7 +1,9 @@
 """The replay engine: runs per-rank programs on SimPy streams and process-group FIFOs.
 
-Each simulated GPU has a compute stream (its ``Compute`` actions, one after another) and one
-FIFO per process group it belongs to (its ``Collective`` actions on that group, one at a time,
+Each simulated GPU has a compute stream (its ``Compute`` actions, one after another), a host
+thread (``Compute`` actions on ``stream="host"``: framework loops the GPU cannot run ahead of; a
+compute waiting for one is charged to ``host``, as if it were a group) and one FIFO per process
+group it belongs to (its ``Collective`` actions on that group, one at a time,
 in issue order: NCCL's one queue per communicator). A collective starts when every simulated
 member has issued it (its deps are done and it reached the head of the member's FIFO); its
 duration comes from the network model ``comm.run(op, ranks, size_bytes)`` on the group's full
@@ -69,7 +71,8 @@ class RankTimes:
     optimizer_s: float
     """Optimizer compute plus waits on the post-step parameter gather."""
     exposed_comm_s: dict[str, float]
-    """Per group: compute-stream idle time spent waiting for that group's communication."""
+    """Per group: compute-stream idle time spent waiting for that group's communication
+    (``host``: waiting for the rank's host thread)."""
     idle_s: float
     """Other compute-stream idle time (waiting for other stages: the pipeline bubble)."""
     overlap_slowdown_s: float = 0.0
@@ -157,7 +160,7 @@ class Engine:
             if any(d >= index or d < 0 for d in action.deps):
                 raise ValueError(f"rank {program.rank} action {index} depends on a later action")
             if isinstance(action, Compute):
-                streams["compute"].append(index)
+                streams[action.stream].append(index)
             elif isinstance(action, Collective):
                 streams[(action.group, action.ranks)].append(index)
             else:
@@ -199,7 +202,8 @@ class Engine:
             record.issue_s = self.env.now
             if isinstance(action, Compute):
                 record.start_s = self.env.now
-                if action.duration_s > 0 and self.overlap_slowdown > 0:
+                on_gpu = action.stream == "compute"
+                if action.duration_s > 0 and self.overlap_slowdown > 0 and on_gpu:
                     yield from self._compute(rank, action.duration_s)
                     ran_s = self.env.now - record.start_s
                     if ran_s > action.duration_s * (1 + 1e-12):
@@ -308,7 +312,7 @@ def _span(rank: int, action: Action, record: _Record) -> Span:
     if isinstance(action, Compute):
         return Span(
             rank=rank,
-            stream="compute",
+            stream=action.stream,
             name=action.name,
             kind=action.kind,
             start_s=record.start_s,
@@ -348,6 +352,8 @@ def _wait_owner(
         return owner, max(since_s, min(ready_s, record.issue_s))
     if isinstance(action, Transfer):
         return "pp", max(since_s, record.start_s)
+    if action.stream == "host":
+        return "host", since_s  # the host thread was behind: what delayed it is its share
     return "", record.end_s
 
 
@@ -360,7 +366,7 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
     idle = slowed = 0.0
     free_s = 0.0
     for action, record in zip(actions, records, strict=True):
-        if not isinstance(action, Compute):
+        if not isinstance(action, Compute) or action.stream != "compute":
             continue
         gap = record.start_s - free_s
         if gap > 0:
@@ -435,9 +441,9 @@ def _charge_wait(
 def _feeding_copies(
     actions: Sequence[Action], records: list[_Record], index: int, free_s: float
 ) -> list[int]:
-    """Host copies (``HOST_OPS``) that collective ``index`` waited for, and the collectives and
-    copies before them in such chains (a gradient's copy after its reduce-scatter), as far back
-    as they still ended after ``free_s``."""
+    """Host copies (``HOST_OPS``) and host-thread work that collective ``index`` waited for, and
+    the collectives and copies before them in such chains (a gradient's copy after its
+    reduce-scatter), as far back as they still ended after ``free_s``."""
     found: list[int] = []
     todo = [index]
     while todo:
@@ -446,7 +452,12 @@ def _feeding_copies(
             continue
         for dep in action.deps:
             feeder = actions[dep]
-            if not isinstance(feeder, Collective) or records[dep].end_s <= free_s:
+            if records[dep].end_s <= free_s:
+                continue
+            if isinstance(feeder, Compute) and feeder.stream == "host":
+                found.append(dep)  # host loops before a collective: charged to the host
+                continue
+            if not isinstance(feeder, Collective):
                 continue
             if feeder.op in HOST_OPS or action.op in HOST_OPS:
                 found.append(dep)

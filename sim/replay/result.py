@@ -59,6 +59,9 @@ class Breakdown:
     """Optimizer step (and its parameter all-gather when not overlapped)."""
     overlap_slowdown_s: float = 0.0
     """Part of compute_s and optimizer_s lost to communication running beside the compute."""
+    host_s: float = 0.0
+    """Time the compute stream waited for the host thread (framework Python and launch loops
+    that the GPU could not run ahead of)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +120,7 @@ class PlanResult:
                 "bubble_s": self.breakdown.bubble_s,
                 "optimizer_s": self.breakdown.optimizer_s,
                 "overlap_slowdown_s": self.breakdown.overlap_slowdown_s,
+                "host_s": self.breakdown.host_s,
             },
             "bottleneck": self.bottleneck,
             "basis": dict(self.basis),

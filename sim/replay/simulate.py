@@ -56,13 +56,15 @@ def breakdown_of(timeline: Timeline, rank: int | None = None) -> Breakdown:
     times = timeline.ranks[chosen]
     step_s = timeline.step_time_s
     exposed = dict(times.exposed_comm_s)
-    bubble_s = step_s - times.compute_s - times.optimizer_s - sum(exposed.values())
+    host_s = exposed.pop("host", 0.0)
+    bubble_s = step_s - times.compute_s - times.optimizer_s - sum(exposed.values()) - host_s
     return Breakdown(
         compute_s=times.compute_s,
         exposed_comm_s=exposed,
         bubble_s=max(bubble_s, 0.0),
         optimizer_s=times.optimizer_s,
         overlap_slowdown_s=times.overlap_slowdown_s,
+        host_s=host_s,
     )
 
 

@@ -23,8 +23,18 @@ from schedules.zero3_spec import Submodule, Zero3Rank, split_recipe
 from schedules.zero3_units import ModuleShape, zero3_modules
 from sim.compute.model import ComputeModel
 from sim.replay.fsdp_programs import sharded_groups
-from sim.replay.offload import stage_offload
+from sim.replay.offload import COPY_LATENCY_S, stage_offload
 from sim.replay.recipes import StepCosts, layer_recipes, optimizer_time_s, pass_extras
+
+V03_LOOP_S = 3.5e-6
+"""One iteration of DeepSpeed v0.3.13's per-rank Python loops: ``_allgather_param`` (``narrow``,
+``get_rank(group)``, append) and ``_reduce_scatter_gradient`` (``view``, ``narrow``, append).
+Measured: 3.5 to 3.8 us per iteration at 1,536 ranks in two runs (torch 2.13, CPython 3.11, a
+2-core AMD EPYC VM; ``results/host/``)."""
+V03_COPY_S = COPY_LATENCY_S
+"""One ``copy_`` of a rank's part out of or into torch's flat buffer in the list-based
+all_gather / reduce_scatter (``ProcessGroupNCCL``, with ``recordStream``): one device copy's
+launch, as ``sim.replay.offload.COPY_LATENCY_S``."""
 
 
 def _layer_recipes(plan: Plan, costs: StepCosts) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
@@ -120,6 +130,8 @@ def zero3_programs(
             reduce_bucket_elems=par.zero_bucket_elems,
             overlap_comm=overlap,
             fetch=par.zero_fetch,
+            host_loop_s=V03_LOOP_S if par.zero_fetch == "sync_per_weight" else 0.0,
+            host_copy_s=V03_COPY_S if par.zero_fetch == "sync_per_weight" else 0.0,
             grad_norm_groups=norm_groups,
             recompute_blocks=_recompute_blocks(plan, submodules),
             optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),

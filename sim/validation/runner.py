@@ -235,6 +235,8 @@ def simulate_case(
     breakdown = {"compute_s": result.breakdown.compute_s}
     for group, seconds in sorted(result.breakdown.exposed_comm_s.items()):
         breakdown[f"exposed_{group}_s"] = seconds
+    if result.breakdown.host_s:
+        breakdown["host_s"] = result.breakdown.host_s
     breakdown["bubble_s"] = result.breakdown.bubble_s
     breakdown["optimizer_s"] = result.breakdown.optimizer_s
     return Prediction(

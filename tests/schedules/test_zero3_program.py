@@ -329,3 +329,44 @@ def test_bad_specs_raise() -> None:
         tiny(groups={})
     with pytest.raises(ValueError, match="sum to"):
         Submodule(name="x", num_params=5.0, tensors=(1.0, 2.0), forward=(), backward=())
+
+
+def test_v03_host_loops_run_per_rank_before_and_after_each_gather_and_per_gradient() -> None:
+    # one module with one 10-element weight, dp of 4 ranks; per rank 0.1 s of view loop and
+    # 0.2 s of copies: views 0.4 s, copy-out 0.8 s, each gradient's loops 1.2 s
+    sub = Submodule(
+        name="fc",
+        num_params=10.0,
+        forward=(ComputeStep(name="fwd", duration_s=1.0),),
+        backward=(ComputeStep(name="bwd", duration_s=2.0),),
+    )
+    spec = tiny(submodules=(sub,), fetch="sync_per_weight", num_microbatches=1,
+                groups={"dp": (0, 1, 2, 3)}, host_loop_s=0.1, host_copy_s=0.2,
+                max_reuse_distance=10**9, param_bytes=1e-9, grad_bytes=1e-9)  # fmt: skip
+    program = zero3_program(spec)
+    host = [(a.name, a.duration_s) for a in program.actions
+            if isinstance(a, Compute) and a.stream == "host"]  # fmt: skip
+    assert host == [("host AG F0 fc w0 views", pytest.approx(0.4)),
+                    ("host AG F0 fc w0 copy-out", pytest.approx(0.8)),
+                    ("host RS B0 bucket0 p0", pytest.approx(1.2))]  # fmt: skip
+    assert collectives(program) == ["AG F0 fc w0", "RS B0 bucket0 p0"]
+    programs = [zero3_program(dataclasses.replace(spec, rank=r)) for r in range(4)]
+    env = simpy.Environment()
+    timeline = Engine(env, UnitComm(env), programs).run()
+    spans = {s.name: (s.start_s, s.end_s) for s in timeline.spans if s.rank == 0}
+    # views 0-0.4, gather issued at 0.4 (free), copy-out 0.4-1.2, forward 1.2-2.2; nothing
+    # syncs the host before the backward (the weight stays gathered), so it reaches the gradient
+    # hook at once and its loops run beside the forward and backward (1.2-2.4 < 4.2)
+    assert spans["F0 fc fwd"] == pytest.approx((1.2, 2.2))
+    assert spans["host RS B0 bucket0 p0"] == pytest.approx((1.2, 2.4))
+    assert spans["B0 fc bwd"] == pytest.approx((2.2, 4.2))
+    assert spans["RS B0 bucket0 p0"][0] == pytest.approx(4.2, abs=1e-6)
+    assert timeline.ranks[0].exposed_comm_s["host"] == pytest.approx(1.2)
+
+
+def test_current_deepspeed_spends_no_modelled_host_time() -> None:
+    spec = tiny(host_loop_s=0.1, host_copy_s=0.2)  # prefetch mode: the loops do not exist
+    program = zero3_program(spec)
+    assert not [a for a in program.actions if isinstance(a, Compute) and a.stream == "host"]
+    with pytest.raises(ValueError, match="host_loop_s"):
+        tiny(host_loop_s=-1.0)

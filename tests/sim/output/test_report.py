@@ -197,3 +197,12 @@ def test_breakdown_idle_row_is_named_by_whether_there_is_a_pipeline() -> None:
         "optimizer",
         "step",
     ]
+
+
+def test_time_waiting_on_the_host_thread_gets_its_own_row() -> None:
+    breakdown = Breakdown(
+        compute_s=1.0, exposed_comm_s={"dp": 0.2}, bubble_s=0.0, optimizer_s=0.05, host_s=0.75
+    )
+    rows = _breakdown_rows(_result(breakdown=breakdown))
+    assert rows["host (framework loops)"] == ["750.000", "37.5%"]
+    assert "host (framework loops)" not in _breakdown_rows(_result())  # none without host time

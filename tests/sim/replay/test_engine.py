@@ -233,3 +233,37 @@ def test_communication_starting_mid_compute_slows_only_the_rest() -> None:
     assert timeline.ranks[0].overlap_slowdown_s == pytest.approx(0.2)
     with pytest.raises(ValueError, match="overlap_slowdown must be in"):
         Engine(env, UnitComm(env), [program], overlap_slowdown=-0.1)
+
+
+def test_host_thread_runs_beside_the_compute_and_its_waits_are_charged_to_the_host() -> None:
+    # host loop 0-2 s beside compute 0-1 s; the collective waits for the loop (issued at 2 s,
+    # 1 s on the wire); "after" waits for it: 2 s idle, 1 s charged to the host (the loop held
+    # the collective back), the wire's 1 s to dp
+    program = Program(
+        rank=0,
+        actions=(
+            Compute(name="c", duration_s=1.0),
+            Compute(name="loop", duration_s=2.0, kind="host", stream="host"),
+            Collective(
+                name="ar", group="dp", ranks=(0,), op="all_reduce", size_bytes=1.0, deps=(1,)
+            ),
+            Compute(name="after", duration_s=1.0, deps=(2,)),
+        ),
+    )
+    env = simpy.Environment()
+    timeline = Engine(env, UnitComm(env), [program], overlap_slowdown=0.5).run()
+    assert log(timeline) == [("c", 0.0, 1.0), ("loop", 0.0, 2.0), ("ar", 2.0, 3.0),
+                             ("after", 3.0, 4.0)]  # fmt: skip
+    times = timeline.ranks[0]
+    assert times.exposed_comm_s == {"dp": 1.0, "host": 1.0}
+    assert times.compute_s == 2.0  # host work is not compute-stream time
+    assert [s.stream for s in timeline.spans if s.name == "loop"] == ["host"]
+
+
+def test_a_host_action_does_not_become_the_builders_last_compute() -> None:
+    from schedules.program import ProgramBuilder
+
+    b = ProgramBuilder(rank=0, groups={})
+    first = b.add(Compute(name="c", duration_s=1.0))
+    b.add(Compute(name="loop", duration_s=1.0, kind="host", stream="host"))
+    assert b.last_compute == first
