@@ -6,10 +6,10 @@ every member has issued it) and ``Transfer`` (a point-to-point send/recv, matche
 ranks by its tag). ``deps`` are indices of earlier actions of the same program that must finish
 first: that is how streams wait on each other (CUDA events, blocking waits, issue points).
 
-This module holds the data types, the process-group layout (Megatron's tp-cp-dp-pp rank order),
-and the per-pass recipes of tensor/sequence parallelism (``tp_forward_steps`` /
-``tp_backward_steps``). The step programs (pipeline with DP sync, FSDP) are built from them in
-``schedules.step_program``.
+This module holds the data types and the per-pass recipes of tensor/sequence parallelism
+(``tp_forward_steps`` / ``tp_backward_steps``); the process-group layout (Megatron's tp-cp-dp-pp
+rank order) is ``schedules.layout``. The step programs (pipeline with DP sync, FSDP) are built
+from them in ``schedules.step_program``.
 
     steps = tp_forward_steps(forward_s=1e-3, num_layers=4, tp_bytes=8e6, sequence_parallel=True)
 """
@@ -99,99 +99,6 @@ class Program:
     """Actions; deps point to lower indices."""
     stage: int = 0
     """Pipeline rank (for reports and traces)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Layout:
-    """Megatron's rank order tp-cp-dp-pp: tp varies fastest, then cp, then dp, then pp."""
-
-    tp: int = 1
-    """Tensor-parallel degree."""
-    cp: int = 1
-    """Context-parallel degree."""
-    dp: int = 1
-    """Data-parallel degree."""
-    pp: int = 1
-    """Pipeline-parallel degree."""
-    ep: int = 1
-    """Expert-parallel degree (the tp * cp * dp GPUs of a stage re-split as etp x ep x edp)."""
-    etp: int = 0
-    """Expert tensor-parallel degree; 0 means tp."""
-
-    def __post_init__(self) -> None:
-        for name in ("tp", "cp", "dp", "pp", "ep"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if (self.tp * self.cp * self.dp) % (self.ep * (self.etp or self.tp)):
-            raise ValueError(
-                f"ep * etp = {self.ep} * {self.etp or self.tp} must divide tp * cp * dp = "
-                f"{self.tp * self.cp * self.dp}"
-            )
-
-    def _expert_group(self, kind: str, rank: int) -> tuple[int, ...]:
-        """Megatron-Core's expert groups (order etp-ep-edp inside a pipeline stage): ``ep``,
-        ``etp``, ``edp`` (expert data parallel) and ``tpep`` (etp x ep)."""
-        stage_size = self.tp * self.cp * self.dp
-        base, local = divmod(rank, stage_size)
-        etp = self.etp or self.tp
-        strides = {"etp": (1, etp), "ep": (etp, self.ep), "tpep": (1, etp * self.ep)}
-        strides["edp"] = (etp * self.ep, stage_size // (etp * self.ep))
-        stride, size = strides[kind]
-        start = local - (local // stride % size) * stride
-        return tuple(base * stage_size + start + i * stride for i in range(size))
-
-    @property
-    def world_size(self) -> int:
-        """tp * cp * dp * pp."""
-        return self.tp * self.cp * self.dp * self.pp
-
-    def rank(self, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
-        """Global rank of the given coordinates."""
-        return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
-
-    def coords(self, rank: int) -> dict[str, int]:
-        """Coordinates ``{"tp", "cp", "dp", "pp"}`` of a global rank."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
-        tp, rest = rank % self.tp, rank // self.tp
-        cp, rest = rest % self.cp, rest // self.cp
-        return {"tp": tp, "cp": cp, "dp": rest % self.dp, "pp": rest // self.dp}
-
-    def group(self, kind: str, rank: int, *, shard_size: int = 0) -> tuple[int, ...]:
-        """Ranks of ``rank``'s group: ``tp``, ``cp``, ``dp``, ``dpcp`` (DP x CP), ``pp``,
-        ``dp_shard`` / ``dp_replicate`` (HSDP split of DP into groups of ``shard_size``),
-        ``embd`` (first and last pipeline stage), ``mp`` (TP x PP, Megatron's model-parallel
-        group) and ``world``."""
-        c = self.coords(rank)
-        if kind == "embd":
-            ends = sorted({0, self.pp - 1})
-            return tuple(self.rank(**{**c, "pp": s}) for s in ends)
-        if kind == "mp":
-            return tuple(
-                self.rank(**{**c, "tp": t, "pp": s}) for s in range(self.pp) for t in range(self.tp)
-            )
-        if kind == "world":
-            return tuple(range(self.world_size))
-        if kind in ("ep", "etp", "edp", "tpep"):
-            return self._expert_group(kind, rank)
-        if kind in ("tp", "cp", "dp", "pp"):
-            size = getattr(self, kind)
-            return tuple(self.rank(**{**c, kind: i}) for i in range(size))
-        if kind == "dpcp":
-            return tuple(
-                self.rank(**{**c, "dp": d, "cp": k}) for d in range(self.dp) for k in range(self.cp)
-            )
-        if kind in ("dp_shard", "dp_replicate"):
-            if shard_size < 1 or self.dp % shard_size:
-                raise ValueError(f"HSDP shard size {shard_size} must divide dp={self.dp}")
-            base, offset = divmod(c["dp"], shard_size)
-            members = (
-                [base * shard_size + i for i in range(shard_size)]
-                if kind == "dp_shard"
-                else [i * shard_size + offset for i in range(self.dp // shard_size)]
-            )
-            return tuple(self.rank(**{**c, "dp": d}) for d in members)
-        raise ValueError(f"unknown group kind {kind!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

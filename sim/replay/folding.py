@@ -15,7 +15,7 @@ replicas' concurrent traffic is what folding leaves out.
 
 from __future__ import annotations
 
-from schedules.program import Layout
+from schedules.layout import Layout
 
 
 def representative_of(layout: Layout, rank: int) -> int:

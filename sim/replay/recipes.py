@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from schedules.activations import ACTIVATION_BYTES
 from schedules.kernels import weight_gemm_shapes
+from schedules.layout import Layout
 from schedules.memory import FSDP_KINDS, replica_group_size
 from schedules.model import (
     cp_kv_message_bytes,
@@ -35,7 +36,6 @@ from schedules.plan import Plan
 from schedules.program import (
     CommStep,
     ComputeStep,
-    Layout,
     LinearShares,
     Step,
     tp_backward_steps,

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from schedules.flops import layer_forward_flops, model_flops_per_step, moe_layer_forward_flops
+from schedules.layout import Layout
 from schedules.memory import stage_memory_bytes
 from schedules.moe import (
     dispatch_bytes,
@@ -24,7 +25,6 @@ from schedules.params import (
     total_params,
 )
 from schedules.plan import load_plan
-from schedules.program import Layout
 from schedules.resolve import resolve_plan
 
 TINY = {

@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
+from schedules.layout import Layout
 from schedules.pipeline import one_f_one_b
 from schedules.program import (
     ChunkWork,
@@ -14,7 +15,6 @@ from schedules.program import (
     CommStep,
     Compute,
     ComputeStep,
-    Layout,
     LinearShares,
     MarkStep,
     Step,

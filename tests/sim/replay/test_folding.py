@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from schedules.layout import Layout
 from schedules.plan import load_plan
-from schedules.program import Layout
 from sim.replay.folding import folded_away, representative_of, representative_ranks, simulated_ranks
 from sim.replay.simulate import simulate_plan
 
