@@ -96,6 +96,11 @@ class ComputeCalibration:
     overlap_slowdown: float | None = None
     """Compute slowdown while communication runs beside it (0.2: 20% longer); None for the
     default (``sim.compute.model.DEFAULT_OVERLAP_SLOWDOWN``)."""
+    in_step_slowdown: float | None = None
+    """How much longer a kernel runs inside a training step than its curve says (0.2: 20%
+    longer); None for the default (``sim.compute.model.DEFAULT_IN_STEP_SLOWDOWN``), which
+    applies to the default curves and to ``commbench --compute``'s isolated measurements; fits to
+    measured steps (``commbench --step``) write 0."""
     cpu_adam_params_per_s: float | None = None
     """Measured CPU Adam step rate of the whole host (parameters per second, every core;
     ``commbench --compute`` on the host): the CPU step of offloaded optimizers. None keeps the
@@ -136,6 +141,14 @@ class ComputeCalibration:
                 f"compute calibration: cpu_adam_params_per_s must be a number in [1e3, 1e14], "
                 f"got {shorten(adam)}"
             )
+        in_step = self.in_step_slowdown
+        if in_step is not None and not (
+            isinstance(in_step, int | float) and not isinstance(in_step, bool) and 0 <= in_step <= 1
+        ):
+            raise ValueError(
+                f"compute calibration: in_step_slowdown must be a number in [0, 1] (0.2: 20% "
+                f"slower), got {shorten(in_step)}"
+            )
         slowdown = self.overlap_slowdown
         if slowdown is not None and not (
             isinstance(slowdown, int | float)
@@ -167,6 +180,7 @@ class ComputeCalibration:
             "time_scale": self.time_scale,
             "fitted_on": self.fitted_on,
             "overlap_slowdown": self.overlap_slowdown,
+            "in_step_slowdown": self.in_step_slowdown,
             "cpu_adam_params_per_s": self.cpu_adam_params_per_s,
         }
 
@@ -207,6 +221,7 @@ class ComputeCalibration:
             time_scale=_time_scale(data.get("time_scale", 1.0)),
             fitted_on=data.get("fitted_on", ""),
             overlap_slowdown=data.get("overlap_slowdown"),
+            in_step_slowdown=data.get("in_step_slowdown"),
             cpu_adam_params_per_s=data.get("cpu_adam_params_per_s"),
         )
 

@@ -72,6 +72,8 @@ def layer_activation_bytes(
     sp_divisor = tp if sequence_parallel else 1
     if recompute == "full":
         return ACTIVATION_BYTES * num_tokens * model.hidden_size / sp_divisor
+    if recompute == "op":
+        return _op_saved_bytes(model, num_tokens, tp=tp, sp_divisor=sp_divisor)
     outside = _sequence_split_bytes(model, num_tokens) / sp_divisor
     inside = _tp_split_bytes(model, num_tokens) / tp
     if recompute == "selective":
@@ -81,7 +83,20 @@ def layer_activation_bytes(
             model, micro_batch_size, cp=cp, flash_attention=flash_attention
         )
         return outside + inside + core / tp
-    raise ValueError(f"recompute={recompute!r} is not one of none, selective, full")
+    raise ValueError(f"recompute={recompute!r} is not one of none, selective, full, op")
+
+
+def _op_saved_bytes(model: ModelConfig, num_tokens: float, *, tp: int, sp_divisor: int) -> float:
+    """What torchtitan's per-op selective checkpointing keeps of one layer: the block's input,
+    the outputs of the odd-numbered matmuls (wq, wv, w1, and w2 when gated, whose row-parallel
+    output is whole before its reduction; see ``schedules.flops.op_recomputed_gemms``) and of the
+    attention kernel (its output and fp32 log-sum-exp)."""
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    block_input = h / sp_divisor
+    saved_mm = (h + kv + f) / tp + (h if model.gated_mlp else 0.0)
+    attention_out = h / tp
+    lse = 4.0 * model.num_heads / tp / ACTIVATION_BYTES
+    return ACTIVATION_BYTES * num_tokens * (block_input + saved_mm + attention_out + lse)
 
 
 def in_flight_microbatches(schedule: str, *, pp: int, stage: int, num_micro: int) -> int:

@@ -115,15 +115,32 @@ def recompute_flops(
 
     full: the whole forward again; selective: only the attention core (QK^T, softmax, AV), the
     part Korthikanti et al. 2022 (Sec. 5) recompute because its activations are O(s^2) while its
-    FLOPs are small; none: 0.
+    FLOPs are small; op: the matmuls torchtitan's per-op policy does not save (``op_recomputed_
+    gemms``); none: 0.
     """
     if recompute == "full":
         return layer_forward_flops(model, micro_batch_size, causal=causal)
     if recompute == "selective":
         return attention_core_flops(model, micro_batch_size, causal=causal)
+    if recompute == "op":
+        tokens = micro_batch_size * model.seq_len
+        return sum(gemm_flops(tokens, n, k) for n, k in op_recomputed_gemms(model))
     if recompute == "none":
         return 0.0
-    raise ValueError(f"recompute={recompute!r} is not one of none, selective, full")
+    raise ValueError(f"recompute={recompute!r} is not one of none, selective, full, op")
+
+
+def op_recomputed_gemms(model: ModelConfig) -> tuple[tuple[float, float], ...]:
+    """(n, k) of the weight matmuls torchtitan's per-op selective checkpointing recomputes.
+
+    Its policy (``_save_list`` in torchtitan's activation checkpointing) saves the outputs of
+    every odd-numbered ``aten.mm`` of a block and of the attention kernel and recomputes the
+    rest. The block calls wq, wk, wv, wo, then w1, w3, w2 (gated) or w1, w2: it recomputes wk,
+    wo and w3 (gated) or w2 (plain), whose widths are kd, h and f.
+    """
+    h, f = model.hidden_size, model.ffn_hidden_size
+    mlp = (f, h) if model.gated_mlp else (h, f)
+    return ((model.kv_size, h), (h, h), mlp)
 
 
 def layer_flops(

@@ -50,6 +50,8 @@ class Kernel:
     """Dimensions whose size sets the fraction of peak reached (m, n, k; query/key lengths)."""
     bytes: float = 0.0
     """Bytes read plus written: the roofline floor (the whole cost of a ``memory`` kernel)."""
+    backend: str = ""
+    """Which implementation of an attention kernel runs (``training.attention_backend``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KERNEL_KINDS:
@@ -98,6 +100,7 @@ def attention(
     causal: bool = True,
     dtype: str = "bf16",
     backward: bool = False,
+    backend: str = "cudnn",
 ) -> Kernel:
     """Fused attention (scores, softmax, AV) forward, or its backward with ``backward``."""
     flops = 4.0 * batch * num_heads * seq_q * seq_kv * head_dim * (0.5 if causal else 1.0)
@@ -112,6 +115,7 @@ def attention(
         flops=flops,
         dims=(seq_q, seq_kv),
         bytes=io_bytes,
+        backend=backend,
     )
 
 
@@ -254,6 +258,7 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
                 causal=True,
                 dtype=dtype,
                 backward=is_backward,
+                backend=plan.training.attention_backend,
             )
             for is_backward in (False, True)
         )
@@ -265,6 +270,24 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
     softmax = memory("softmax", 2 * ACTIVATION_BYTES * scores)
     softmax_backward = memory("softmax_backward", 2 * 2 * ACTIVATION_BYTES * scores)
     return (qk, av, softmax), (qk, av, qk, av, softmax_backward)
+
+
+def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, ...]:
+    """What torchtitan's per-op selective checkpointing reruns before a layer's backward: the
+    matmuls it does not save (``schedules.flops.op_recomputed_gemms``, TP-sharded) and every
+    memory-bound kernel of the forward; the attention kernel's outputs are kept."""
+    gemm_dtype, _ = dtypes(plan)
+    tokens, t = _tokens(plan), plan.parallel.tp
+    kv, h, f = plan.model.kv_size, plan.model.hidden_size, plan.model.ffn_hidden_size
+    shapes = [("k", tokens, kv / t, h), ("proj", tokens, h, h / t)]
+    if plan.model.gated_mlp:
+        shapes.append(("fc1_up", tokens, f / t, h))
+    else:
+        shapes.append(("fc2", tokens, h, f / t))
+    return (
+        *(gemm(f"{name}_recompute", m, n, k, gemm_dtype) for name, m, n, k in shapes),
+        memory("elementwise", elementwise_bytes),
+    )
 
 
 def layer_kernels(plan: Plan) -> PieceKernels:
@@ -282,7 +305,12 @@ def layer_kernels(plan: Plan) -> PieceKernels:
         *core_forward,
         memory("elementwise", elementwise_bytes),
     )
-    recompute = {"none": (), "selective": core_forward, "full": forward}[plan.parallel.recompute]
+    recompute = {
+        "none": (),
+        "selective": core_forward,
+        "full": forward,
+        "op": op_recompute_kernels(plan, elementwise_bytes),
+    }[plan.parallel.recompute]
     return PieceKernels(
         forward=forward,
         backward_input=(

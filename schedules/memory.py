@@ -234,7 +234,7 @@ def activation_bytes(plan: Plan, stage: int) -> float:
         stage_layers=layers_per_stage(plan, stage),
     )
     total = stored * per_layer
-    if parallel.recompute == "full":
+    if parallel.recompute in ("full", "op"):
         # The layer being recomputed holds all of its activations until its backward ends.
         total += layer_activation_bytes(
             model,

@@ -26,6 +26,7 @@ from schedules.kernels import (
     gemm,
     kernel_stack,
     memory,
+    op_recompute_kernels,
     weight_cast_bytes,
     weight_gemm_shapes,
 )
@@ -109,7 +110,12 @@ def moe_layer_kernels(plan: Plan) -> PieceKernels:
         *core_forward,
         memory("elementwise", elementwise_bytes),
     )
-    recompute = {"none": (), "selective": core_forward, "full": forward}[plan.parallel.recompute]
+    recompute = {
+        "none": (),
+        "selective": core_forward,
+        "full": forward,
+        "op": op_recompute_kernels(plan, elementwise_bytes),
+    }[plan.parallel.recompute]
     return PieceKernels(
         forward=forward,
         backward_input=(

@@ -28,7 +28,7 @@ MLP_ACTIVATIONS = {"gelu": False, "relu": False, "swiglu": True, "geglu": True}
 POSITION_EMBEDDINGS = ("rope", "learned")
 NORMS = ("rmsnorm", "layernorm")
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "full", "op")
 DATA_PARALLEL_KINDS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "distributed_optimizer")
 FSDP2_ALIAS = "fsdp2"
 """``data_parallel: fsdp2`` is read as ``fsdp`` with ``fsdp_version: 2`` (``fully_shard``)."""
@@ -38,6 +38,8 @@ REDUCE_DTYPES = ("fp32", "bf16")
 PRECISIONS = ("bf16", "fp16", "fp8")
 STACKS = ("eager", "compile", "megatron")
 """Which implementation runs the layers (``training.stack``; ``schedules.kernels`` inventories)."""
+ATTENTION_BACKENDS = ("cudnn", "flash2")
+"""Which fused-attention kernel runs (``training.attention_backend``; ``sim.compute.model``)."""
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
 MOE_DISPATCHERS = ("alltoall", "allgather")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -453,12 +455,17 @@ class TrainingConfig:
     modules), ``compile`` (the same under ``torch.compile``) or ``megatron`` (Megatron-LM /
     Megatron-Core with fused kernels and Transformer Engine). Unset: ``megatron`` for
     ``distributed_optimizer`` plans, ``eager`` otherwise."""
+    attention_backend: str = "cudnn"
+    """The fused-attention kernel: ``cudnn`` (cuDNN fused attention: Transformer Engine, torch SDPA
+    from 2.11 on Hopper, torchtitan from v0.2; FlashAttention-3 runs as fast) or ``flash2``
+    (FlashAttention-2: torch SDPA's flash backend, the default up to torch 2.10 on Hopper)."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "training", ("micro_batch_size", "global_batch_size"))
         _check_choice("training.precision", self.precision, PRECISIONS)
         if self.stack is not None:
             _check_choice("training.stack", self.stack, STACKS)
+        _check_choice("training.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -536,6 +543,7 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         "parallel.moe_token_dispatcher": MOE_DISPATCHERS,
         "training.precision": PRECISIONS,
         "training.stack": STACKS,
+        "training.attention_backend": ATTENTION_BACKENDS,
     }
     got = f"got {shorten(value)} ({type(value).__name__})"
     nullable = " or null" if type(None) in options else ""

@@ -85,6 +85,11 @@ def check_experts(model: ModelConfig, parallel: ParallelConfig, dp: int) -> None
                 "MoE model (model.num_experts > 0)"
             )
         return
+    if parallel.recompute == "op":
+        raise ValueError(
+            "parallel.recompute='op' (torchtitan's per-op policy) is modelled for dense layers; "
+            f"an MoE model (num_experts={model.num_experts}) needs none, selective or full"
+        )
     if parallel.data_parallel not in MOE_KINDS:
         raise ValueError(
             f"MoE plans are simulated with data_parallel {' | '.join(MOE_KINDS)}, got "

@@ -101,6 +101,16 @@ GPUS: dict[str, GPUSpec] = {
         peak_flops_per_s=_flops(bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=66.9),
         source=_H100_DATASHEET + ", H100 SXM column",
     ),
+    "h100-96gb-500w": GPUSpec(
+        name="h100-96gb-500w",
+        hbm_bytes=96 * GIB,
+        hbm_bandwidth_bytes_per_s=2.4e12,
+        peak_flops_per_s=_flops(bf16=912.5, fp16=912.5, fp8=1825.0, tf32=456.2, fp32=61.7),
+        source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Meta Grand Teton): H100 "
+        "with 96 GB HBM2e at 2.4 TB/s under the default 500 W power limit, whose peak 'is between "
+        "SXM and NVL': the midpoint of the datasheet's SXM (989.4) and NVL (835.5 TFLOP/s dense "
+        "bf16) figures is taken, the other precisions scaled alike",
+    ),
     "h100-pcie": GPUSpec(
         name="h100-pcie",
         hbm_bytes=80 * GIB,

@@ -165,6 +165,15 @@ def format_report(report: ValidationReport) -> str:
     lines.extend(_summary_lines(report.summary()))
     lines.append("... and per source table:")
     lines.extend(_summary_lines(report.summary_by_table()))
+    memory = [r for r in report.results if r.memory_error is not None]
+    if memory:
+        lines.append("Peak memory per GPU, where the source reports it (GiB; nothing fitted):")
+        lines.extend(
+            f"  {r.case_id:<48} measured {r.measured_memory_gib:7.2f}  predicted "
+            f"{r.predicted_memory_gib:7.2f}  error {r.memory_error:+6.1%}"
+            for r in memory
+        )
+        lines.extend(_summary_lines(report.memory_summary()))
     for case_id, message in report.failed:
         lines.append(f"FAILED {case_id}: {message}")
     if report.skipped:

@@ -15,6 +15,8 @@ without a calibration (``commbench --compute`` measures the real curve):
   dim_half 256 on the query and key lengths (FlashAttention-2, Dao 2023: 50-73% of peak forward
   on A100; FlashAttention-3, Shah et al. 2024: ~75% on H100; cuDNN's fused attention in
   between). The backward kernel does 2.5x the forward FLOPs (it recomputes QK^T).
+  ``training.attention_backend: flash2`` (FlashAttention-2, torch SDPA's flash backend) runs at
+  ``FLASH2_ON_HOPPER`` of that on Hopper, whose TMA and warp-group MMAs it does not use.
 - memory-bound kernels (norms, residual adds, activations, rotary, softmax) at 0.80 of the HBM
   bandwidth (STREAM-like kernels reach ~80-90%).
 
@@ -54,6 +56,15 @@ GEMM_DIM_HALF = 128.0
 """Default GEMM saturation dimension (a 128-wide tile dimension reaches half the rate)."""
 ATTENTION_DIM_HALF = 256.0
 """Default attention saturation length for the query and key sequence lengths."""
+FLASH2_ON_HOPPER = 0.35 / 0.60
+"""FlashAttention-2's speed on Hopper relative to the fused-attention defaults (cuDNN,
+FlashAttention-3): it reaches about 35% of the H100's dense peak (Shah et al. 2024,
+FlashAttention-3, arXiv:2407.08608, abstract), against the 60% forward default; torch SDPA's
+default (flash) backend measured 329 TFLOP/s where cuDNN and FA3 ran 631 on one H100 at
+(1, 24, 4608, 128) (pytorch/pytorch#142132, torch 2.6 nightly, December 2024): 0.52. The
+backward keeps the forward's ratio. On Ampere FlashAttention-2 is the reference: no change."""
+DEFAULT_IN_STEP_SLOWDOWN = 0.0
+"""Kernels run this much longer inside a training step than isolated kernel curves say."""
 DEFAULT_OVERLAP_SLOWDOWN = 0.189
 """Compute runs 18.9% longer while a collective runs beside it: the mean slowdown Lee et al.
 measured overlapping GPT and Llama training kernels with NCCL/RCCL collectives on A100, H100,
@@ -125,14 +136,18 @@ class ComputeModel:
             )
         return peaks[dtype]
 
-    def kernel_fit(self, kind: str, dtype: str) -> KernelFit:
-        """The curve used for ``kind`` in ``dtype``: calibrated, or the spec's peak x efficiency."""
+    def kernel_fit(self, kind: str, dtype: str, backend: str = "") -> KernelFit:
+        """The curve used for ``kind`` in ``dtype``: calibrated (a measured curve is whatever
+        kernel ran where it was measured), or the spec's peak x efficiency x the attention
+        ``backend``'s factor."""
         fitted = self.calibration.kernel(kind, dtype)
         if fitted is not None:
             return fitted
         efficiency = self.calibration.efficiency.get(kind)
         if efficiency is None:
             efficiency = default_efficiency(self.gpu, kind, dtype)
+        if backend == "flash2" and kind != "gemm" and _family(self.gpu) == "hopper":
+            efficiency *= FLASH2_ON_HOPPER
         dim_half = GEMM_DIM_HALF if kind == "gemm" else ATTENTION_DIM_HALF
         return KernelFit(max_flops_per_s=self._peak(dtype) * efficiency, dim_half=dim_half)
 
@@ -152,16 +167,27 @@ class ComputeModel:
             efficiency = default_efficiency(self.gpu, "memory", "bf16")
         return self.gpu.hbm_bandwidth_bytes_per_s * efficiency
 
+    @property
+    def in_step_slowdown(self) -> float:
+        """Fraction by which kernels run longer inside a step than their isolated curves."""
+        value = self.calibration.in_step_slowdown
+        return DEFAULT_IN_STEP_SLOWDOWN if value is None else float(value)
+
+    @property
+    def time_factor(self) -> float:
+        """Factor on every kernel time: the in-step slowdown times the calibration's scale."""
+        return (1.0 + self.in_step_slowdown) * self.calibration.time_scale
+
     def memory_time_s(self, num_bytes: float) -> float:
-        """A memory-bound kernel moving ``num_bytes`` (read + written), times ``time_scale``."""
-        return num_bytes / self.memory_bandwidth_bytes_per_s() * self.calibration.time_scale
+        """A memory-bound kernel moving ``num_bytes`` (read + written), times ``time_factor``."""
+        return num_bytes / self.memory_bandwidth_bytes_per_s() * self.time_factor
 
     def kernel_time_s(self, kernel: Kernel) -> float:
         """One kernel: max(flops / rate(dims), latency + bytes / bandwidth); memory: bytes only."""
         if kernel.kind == "memory":
             return self.memory_time_s(kernel.bytes)
-        fit = self.kernel_fit(kernel.kind, kernel.dtype)
-        scale = self.calibration.time_scale
+        fit = self.kernel_fit(kernel.kind, kernel.dtype, kernel.backend)
+        scale = self.time_factor
         compute_s = fit.time_s(kernel.flops, kernel.dims) * scale
         return max(compute_s, fit.latency_s * scale + self.memory_time_s(kernel.bytes))
 

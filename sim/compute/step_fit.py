@@ -88,7 +88,7 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
             "profile.classes_s must be a mapping"
         )
     microbatches = int(microbatches)
-    base = ComputeModel(gpu)
+    base = ComputeModel(gpu, ComputeCalibration(in_step_slowdown=0.0))  # a step is in-step
     modelled = modelled_classes_s(plan, base, microbatches)
     dtype = "bf16" if measurement.get("dtype", "bf16") == "bf16" else "fp32"
     efficiency: dict[str, float] = {}
@@ -108,7 +108,7 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
             default = default_efficiency(gpu, key, dtype)
             efficiency[key] = min(1.0, default * modelled[group] / observed[group])
     fitted = ComputeCalibration(gpu=gpu.name, device=str(measurement.get("device", "")),
-                                efficiency=efficiency)  # fmt: skip
+                                efficiency=efficiency, in_step_slowdown=0.0)  # fmt: skip
     predicted = sum(modelled_classes_s(plan, ComputeModel(gpu, fitted), microbatches).values())
     low, high = TIME_SCALE_RANGE
     scale = step_s / predicted
@@ -128,4 +128,5 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
         efficiency=efficiency,
         time_scale=scale,
         fitted_on=note,
+        in_step_slowdown=0.0,
     )

@@ -21,7 +21,12 @@ from typing import Any
 
 from fileio.strict import load_json
 from refdata import CASES_PATH
-from sim.validation.measured import Measurement, as_integer, measured_step_time
+from sim.validation.measured import (
+    Measurement,
+    as_integer,
+    measured_memory_gib,
+    measured_step_time,
+)
 
 DEFAULT_CASES_PATH = CASES_PATH
 """Where ``commsim validate`` looks for the cases when none is given (the shipped file)."""
@@ -36,6 +41,7 @@ SOURCES: dict[str, str] = {
     "mtnlg530B": "Smith et al. 2022 (MT-NLG 530B), A100",
     "opt175B": "Zhang et al. 2022 (OPT-175B), A100",
     "mcoremoe": "Megatron-Core MoE (README and MoE model zoo), H100",
+    "torchtitan": "torchtitan benchmarks (FSDP2, TP, torch.compile, Float8), H100 and H200",
 }
 """Short source key (the case-id prefix) -> the publication it comes from."""
 
@@ -54,7 +60,16 @@ MOE_MODEL_KEYS = (
 MOE_PARALLEL_KEYS = ("ep", "etp", "moe_token_dispatcher")
 """Expert-parallel keys of an MoE run, spelled as in a plan."""
 _MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len")
-_NODE_FOR_GPU = {"a100-sxm-80gb": ("dgx-a100", "ib-hdr"), "h100-sxm": ("dgx-h100", "ib-ndr")}
+_NODE_FOR_GPU: dict[str, tuple[str | dict[str, str], str]] = {
+    "a100-sxm-80gb": ("dgx-a100", "ib-hdr"),
+    "h100-sxm": ("dgx-h100", "ib-ndr"),
+    "h200": ("hgx-h200", "ib-ndr"),
+    # Meta's Grand Teton: an HGX H100 baseboard with 96 GB parts, RoCE back-end network.
+    "h100-96gb-500w": ({"base": "dgx-h100", "gpu": "h100-96gb-500w"}, "roce-400g"),
+}
+"""Node preset (or node mapping) and fabric preset of each GPU type a case can name."""
+_PYTORCH_NATIVE = ("torchtitan", "fsdp2", "fully_shard", "torch.compile")
+"""Wording that marks a run on PyTorch-native modules (eager or compiled), not Megatron's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +94,8 @@ class CaseMapping:
     """The measured step time, or ``None`` when the source gives none usable."""
     table: str = ""
     """Where in the source the run is reported, shortened (e.g. "Table 1", "Section 6.3")."""
+    measured_memory_gib: float | None = None
+    """Peak memory per GPU the source reports (GiB), or ``None``."""
 
     @property
     def simulable(self) -> bool:
@@ -120,8 +137,12 @@ def parse_gpu(text: Any) -> str | None:
     t = str(text or "").lower().replace(" ", "")
     if "a100" in t and "80" in t and "pcie" not in t:
         return "a100-sxm-80gb"
+    if "h100" in t and ("hbm2e" in t or "96gb" in t or "500w" in t):
+        return "h100-96gb-500w"
     if "h100" in t and "pcie" not in t:
         return "h100-sxm"
+    if "h200" in t:
+        return "h200"
     return None
 
 
@@ -148,6 +169,8 @@ def parse_recompute(text: Any) -> tuple[str | None, str | None]:
         return None, f"recompute mode '{text}' (no knob for micro-batch-level recomputation)"
     if t.startswith(("none", "no ")) or t == "no":
         return "none", None
+    if re.search(r"\bper[- ]op\b|'op'|\bop sac\b|\bop-level\b", t):
+        return "op", None
     if t.startswith("selective"):
         return "selective", None
     if t.startswith("full") or "(full)" in t:
@@ -158,7 +181,9 @@ def parse_recompute(text: Any) -> tuple[str | None, str | None]:
 def parse_data_parallel(parallel: dict[str, Any]) -> tuple[str | None, dict[str, Any], str | None]:
     """(data_parallel kind, framework knobs, problem) from zero_stage / dp_impl / fsdp wording."""
     if parallel.get("fsdp"):
-        return "fsdp", {}, None
+        text = str(parallel["fsdp"]).lower()
+        version = 2 if "fsdp2" in text or "fully_shard" in text else None
+        return "fsdp", ({"fsdp_version": version} if version else {}), None
     stage = parallel.get("zero_stage", 0)
     knobs: dict[str, Any] = {}
     if parallel.get("dp_grad_allreduce_overlap") is False:
@@ -200,6 +225,28 @@ def parse_schedule(parallel: dict[str, Any], vpp: int) -> str:
     if "gpipe" in text:
         return "gpipe"
     return "1f1b"
+
+
+def parse_stack(case: dict[str, Any]) -> str:
+    """The kernel stack: the case's ``stack``; else ``compile`` or ``eager`` for runs on
+    PyTorch-native modules (torchtitan, FSDP2, ``torch.compile``), ``megatron`` for the rest
+    (Megatron-LM, NeMo, DeepSpeed-Megatron: fused kernels)."""
+    if case.get("stack"):
+        return str(case["stack"])
+    parallel = case.get("parallel") or {}
+    text = f"{case.get('source') or ''} {parallel} {case.get('notes') or ''}".lower()
+    if not any(word in text for word in _PYTORCH_NATIVE):
+        return "megatron"
+    compiled = parallel.get("compile")
+    if isinstance(compiled, bool):
+        return "compile" if compiled else "eager"
+    return "compile" if "torch.compile" in str(parallel).lower() else "eager"
+
+
+def parse_attention_backend(text: Any) -> str:
+    """``flash2`` where the case says FlashAttention-2 ran, else ``cudnn`` (the plan default)."""
+    t = str(text or "").lower().replace(" ", "").replace("-", "")
+    return "flash2" if any(w in t for w in ("flash2", "flashattention2", "fa2")) else "cudnn"
 
 
 _ARCHITECTURES: dict[str, dict[str, Any]] = {
@@ -278,7 +325,7 @@ def _cluster_section(
     per_node = as_integer(hardware.get("gpus_per_node")) or 8
     if per_node != 8:
         missing.append(f"gpus_per_node ({hardware.get('gpus_per_node')}; presets have 8)")
-    if "omni-path" in inter.lower() or "roce" in inter.lower():
+    if "omni-path" in inter.lower() or ("roce" in inter.lower() and "roce" not in fabric):
         missing.append(f"fabric ({inter}; presets: {fabric} for {node})")
     elif "not stated" in inter.lower():
         assumptions.append(f"inter-node fabric not stated: {fabric} assumed ({node} reference)")
@@ -361,8 +408,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
     if "assumed" in str(parallel.get("recompute", "")):
         assumptions.append(f"recompute: {parallel['recompute']}")
     training["flash_attention"] = source_key(str(case["id"])) not in _PRE_FLASH_ATTENTION
-    # Every run of the cases file ran on the Megatron-LM / NeMo code base (fused kernels).
-    training["stack"] = str(case.get("stack", "megatron"))
+    training["stack"] = parse_stack(case)
+    training["attention_backend"] = parse_attention_backend(parallel.get("attention_backend"))
     measured = measured_step_time(case)
     if measured is None:
         missing.append("a measured step time (or throughput with a known FLOP formula)")
@@ -380,4 +427,5 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
         assumptions=tuple(assumptions),
         measured=measured,
         table=source_table(case),
+        measured_memory_gib=measured_memory_gib(case),
     )

@@ -193,3 +193,23 @@ def measured_step_time(case: dict[str, Any]) -> Measurement | None:
         step = flops_per_step / (mfu * peak * num_gpus)
         return Measurement(step_time_s=step, how=f"reported MFU with {formula}")
     return None
+
+
+_MEMORY_KEYS_GIB = ("memory_gib", "peak_memory_gib", "max_memory_gib", "max_reserved_gib")
+_MEMORY_KEYS_GB = ("memory_gb", "peak_memory_gb", "max_memory_gb")
+GIB = float(1 << 30)
+"""Bytes per GiB."""
+
+
+def measured_memory_gib(case: dict[str, Any]) -> float | None:
+    """The peak memory per GPU the source reports, in GiB (GB figures converted), or None."""
+    measured = case.get("measured") or {}
+    for key in _MEMORY_KEYS_GIB:
+        value = as_number(measured.get(key))
+        if value:
+            return value
+    for key in _MEMORY_KEYS_GB:
+        value = as_number(measured.get(key))
+        if value:
+            return value * 1e9 / GIB
+    return None

@@ -52,6 +52,8 @@ class Prediction:
     breakdown: dict[str, float] = field(default_factory=dict)
     """The critical rank's step: ``compute_s``, ``exposed_<group>_s``, ``bubble_s``,
     ``optimizer_s``."""
+    memory_gib: float | None = None
+    """Predicted peak memory per GPU (GiB, the worst rank)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +86,17 @@ class CaseResult:
     """Where in the source the run is reported (e.g. "Table 1")."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """Where the predicted step goes on the critical rank (see ``Prediction.breakdown``)."""
+    measured_memory_gib: float | None = None
+    """Peak memory per GPU the source reports (GiB), or ``None``."""
+    predicted_memory_gib: float | None = None
+    """Predicted peak memory per GPU (GiB)."""
+
+    @property
+    def memory_error(self) -> float | None:
+        """Signed relative error of the predicted memory, where the source reports one."""
+        if self.measured_memory_gib is None or self.predicted_memory_gib is None:
+            return None
+        return self.predicted_memory_gib / self.measured_memory_gib - 1.0
 
     @property
     def group(self) -> str:
@@ -112,6 +125,9 @@ class CaseResult:
             "wall_s": self.wall_s,
             "assumptions": list(self.assumptions),
             "breakdown": dict(self.breakdown),
+            "measured_memory_gib": self.measured_memory_gib,
+            "predicted_memory_gib": self.predicted_memory_gib,
+            "memory_error": self.memory_error,
         }
 
 
@@ -142,6 +158,11 @@ class ValidationReport:
         """Error figures per source table (``CaseResult.group``) over held-out cases."""
         return summarize(self.results, key=lambda result: result.group)
 
+    def memory_summary(self) -> dict[str, dict[str, float]]:
+        """Peak-memory error figures per source (and ``all``) over every case reporting memory:
+        nothing is fitted to memory, so calibration cases count too."""
+        return summarize_memory(self.results)
+
     def to_json(self) -> dict[str, Any]:
         """The validation JSON (schema ``commsim-validation/1``)."""
         return {
@@ -153,6 +174,7 @@ class ValidationReport:
             "calibration": self.calibration,
             "summary": self.summary(),
             "summary_by_table": self.summary_by_table(),
+            "memory_summary": self.memory_summary(),
             "cases": [result.to_json() for result in self.results],
             "failed": [{"id": case_id, "error": message} for case_id, message in self.failed],
             "not_simulated": [
@@ -169,6 +191,19 @@ def mape(errors: Iterable[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def _figures(groups: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Count, MAPE, max |error| and mean error of each group's errors, ``all`` last."""
+    return {
+        source: {
+            "num_cases": len(errors),
+            "mape": mape(errors),
+            "max_abs_error": max(abs(e) for e in errors),
+            "mean_error": sum(errors) / len(errors),
+        }
+        for source, errors in sorted(groups.items(), key=lambda item: (item[0] == "all", item[0]))
+    }
+
+
 def summarize(
     results: Iterable[CaseResult], key: Callable[[CaseResult], str] | None = None
 ) -> dict[str, dict[str, float]]:
@@ -180,15 +215,19 @@ def summarize(
         name = result.source if key is None else key(result)
         groups.setdefault(name, []).append(result.error)
         groups.setdefault("all", []).append(result.error)
-    return {
-        source: {
-            "num_cases": len(errors),
-            "mape": mape(errors),
-            "max_abs_error": max(abs(e) for e in errors),
-            "mean_error": sum(errors) / len(errors),
-        }
-        for source, errors in sorted(groups.items(), key=lambda item: (item[0] == "all", item[0]))
-    }
+    return _figures(groups)
+
+
+def summarize_memory(results: Iterable[CaseResult]) -> dict[str, dict[str, float]]:
+    """Per source (and ``all``): count, MAPE, max |error| and mean error of the peak memory."""
+    groups: dict[str, list[float]] = {}
+    for result in results:
+        error = result.memory_error
+        if error is None:
+            continue
+        groups.setdefault(result.source, []).append(error)
+        groups.setdefault("all", []).append(error)
+    return _figures(groups)
 
 
 def select_calibration_cases(mappings: Sequence[CaseMapping]) -> tuple[str, ...]:
@@ -243,6 +282,7 @@ def simulate_case(
         step_time_s=result.step_time_s,
         simulated_ranks=result.num_simulated_ranks,
         breakdown=breakdown,
+        memory_gib=result.memory_gib.get("total"),
     )
 
 
@@ -430,6 +470,8 @@ def _case_result(
         assumptions=mapping.assumptions,
         table=mapping.table,
         breakdown=dict(prediction.breakdown),
+        measured_memory_gib=mapping.measured_memory_gib,
+        predicted_memory_gib=prediction.memory_gib,
     )
 
 

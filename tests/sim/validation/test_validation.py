@@ -216,6 +216,8 @@ def test_the_rule_picks_the_documented_calibration_cases() -> None:
         "korthikanti22_t5_22B_full_recompute",
         "nemo2407_h100_fp8_LLAMA2-7B_8gpu",
         "mcoremoe_h100_mixtral-8x7b_64gpu",
+        "torchtitan_t1_8B_8gpu_fsdp",
+        "torchtitan_trainy_8B_32gpu_h200_compile_float8",
     )
 
 
