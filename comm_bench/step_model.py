@@ -6,7 +6,11 @@ norm, a fused QKV projection with grouped-query heads, rotary embeddings, causal
 ``scaled_dot_product_attention``, the output projection, a residual add, a norm, a gated (SwiGLU /
 GeGLU) or plain (GeLU / ReLU) MLP and a residual add; then the final norm, the LM head (tied or
 not) and an fp32 cross-entropy. Recompute follows the plan: ``full`` checkpoints every layer,
-``selective`` the attention core (``torch.utils.checkpoint``, non-reentrant).
+``selective`` the attention core (``torch.utils.checkpoint``, non-reentrant), ``op`` every layer
+under torchtitan's per-op policy (``_apply_op_sac``: the attention outputs and every other matmul
+output of the layer are saved, the rest recomputed; on this model's fused QKV and up projections
+that saves QKV and up and reruns only the output projection, where torchtitan's separate
+projections rerun wk, wo and w3).
 
     model = build_model(plan.model, num_layers=4, recompute="none").to(device)
 """
@@ -19,12 +23,47 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from schedules.plan import ModelConfig
 
 ROPE_THETA = 10_000.0
 """Rotary base (Llama 2; Llama 3 uses 500,000: the kernels are the same)."""
+
+
+_MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
+_ATTENTION_OPS = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(torch.ops.aten, name)
+)
+
+
+def op_policy_contexts() -> Any:
+    """torchtitan's per-op policy for one layer's forward: save the attention outputs and the
+    odd-numbered matmul outputs (counted separately in the forward and in the recompute), let
+    the rest be recomputed."""
+    counts = {False: 0, True: 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func in _MATMULS:
+            counts[ctx.is_recompute] += 1
+            odd = counts[ctx.is_recompute] % 2 == 1
+            return CheckpointPolicy.MUST_SAVE if odd else CheckpointPolicy.PREFER_RECOMPUTE
+        if func in _ATTENTION_OPS:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def _norm(model: ModelConfig) -> nn.Module:
@@ -127,7 +166,7 @@ class Decoder(nn.Module):
 
     def __init__(self, model: ModelConfig, *, num_layers: int, recompute: str) -> None:
         super().__init__()
-        self.full_recompute = recompute == "full"
+        self.recompute = recompute
         self.embed = nn.Embedding(model.vocab_size, model.hidden_size)
         self.positions = (
             nn.Embedding(model.seq_len, model.hidden_size)
@@ -155,8 +194,12 @@ class Decoder(nn.Module):
             x = x + self.positions(torch.arange(seq, device=tokens.device))
         cos, sin = self.get_buffer("cos")[:seq], self.get_buffer("sin")[:seq]
         for layer in self.layers:
-            if self.full_recompute and torch.is_grad_enabled():
+            if self.recompute == "full" and torch.is_grad_enabled():
                 x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            elif self.recompute == "op" and torch.is_grad_enabled():
+                x = checkpoint(
+                    layer, x, cos, sin, use_reentrant=False, context_fn=op_policy_contexts
+                )
             else:
                 x = layer(x, cos, sin)
         logits = self.head(self.norm(x))

@@ -135,12 +135,14 @@ def op_recomputed_gemms(model: ModelConfig) -> tuple[tuple[float, float], ...]:
 
     Its policy (``_save_list`` in torchtitan's activation checkpointing) saves the outputs of
     every odd-numbered ``aten.mm`` of a block and of the attention kernel and recomputes the
-    rest. The block calls wq, wk, wv, wo, then w1, w3, w2 (gated) or w1, w2: it recomputes wk,
-    wo and w3 (gated) or w2 (plain), whose widths are kd, h and f.
+    rest. The block calls wq, wk, wv, wo, then w1, w3, w2 (gated) or w1, w2: the even ones are
+    wk, wo and w3 (gated) or w2 (plain). The recompute stops once what the backward needs is
+    back (non-reentrant ``torch.utils.checkpoint``), and w2's output only feeds the residual add,
+    so a plain MLP reruns none of its matmuls: wk, wo (and w3), widths kd, h (and f).
     """
     h, f = model.hidden_size, model.ffn_hidden_size
-    mlp = (f, h) if model.gated_mlp else (h, f)
-    return ((model.kv_size, h), (h, h), mlp)
+    attention = ((model.kv_size, h), (h, h))
+    return (*attention, (f, h)) if model.gated_mlp else attention
 
 
 def layer_flops(

@@ -280,10 +280,8 @@ def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, 
     tokens, t = _tokens(plan), plan.parallel.tp
     kv, h, f = plan.model.kv_size, plan.model.hidden_size, plan.model.ffn_hidden_size
     shapes = [("k", tokens, kv / t, h), ("proj", tokens, h, h / t)]
-    if plan.model.gated_mlp:
+    if plan.model.gated_mlp:  # a plain MLP's fc2 output only feeds the residual: not rerun
         shapes.append(("fc1_up", tokens, f / t, h))
-    else:
-        shapes.append(("fc2", tokens, h, f / t))
     return (
         *(gemm(f"{name}_recompute", m, n, k, gemm_dtype) for name, m, n, k in shapes),
         memory("elementwise", elementwise_bytes),

@@ -28,7 +28,7 @@ MLP_ACTIVATIONS = {"gelu": False, "relu": False, "swiglu": True, "geglu": True}
 POSITION_EMBEDDINGS = ("rope", "learned")
 NORMS = ("rmsnorm", "layernorm")
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
-RECOMPUTE_MODES = ("none", "selective", "full", "op")
+RECOMPUTE_MODES = ("none", "selective", "op", "full")  # least recomputed first
 DATA_PARALLEL_KINDS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "distributed_optimizer")
 FSDP2_ALIAS = "fsdp2"
 """``data_parallel: fsdp2`` is read as ``fsdp`` with ``fsdp_version: 2`` (``fully_shard``)."""

@@ -126,7 +126,7 @@ CHOICES = {
     "model.position_embedding": "rope, learned",
     "model.norm": "rmsnorm, layernorm",
     "parallel.schedule": "1f1b, interleaved, gpipe, zb-h1",
-    "parallel.recompute": "none, selective, full, op",
+    "parallel.recompute": "none, selective, op, full",
     "parallel.data_parallel": "ddp, zero1, zero2, zero3, fsdp, hsdp, distributed_optimizer, fsdp2",
     "parallel.fsdp_backward_prefetch": "backward_pre, backward_post, none",
     "parallel.fsdp_reduce_dtype": "fp32, bf16 or null",

@@ -222,23 +222,14 @@ def _titan_recompute(ac: _Fields, notes: list[str]) -> str | None:
     if mode == "memory_budget":
         notes.append(ac.note("mode", "memory_budget (chosen by the compiler) is not modelled"))
     option = str(ac.get("selective_ac_option", (str, int), "2")) if mode == "selective" else ""
-    if option == "op":
-        notes.append(
-            ac.note(
-                "selective_ac_option",
-                "op (torchtitan's per-op policy: keeps the attention and every other matmul "
-                "output, recomputes the rest) is priced as recompute selective (the attention "
-                "core)",
-            )
-        )
-    elif option and not option.isdigit():
+    if option != "op" and option and not option.isdigit():
         raise ValueError(f"{ac.file}: activation_checkpoint.selective_ac_option must be 'op' or "
                          f"a layer interval, got {shorten(option)}")  # fmt: skip
-    elif option and int(option) > 1:
+    elif option != "op" and option and int(option) > 1:
         notes.append(ac.note("selective_ac_option", f"{option}: priced as full on every layer"))
     notes.extend(ac.left())
     if mode == "selective":
-        return "selective" if option == "op" else "full"
+        return "op" if option == "op" else "full"
     return None if mode == "memory_budget" else mode
 
 

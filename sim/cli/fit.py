@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     """Fit the factor, print it, write the calibration; returns 0."""
     from comm_bench.compute_calibration import ComputeCalibration, save_compute_calibration
     from schedules.resolve import resolve_plan
-    from sim.compute.model import default_efficiency
+    from sim.compute.model import DEFAULT_IN_STEP_SLOWDOWN, default_efficiency
     from sim.replay.simulate import plan_topology, simulate_plan
 
     measured = args.step_time
@@ -120,13 +120,17 @@ def run(args: argparse.Namespace) -> int:
     comm, base = load_calibrations(load_args)
     gpu = topology.gpu_spec(0)
     base = compute_calibration_for(base, gpu) or ComputeCalibration()
+    if base.in_step_slowdown is None:  # the fit is relative to the default in effect: keep it
+        base = dataclasses.replace(base, in_step_slowdown=DEFAULT_IN_STEP_SLOWDOWN)
     dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
     gemm = base.efficiency.get("gemm", default_efficiency(gpu, "gemm", dtype))
     fitted = base.kernel("gemm", dtype)
     if fitted is not None:
         gemm = fitted.max_flops_per_s / gpu.peak_flops_per_s[dtype]
-    # time_scale multiplies the base calibration's own factor; GEMM efficiency = gemm / scale.
-    low, high = gemm / base.time_scale, gemm / MIN_GEMM_EFFICIENCY / base.time_scale
+    # time_scale multiplies the base's own factors (its scale, the in-step slowdown): a large
+    # GEMM then runs at gemm / (factor x scale) of peak.
+    factor = base.time_scale * (1.0 + (base.in_step_slowdown or 0.0))
+    low, high = gemm / factor, gemm / MIN_GEMM_EFFICIENCY / factor
 
     def simulate(scale: float) -> float:
         calibration = dataclasses.replace(base, time_scale=base.time_scale * scale)
@@ -142,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         scale, simulated, calls = fit_time_scale(measured, simulate, low=low, high=high)
     except ValueError as exc:
-        raise ValueError(_refusal(str(exc), measured, gemm, base.time_scale)) from None
+        raise ValueError(_refusal(str(exc), measured)) from None
     total = base.time_scale * scale
     note = (
         f"{args.plan.name} on {topology.num_gpus} GPUs ({gpu.name}), measured step {measured:g} s"
@@ -150,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     calibration = dataclasses.replace(base, time_scale=total, fitted_on=note)
     summary = {
         "time_scale": total,
-        "gemm_efficiency": gemm / total,
+        "gemm_efficiency": gemm / (total * (1.0 + (base.in_step_slowdown or 0.0))),
+        "in_step_slowdown": base.in_step_slowdown,
         "simulated_step_s": simulated,
         "measured_step_s": measured,
         "simulations": calls,
@@ -165,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refusal(bound: str, measured: float, gemm: float, base_scale: float) -> str:
+def _refusal(bound: str, measured: float) -> str:
     side, value = bound.split(":")
     if side == "below":
         return (
@@ -183,7 +188,8 @@ def _refusal(bound: str, measured: float, gemm: float, base_scale: float) -> str
 def _text(summary: dict[str, object], out: Path | None) -> str:
     lines = [
         f"fitted time_scale {summary['time_scale']:.4f}: every kernel takes "
-        f"{summary['time_scale']:.3f}x its modelled time (large GEMMs at "
+        f"{summary['time_scale']:.3f}x its modelled time (in-step slowdown "
+        f"{summary['in_step_slowdown']:.0%} included; large GEMMs at "
         f"{summary['gemm_efficiency']:.1%} of dense peak)",
         f"simulated step {summary['simulated_step_s']:.4f} s vs measured "
         f"{summary['measured_step_s']:.4f} s ({summary['simulations']} simulations)",

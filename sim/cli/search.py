@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ep", type=_ints, default=(), help="expert-parallel degrees (MoE)")
     parser.add_argument("--data-parallel", type=_words, default=None, help="kinds to try")
     parser.add_argument("--micro-batch", type=_ints, default=(1, 2, 4), help="micro-batch sizes")
-    parser.add_argument("--recompute", type=_words, default=None, help="none,selective,full")
+    parser.add_argument("--recompute", type=_words, default=None, help="none,selective,full (or op)")
     parser.add_argument("--no-interleaved", action="store_true", help="skip interleaved 1F1B")
     parser.add_argument("--headroom", type=float, default=0.9, help="fraction of HBM usable")
     parser.add_argument(
@@ -94,13 +94,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _space(args: argparse.Namespace) -> SearchSpace:
+    from schedules.plan import RECOMPUTE_MODES
     from sim.search.space import DEFAULT_KINDS, SearchSpace
 
     if not 0 < args.headroom <= 1:
         raise ValueError(f"--headroom must be in (0, 1], got {args.headroom}")
-    unknown = set(args.recompute or ()) - {"none", "selective", "full"}
+    unknown = set(args.recompute or ()) - set(RECOMPUTE_MODES)
     if unknown:
-        raise ValueError(f"--recompute {sorted(unknown)[0]!r} is not one of none, selective, full")
+        raise ValueError(
+            f"--recompute {sorted(unknown)[0]!r} is not one of {', '.join(RECOMPUTE_MODES)}"
+        )
     for flag, value in (("--tokens", args.tokens), ("--price", args.price)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ValueError(f"{flag} must be a positive number, got {value}")

@@ -26,7 +26,8 @@ def compute_basis(compute: ComputeModel, stack: str) -> str:
     """The compute figures' basis, in one line."""
     calibration = compute.calibration
     overlap = f"overlap slowdown {compute.overlap_slowdown:.1%}"
-    if calibration.kernels or calibration.efficiency or calibration.time_scale != 1.0:
+    fitted = calibration.time_scale != 1.0 or calibration.in_step_slowdown is not None
+    if calibration.kernels or calibration.efficiency or fitted:
         origin = calibration.fitted_on or calibration.device or "a calibration file"
         return f"calibrated ({origin}); {stack} kernel stack, {overlap}"
     measured = VALIDATED_ERROR.get(stack)
@@ -37,7 +38,10 @@ def compute_basis(compute: ComputeModel, stack: str) -> str:
         else "no published runs of this stack validate these defaults: calibrate with "
         "commbench --step or commsim fit"
     )
-    spec = f"{compute.gpu.name} peak x default efficiencies"
+    spec = (
+        f"{compute.gpu.name} peak x default efficiencies, in-step slowdown "
+        f"{compute.in_step_slowdown:.0%}"
+    )
     return f"defaults ({spec}, {stack} kernel stack, {overlap}); {error}"
 
 

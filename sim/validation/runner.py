@@ -90,6 +90,8 @@ class CaseResult:
     """Peak memory per GPU the source reports (GiB), or ``None``."""
     predicted_memory_gib: float | None = None
     """Predicted peak memory per GPU (GiB)."""
+    stack: str = ""
+    """Kernel stack the run's plan names (``training.stack``: eager, compile, megatron)."""
 
     @property
     def memory_error(self) -> float | None:
@@ -128,6 +130,7 @@ class CaseResult:
             "measured_memory_gib": self.measured_memory_gib,
             "predicted_memory_gib": self.predicted_memory_gib,
             "memory_error": self.memory_error,
+            "stack": self.stack,
         }
 
 
@@ -158,6 +161,11 @@ class ValidationReport:
         """Error figures per source table (``CaseResult.group``) over held-out cases."""
         return summarize(self.results, key=lambda result: result.group)
 
+    def summary_by_stack(self) -> dict[str, dict[str, float]]:
+        """Error figures per kernel stack (``CaseResult.stack``) over held-out cases: what a
+        ``commsim plan`` report on defaults quotes (``sim.replay.basis.VALIDATED_ERROR``)."""
+        return summarize(self.results, key=lambda result: result.stack)
+
     def memory_summary(self) -> dict[str, dict[str, float]]:
         """Peak-memory error figures per source (and ``all``) over every case reporting memory:
         nothing is fitted to memory, so calibration cases count too."""
@@ -174,6 +182,7 @@ class ValidationReport:
             "calibration": self.calibration,
             "summary": self.summary(),
             "summary_by_table": self.summary_by_table(),
+            "summary_by_stack": self.summary_by_stack(),
             "memory_summary": self.memory_summary(),
             "cases": [result.to_json() for result in self.results],
             "failed": [{"id": case_id, "error": message} for case_id, message in self.failed],
@@ -472,6 +481,7 @@ def _case_result(
         breakdown=dict(prediction.breakdown),
         measured_memory_gib=mapping.measured_memory_gib,
         predicted_memory_gib=prediction.memory_gib,
+        stack=str(((mapping.plan or {}).get("training") or {}).get("stack", "")),
     )
 
 

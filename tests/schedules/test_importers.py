@@ -519,14 +519,11 @@ def test_torchtitan_llama3_8b_toml() -> None:
     assert imported.sections == {
         "model": {"preset": "llama3-8b", "seq_len": 8192},
         "parallel": {"tp": 1, "pp": 1, "cp": 1, "data_parallel": "fsdp2",
-                     "fsdp_reduce_dtype": "fp32", "recompute": "selective"},
+                     "fsdp_reduce_dtype": "fp32", "recompute": "op"},
         "training": {"micro_batch_size": 1, "precision": "bf16", "stack": "eager"},
     }  # fmt: skip
     file = "llama3_8b.toml"
     assert imported.warnings == (
-        f"{file}: activation_checkpoint.selective_ac_option op (torchtitan's per-op policy: "
-        "keeps the attention and every other matmul output, recomputes the rest) is priced as "
-        "recompute selective (the attention core)",
         f"{file}: training.global_batch_size unset: torchtitan uses local_batch_size x the "
         "data-parallel degree, which data_parallel_shard_degree -1 leaves to the world size: "
         "left out",

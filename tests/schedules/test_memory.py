@@ -236,3 +236,29 @@ def test_full_recompute_holds_one_layer_in_full_and_fp8_caches_weights() -> None
     assert (
         memory.stage_memory_bytes(fp8, 0)["fp8_weights"] == 8 * layer_params_per_gpu(SMALL, 1) * 2
     )
+
+
+def test_per_op_recompute_saves_every_other_matmul_output_of_llama3_8b() -> None:
+    """torchtitan's per-op policy on Llama 3 8B (h 4096, kv 1024, f 14336, 32 heads), TP 1:
+    per token it keeps the block input (4096), wq, wv, w1 and w2 outputs (4096 + 1024 + 14336 +
+    4096), the attention output (4096) and the fp32 log-sum-exp (32 heads x 4 bytes), all bf16
+    but the last; it reruns wk, wo and w3: 2 x 4096 x (1024 + 4096 + 14336) FLOPs per token."""
+    from schedules.flops import recompute_flops
+    from schedules.model_presets import resolve_model_preset
+    from schedules.plan import ModelConfig
+
+    model = ModelConfig(**resolve_model_preset("llama3-8b"))
+    tokens = model.seq_len
+    saved = layer_activation_bytes(model, 1, recompute="op", flash_attention=True)
+    assert saved == 2 * tokens * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 32 * tokens
+    assert recompute_flops(model, 1, recompute="op", causal=True) == 2 * tokens * 4096 * (1024 + 4096 + 14336)
+    for sp in (False, True):
+        per_layer = {
+            mode: layer_activation_bytes(
+                model, 1, tp=8, sequence_parallel=sp, recompute=mode, flash_attention=True
+            )
+            for mode in ("none", "selective", "op", "full")
+        }
+        assert per_layer["selective"] > per_layer["op"] > per_layer["full"]
+    plain = dataclasses.replace(model, mlp_activation="gelu")  # w2 is not rerun: early stop
+    assert recompute_flops(plain, 1, recompute="op", causal=True) == 2 * tokens * 4096 * (1024 + 4096)

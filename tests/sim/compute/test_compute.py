@@ -27,12 +27,14 @@ from schedules.kernels import (
 )
 from schedules.params import layer_params_per_gpu
 from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
-from sim.compute.model import ComputeModel
+from sim.compute.model import DEFAULT_IN_STEP_SLOWDOWN, FLASH2_ON_HOPPER, ComputeModel
 from tests.model_configs import LLAMA3_70B
 from topologies.hardware import GPUS
 
 H100 = GPUS["h100-sxm"]
 A100 = GPUS["a100-sxm-80gb"]
+ISOLATED = ComputeCalibration(in_step_slowdown=0.0)
+"""The kernel curves as they are, without the in-step slowdown."""
 
 
 def plan(**parallel: object) -> Plan:
@@ -56,17 +58,17 @@ def plan(**parallel: object) -> Plan:
 
 def test_large_gemm_reaches_published_fraction_of_peak() -> None:
     n = 8192
-    h100 = ComputeModel(H100)
+    h100 = ComputeModel(H100, ISOLATED)
     achieved = 2 * n**3 / h100.gemm_time_s(n, n, n) / H100.peak_flops_per_s["bf16"]
     assert achieved == pytest.approx(0.82 * (n / (n + 128)) ** 3)
     assert 0.75 <= achieved <= 0.80
-    a100 = ComputeModel(A100)
+    a100 = ComputeModel(A100, ISOLATED)
     achieved_a100 = 2 * n**3 / a100.gemm_time_s(n, n, n) / A100.peak_flops_per_s["bf16"]
     assert 0.80 <= achieved_a100 <= 0.85
 
 
 def test_skinny_gemm_is_memory_bound() -> None:
-    model = ComputeModel(H100)
+    model = ComputeModel(H100, ISOLATED)
     m, n, k = 1, 8192, 8192
     operand_bytes = 2 * (m * k + k * n) + 2 * m * n
     expected = operand_bytes / (H100.hbm_bandwidth_bytes_per_s * 0.80)
@@ -139,7 +141,7 @@ def test_eager_attention_is_slower_than_fused() -> None:
 
 
 def test_head_embedding_and_optimizer_times() -> None:
-    model = ComputeModel(H100)
+    model = ComputeModel(H100, ISOLATED)
     head = model.head_times(plan(tp=4))
     lm_gemm = model.gemm_time_s(8192, 128256 / 4, 8192)
     assert head.forward_s > lm_gemm
@@ -148,6 +150,42 @@ def test_head_embedding_and_optimizer_times() -> None:
     assert embedding.forward_s == pytest.approx(2 * 2 * 8192 * 8192 / (3.35e12 * 0.8))
     step = model.optimizer_step_s(1e9, grad_bytes_per_param=4)
     assert step == pytest.approx(1e9 * 30 / (3.35e12 * 0.8))
+
+
+def test_every_kernel_runs_the_in_step_slowdown_longer_by_default() -> None:
+    """The default and a calibration that leaves the key out both add the in-step slowdown;
+    a calibration fitted to measured steps (0) keeps the curves."""
+    isolated, default = ComputeModel(H100, ISOLATED), ComputeModel(H100)
+    measured = ComputeModel(H100, ComputeCalibration(efficiency={"gemm": 0.7}))
+    factor = 1.0 + DEFAULT_IN_STEP_SLOWDOWN
+    assert default.gemm_time_s(8192, 8192, 8192) == pytest.approx(
+        factor * isolated.gemm_time_s(8192, 8192, 8192)
+    )
+    assert default.memory_time_s(1e9) == pytest.approx(factor * 1e9 / (3.35e12 * 0.8))
+    assert measured.gemm_time_s(8192, 8192, 8192) == pytest.approx(
+        factor * 2 * 8192**3 / (0.7 * H100.peak_flops_per_s["bf16"] * (8192 / (8192 + 128)) ** 3)
+    )
+    half = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.5))
+    assert half.memory_time_s(1e9) == pytest.approx(1.5 * isolated.memory_time_s(1e9))
+
+
+def test_flash_attention_2_runs_slower_on_hopper_only() -> None:
+    """FlashAttention-2 on an H100: the default attention rate x 0.35 / 0.60; on an A100 it is
+    the default's reference: unchanged. GEMMs never change."""
+    for gpu, factor in ((H100, FLASH2_ON_HOPPER), (A100, 1.0)):
+        model = ComputeModel(gpu)
+        for kind in ("attention_forward", "attention_backward"):
+            cudnn = model.kernel_fit(kind, "bf16", "cudnn").max_flops_per_s
+            flash2 = model.kernel_fit(kind, "bf16", "flash2").max_flops_per_s
+            assert flash2 == pytest.approx(cudnn * factor)
+        assert model.kernel_fit("gemm", "bf16", "flash2") == model.kernel_fit("gemm", "bf16")
+    assert FLASH2_ON_HOPPER == pytest.approx(0.5833, abs=1e-4)
+
+
+def test_the_in_step_slowdown_is_bounded() -> None:
+    for bad in (-0.1, 1.5, True, "0.2"):
+        with pytest.raises(ValueError, match="in_step_slowdown must be a number in \\[0, 1\\]"):
+            ComputeCalibration(in_step_slowdown=bad)  # type: ignore[arg-type]
 
 
 def test_gpu_without_the_dtype_is_an_error() -> None:
@@ -176,6 +214,7 @@ def test_calibration_drives_the_model_and_round_trips(tmp_path: Path) -> None:
         kernels={"bf16": {"gemm": fit}},
         efficiency={"attention_forward": 0.5},
         memory_bandwidth_bytes_per_s=3.0e12,
+        in_step_slowdown=0.0,
         measurements=(
             {"kind": "gemm", "dtype": "bf16", "dims": [1, 2, 3], "flops": 12.0, "time_s": 1e-6},
         ),

@@ -6,6 +6,7 @@ import pytest
 
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
+from comm_bench.compute_calibration import ComputeCalibration
 from sim.compute.model import ComputeModel, default_efficiency
 from sim.compute.step_fit import STEP_SCHEMA, calibration_from_step, modelled_classes_s
 from sim.replay.simulate import simulate_plan
@@ -24,9 +25,10 @@ PLAN = {
 
 
 def _measurement(gemm: float, attention: float, memory: float, idle: float) -> dict:
-    """A synthetic step: each class ``factor`` times slower than the default model."""
+    """A synthetic step: each class ``factor`` times slower than the default kernel curves."""
     plan = resolve_plan(load_plan(PLAN), 1)
-    modelled = modelled_classes_s(plan, ComputeModel(H100), 2)
+    isolated = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.0))
+    modelled = modelled_classes_s(plan, isolated, 2)
     classes = {
         "gemm": modelled["gemm"] * gemm,
         "attention": modelled["attention"] * attention,
@@ -52,6 +54,7 @@ def test_each_class_is_rescaled_and_the_idle_time_becomes_a_time_scale() -> None
     assert eff["memory"] == pytest.approx(
         default_efficiency(H100, "memory", "bf16") / 1.6, rel=1e-3
     )
+    assert calibration.in_step_slowdown == 0.0  # a step already runs in-step
     busy = sum(measurement["profile"]["classes_s"].values())
     assert calibration.time_scale == pytest.approx((busy + 0.004) / busy, rel=1e-3)
     result = simulate_plan(load_plan(PLAN), compute_calibration=calibration)

@@ -20,7 +20,9 @@ from sim.validation.cases import (
     parse_data_parallel,
     parse_gpu,
     parse_precision,
+    parse_attention_backend,
     parse_recompute,
+    parse_stack,
     parse_vpp,
     source_key,
     source_table,
@@ -49,6 +51,8 @@ def _cases() -> dict[str, dict[str, Any]]:
         ("none", "none"),
         ("not stated", None),
         ("selective + microbatch-level (store full activations)", None),
+        ("selective, per-op (selective_ac_option = 'op')", "op"),
+        ("op SAC", "op"),
     ],
 )
 def test_parse_recompute(text: str, expected: str | None) -> None:
@@ -100,6 +104,7 @@ def test_parse_precision_records_the_16_bit_assumption() -> None:
             {},
         ),
         ({"fsdp": "FULL_SHARD (ZeRO-3)"}, "fsdp", {}),
+        ({"fsdp": "FSDP2 (fully_shard), 8-way"}, "fsdp", {"fsdp_version": 2}),
         (
             {"zero_stage": 0, "dp_grad_allreduce_overlap": False},
             "ddp",
@@ -131,8 +136,44 @@ def test_parse_gpu_and_source_key() -> None:
     assert parse_gpu("H100 (SXM, 80GB)") == "h100-sxm"
     assert parse_gpu("H100-SXM5-80GB") == "h100-sxm"
     assert parse_gpu("V100") is None
+    assert parse_gpu("H100 (HBM2e, 96GB, 500W)") == "h100-96gb-500w"
+    assert parse_gpu("H200 SXM 141GB") == "h200"
     assert source_key("nemo2407_h100_fp8_GPT3-5B_64gpu") == "nemo2407"
     assert source_key("megatron_readme_h100_weak_1.7B") == "megatron_readme"
+
+
+@pytest.mark.parametrize(
+    ("case", "stack"),
+    [
+        ({"source": "Narayanan et al. 2021", "parallel": {"tp": 8}}, "megatron"),
+        ({"source": "torchtitan (arXiv:2410.06511)", "parallel": {"compile": False}}, "eager"),
+        ({"source": "torchtitan", "parallel": {"compile": True}}, "compile"),
+        ({"source": "x", "parallel": {"fsdp": "FSDP2", "note": "torch.compile"}}, "compile"),
+        ({"source": "x", "stack": "eager", "parallel": {"compile": True}}, "eager"),
+    ],
+)
+def test_parse_stack(case: dict[str, Any], stack: str) -> None:
+    assert parse_stack(case) == stack
+
+
+def test_parse_attention_backend() -> None:
+    assert parse_attention_backend("SDPA, FlashAttention-2 backend (torch 2.5)") == "flash2"
+    assert parse_attention_backend("FA2") == "flash2"
+    assert parse_attention_backend("cuDNN fused attention") == "cudnn"
+    assert parse_attention_backend(None) == "cudnn"
+
+
+def test_measured_memory_is_read_in_gib() -> None:
+    from sim.validation.measured import measured_memory_gib
+
+    assert measured_memory_gib({"measured": {"memory_gib": 82.4}}) == 82.4
+    assert measured_memory_gib({"measured": {"max_reserved_gib": 70.1}}) == 70.1
+    assert measured_memory_gib({"measured": {"memory_gib": "70.1"}}) is None  # text: not a figure
+    assert measured_memory_gib({"measured": {"peak_memory_gb": 80}}) == pytest.approx(
+        80e9 / 2**30
+    )
+    assert measured_memory_gib({"measured": {"memory_gib": "not stated"}}) is None
+    assert measured_memory_gib({}) is None
 
 
 def test_parse_architecture_families() -> None:
