@@ -188,9 +188,9 @@ def _refusal(bound: str, measured: float) -> str:
 def _text(summary: dict[str, object], out: Path | None) -> str:
     lines = [
         f"fitted time_scale {summary['time_scale']:.4f}: every kernel takes "
-        f"{summary['time_scale']:.3f}x its modelled time (in-step slowdown "
-        f"{summary['in_step_slowdown']:.0%} included; large GEMMs at "
-        f"{summary['gemm_efficiency']:.1%} of dense peak)",
+        f"{summary['time_scale']:.3f}x its modelled in-step time (the kernel curves x "
+        f"{1 + float(summary['in_step_slowdown'] or 0.0):.2f}); large GEMMs at "
+        f"{summary['gemm_efficiency']:.1%} of dense peak",
         f"simulated step {summary['simulated_step_s']:.4f} s vs measured "
         f"{summary['measured_step_s']:.4f} s ({summary['simulations']} simulations)",
     ]

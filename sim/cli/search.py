@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ep", type=_ints, default=(), help="expert-parallel degrees (MoE)")
     parser.add_argument("--data-parallel", type=_words, default=None, help="kinds to try")
     parser.add_argument("--micro-batch", type=_ints, default=(1, 2, 4), help="micro-batch sizes")
-    parser.add_argument("--recompute", type=_words, default=None, help="none,selective,full (or op)")
+    parser.add_argument("--recompute", type=_words, default=None, help="none,selective,op,full")
     parser.add_argument("--no-interleaved", action="store_true", help="skip interleaved 1F1B")
     parser.add_argument("--headroom", type=float, default=0.9, help="fraction of HBM usable")
     parser.add_argument(

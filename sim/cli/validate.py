@@ -155,10 +155,10 @@ def format_report(report: ValidationReport) -> str:
             f"{result.error:>+8.1%} {exposed_s:>15.3f} {bubble_s:>9.3f} {host_s:>8.3f}"
         )
     if report.calibration_cases:
-        lines.append("* calibration case: compute efficiency fitted on it, excluded from MAPE")
+        lines.append("* calibration case: compute time scale fitted on it, excluded from MAPE")
         for gpu, fit in report.calibration.items():
             lines.append(
-                f"  {gpu}: efficiency scale {fit['efficiency_scale']:.3f} of the defaults, "
+                f"  {gpu}: time scale {fit['time_scale']:.3f} on every kernel, "
                 f"fitted on {', '.join(fit['cases'])}"
             )
     lines.append("MAPE over held-out cases, per source:")

@@ -1,10 +1,11 @@
-"""Compute calibration from published runs: one efficiency scale per GPU type, fitted on a few.
+"""Compute calibration from published runs: one time scale per GPU type, fitted on a few.
 
-The compute model's default kernel efficiencies come from published kernel benchmarks, not from
-the clusters that produced the runs. ``fit_compute_calibration`` scales the GEMM and fused-
-attention efficiencies of one GPU type by a single factor that best reproduces the measured step
+The compute model's default kernel curves come from published kernel benchmarks, not from the
+clusters that produced the runs. ``fit_compute_calibration`` multiplies every kernel time of one
+GPU type by a single factor (``ComputeCalibration.time_scale``: on top of the default in-step
+slowdown, the same for every precision and kernel kind) that best reproduces the measured step
 times of its calibration cases (least squares on log ratios, golden-section search), as a user
-with a few measured runs of their own would.
+with a few measured runs of their own would (``commsim fit`` fits the same factor to one run).
 
     calibrations, fit = fit_compute_calibration(mappings, lambda m, c: simulate(m, c).step_time_s)
 """
@@ -49,33 +50,27 @@ def log_error_cost(predicted_s: Sequence[float], measured_s: Sequence[float]) ->
     return sum(math.log(p / m) ** 2 for p, m in zip(predicted_s, measured_s, strict=True))
 
 
-COMPUTE_KINDS = ("gemm", "attention_forward", "attention_backward")
-"""Kernel kinds whose efficiency the fitted scale multiplies (memory-bound kernels keep theirs)."""
-SCALE_RANGE = (0.25, 1.5)
-"""Search interval of the efficiency scale (1.0 = the compute model's defaults)."""
+SCALE_RANGE = (0.5, 2.0)
+"""Search interval of the time scale (1.0 = the compute model's defaults)."""
 
 
-def scaled_compute_calibration(gpu: str, dtype: str, scale: float) -> ComputeCalibration:
-    """A calibration for ``gpu`` whose compute efficiencies are ``scale`` x the defaults.
+def scaled_compute_calibration(gpu: str, scale: float) -> ComputeCalibration:
+    """A calibration for ``gpu`` whose kernels all take ``scale`` x their default time.
 
-    ``ComputeCalibration.efficiency`` applies to every dtype of the plan, so the GEMM default is
-    taken for ``dtype``, the precision of the calibration cases.
+    A time scale, not efficiencies: ``ComputeCalibration.efficiency`` applies to every dtype, so a
+    fit on BF16 runs would set the FP8 GEMM rate to the BF16 fraction of the FP8 peak.
     """
     from comm_bench.compute_calibration import ComputeCalibration
-    from sim.compute.model import default_efficiency
-    from topologies.hardware import GPUS
 
-    spec = GPUS[gpu]
-    efficiency = {kind: scale * default_efficiency(spec, kind, dtype) for kind in COMPUTE_KINDS}
     return ComputeCalibration(
-        device=f"fitted on published runs (scale {scale:.4f})", gpu=gpu, efficiency=efficiency
+        device=f"fitted on published runs (time scale {scale:.4f})", gpu=gpu, time_scale=scale
     )
 
 
 def fit_compute_calibration(
     mappings: Sequence[CaseMapping], step_time_s: StepTime
 ) -> tuple[dict[str, ComputeCalibration], dict[str, Any]]:
-    """Per GPU type, the efficiency scale that best fits its calibration cases' step times.
+    """Per GPU type, the time scale that best fits its calibration cases' step times.
 
     The cost is the sum of squared log ratios of predicted to measured step time, minimised by
     a golden-section search over ``SCALE_RANGE``; each evaluation simulates the cases.
@@ -95,23 +90,20 @@ def fit_compute_calibration(
 def _fit_one_gpu(
     gpu: str, group: Sequence[CaseMapping], step_time_s: StepTime
 ) -> tuple[ComputeCalibration, dict[str, Any]]:
-    dtype = str(group[0].plan["training"]["precision"])  # type: ignore[index]
     measured = [measured_of(m) for m in group]
     evaluations: list[float] = []
 
     def cost(scale: float) -> float:
         evaluations.append(scale)
-        calibration = scaled_compute_calibration(gpu, dtype, scale)
+        calibration = scaled_compute_calibration(gpu, scale)
         predicted = [step_time_s(m, calibration) for m in group]
         return log_error_cost(predicted, measured)
 
     scale = golden_section_minimum(cost, *SCALE_RANGE)
-    calibration = scaled_compute_calibration(gpu, dtype, scale)
+    calibration = scaled_compute_calibration(gpu, scale)
     description = {
         "cases": [m.case_id for m in group],
-        "dtype": dtype,
-        "efficiency_scale": scale,
-        "efficiency": dict(calibration.efficiency),
+        "time_scale": scale,
         "cost": cost(scale),
         "num_evaluations": len(evaluations),
     }

@@ -251,7 +251,9 @@ def test_per_op_recompute_saves_every_other_matmul_output_of_llama3_8b() -> None
     tokens = model.seq_len
     saved = layer_activation_bytes(model, 1, recompute="op", flash_attention=True)
     assert saved == 2 * tokens * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 32 * tokens
-    assert recompute_flops(model, 1, recompute="op", causal=True) == 2 * tokens * 4096 * (1024 + 4096 + 14336)
+    assert recompute_flops(model, 1, recompute="op", causal=True) == 2 * tokens * 4096 * (
+        1024 + 4096 + 14336
+    )
     for sp in (False, True):
         per_layer = {
             mode: layer_activation_bytes(
@@ -261,4 +263,6 @@ def test_per_op_recompute_saves_every_other_matmul_output_of_llama3_8b() -> None
         }
         assert per_layer["selective"] > per_layer["op"] > per_layer["full"]
     plain = dataclasses.replace(model, mlp_activation="gelu")  # w2 is not rerun: early stop
-    assert recompute_flops(plain, 1, recompute="op", causal=True) == 2 * tokens * 4096 * (1024 + 4096)
+    assert recompute_flops(plain, 1, recompute="op", causal=True) == 2 * tokens * 4096 * (
+        1024 + 4096
+    )

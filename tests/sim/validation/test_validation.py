@@ -128,16 +128,11 @@ def _fake_case(case_id: str, gpu: str, num_gpus: int, step_s: float) -> dict:
 
 
 def _scale_simulator(true_scale: float):
-    """Predicts measured * true_scale / fitted scale: the fit must find ``true_scale``."""
-    from sim.compute.model import default_efficiency
-    from topologies.hardware import GPUS
+    """Predicts measured x fitted scale / true_scale: the fit must find ``true_scale``."""
 
     def simulate(mapping, calibration):
-        scale = 1.0
-        if calibration is not None:
-            default = default_efficiency(GPUS[mapping.gpu], "gemm", "bf16")
-            scale = calibration.efficiency["gemm"] / default
-        return Prediction(step_time_s=mapping.measured.step_time_s * true_scale / scale)
+        scale = 1.0 if calibration is None else calibration.time_scale
+        return Prediction(step_time_s=mapping.measured.step_time_s * scale / true_scale)
 
     return simulate
 
@@ -152,7 +147,7 @@ def test_run_validation_fits_the_scale_and_reports_only_held_out_cases() -> None
     report = run_validation(cases, simulate=_scale_simulator(0.8))
     assert report.calibration_cases == ("a_8", "h_8")
     for gpu in ("a100-sxm-80gb", "h100-sxm"):
-        assert report.calibration[gpu]["efficiency_scale"] == pytest.approx(0.8, abs=1e-3)
+        assert report.calibration[gpu]["time_scale"] == pytest.approx(0.8, abs=1e-3)
     assert [r.case_id for r in report.results] == ["a_16", "a_8", "h_8", "h_64"]
     assert [r.calibration for r in report.results] == [False, True, True, False]
     summary = report.summary()
@@ -164,7 +159,7 @@ def test_run_validation_without_calibration_reports_every_case() -> None:
     cases = [_fake_case("a_8", "A100-SXM4-80GB", 8, 1.0)]
     report = run_validation(cases, calibrate_on=(), simulate=_scale_simulator(1.2))
     assert report.calibration_cases == () and report.calibration == {}
-    assert report.results[0].error == pytest.approx(0.2)
+    assert report.results[0].error == pytest.approx(1 / 1.2 - 1)
     assert report.summary()["all"]["num_cases"] == 1
 
 
@@ -286,7 +281,7 @@ def test_progress_counts_every_calibration_and_case_simulation() -> None:
 def test_no_calibration_phase_without_calibration_cases() -> None:
     recorder = _Recorder()
     cases = [_fake_case("a_8", "A100-SXM4-80GB", 8, 1.0)]
-    run_validation(cases, calibrate_on=(), simulate=_scale_simulator(1.2), progress=recorder)
+    run_validation(cases, calibrate_on=(), simulate=_scale_simulator(1 / 1.2), progress=recorder)
     assert recorder.log[0] == ("start", ("simulating", 1))
     assert str(recorder.log[1][1]).startswith("a_8: 1.200 s predicted (")
 

@@ -17,10 +17,10 @@ from sim.validation.cases import (
     load_cases,
     map_case,
     parse_architecture,
+    parse_attention_backend,
     parse_data_parallel,
     parse_gpu,
     parse_precision,
-    parse_attention_backend,
     parse_recompute,
     parse_stack,
     parse_vpp,
@@ -169,9 +169,7 @@ def test_measured_memory_is_read_in_gib() -> None:
     assert measured_memory_gib({"measured": {"memory_gib": 82.4}}) == 82.4
     assert measured_memory_gib({"measured": {"max_reserved_gib": 70.1}}) == 70.1
     assert measured_memory_gib({"measured": {"memory_gib": "70.1"}}) is None  # text: not a figure
-    assert measured_memory_gib({"measured": {"peak_memory_gb": 80}}) == pytest.approx(
-        80e9 / 2**30
-    )
+    assert measured_memory_gib({"measured": {"peak_memory_gb": 80}}) == pytest.approx(80e9 / 2**30)
     assert measured_memory_gib({"measured": {"memory_gib": "not stated"}}) is None
     assert measured_memory_gib({}) is None
 

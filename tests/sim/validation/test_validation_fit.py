@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.compute.model import default_efficiency
 from sim.validation.fit import (
-    COMPUTE_KINDS,
     golden_section_minimum,
     log_error_cost,
     scaled_compute_calibration,
@@ -33,14 +31,21 @@ def test_log_error_cost_is_symmetric_in_ratio() -> None:
     assert log_error_cost([1.0, 3.0], [1.0, 3.0]) == 0.0
 
 
-def test_scaled_calibration_scales_compute_kernels_only() -> None:
-    calibration = scaled_compute_calibration("h100-sxm", "fp8", 0.5)
-    assert calibration.gpu == "h100-sxm"
-    assert set(calibration.efficiency) == set(COMPUTE_KINDS)  # memory-bound kernels keep theirs
+def test_the_fitted_calibration_scales_every_kernel_time_alike() -> None:
+    """One factor on every kernel time, whatever its precision or kind (an efficiency fitted on
+    BF16 runs would misprice FP8 GEMMs)."""
+    from sim.compute.model import ComputeModel
+
+    calibration = scaled_compute_calibration("h100-sxm", 1.25)
+    assert (calibration.gpu, calibration.time_scale, calibration.efficiency) == (
+        "h100-sxm",
+        1.25,
+        {},
+    )
     spec = GPUS["h100-sxm"]
-    assert calibration.efficiency["gemm"] == pytest.approx(
-        0.5 * default_efficiency(spec, "gemm", "fp8")
-    )
-    assert calibration.efficiency["attention_backward"] == pytest.approx(
-        0.5 * default_efficiency(spec, "attention_backward", "fp8")
-    )
+    fitted, default = ComputeModel(spec, calibration), ComputeModel(spec)
+    for dtype in ("bf16", "fp8"):
+        assert fitted.gemm_time_s(8192, 8192, 8192, dtype) == pytest.approx(
+            1.25 * default.gemm_time_s(8192, 8192, 8192, dtype)
+        )
+    assert fitted.memory_time_s(1e9) == pytest.approx(1.25 * default.memory_time_s(1e9))
