@@ -185,11 +185,15 @@ def _refusal(bound: str, measured: float) -> str:
     )
 
 
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
 def _text(summary: dict[str, object], out: Path | None) -> str:
     lines = [
         f"fitted time_scale {summary['time_scale']:.4f}: every kernel takes "
         f"{summary['time_scale']:.3f}x its modelled in-step time (the kernel curves x "
-        f"{1 + float(summary['in_step_slowdown'] or 0.0):.2f}); large GEMMs at "
+        f"{1 + _number(summary['in_step_slowdown']):.2f}); large GEMMs at "
         f"{summary['gemm_efficiency']:.1%} of dense peak",
         f"simulated step {summary['simulated_step_s']:.4f} s vs measured "
         f"{summary['measured_step_s']:.4f} s ({summary['simulations']} simulations)",
