@@ -14,15 +14,18 @@ from sim.replay.simulate import simulate_plan
 from tests.sim.replay.test_plan_sim import plan_of
 
 
-def test_defaults_quote_the_measured_error_of_their_stack() -> None:
+def test_defaults_quote_the_measured_error_of_their_stack(monkeypatch) -> None:
     megatron = simulate_plan(plan_of({"data_parallel": "distributed_optimizer", "tp": 2}))
-    mape, runs = VALIDATED_ERROR["megatron"]
     assert megatron.basis["stack"] == "megatron"
-    assert f"off by {mape:.1%} (MAPE) on {runs} published runs" in megatron.basis["compute"]
+    for stack, result in (("megatron", megatron), ("eager", simulate_plan(plan_of({"tp": 2})))):
+        mape, runs = VALIDATED_ERROR[stack]
+        assert result.basis["stack"] == stack
+        assert f"off by {mape:.1%} (MAPE) on {runs} published runs" in result.basis["compute"]
+        assert "in-step slowdown 21%" in result.basis["compute"]
+        assert result.basis["network"].startswith("defaults")
+    monkeypatch.delitem(VALIDATED_ERROR, "eager")
     eager = simulate_plan(plan_of({"tp": 2}))
-    assert eager.basis["stack"] == "eager"
     assert "no published runs of this stack" in eager.basis["compute"]
-    assert eager.basis["network"].startswith("defaults")
     fitted = ComputeCalibration(time_scale=1.2, fitted_on="my 32-GPU run")
     calibrated = simulate_plan(plan_of({"tp": 2}), compute_calibration=fitted)
     assert calibrated.basis["compute"].startswith("calibrated (my 32-GPU run)")
