@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import load_json
+from fileio.strict import load_json, shorten
 from refdata import CASES_PATH
 from sim.validation.measured import (
     Measurement,
@@ -42,6 +42,7 @@ SOURCES: dict[str, str] = {
     "opt175B": "Zhang et al. 2022 (OPT-175B), A100",
     "mcoremoe": "Megatron-Core MoE (README and MoE model zoo), H100",
     "torchtitan": "torchtitan benchmarks (FSDP2, TP, torch.compile, Float8), H100 and H200",
+    "mbridge": "Megatron-Bridge performance summary (NeMo 26.04.01 and 26.06 containers), H100",
 }
 """Short source key (the case-id prefix) -> the publication it comes from."""
 
@@ -370,7 +371,28 @@ def _parallel_section(
     if isinstance(parallel.get("tp_comm_overlap"), bool):
         knobs["tp_comm_overlap"] = parallel["tp_comm_overlap"]
     section.update(knobs)
+    section.update(_layout_section(parallel, missing))
     section.update({k: parallel[k] for k in MOE_PARALLEL_KEYS if k in parallel})
+    return section
+
+
+def _layout_section(parallel: dict[str, Any], missing: list[str]) -> dict[str, Any]:
+    """An uneven pipeline split where the source gives one: ``pipeline_layers`` (layers per
+    virtual stage) and Megatron's ``embedding_as_layer`` / ``loss_as_layer``."""
+    section: dict[str, Any] = {}
+    if "pipeline_layers" in parallel:
+        layers = parallel["pipeline_layers"]
+        counts = [as_integer(n) for n in layers] if isinstance(layers, list) else [None]
+        if not counts or None in counts:
+            missing.append(f"pipeline_layers ({shorten(layers)})")
+        else:
+            section["pipeline_layers"] = counts
+    for key in ("embedding_as_layer", "loss_as_layer"):
+        if key in parallel:
+            if isinstance(parallel[key], bool):
+                section[key] = parallel[key]
+            else:
+                missing.append(f"{key} ({shorten(parallel[key])})")
     return section
 
 

@@ -213,6 +213,7 @@ def test_the_rule_picks_the_documented_calibration_cases() -> None:
         "mcoremoe_h100_mixtral-8x7b_64gpu",
         "torchtitan_t1_8B_8gpu_fsdp",
         "torchtitan_trainy_8B_32gpu_h200_compile_float8",
+        "mbridge_2604_h100_fp8_LLAMA3-70B_64gpu",
     )
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refdata
+from fileio.strict import shorten
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
 from sim.validation.cases import (
@@ -163,6 +164,19 @@ def test_parse_attention_backend() -> None:
     assert parse_attention_backend(None) == "cudnn"
 
 
+def test_an_uneven_pipeline_split_reaches_the_plan() -> None:
+    """Megatron-Bridge's 70B layout: 40 virtual stages, the last one holding 1 layer."""
+    case = next(c for c in load_cases(CASES_PATH) if c["id"].startswith("mbridge_2604"))
+    plan = map_case(case).plan
+    assert plan is not None and plan["parallel"]["pipeline_layers"] == [2] * 35 + [3, 2, 2, 2, 1]
+    resolved = resolve_plan(load_plan(plan), 64)
+    assert (resolved.parallel.pp, resolved.parallel.vpp) == (8, 5)
+    for junk in ("2,2", [2, "x"], []):
+        mangled = copy.deepcopy(case)
+        mangled["parallel"]["pipeline_layers"] = junk
+        assert f"pipeline_layers ({shorten(junk)})" in map_case(mangled).missing
+
+
 def test_measured_memory_is_read_in_gib() -> None:
     from sim.validation.measured import measured_memory_gib
 
@@ -307,13 +321,15 @@ def test_simulable_case_count_per_source() -> None:
         if mapping.simulable:
             counts[mapping.source] = counts.get(mapping.source, 0) + 1
     # Table 1 (10) + Table 2 ZeRO-3 (6); Table 5 (8) + 530B on 2240 GPUs (2); NeMo (12);
-    # Mixtral 8x7B and 8x22B (2); torchtitan Tables 1-4 (10), asynchronous TP (6), H200 (3)
+    # Mixtral 8x7B and 8x22B (2); torchtitan Tables 1-4 (10), asynchronous TP (8), H200 (2);
+    # Megatron-Bridge Llama 3 70B and 3.1 405B (2)
     assert counts == {
         "narayanan21": 16,
         "korthikanti22": 10,
         "nemo2407": 12,
         "mcoremoe": 2,
         "torchtitan": 19,
+        "mbridge": 2,
     }
 
 
@@ -330,7 +346,7 @@ _JUNK = st.one_of(
 @needs_cases
 @settings(max_examples=60, deadline=None)
 @given(
-    index=st.integers(min_value=0, max_value=88),
+    index=st.integers(min_value=0, max_value=90),
     section=st.sampled_from(["model", "parallel", "hardware", "measured"]),
     data=st.data(),
 )
