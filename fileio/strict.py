@@ -15,6 +15,8 @@ FIFO nobody writes to cannot hang a command.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import reprlib
@@ -153,7 +155,16 @@ _StrictLoader.add_constructor(
 
 def load_yaml(text: str, *, name: str = "<input>") -> Any:
     """Parse one YAML document strictly (see the module docstring). Raises ``ValueError`` or
-    ``yaml.YAMLError`` (syntax)."""
+    ``yaml.YAMLError`` (syntax).
+
+    The last few documents parsed are remembered (a command reads its plan file more than once:
+    which configs it imports, then the plan), and each call gets its own copy."""
+    return copy.deepcopy(_parse_yaml(text, name))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_yaml(text: str, name: str) -> Any:
+    """``load_yaml`` without the copy (errors are not remembered)."""
     loader = _StrictLoader(text)
     loader.name = name
     try:

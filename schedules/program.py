@@ -242,6 +242,8 @@ def tp_backward_steps(
     full_recompute: bool = False,
     split: str = "",
     per_layer: int = 2,
+    dtensor: bool = False,
+    regather: bool = False,
 ) -> tuple[Step, ...]:
     """Backward of ``num_layers`` layers with TP collectives placed where Megatron puts them.
 
@@ -251,10 +253,30 @@ def tp_backward_steps(
     dgrad GEMM and the dgrad reduce-scatter overlaps the wgrad GEMM (4 AG + 2 RS per layer).
     ``split="input"`` gives the zero-bubble Bi pass (no wgrad to hide behind: the dgrad
     collectives block), ``split="weight"`` the W pass (wgrad GEMMs only).
+
+    ``dtensor``: PyTorch's tensor parallelism (DTensor ``ColwiseParallel`` / ``RowwiseParallel``,
+    eager or compiled, without asynchronous TP) instead. Autograd runs each linear's input and
+    weight gradients in one node before the collective of the node's input, and each
+    collective's result is needed by the very next node, so every TP collective of the backward
+    blocks: with SP 2 gradient all-gathers and 2 dgrad reduce-scatters per layer, without SP 2
+    dgrad all-reduces; ``regather`` adds the 2 input all-gathers that a recompute policy
+    saving no norm output (torchtitan's per-op AC) runs again in the backward.
     """
     n = num_layers
     if split == "weight":
         return _drop_empty([ComputeStep(name="wgrad", duration_s=backward_weight_s * n)])
+    if dtensor:
+        return _dtensor_backward_steps(
+            backward_s=backward_input_s + (0.0 if split == "input" else backward_weight_s),
+            recompute_s=recompute_s,
+            num_layers=n,
+            tp_bytes=tp_bytes,
+            tp=tp,
+            sequence_parallel=sequence_parallel,
+            full_recompute=full_recompute,
+            regather=regather,
+            per_layer=per_layer,
+        )
     steps: list[Step] = []
     if recompute_s > 0:
         steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
@@ -316,6 +338,50 @@ def tp_backward_steps(
         )
         if split != "input":
             steps.append(ComputeStep(name=f"wgrad {name}", duration_s=width))
+    return _drop_empty(steps)
+
+
+def _dtensor_backward_steps(
+    *,
+    backward_s: float,
+    recompute_s: float,
+    num_layers: int,
+    tp_bytes: float,
+    tp: int,
+    sequence_parallel: bool,
+    full_recompute: bool,
+    regather: bool,
+    per_layer: int,
+) -> tuple[Step, ...]:
+    """``tp_backward_steps`` under DTensor: every TP collective on the critical path."""
+    n = num_layers
+    steps: list[Step] = []
+    if recompute_s > 0:
+        steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
+    if tp > 1 and full_recompute:
+        steps += tp_forward_steps(
+            forward_s=0.0,
+            num_layers=n,
+            tp_bytes=tp_bytes,
+            tp=tp,
+            sequence_parallel=sequence_parallel,
+            per_layer=per_layer,
+        )
+    if tp > 1 and sequence_parallel:
+        gathers = per_layer * (2 if regather and not full_recompute else 1)
+        steps.append(
+            CommStep(
+                name="AG grad", group="tp", op="all_gather", size_bytes=tp_bytes, repeat=gathers * n
+            )
+        )
+    steps.append(ComputeStep(name="bwd", duration_s=backward_s * n))
+    if tp > 1:
+        op = "reduce_scatter" if sequence_parallel else "all_reduce"
+        steps.append(
+            CommStep(
+                name=f"{op} dgrad", group="tp", op=op, size_bytes=tp_bytes, repeat=per_layer * n
+            )
+        )
     return _drop_empty(steps)
 
 

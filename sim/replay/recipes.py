@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedules.activations import ACTIVATION_BYTES
-from schedules.kernels import weight_gemm_shapes
+from schedules.kernels import kernel_stack, weight_gemm_shapes
 from schedules.layout import Layout
 from schedules.memory import FSDP_KINDS, replica_group_size
 from schedules.model import (
@@ -212,6 +212,8 @@ def _uniform_recipes(
             full_recompute=parallel.recompute == "full",
             split=split,
             per_layer=per_layer,
+            dtensor=kernel_stack(plan) != "megatron" and not parallel.tp_comm_overlap,
+            regather=parallel.recompute == "op",
         )
 
     forward = tp_forward_steps(

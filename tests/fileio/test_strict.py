@@ -144,3 +144,19 @@ def test_a_log_that_does_not_name_its_collective_takes_op(
     records = read_results(log, op="all_reduce")
     assert {r.world_size for r in records} == {8}  # busbw / algbw = 2 (n - 1) / n = 1.75
     assert json.loads(out.read_text())["schema"].startswith("commsim-calibration")
+
+
+def test_a_document_read_twice_is_parsed_once_and_each_caller_gets_its_own_copy() -> None:
+    from fileio.strict import _parse_yaml
+
+    text = "parallel: {tp: 2, pipeline_layers: [3, 5]}\n"
+    _parse_yaml.cache_clear()
+    first = load_yaml(text, name="plan.yaml")
+    first["parallel"]["pipeline_layers"].append(9)
+    second = load_yaml(text, name="plan.yaml")
+    assert second == {"parallel": {"tp": 2, "pipeline_layers": [3, 5]}}
+    assert _parse_yaml.cache_info().hits == 1
+    with pytest.raises(ValueError, match="given twice"):  # errors are raised every time
+        load_yaml("a: 1\na: 2\n", name="d.yaml")
+    with pytest.raises(ValueError, match="given twice"):
+        load_yaml("a: 1\na: 2\n", name="d.yaml")

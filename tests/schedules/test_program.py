@@ -124,6 +124,57 @@ def test_zero_bubble_split_keeps_the_total_and_blocks_dgrad_collectives() -> Non
     assert all(not s.overlap for s in bi if isinstance(s, CommStep))
 
 
+@pytest.mark.parametrize(
+    ("sequence_parallel", "recompute", "expected"),
+    [
+        (True, "none", {"all_gather": 2 * 3, "reduce_scatter": 2 * 3}),
+        # per-op AC saves no norm output: both input all-gathers run again in the backward
+        (True, "op", {"all_gather": 4 * 3, "reduce_scatter": 2 * 3}),
+        # full AC replays the forward (2 AG + 2 RS), whose gathered inputs the backward then uses
+        (True, "full", {"all_gather": 4 * 3, "reduce_scatter": 4 * 3}),
+        (False, "none", {"all_reduce": 2 * 3}),
+    ],
+)
+def test_dtensor_backward_blocks_on_every_tp_collective(
+    sequence_parallel: bool, recompute: str, expected: dict[str, int]
+) -> None:
+    steps = tp_backward_steps(
+        backward_input_s=2.0,
+        backward_weight_s=1.0,
+        recompute_s=0.0 if recompute == "none" else 0.5,
+        num_layers=3,
+        tp_bytes=8.0,
+        shares=LinearShares(qkv=0.25, fc1=0.5),
+        tp=4,
+        sequence_parallel=sequence_parallel,
+        full_recompute=recompute == "full",
+        dtensor=True,
+        regather=recompute == "op",
+    )
+    assert comm_counts(steps) == expected
+    assert all(not s.overlap for s in steps if isinstance(s, CommStep))
+    recompute_s = 0.0 if recompute == "none" else 3 * 0.5
+    assert compute_total(steps) == pytest.approx(3 * (2.0 + 1.0) + recompute_s)
+    # the dgrad collective comes after the layer's input and weight gradients (one autograd node)
+    last = steps[-1]
+    assert isinstance(last, CommStep) and last.name.endswith("dgrad")
+    # zero-bubble: the input pass keeps the blocking collectives, the weight pass has none
+    bi = tp_backward_steps(
+        backward_input_s=2.0,
+        backward_weight_s=1.0,
+        recompute_s=0.0,
+        num_layers=3,
+        tp_bytes=8.0,
+        shares=LinearShares(),
+        tp=4,
+        sequence_parallel=sequence_parallel,
+        dtensor=True,
+        split="input",
+    )
+    assert compute_total(bi) == pytest.approx(3 * 2.0)
+    assert sum(comm_counts(bi).values()) == (4 if sequence_parallel else 2) * 3
+
+
 def test_with_marks_splits_compute_at_bucket_fractions() -> None:
     steps = (ComputeStep(name="bwd", duration_s=3.0), ComputeStep(name="tail", duration_s=1.0))
     marked = with_marks(steps, (1.0, 2.0, 1.0))

@@ -185,8 +185,17 @@ def test_calibrating_on_one_case_reproduces_its_step_time(tmp_path: Path, capsys
 @needs_cases
 def test_default_rule_and_plot_on_a_small_selection(tmp_path: Path, capsys) -> None:
     plot = tmp_path / "validation.png"
+    # the shipped runs of the A100 and NeMo sources (the rule's picks over the other sources'
+    # runs would add minutes of simulation and are covered by the results files)
+    cases = [
+        case
+        for case in json.loads(CASES_PATH.read_text())
+        if case["id"].startswith(("narayanan21_", "korthikanti22_", "nemo2407_"))
+    ]
+    subset = tmp_path / "cases.json"
+    subset.write_text(json.dumps(cases))
     code = main(
-        ["validate", str(CASES_PATH), "--ids", f"{SMALL_A100},{SMALL_H100}", "--plot", str(plot)]
+        ["validate", str(subset), "--ids", f"{SMALL_A100},{SMALL_H100}", "--plot", str(plot)]
     )
     assert code == 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
