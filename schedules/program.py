@@ -368,12 +368,13 @@ def _dtensor_backward_steps(
             per_layer=per_layer,
         )
     if tp > 1 and sequence_parallel:
-        gathers = per_layer * (2 if regather and not full_recompute else 1)
-        steps.append(
+        names = ["AG grad", "AG input"] if regather and not full_recompute else ["AG grad"]
+        steps += [
             CommStep(
-                name="AG grad", group="tp", op="all_gather", size_bytes=tp_bytes, repeat=gathers * n
+                name=name, group="tp", op="all_gather", size_bytes=tp_bytes, repeat=per_layer * n
             )
-        )
+            for name in names
+        ]
     steps.append(ComputeStep(name="bwd", duration_s=backward_s * n))
     if tp > 1:
         op = "reduce_scatter" if sequence_parallel else "all_reduce"
