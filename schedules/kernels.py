@@ -272,6 +272,22 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
     return (qk, av, softmax), (qk, av, qk, av, softmax_backward)
 
 
+def recompute_kernels(
+    plan: Plan,
+    forward: tuple[Kernel, ...],
+    core_forward: tuple[Kernel, ...],
+    elementwise_bytes: float,
+) -> tuple[Kernel, ...]:
+    """What the backward runs again under ``parallel.recompute``: nothing, the attention core
+    (``selective``), the whole forward (``full``) or the per-op policy's kernels (``op``)."""
+    return {
+        "none": (),
+        "selective": core_forward,
+        "full": forward,
+        "op": op_recompute_kernels(plan, elementwise_bytes),
+    }[plan.parallel.recompute]
+
+
 def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, ...]:
     """What torchtitan's per-op selective checkpointing reruns before a layer's backward: the
     matmuls it does not save (``schedules.flops.op_recomputed_gemms``, TP-sharded) and every
@@ -303,12 +319,7 @@ def layer_kernels(plan: Plan) -> PieceKernels:
         *core_forward,
         memory("elementwise", elementwise_bytes),
     )
-    recompute = {
-        "none": (),
-        "selective": core_forward,
-        "full": forward,
-        "op": op_recompute_kernels(plan, elementwise_bytes),
-    }[plan.parallel.recompute]
+    recompute = recompute_kernels(plan, forward, core_forward, elementwise_bytes)
     return PieceKernels(
         forward=forward,
         backward_input=(

@@ -26,7 +26,7 @@ from schedules.kernels import (
     gemm,
     kernel_stack,
     memory,
-    op_recompute_kernels,
+    recompute_kernels,
     weight_cast_bytes,
     weight_gemm_shapes,
 )
@@ -110,12 +110,7 @@ def moe_layer_kernels(plan: Plan) -> PieceKernels:
         *core_forward,
         memory("elementwise", elementwise_bytes),
     )
-    recompute = {
-        "none": (),
-        "selective": core_forward,
-        "full": forward,
-        "op": op_recompute_kernels(plan, elementwise_bytes),
-    }[plan.parallel.recompute]
+    recompute = recompute_kernels(plan, forward, core_forward, elementwise_bytes)
     return PieceKernels(
         forward=forward,
         backward_input=(

@@ -265,18 +265,6 @@ def tp_backward_steps(
     n = num_layers
     if split == "weight":
         return _drop_empty([ComputeStep(name="wgrad", duration_s=backward_weight_s * n)])
-    if dtensor:
-        return _dtensor_backward_steps(
-            backward_s=backward_input_s + (0.0 if split == "input" else backward_weight_s),
-            recompute_s=recompute_s,
-            num_layers=n,
-            tp_bytes=tp_bytes,
-            tp=tp,
-            sequence_parallel=sequence_parallel,
-            full_recompute=full_recompute,
-            regather=regather,
-            per_layer=per_layer,
-        )
     steps: list[Step] = []
     if recompute_s > 0:
         steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
@@ -292,6 +280,16 @@ def tp_backward_steps(
     if tp == 1:
         wgrad = 0.0 if split == "input" else backward_weight_s
         steps.append(ComputeStep(name="bwd", duration_s=(backward_input_s + wgrad) * n))
+        return _drop_empty(steps)
+    if dtensor:
+        steps += _dtensor_backward_steps(
+            backward_s=backward_input_s + (0.0 if split == "input" else backward_weight_s),
+            num_layers=n,
+            tp_bytes=tp_bytes,
+            sequence_parallel=sequence_parallel,
+            regather=regather and not full_recompute,
+            per_layer=per_layer,
+        )
         return _drop_empty(steps)
     if sequence_parallel:
         steps.append(
@@ -344,31 +342,19 @@ def tp_backward_steps(
 def _dtensor_backward_steps(
     *,
     backward_s: float,
-    recompute_s: float,
     num_layers: int,
     tp_bytes: float,
-    tp: int,
     sequence_parallel: bool,
-    full_recompute: bool,
     regather: bool,
     per_layer: int,
-) -> tuple[Step, ...]:
-    """``tp_backward_steps`` under DTensor: every TP collective on the critical path."""
+) -> list[Step]:
+    """The TP part of ``tp_backward_steps`` under DTensor: every collective on the critical
+    path (the gradient all-gathers, with ``regather`` the input ones, the compute, then the
+    dgrad reduce-scatters or all-reduces)."""
     n = num_layers
     steps: list[Step] = []
-    if recompute_s > 0:
-        steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
-    if tp > 1 and full_recompute:
-        steps += tp_forward_steps(
-            forward_s=0.0,
-            num_layers=n,
-            tp_bytes=tp_bytes,
-            tp=tp,
-            sequence_parallel=sequence_parallel,
-            per_layer=per_layer,
-        )
-    if tp > 1 and sequence_parallel:
-        names = ["AG grad", "AG input"] if regather and not full_recompute else ["AG grad"]
+    if sequence_parallel:
+        names = ["AG grad", "AG input"] if regather else ["AG grad"]
         steps += [
             CommStep(
                 name=name, group="tp", op="all_gather", size_bytes=tp_bytes, repeat=per_layer * n
@@ -376,14 +362,11 @@ def _dtensor_backward_steps(
             for name in names
         ]
     steps.append(ComputeStep(name="bwd", duration_s=backward_s * n))
-    if tp > 1:
-        op = "reduce_scatter" if sequence_parallel else "all_reduce"
-        steps.append(
-            CommStep(
-                name=f"{op} dgrad", group="tp", op=op, size_bytes=tp_bytes, repeat=per_layer * n
-            )
-        )
-    return _drop_empty(steps)
+    op = "reduce_scatter" if sequence_parallel else "all_reduce"
+    steps.append(
+        CommStep(name=f"{op} dgrad", group="tp", op=op, size_bytes=tp_bytes, repeat=per_layer * n)
+    )
+    return steps
 
 
 @dataclass(slots=True)
