@@ -259,8 +259,9 @@ def tp_backward_steps(
     weight gradients in one node before the collective of the node's input, and each
     collective's result is needed by the very next node, so every TP collective of the backward
     blocks: with SP 2 gradient all-gathers and 2 dgrad reduce-scatters per layer, without SP 2
-    dgrad all-reduces; ``regather`` adds the 2 input all-gathers that a recompute policy
-    saving no norm output (torchtitan's per-op AC) runs again in the backward.
+    dgrad all-reduces; ``regather`` adds what a recompute policy saving no norm output and no
+    all-gather or all-reduce output (torchtitan's per-op AC) runs again in the backward: the 2
+    input all-gathers with SP, the attention output's all-reduce without.
     """
     n = num_layers
     if split == "weight":
@@ -349,8 +350,8 @@ def _dtensor_backward_steps(
     per_layer: int,
 ) -> list[Step]:
     """The TP part of ``tp_backward_steps`` under DTensor: every collective on the critical
-    path (the gradient all-gathers, with ``regather`` the input ones, the compute, then the
-    dgrad reduce-scatters or all-reduces)."""
+    path (the gradient all-gathers, with ``regather`` the input ones or the attention output's
+    all-reduce, the compute, then the dgrad reduce-scatters or all-reduces)."""
     n = num_layers
     steps: list[Step] = []
     if sequence_parallel:
@@ -361,6 +362,10 @@ def _dtensor_backward_steps(
             )
             for name in names
         ]
+    elif regather:  # the attention output's all-reduce, rebuilding the MLP norm's input
+        steps.append(
+            CommStep(name="AR residual", group="tp", op="all_reduce", size_bytes=tp_bytes, repeat=n)
+        )
     steps.append(ComputeStep(name="bwd", duration_s=backward_s * n))
     op = "reduce_scatter" if sequence_parallel else "all_reduce"
     steps.append(

@@ -133,6 +133,10 @@ def test_zero_bubble_split_keeps_the_total_and_blocks_dgrad_collectives() -> Non
         # full AC replays the forward (2 AG + 2 RS), whose gathered inputs the backward then uses
         (True, "full", {"all_gather": 4 * 3, "reduce_scatter": 4 * 3}),
         (False, "none", {"all_reduce": 2 * 3}),
+        # without SP, per-op AC reruns the attention output's all-reduce (the MLP norm's input)
+        (False, "op", {"all_reduce": 3 * 3}),
+        # full AC replays the forward's 2 all-reduces; nothing else is gathered again
+        (False, "full", {"all_reduce": 4 * 3}),
     ],
 )
 def test_dtensor_backward_blocks_on_every_tp_collective(

@@ -121,16 +121,26 @@ def _tp_spans(result: Any, rank: int) -> list[Any]:
 
 @pytest.mark.parametrize("recompute", ["none", "op"])
 def test_pytorch_tp_exposes_every_collective_megatron_hides_the_dgrad_ones(recompute: str) -> None:
-    def run(stack: str) -> Any:
+    def run(stack: str, overlap: bool = False) -> Any:
+        parallel = {"tp": 4, "sequence_parallel": True, "recompute": recompute}
         raw = {
             "model": MODEL,
             "cluster": {"node": "dgx-h100", "num_nodes": 1},
-            "parallel": {"tp": 4, "sequence_parallel": True, "recompute": recompute},
+            "parallel": {**parallel, "tp_comm_overlap": overlap},
             "training": {"micro_batch_size": 1, "global_batch_size": 2, "stack": stack},
         }
         return simulate_plan(load_plan(raw))
 
     eager, megatron = run("eager"), run("megatron")
+    # torch.compile without async TP runs the same DTensor collectives, all blocking
+    compiled = run("compile")
+    assert compiled.breakdown.exposed_comm_s["tp"] == pytest.approx(
+        sum(s.end_s - s.start_s for s in _tp_spans(compiled, 0)), rel=1e-6
+    )
+    # asynchronous TP (tp_comm_overlap) overlaps them on the PyTorch stacks too
+    async_tp = run("eager", overlap=True)
+    async_busy = sum(s.end_s - s.start_s for s in _tp_spans(async_tp, 0))
+    assert async_tp.breakdown.exposed_comm_s["tp"] < 0.95 * async_busy
     busy = {
         name: sum(s.end_s - s.start_s for s in _tp_spans(result, 0))
         for name, result in (("eager", eager), ("megatron", megatron))
