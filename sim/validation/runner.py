@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sim.validation.cases import CaseMapping, map_case
-from sim.validation.fit import SCALE_RANGE, fit_compute_calibration, golden_section_minimum
+from sim.validation.fit import FIT_EVALUATIONS, fit_compute_calibration
 
 if TYPE_CHECKING:
     from comm_bench.compute_calibration import ComputeCalibration
@@ -346,20 +346,8 @@ def _outcomes(tasks: Sequence[Task], jobs: int) -> Iterator[tuple[int, Outcome]]
 
 
 def calibration_simulations(mappings: Sequence[CaseMapping]) -> int:
-    """Simulations the compute fit runs: every calibration case at each golden-section point.
-
-    The number of points depends only on the search interval (``fit._fit_one_gpu`` evaluates
-    the cost once per iteration and once more at the optimum), so it is counted on a flat cost.
-    """
-    points = 0
-
-    def flat(_scale: float) -> float:
-        nonlocal points
-        points += 1
-        return 0.0
-
-    golden_section_minimum(flat, *SCALE_RANGE)
-    return len(mappings) * (points + 1)
+    """Simulations the compute fit runs: every calibration case ``FIT_EVALUATIONS`` times."""
+    return len(mappings) * FIT_EVALUATIONS
 
 
 def _calibration_mappings(every: Sequence[CaseMapping], ids: Sequence[str]) -> list[CaseMapping]:
