@@ -142,17 +142,20 @@ def test_zero_bubble_split_keeps_the_total_and_blocks_dgrad_collectives() -> Non
 def test_dtensor_backward_blocks_on_every_tp_collective(
     sequence_parallel: bool, recompute: str, expected: dict[str, int]
 ) -> None:
-    steps = tp_backward_steps(
+    layers = dict(
         backward_input_s=2.0,
         backward_weight_s=1.0,
-        recompute_s=0.0 if recompute == "none" else 0.5,
         num_layers=3,
         tp_bytes=8.0,
         shares=LinearShares(qkv=0.25, fc1=0.5),
         tp=4,
         sequence_parallel=sequence_parallel,
-        full_recompute=recompute == "full",
         dtensor=True,
+    )
+    steps = tp_backward_steps(
+        **layers,  # type: ignore[arg-type]
+        recompute_s=0.0 if recompute == "none" else 0.5,
+        full_recompute=recompute == "full",
         regather=recompute == "op",
     )
     assert comm_counts(steps) == expected
@@ -163,18 +166,7 @@ def test_dtensor_backward_blocks_on_every_tp_collective(
     last = steps[-1]
     assert isinstance(last, CommStep) and last.name.endswith("dgrad")
     # zero-bubble: the input pass keeps the blocking collectives, the weight pass has none
-    bi = tp_backward_steps(
-        backward_input_s=2.0,
-        backward_weight_s=1.0,
-        recompute_s=0.0,
-        num_layers=3,
-        tp_bytes=8.0,
-        shares=LinearShares(),
-        tp=4,
-        sequence_parallel=sequence_parallel,
-        dtensor=True,
-        split="input",
-    )
+    bi = tp_backward_steps(**layers, recompute_s=0.0, split="input")  # type: ignore[arg-type]
     assert compute_total(bi) == pytest.approx(3 * 2.0)
     assert sum(comm_counts(bi).values()) == (4 if sequence_parallel else 2) * 3
 
