@@ -1,5 +1,6 @@
 """commbench: measure collectives through torch.distributed, reported exactly like nccl-tests.
 
-Only the measuring modules import torch; ``collectives`` and ``records`` (and the result
-readers) are torch-free so that the simulator can use them.
+Only the measuring modules import torch. What the simulator shares with it (collective
+definitions, records, results files, the nccl-tests table, the compute calibration file) lives
+below both, in ``vocab``.
 """

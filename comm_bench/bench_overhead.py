@@ -20,10 +20,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from comm_bench.calls import make_buffers, make_call
-from comm_bench.collectives import get
 from comm_bench.launch import free_port
-from comm_bench.options import parse_size
 from comm_bench.timing import time_calls
+from vocab.collectives import get
+from vocab.sizes import parse_size
 
 
 def bare_loop_s(tensor: torch.Tensor, iters: int) -> float:

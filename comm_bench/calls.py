@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from comm_bench.collectives import Counts, get
+from vocab.collectives import Counts, get
 
 REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,

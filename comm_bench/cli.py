@@ -51,8 +51,8 @@ def _spawn(argv: list[str], options: BenchOptions) -> int:
 
     from comm_bench.dist_env import resolve_backend
     from comm_bench.launch import spawn_local
-    from comm_bench.writer import default_output_path
     from fileio.output import check_output
+    from vocab.writer import default_output_path
 
     backend = resolve_backend(options.backend)
     gpus = torch.cuda.device_count() if backend == "nccl" else 0

@@ -4,7 +4,7 @@ Times ``torch.matmul`` over square and transformer-like (m, n, k) shapes, causal
 ``scaled_dot_product_attention`` forward and backward over sequence lengths, and a large copy
 for the memory bandwidth, on the local device (CUDA events on a GPU, ``time.perf_counter`` on
 CPU). Like nccl-tests, each figure is the time of ``iters`` back-to-back calls divided by
-``iters``. The fitted curves (``comm_bench.compute_calibration.fit_kernel``) go to a JSON file that
+``iters``. The fitted curves (``vocab.compute_calibration.fit_kernel``) go to a JSON file that
 ``commsim plan --compute-calibration`` reads.
 
     commbench --compute --device cuda --dtype bf16 --output compute_h100.json
@@ -23,13 +23,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from comm_bench.compute_calibration import (
+from fileio.output import OutputError, check_output
+from vocab.compute_calibration import (
     ComputeCalibration,
     KernelFit,
     fit_kernel,
     save_compute_calibration,
 )
-from fileio.output import OutputError, check_output
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 """dtype names accepted by --dtype (fp8 uses torch._scaled_mm and needs a CUDA GPU with FP8)."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from comm_bench.collectives import get
+from vocab.collectives import get
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

@@ -21,16 +21,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from comm_bench import collectives as coll
 from comm_bench.calls import Buffers, checkable, make_buffers, make_call, min_world_size
 from comm_bench.data import TORCH_DTYPES, count_wrong, expected_output, fill_input, reduce_pattern
 from comm_bench.dist_env import DistContext, available_memory_bytes, gather_env, init_distributed
 from comm_bench.faults import EXIT_FAILURE, EXIT_WRONG, Watchdog, inject_faults, note_step
 from comm_bench.options import BenchOptions
-from comm_bench.records import Record
-from comm_bench.report import footer, format_row, op_banner, run_header, table_header
 from comm_bench.timing import Timing, combine, time_calls
-from comm_bench.writer import ResultsWriter, default_output_path
+from vocab import collectives as coll
+from vocab.nccl_table import footer, format_row, op_banner, run_header, table_header
+from vocab.records import Record
+from vocab.writer import ResultsWriter, default_output_path
 
 MEMORY_FRACTION = 0.8
 """Share of the available memory the buffers of one size may use."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from comm_bench.faults import EXIT_FAILURE, EXIT_WRONG, STATUS_ENV, read_step
+from vocab.readers import read_results
 
 POLL_S = 0.05
 """How often the parent looks at its children."""
@@ -164,8 +164,8 @@ def _wait_all(
 
 def _saved_count(output: Path) -> int | None:
     try:
-        return len(json.loads(output.read_text(encoding="utf-8"))["results"])
-    except (OSError, ValueError, KeyError):
+        return len(read_results(output))
+    except (OSError, ValueError):
         return None
 
 

@@ -19,16 +19,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from comm_bench.collectives import NCCL_TESTS_DTYPES, REDUCTIONS, get, parse_ops
+from vocab.collectives import NCCL_TESTS_DTYPES, REDUCTIONS, get, parse_ops
+from vocab.sizes import parse_size
 
 AVERAGE_MODES = {0: "rank0", 1: "mean", 2: "min", 3: "max"}
 """``-a`` values: how per-rank times are combined (nccl-tests' ``--average``)."""
 
 BACKENDS = ("auto", "gloo", "nccl")
 """``--backend`` values; ``auto`` is nccl with CUDA, else gloo."""
-
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,14 +84,6 @@ class BenchOptions:
         config["output"] = None if self.output is None else str(self.output)
         config["average"] = AVERAGE_MODES[self.average]
         return config
-
-
-def parse_size(text: str) -> int:
-    """``"64"``, ``"1K"``, ``"16M"``, ``"2G"`` (binary units, as nccl-tests) to bytes."""
-    match = _SIZE_RE.match(text)
-    if match is None:
-        raise ValueError(f"bad size {text!r}; use an integer with an optional K, M, G or T suffix")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
 
 
 def canonical_dtype(name: str) -> str:

@@ -7,7 +7,7 @@ loop does: per micro-batch a forward (fp32 loss) and a backward, then fused Adam
 weights (bf16 autocast on a GPU, fp32 on CPU) and ``zero_grad``. Each phase is timed with CUDA
 events on a GPU and ``time.perf_counter`` on CPU (tiny shapes there, so CI runs the same code).
 One more step runs under ``torch.profiler``: every kernel (CPU: every ATen operator, self time) is
-classified (``comm_bench.kernel_classes``) and the device's idle time inside the step is reported:
+classified (``vocab.kernel_classes``) and the device's idle time inside the step is reported:
 launch- and CPU-bound time that no kernel-throughput benchmark sees. ``commsim plan
 --compute-calibration`` reads the JSON and fits the compute model to it
 (``sim.compute.step_fit``).
@@ -30,15 +30,14 @@ from typing import Any
 import torch
 
 from comm_bench.compute import UsageError, detect_gpu_key, resolve_device
-from comm_bench.kernel_classes import CLASSES, busy_time_s, classify
 from comm_bench.step_model import batch_of, build_model
 from fileio.output import check_output, write_text
 from schedules.activations import layer_activation_bytes, logits_bytes
 from schedules.params import embedding_params, layer_params, lm_head_params
 from schedules.plan import Plan, load_plan, plan_to_dict
+from vocab.compute_calibration import STEP_SCHEMA
+from vocab.kernel_classes import CLASSES, busy_time_s, classify
 
-STEP_SCHEMA = "commbench-step/1"
-"""Version tag of the step measurement JSON."""
 STATE_BYTES_PER_PARAM = 16
 """fp32 master weights and gradients, AdamW's two fp32 moments."""
 MEMORY_HEADROOM = 0.80

@@ -18,6 +18,7 @@ MLP inputs, masks) by t. Context parallelism divides every token count by cp.
 
 from __future__ import annotations
 
+from schedules.pipeline_schedules import SCHEDULES
 from schedules.plan import ModelConfig
 
 ACTIVATION_BYTES = 2
@@ -104,22 +105,12 @@ def in_flight_microbatches(schedule: str, *, pp: int, stage: int, num_micro: int
 
     1F1B and ZB-H1 (same warm-up, Megatron): min(p - r, m), worst on rank 0; GPipe: all m.
     """
-    if schedule in ("1f1b", "zb-h1"):
-        return min(pp - stage, num_micro)
-    if schedule == "gpipe":
-        return num_micro
-    raise ValueError(f"schedule={schedule!r} has no micro-batch count; use interleaved_in_flight")
-
-
-def interleaved_in_flight_chunks(*, pp: int, vpp: int, stage: int, num_micro: int) -> int:
-    """Model chunks (L/(p v) layers each) rank ``stage`` holds at its peak under interleaving.
-
-    Megatron warm-up W = 2(p - r - 1) + (v - 1)p forward chunks, plus the one of the first steady
-    step, capped at all m v chunks. On rank 0: pv + p - 1 chunks, i.e. L(1 + (p - 1)/(pv)) layers
-    (Korthikanti et al. 2022, Sec. 4.2.3).
-    """
-    warmup = 2 * (pp - stage - 1) + (vpp - 1) * pp
-    return min(warmup + 1, num_micro * vpp)
+    spec = SCHEDULES.get(schedule)
+    if spec is None or spec.virtual_stages:
+        raise ValueError(
+            f"schedule={schedule!r} has no micro-batch count; use interleaved_in_flight"
+        )
+    return spec.in_flight_microbatches(pp=pp, vpp=1, stage=stage, num_micro=num_micro)
 
 
 def stored_layer_activations(
@@ -127,8 +118,9 @@ def stored_layer_activations(
 ) -> float:
     """Layer-micro-batches of activations rank ``stage`` holds at its peak (x per-layer bytes);
     ``stage_layers`` is the number of transformer layers on that rank (all of its chunks)."""
-    if schedule == "interleaved":
-        chunks = interleaved_in_flight_chunks(pp=pp, vpp=vpp, stage=stage, num_micro=num_micro)
+    spec = SCHEDULES.get(schedule)
+    if spec is not None and spec.virtual_stages:
+        chunks = spec.in_flight_microbatches(pp=pp, vpp=vpp, stage=stage, num_micro=num_micro)
         return chunks * stage_layers / vpp
     micro = in_flight_microbatches(schedule, pp=pp, stage=stage, num_micro=num_micro)
     return micro * stage_layers

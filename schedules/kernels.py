@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedules.activations import ACTIVATION_BYTES
+from schedules.data_parallel.registry import data_parallel_kind
 from schedules.params import layer_params_per_gpu
 from schedules.plan import Plan
 
@@ -174,11 +175,11 @@ its bf16 weight gradient to fp32 (read 2, write 4) before accumulating it into `
 
 
 def kernel_stack(plan: Plan) -> str:
-    """``training.stack``, or its default: ``megatron`` for the distributed optimizer, else
-    ``eager``."""
+    """``training.stack``, or the data-parallel kind's default: ``megatron`` for the distributed
+    optimizer, else ``eager``."""
     if plan.training.stack is not None:
         return plan.training.stack
-    return "megatron" if plan.parallel.data_parallel == "distributed_optimizer" else "eager"
+    return data_parallel_kind(plan.parallel).default_stack
 
 
 def elementwise_forward_bytes(plan: Plan) -> float:
@@ -203,7 +204,10 @@ def elementwise_forward_bytes(plan: Plan) -> float:
 def weight_cast_bytes(plan: Plan, layer_params: float) -> float:
     """Autocast's weight casts per micro-batch of one layer (0 where weights are kept in bf16:
     Megatron, DeepSpeed and FSDP, whose mixed precision casts the shard before gathering)."""
-    if kernel_stack(plan) == "megatron" or plan.parallel.data_parallel != "ddp":
+    if (
+        kernel_stack(plan) == "megatron"
+        or not data_parallel_kind(plan.parallel).autocast_weight_casts
+    ):
         return 0.0
     return WEIGHT_CAST_BYTES_PER_PARAM * layer_params
 

@@ -10,6 +10,10 @@ Megatron-Core's ``RankGenerator`` does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from schedules.plan import Plan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,3 +107,9 @@ class Layout:
             )
             return tuple(self.rank(**{**c, "dp": d}) for d in members)
         raise ValueError(f"unknown group kind {kind!r}")
+
+
+def layout_of(plan: Plan) -> Layout:
+    """Rank layout of a resolved plan."""
+    par = plan.parallel
+    return Layout(tp=par.tp, cp=par.cp, dp=par.dp, pp=par.pp, ep=par.ep, etp=par.expert_tp)

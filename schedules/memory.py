@@ -39,23 +39,21 @@ from schedules.activations import (
     logits_bytes,
     stored_layer_activations,
 )
+from schedules.data_parallel.registry import data_parallel_kind, offload_of, replica_group_size
 from schedules.kernels import kernel_stack
-from schedules.messages import PARAM_BYTES, grad_bytes_per_param
+from schedules.messages import PARAM_BYTES
 from schedules.moe import expert_data_parallel, moe_activation_bytes
 from schedules.offload import gpu_offload_buffer_bytes, gpu_state_bytes_per_param
 from schedules.params import (
-    embedding_params_per_gpu,
     layer_params_per_gpu,
     layers_per_stage,
     stage_expert_params_per_gpu,
     stage_moe_layers,
     stage_params_per_gpu,
 )
+from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import Plan, num_microbatches
-from schedules.zero3_units import zero3_runtime_bytes
 
-FSDP_KINDS = ("fsdp", "hsdp", "zero3")
-"""Data-parallel kinds that shard parameters and gather them unit by unit."""
 OPTIMIZER_BYTES_PER_PARAM = 12
 """Adam: fp32 master weights, momentum and variance (ZeRO paper, Sec. 3.1: K = 12)."""
 COMPONENTS = (
@@ -71,128 +69,35 @@ COMPONENTS = (
 """Keys of ``memory_per_gpu`` besides ``total``."""
 
 
-def replica_group_size(plan: Plan, *, gpus_per_node: int | None = None) -> int:
-    """GPUs a data-parallel kind shards its state over: dp * cp, or the HSDP shard group.
-
-    HSDP shards inside ``hsdp_shard_size`` GPUs (0: the GPUs of a node; ``gpus_per_node`` must be
-    given then, since schedules knows nothing about the hardware) and replicates across groups.
-    """
-    parallel = plan.parallel
-    group = parallel.dp * parallel.cp
-    if parallel.data_parallel != "hsdp":
-        return group
-    shard = parallel.hsdp_shard_size
-    if shard == 0:
-        if gpus_per_node is None:
-            raise ValueError("hsdp with hsdp_shard_size=0 needs gpus_per_node to size its groups")
-        shard = max(1, gpus_per_node // (parallel.tp * parallel.cp))
-    return min(shard * parallel.cp, group)
-
-
 def state_bytes_per_param(
     plan: Plan, *, gpus_per_node: int | None = None, shards: int | None = None
 ) -> dict[str, float]:
     """Bytes per parameter of weights, gradients and optimizer state after sharding over
     ``shards`` GPUs (default: the data-parallel kind's replica group)."""
-    kind = plan.parallel.data_parallel
+    kind = data_parallel_kind(plan.parallel)
     if shards is None:
         shards = replica_group_size(plan, gpus_per_node=gpus_per_node)
-    grad = grad_bytes_per_param(kind)
-    sharded = {
-        "ddp": (),
-        "zero1": ("optimizer",),
-        "zero2": ("optimizer", "gradients"),
-        "zero3": ("optimizer", "gradients", "weights"),
-        "fsdp": ("optimizer", "gradients", "weights"),
-        "hsdp": ("optimizer", "gradients", "weights"),
-        "distributed_optimizer": ("optimizer",),
-    }[kind]
-    full = {"weights": PARAM_BYTES, "gradients": grad, "optimizer": OPTIMIZER_BYTES_PER_PARAM}
+    full = {
+        "weights": PARAM_BYTES,
+        "gradients": kind.grad_bytes_per_param,
+        "optimizer": OPTIMIZER_BYTES_PER_PARAM,
+    }
+    sharded = kind.sharded_states
     per_param = {k: v / shards if k in sharded else float(v) for k, v in full.items()}
-    return gpu_state_bytes_per_param(plan.parallel, per_param)  # less what is offloaded
-
-
-ZERO3_PEAK_BUFFERS = ("ipg_bucket", "reduce_scatter_copy", "live_params", "persistent_params")
-"""ZeRO-3's buffers alive with the activations (its gradient partition is ``gradients``; the
-fp32 copy of a sub-group's gradients exists only during the optimizer step)."""
+    # less what is offloaded
+    return gpu_state_bytes_per_param(offload_of(plan.parallel), per_param)
 
 
 def transient_buffer_bytes(plan: Plan, stage: int) -> float:
-    """Communication buffers alive at the peak, per the data-parallel kind's implementation.
-
-    DeepSpeed ZeRO-3: its gradient bucket, the reduce-scatter's copy of the largest bucket, the
-    most parameters its prefetcher keeps gathered and the persistent (small) parameters
-    (``schedules.zero3_fetch.zero3_buffer_bytes``). FSDP1: two layers' gathered parameters
-    (the rate limiter's two in flight; every layer without it: the CPU runs ahead and issues
-    them all) and one layer's gradients, plus their ``reduce_dtype`` copy when it differs.
-    FSDP2: two all-gather outputs in flight (the current unit's copy-out and the next one's
-    prefetch) and one unit's unsharded gradients with their reduce-scatter input in
-    ``reduce_dtype``. Under pipelining one unit's reduce-scatter input (the rest is
-    ``fsdp_unsharded``).
-    """
-    parallel = plan.parallel
-    kind = parallel.data_parallel
-    grad = grad_bytes_per_param(kind)
-    if kind == "zero3" and parallel.pp == 1:
-        runtime = zero3_runtime_bytes(plan, dp=replica_group_size(plan))
-        return sum(runtime[k] for k in ZERO3_PEAK_BUFFERS)
-    if kind in FSDP_KINDS:
-        layer = layer_params_per_gpu(plan.model, parallel.tp)
-        reduce = parallel.reduce_dtype_bytes if kind != "zero3" else grad
-        if parallel.pp > 1:
-            return layer * reduce
-        grads = layer * (grad + (reduce if reduce != grad else 0))
-        if kind != "zero3" and parallel.fsdp_reshard_after_forward is False:
-            # SHARD_GRAD_OP keeps the whole stage unsharded between forward and backward.
-            return stage_params_per_gpu(plan, stage) * PARAM_BYTES + grads
-        limited = parallel.fsdp2 or parallel.fsdp_limit_all_gathers or kind == "zero3"
-        gathered = 2 if limited else plan.model.num_layers
-        return gathered * layer * PARAM_BYTES + grads
-    if kind == "ddp":
-        if parallel.ddp_gradient_as_bucket_view:
-            return 0.0
-        return stage_params_per_gpu(plan, stage) * grad
-    if kind in ("zero1", "zero2"):
-        overlap = bool(parallel.zero_overlap_comm)  # DeepSpeed default: False for stages 1, 2
-        return (2 if overlap else 1) * parallel.zero_bucket_elems * grad
-    return 0.0
-
-
-def root_params_per_gpu(plan: Plan, stage: int) -> float:
-    """Parameters of a stage outside its transformer layers: embedding, final norm, LM head."""
-    layers = layers_per_stage(plan, stage) * layer_params_per_gpu(plan.model, plan.parallel.tp)
-    return stage_params_per_gpu(plan, stage) - layers
+    """Communication buffers alive at the peak, per the data-parallel kind's implementation
+    (each kind's ``transient_buffer_bytes`` in ``schedules.data_parallel``)."""
+    return data_parallel_kind(plan.parallel).transient_buffer_bytes(plan, stage)
 
 
 def fsdp_unsharded_bytes(plan: Plan, stage: int) -> float:
-    """Parameters and gradients FSDP holds unsharded beyond the per-unit buffers.
-
-    Under pipelining (torch.distributed.pipelining, torch 2.13) the whole stage: its parameters
-    stay gathered from the first forward and its gradients accumulate unsharded until the
-    stage's ``REDUCE_GRAD``, in ``reduce_dtype`` (FSDP2 upcasts them while gradient sync is off:
-    ``FSDPParam.to_accumulated_grad_if_needed``). Without pipelining: FSDP1's root unit
-    (embedding, final norm, head) is not resharded after forward, so its parameters and their
-    gradients are unsharded through the backward (+4 GiB on Llama 3 8B); FSDP2's ``[norm,
-    output]`` unit likewise keeps its parameters until its backward, whose gradients then live
-    with their ``reduce_dtype`` copy once ``post_backward`` has resharded the parameters.
-    """
-    parallel = plan.parallel
-    kind = parallel.data_parallel
-    if kind not in FSDP_KINDS:
-        return 0.0
-    if parallel.pp > 1:
-        reduce = parallel.reduce_dtype_bytes if kind != "zero3" else grad_bytes_per_param(kind)
-        return stage_params_per_gpu(plan, stage) * (PARAM_BYTES + reduce)
-    if kind == "zero3":
-        return 0.0
-    root = root_params_per_gpu(plan, stage)
-    if not parallel.fsdp2:
-        return root * (PARAM_BYTES + grad_bytes_per_param(kind))
-    head = root - min(root, embedding_params_per_gpu(plan.model, parallel.tp))
-    # Parameters and bf16 gradients until post_backward reshards the parameters, then the
-    # gradients and their reduce-dtype copy: never all three at once.
-    grad = grad_bytes_per_param(kind)
-    return head * max(PARAM_BYTES + grad, grad + parallel.reduce_dtype_bytes)
+    """Parameters and gradients FSDP / ZeRO-3 hold unsharded beyond the per-unit buffers (each
+    kind's ``unsharded_bytes`` in ``schedules.data_parallel``; 0 for the others)."""
+    return data_parallel_kind(plan.parallel).unsharded_bytes(plan, stage)
 
 
 def moe_layer_extra_bytes(plan: Plan) -> float:
@@ -254,7 +159,7 @@ def activation_bytes(plan: Plan, stage: int) -> float:
             sequence_parallel=parallel.sequence_parallel,
         )
         # The head's inputs live as long as their micro-batch: one at a time except under GPipe.
-        total += head * (num_micro if parallel.schedule == "gpipe" else 1)
+        total += head * pipeline_schedule(parallel.schedule).head_microbatches(num_micro)
     return total
 
 
@@ -269,7 +174,7 @@ def fp8_weight_bytes(plan: Plan, stage: int) -> float:
     The embedding and the LM head stay in bf16; norms have no GEMM. The layers' non-GEMM
     parameters are a few per million, so all layer parameters are counted.
     """
-    if plan.training.precision != "fp8" or plan.parallel.data_parallel in FSDP_KINDS:
+    if plan.training.precision != "fp8" or data_parallel_kind(plan.parallel).gathers_units:
         return 0.0  # FSDP / ZeRO-3 keep no FP8 copy of weights they free after use
     layers = layers_per_stage(plan, stage) * layer_params_per_gpu(plan.model, plan.parallel.tp)
     return layers * FP8_CACHE_BYTES_PER_PARAM
@@ -294,7 +199,8 @@ def stage_memory_bytes(
         "gradients": states("gradients"),
         "optimizer": states("optimizer"),
         "activations": activation_bytes(plan, stage),
-        "buffers": transient_buffer_bytes(plan, stage) + gpu_offload_buffer_bytes(plan),
+        "buffers": transient_buffer_bytes(plan, stage)
+        + gpu_offload_buffer_bytes(offload_of(plan.parallel), plan),
         "fsdp_unsharded": fsdp_unsharded_bytes(plan, stage),
         "logits": logits_bytes(
             plan.model,

@@ -1,6 +1,6 @@
 """Message sizes of every collective a training step issues (nccl-tests size semantics).
 
-Sizes follow comm_bench.collectives: an all-reduce's buffer, an all-gather's *output* and a
+Sizes follow vocab.collectives: an all-reduce's buffer, an all-gather's *output* and a
 reduce-scatter's *input* buffer. So every TP collective of a layer is one b(s/cp)h activation
 tensor, whichever op moves it (Megatron ``layers.py``/``mappings.py``); a pipeline send is the
 layer output b(s/cp)h, divided by t when sequence parallel keeps it sharded; data parallelism
@@ -11,23 +11,12 @@ reduces each GPU's gradient shard in the reduce dtype and gathers parameters in 
 
 from __future__ import annotations
 
-from schedules.params import layer_params_per_gpu, stage_params_per_gpu
+from schedules.data_parallel.registry import data_parallel_kind
+from schedules.params import PARAM_BYTES, layer_params_per_gpu, stage_params_per_gpu
 from schedules.plan import ModelConfig, Plan
 
-PARAM_BYTES = 2
-"""Bytes per parameter in the training dtype (bf16/fp16; FP8 runs keep bf16 master weights)."""
 ACTIVATION_COMM_BYTES = 2
 """Bytes per element of TP/PP activation traffic (bf16; TE's FP8 all-gather is off by default)."""
-
-
-def grad_bytes_per_param(data_parallel: str) -> int:
-    """Bytes of one gradient element as stored and reduced.
-
-    distributed_optimizer (Megatron): fp32 main grads, reduced in fp32 (Megatron forces
-    accumulate_allreduce_grads_in_fp32 for bf16); every other kind (torch DDP, FSDP with
-    MixedPrecision(reduce_dtype=bf16), DeepSpeed ZeRO with bf16): the parameter dtype, 2 bytes.
-    """
-    return 4 if data_parallel == "distributed_optimizer" else PARAM_BYTES
 
 
 def tp_message_bytes(model: ModelConfig, micro_batch_size: float, *, cp: int = 1) -> float:
@@ -77,7 +66,9 @@ def dp_grad_bytes(plan: Plan, stage: int = 0) -> float:
     The all-reduce buffer (ddp, zero1/2: DeepSpeed all-reduces whole buckets) or the
     reduce-scatter input (fsdp, zero3, distributed_optimizer) of all its parameters.
     """
-    return stage_params_per_gpu(plan, stage) * grad_bytes_per_param(plan.parallel.data_parallel)
+    return (
+        stage_params_per_gpu(plan, stage) * data_parallel_kind(plan.parallel).grad_bytes_per_param
+    )
 
 
 def dp_param_bytes(plan: Plan, stage: int = 0) -> float:
@@ -92,5 +83,5 @@ def fsdp_unit_param_bytes(plan: Plan) -> float:
 
 def fsdp_unit_grad_bytes(plan: Plan) -> float:
     """Reduce-scatter input of one FSDP/ZeRO-3 unit, one layer's gradient in the reduce dtype."""
-    per_param = grad_bytes_per_param(plan.parallel.data_parallel)
+    per_param = data_parallel_kind(plan.parallel).grad_bytes_per_param
     return layer_params_per_gpu(plan.model, plan.parallel.tp) * per_param

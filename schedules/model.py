@@ -13,7 +13,6 @@ from schedules.activations import (
     ACTIVATION_BYTES,
     head_activation_bytes,
     in_flight_microbatches,
-    interleaved_in_flight_chunks,
     layer_activation_bytes,
     logits_bytes,
     stored_layer_activations,
@@ -41,7 +40,6 @@ from schedules.messages import (
     dp_param_bytes,
     fsdp_unit_grad_bytes,
     fsdp_unit_param_bytes,
-    grad_bytes_per_param,
     pp_message_bytes,
     tp_collectives_per_layer,
     tp_message_bytes,
@@ -59,6 +57,7 @@ from schedules.params import (
     stage_params_per_gpu,
     total_params,
 )
+from schedules.pipeline_schedules.interleaved import interleaved_in_flight_chunks
 
 __all__ = [
     "ACTIVATION_BYTES",
@@ -76,7 +75,6 @@ __all__ = [
     "fsdp_unit_grad_bytes",
     "fsdp_unit_param_bytes",
     "gemm_flops",
-    "grad_bytes_per_param",
     "hardware_flops_per_step",
     "head_activation_bytes",
     "in_flight_microbatches",

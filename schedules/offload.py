@@ -35,7 +35,7 @@ What moves, read from DeepSpeed v0.16.4 (commit 38327e07) and torch 2.13:
   earlier micro-batches; the optimizer steps on the CPU tensors. Where the copies sit in the step
   is ``schedules.fsdp_offload``.
 
-    per_param = gpu_state_bytes_per_param(plan.parallel, {"weights": 2, "gradients": 2, ...})
+    per_param = gpu_state_bytes_per_param(offload_of(plan.parallel), {"weights": 2, ...})
 """
 
 from __future__ import annotations
@@ -48,8 +48,6 @@ from schedules.program import Collective, ProgramBuilder
 
 if TYPE_CHECKING:
     from schedules.plan import ParallelConfig, Plan
-OFFLOAD_KINDS = ("zero1", "zero2", "zero3", "fsdp", "hsdp")
-"""Data-parallel kinds that can offload (DeepSpeed ZeRO stages, FSDP's CPU offload)."""
 COPY_OPS = ("d2h", "h2d", "nvme_read", "nvme_write")
 """Program actions that move bytes between a GPU and its host (or the host's NVMe). Each runs on
 a per-rank stream of its own name; the replay times it on the host's links."""
@@ -82,13 +80,11 @@ NVME_PARAM_BUFFER_BYTES = 5 * 100_000_000 * BIT16_BYTES
 elements of pinned swap buffers per rank."""
 
 
-def check_offload(parallel: ParallelConfig) -> None:
-    """The offload keys name a device and fit the data-parallel kind; one-line ValueErrors."""
-    optimizer, param, kind = (
-        parallel.offload_optimizer,
-        parallel.offload_param,
-        parallel.data_parallel,
-    )
+def check_offload_devices(parallel: ParallelConfig) -> tuple[str, str] | None:
+    """The offload keys name a device, and the offload knobs need an offload: the first
+    offloaded (key, value), or None when nothing is offloaded. The data-parallel kind checks
+    the rest (``schedules.data_parallel.registry.check_offload``)."""
+    optimizer, param = parallel.offload_optimizer, parallel.offload_param
     for key, value in (("offload_optimizer", optimizer), ("offload_param", param)):
         if value not in OFFLOAD_DEVICES:
             raise ValueError(f"parallel.{key}={value!r} is not one of {', '.join(OFFLOAD_DEVICES)}")
@@ -100,54 +96,17 @@ def check_offload(parallel: ParallelConfig) -> None:
                 raise ValueError(
                     f"parallel.{knob} needs parallel.offload_optimizer or offload_param"
                 )
-        return
-    key, value = (
-        ("offload_optimizer", optimizer) if optimizer != "none" else ("offload_param", param)
-    )
-    if kind not in OFFLOAD_KINDS:
-        raise ValueError(
-            f"parallel.{key}={value!r} needs data_parallel {' | '.join(OFFLOAD_KINDS)} (DeepSpeed "
-            f"ZeRO-Offload / ZeRO-Infinity, FSDP CPU offload), got data_parallel={kind!r}"
-        )
-    if kind in ("fsdp", "hsdp"):
-        _check_fsdp(parallel)
-    elif kind in ("zero1", "zero2"):
-        if param != "none":
-            raise ValueError(
-                f"parallel.offload_param={param!r} needs data_parallel zero3: DeepSpeed offloads "
-                f"parameters only in stage 3, got data_parallel={kind!r}"
-            )
-        if optimizer == "nvme":
-            raise ValueError(
-                f"parallel.offload_optimizer='nvme' needs data_parallel zero3 (ZeRO-Infinity); "
-                f"DeepSpeed stages 1 and 2 keep offloaded states in CPU memory, got {kind!r}"
-            )
+        return None
+    return ("offload_optimizer", optimizer) if optimizer != "none" else ("offload_param", param)
+
+
+def check_offload_swaps(parallel: ParallelConfig) -> None:
+    """ZeRO-Infinity's pipelined swaps need the optimizer on NVMe."""
+    optimizer = parallel.offload_optimizer
     if (parallel.offload_pipeline_read or parallel.offload_pipeline_write) and optimizer != "nvme":
         raise ValueError(
             "parallel.offload_pipeline_read / offload_pipeline_write overlap NVMe swaps with CPU "
             f"Adam: they need offload_optimizer='nvme', got {optimizer!r}"
-        )
-    if kind in ("zero3", "fsdp", "hsdp") and parallel.pp > 1:
-        raise ValueError(
-            f"parallel.{key}={value!r} with data_parallel={kind} is simulated without pipeline "
-            f"parallelism only, got pp={parallel.pp}"
-        )
-
-
-def _check_fsdp(parallel: ParallelConfig) -> None:
-    """FSDP offloads parameters, gradients and optimizer together, to CPU memory only; FSDP1's
-    ``CPUOffload`` always pins its buffers (``FlatParamHandle._init_flat_param_attributes``)."""
-    optimizer, param = parallel.offload_optimizer, parallel.offload_param
-    if param != "cpu" or optimizer not in ("none", "cpu"):
-        raise ValueError(
-            f"FSDP's CPU offload (CPUOffloadPolicy) moves parameters, gradients and the optimizer "
-            f"to CPU memory together: set parallel.offload_param='cpu' (offload_optimizer 'none' "
-            f"or 'cpu'), got offload_param={param!r}, offload_optimizer={optimizer!r}"
-        )
-    if not parallel.fsdp2 and parallel.offload_pin_memory is False:
-        raise ValueError(
-            "parallel.offload_pin_memory=False needs FSDP2 (CPUOffloadPolicy(pin_memory=False)): "
-            "FSDP1's CPUOffload(offload_params=True) always pins; set fsdp_version: 2"
         )
 
 
@@ -155,8 +114,9 @@ def _check_fsdp(parallel: ParallelConfig) -> None:
 class Offload:
     """A plan's offload settings, resolved against the framework's defaults."""
 
-    kind: str
-    """Data-parallel kind (``zero1`` ... ``hsdp``)."""
+    zero_stage: int
+    """DeepSpeed ZeRO stage whose offload this is (1, 2: ZeRO-Offload; 3: ZeRO-Infinity); 0 for
+    FSDP's CPU offload."""
     optimizer: str
     """Where optimizer states, fp32 master weights and gradients live: ``cpu`` or ``nvme``
     (FSDP: ``cpu``, implied by its parameter offload); ``none`` keeps them on the GPU."""
@@ -174,28 +134,11 @@ class Offload:
     @property
     def fsdp(self) -> bool:
         """FSDP's CPU offload rather than DeepSpeed's."""
-        return self.kind in ("fsdp", "hsdp")
-
-
-def offload_of(parallel: ParallelConfig) -> Offload | None:
-    """The plan's offload, or None when nothing is offloaded."""
-    if parallel.offload_optimizer == "none" and parallel.offload_param == "none":
-        return None
-    fsdp = parallel.data_parallel in ("fsdp", "hsdp")
-    pin = parallel.offload_pin_memory
-    return Offload(
-        kind=parallel.data_parallel,
-        optimizer="cpu" if fsdp else parallel.offload_optimizer,
-        param=parallel.offload_param,
-        pin_memory=fsdp if pin is None else pin,
-        pipeline_read=parallel.offload_pipeline_read,
-        pipeline_write=parallel.offload_pipeline_write,
-        fsdp2=parallel.fsdp2,
-    )
+        return self.zero_stage == 0
 
 
 def gpu_state_bytes_per_param(
-    parallel: ParallelConfig, per_param: dict[str, float]
+    offload: Offload | None, per_param: dict[str, float]
 ) -> dict[str, float]:
     """Weights, gradients and optimizer bytes per parameter that stay on the GPU.
 
@@ -204,13 +147,12 @@ def gpu_state_bytes_per_param(
     bit16 gradients, reduced only at the boundary) and the bit16 partition with
     ``offload_param``; FSDP's offload moves all three.
     """
-    offload = offload_of(parallel)
     if offload is None:
         return dict(per_param)
     out = dict(per_param)
     if offload.optimizer != "none":
         out["optimizer"] = 0.0
-        if offload.kind != "zero1":
+        if offload.zero_stage != 1:
             out["gradients"] = 0.0
     if offload.param != "none":
         out["weights"] = 0.0
@@ -225,23 +167,23 @@ def largest_param_elems(plan: Plan) -> float:
     return max(model.vocab_size * model.hidden_size / tp, mlp)
 
 
-def gpu_offload_buffer_bytes(plan: Plan) -> float:
+def gpu_offload_buffer_bytes(offload: Offload | None, plan: Plan) -> float:
     """GPU buffers that offload adds: ZeRO-1/2's bit16 ``temp_grad_buffer_for_gpu_offload`` of
     the largest parameter's size; nothing lasting for ZeRO-3 and FSDP."""
-    offload = offload_of(plan.parallel)
-    if offload is None or offload.kind not in ("zero1", "zero2"):
+    if offload is None or offload.zero_stage not in (1, 2):
         return 0.0
     return largest_param_elems(plan) * BIT16_BYTES
 
 
-def host_bytes(plan: Plan, *, params: float, shards: int, num_micro: int) -> dict[str, float]:
+def host_bytes(
+    offload: Offload | None, plan: Plan, *, params: float, shards: int, num_micro: int
+) -> dict[str, float]:
     """Host (CPU RAM) bytes of one rank holding ``params`` parameters sharded over ``shards``.
 
     Components: ``fp32_params``, ``fp32_grads``, ``optimizer`` (Adam's moments), ``bit16``
     (bit16 parameter or gradient partitions on the CPU) and ``buffers`` (staging and NVMe swap
     buffers). Zero for a plan without offload.
     """
-    offload = offload_of(plan.parallel)
     keys = ("fp32_params", "fp32_grads", "optimizer", "bit16", "buffers")
     out = dict.fromkeys(keys, 0.0)
     if offload is None:
@@ -251,11 +193,11 @@ def host_bytes(plan: Plan, *, params: float, shards: int, num_micro: int) -> dic
         out["fp32_params"] = FP32_BYTES * part
         out["fp32_grads"] = FP32_BYTES * part
         out["optimizer"] = 2 * FP32_BYTES * part
-    if offload.kind in ("zero1", "zero2"):
+    if offload.zero_stage in (1, 2):
         if num_micro > 1:
             out["bit16"] += BIT16_BYTES * part  # accumulated_grads_in_cpu
         out["buffers"] += largest_param_elems(plan) * BIT16_BYTES
-    if offload.kind == "zero3" and offload.optimizer != "none":
+    if offload.zero_stage == 3 and offload.optimizer != "none":
         out["bit16"] += BIT16_BYTES * part  # grad_partitions_flat_buffer
     if offload.optimizer == "nvme":
         tile = min(float(ZERO_SUB_GROUP_ELEMS), part)
@@ -267,10 +209,9 @@ def host_bytes(plan: Plan, *, params: float, shards: int, num_micro: int) -> dic
     return out
 
 
-def nvme_bytes(plan: Plan, *, params: float, shards: int) -> float:
+def nvme_bytes(offload: Offload | None, *, params: float, shards: int) -> float:
     """NVMe bytes of one rank: fp32 parameters, moments and gradients (optimizer on NVMe, 16 per
     parameter) and the bit16 partition (parameters on NVMe)."""
-    offload = offload_of(plan.parallel)
     if offload is None:
         return 0.0
     part = params / shards
@@ -308,9 +249,9 @@ def grad_copies(
         add = ((CPU_ADD, elems * CPU_ADD_BYTES_PER_ELEM),) if offload.fsdp2 and microbatch else ()
         return (("d2h", elems * FP32_BYTES), *add)
     copies: list[Copy] = []
-    if offload.kind in ("zero1", "zero2"):
+    if offload.zero_stage in (1, 2):
         if num_micro > 1:
-            first = microbatch == 0 and offload.kind == "zero2"
+            first = microbatch == 0 and offload.zero_stage == 2
             copies.append(("d2h" if first else "h2d", elems * BIT16_BYTES))
         if last:
             copies.append(("d2h", elems * FP32_BYTES))
@@ -345,7 +286,7 @@ def step_copies(offload: Offload, *, params: float, shards: int) -> tuple[Copy, 
     part = params / shards
     if offload.fsdp or offload.optimizer == "none":
         return ()
-    if offload.kind in ("zero1", "zero2"):
+    if offload.zero_stage in (1, 2):
         return (("h2d", part * FP32_BYTES),)
     if offload.param == "none":
         return (("h2d", part * BIT16_BYTES),)
@@ -359,7 +300,7 @@ def cpu_step_bytes(offload: Offload, *, params: float, shards: int, precision: s
     per_param = CPU_ADAM_BYTES_PER_PARAM
     if precision == "fp16" and not offload.fsdp:
         per_param += CPU_UNSCALE_BYTES_PER_PARAM
-    if offload.kind == "zero3" and offload.param != "none":
+    if offload.zero_stage == 3 and offload.param != "none":
         per_param += CPU_CAST_BYTES_PER_PARAM
     return part * per_param
 
@@ -459,10 +400,9 @@ class RankOffload:
 
 
 def rank_offload(
-    plan: Plan, *, params: float, shards: int, num_micro: int, grad_bytes: float
+    offload: Offload | None, *, params: float, shards: int, num_micro: int, grad_bytes: float
 ) -> RankOffload | None:
     """A rank's ``RankOffload``, or None when the plan offloads nothing."""
-    offload = offload_of(plan.parallel)
     if offload is None:
         return None
     return RankOffload(

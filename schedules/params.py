@@ -23,6 +23,9 @@ from schedules.moe import (
 from schedules.plan import ModelConfig, ParallelConfig, Plan
 from schedules.stages import chunk_first_layer, chunk_layers, rank_layers
 
+PARAM_BYTES = 2
+"""Bytes per parameter in the training dtype (bf16/fp16; FP8 runs keep bf16 master weights)."""
+
 
 def attention_params(model: ModelConfig) -> int:
     """Q, K, V and output projections: h*(h + 2kd) + h*h, plus biases (h + 2kd + h)."""

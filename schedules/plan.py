@@ -22,12 +22,14 @@ from typing import Any
 
 from fileio.strict import load_yaml, shorten
 from schedules.model_presets import resolve_model_preset
+from schedules.pipeline_schedules import SCHEDULES as PIPELINE_SCHEDULES
 
 MLP_ACTIVATIONS = {"gelu": False, "relu": False, "swiglu": True, "geglu": True}
 """Known MLP activations and whether each is gated (three matrices instead of two)."""
 POSITION_EMBEDDINGS = ("rope", "learned")
 NORMS = ("rmsnorm", "layernorm")
-SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
+SCHEDULES = tuple(PIPELINE_SCHEDULES)
+"""Pipeline schedule names (``schedules.pipeline_schedules``, in its order)."""
 RECOMPUTE_MODES = ("none", "selective", "op", "full")  # least recomputed first
 DATA_PARALLEL_KINDS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "distributed_optimizer")
 FSDP2_ALIAS = "fsdp2"
@@ -416,9 +418,8 @@ class ParallelConfig:
 
     @property
     def fsdp2(self) -> bool:
-        """Whether FSDP/HSDP runs as FSDP2 (``fully_shard``): the knob, or its default."""
-        if self.data_parallel not in ("fsdp", "hsdp"):
-            return False
+        """Whether torch FSDP / HSDP run as FSDP2 (``fully_shard``): ``fsdp_version``, or its
+        default (FSDP2 under pipelining); other data-parallel kinds do not read it."""
         return self.pp > 1 if self.fsdp_version is None else self.fsdp_version == 2
 
     @property

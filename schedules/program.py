@@ -55,7 +55,7 @@ class Collective:
     ranks: tuple[int, ...]
     """Global ranks of the whole group (the communicator; timed on all of them)."""
     op: str
-    """torch.distributed op name (comm_bench.collectives.OPS)."""
+    """torch.distributed op name (vocab.collectives.OPS)."""
     size_bytes: float
     """Message size with nccl-tests' semantics."""
     repeat: int = 1

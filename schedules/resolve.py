@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from schedules.offload import check_offload
+from schedules.data_parallel.registry import (
+    check_data_parallel,
+    check_offload,
+    data_parallel_kind,
+    kinds_where,
+)
+from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import ModelConfig, ParallelConfig, Plan
 from schedules.stages import check_stage_split
-
-FSDP_KINDS = ("fsdp", "hsdp")
-ZERO_KINDS = ("zero1", "zero2", "zero3")
 
 
 def _degrees(parallel: ParallelConfig, dp: int | None = None) -> str:
@@ -69,10 +72,6 @@ def check_model_split(model: ModelConfig, parallel: ParallelConfig) -> None:
         )
 
 
-MOE_KINDS = ("ddp", "zero1", "zero2", "distributed_optimizer")
-"""Data-parallel kinds simulated with MoE layers (their expert gradients reduce over edp)."""
-
-
 def check_experts(model: ModelConfig, parallel: ParallelConfig, dp: int) -> None:
     """Expert parallelism fits the experts and the GPUs: ep divides E, etp x ep divides
     tp cp dp (Megatron-Core's expert grid), etp divides the expert width; sequence parallelism
@@ -90,9 +89,9 @@ def check_experts(model: ModelConfig, parallel: ParallelConfig, dp: int) -> None
             "parallel.recompute='op' (torchtitan's per-op policy) is modelled for dense layers; "
             f"an MoE model (num_experts={model.num_experts}) needs none, selective or full"
         )
-    if parallel.data_parallel not in MOE_KINDS:
+    if not data_parallel_kind(parallel).moe:
         raise ValueError(
-            f"MoE plans are simulated with data_parallel {' | '.join(MOE_KINDS)}, got "
+            f"MoE plans are simulated with data_parallel {' | '.join(kinds_where('moe'))}, got "
             f"data_parallel={parallel.data_parallel!r}"
         )
     if model.num_experts % parallel.ep:
@@ -123,8 +122,9 @@ MAX_MICROBATCHES = 65_536
 
 
 def check_schedule(parallel: ParallelConfig, num_micro: int) -> None:
-    """vpp > 1 only with the interleaved schedule, which needs pp > 1 and m % pp == 0; at most
-    ``MAX_MICROBATCHES`` micro-batches per step."""
+    """At most ``MAX_MICROBATCHES`` micro-batches per step, then the schedule's own checks
+    (``schedules.pipeline_schedules``: vpp > 1 only with the interleaved schedule, which needs
+    pp > 1 and m % pp == 0)."""
     p, v = parallel.pp, parallel.vpp
     if num_micro > MAX_MICROBATCHES:
         raise ValueError(
@@ -132,79 +132,13 @@ def check_schedule(parallel: ParallelConfig, num_micro: int) -> None:
             f"at most {MAX_MICROBATCHES:,} are simulated: raise micro_batch_size or check the "
             "global batch"
         )
-    if parallel.schedule == "interleaved":
-        if p < 2 or v < 2:
-            raise ValueError(
-                f"schedule 'interleaved' needs pp > 1 and vpp > 1, got pp={p}, vpp={v}"
-            )
-        # Megatron (current): p <= g <= m and (m % g == 0 or m % g >= p) with g = p by default,
-        # which reduces to m % p == 0 and m >= p.
-        if num_micro % p or num_micro < p:
-            raise ValueError(
-                f"schedule 'interleaved' needs the micro-batch count to be a multiple of pp "
-                f"(Megatron), got micro-batches={num_micro}, pp={p}, vpp={v}"
-            )
-    elif v > 1:
-        raise ValueError(
-            f"vpp={v} > 1 needs schedule 'interleaved', got schedule={parallel.schedule!r}"
-        )
-
-
-_KNOB_OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ddp_bucket_mb", ("ddp",)),
-    ("ddp_first_bucket_mb", ("ddp",)),
-    ("ddp_gradient_as_bucket_view", ("ddp",)),
-    ("fsdp_backward_prefetch", FSDP_KINDS),
-    ("fsdp_forward_prefetch", FSDP_KINDS),
-    ("fsdp_limit_all_gathers", FSDP_KINDS),
-    ("fsdp_reshard_after_forward", FSDP_KINDS),
-    ("fsdp_version", ("fsdp", "hsdp")),
-    ("fsdp_reduce_dtype", ("fsdp", "hsdp")),
-    ("hsdp_shard_size", ("hsdp",)),
-    ("zero_bucket_elems", ZERO_KINDS),
-    ("zero_overlap_comm", ZERO_KINDS),
-    ("zero_prefetch_bucket_elems", ("zero3",)),
-    ("zero_max_live_parameters", ("zero3",)),
-    ("zero_param_persistence_threshold", ("zero3",)),
-    ("zero_fetch", ("zero3",)),
-    ("overlap_param_gather", ("distributed_optimizer",)),
-)
-
-
-FSDP1_ONLY = ("fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_limit_all_gathers")
-"""FullyShardedDataParallel options that ``fully_shard`` does not have."""
+    pipeline_schedule(parallel.schedule).check(pp=p, vpp=v, num_micro=num_micro)
 
 
 def check_knobs(parallel: ParallelConfig, dp: int) -> None:
-    """Framework knobs set away from their default must belong to the data-parallel kind."""
-    defaults = type(parallel)()
-    kind = parallel.data_parallel
-    for knob, owners in _KNOB_OWNERS:
-        value = getattr(parallel, knob)
-        if value != getattr(defaults, knob) and kind not in owners:
-            raise ValueError(
-                f"parallel.{knob}={value!r} applies only to data_parallel "
-                f"{' | '.join(owners)}, got data_parallel={kind!r}"
-            )
-    if kind in ("zero2", "zero3") and parallel.pp > 1:
-        raise ValueError(
-            f"data_parallel={kind} cannot run under pipeline parallelism (pp={parallel.pp}): "
-            "DeepSpeed's PipelineEngine asserts 'ZeRO-2 and ZeRO-3 are incompatible with "
-            "pipeline parallelism'; use zero1, distributed_optimizer or fsdp"
-        )
-    if parallel.fsdp_version == 1 and parallel.pp > 1:
-        raise ValueError(
-            f"parallel.fsdp_version=1 cannot run under pipeline parallelism (pp={parallel.pp}): "
-            "torch.distributed.pipelining composes with FSDP2 (fully_shard) only"
-        )
-    if parallel.fsdp2:
-        for knob in FSDP1_ONLY:
-            value = getattr(parallel, knob)
-            if value != getattr(defaults, knob):
-                raise ValueError(
-                    f"parallel.{knob}={value!r} is an FSDP1 option; FSDP2 (fully_shard) has no "
-                    "such knob: it prefetches one unit ahead in forward and backward"
-                )
+    """The data-parallel kind's knobs and checks (``schedules.data_parallel``), tensor-parallel
+    overlap and sequence parallelism, offload."""
+    check_data_parallel(parallel, dp)
     if parallel.tp_comm_overlap and not (parallel.sequence_parallel and parallel.tp > 1):
         raise ValueError(
             f"parallel.tp_comm_overlap needs sequence_parallel and tp > 1, got "
@@ -213,8 +147,6 @@ def check_knobs(parallel: ParallelConfig, dp: int) -> None:
     if parallel.sequence_parallel and parallel.tp == 1:
         raise ValueError("parallel.sequence_parallel needs tp > 1, got tp=1")
     check_offload(parallel)
-    if kind == "hsdp" and parallel.hsdp_shard_size and dp % parallel.hsdp_shard_size:
-        raise ValueError(f"parallel.hsdp_shard_size={parallel.hsdp_shard_size} must divide dp={dp}")
 
 
 def resolve_plan(plan: Plan, world_size: int) -> Plan:

@@ -1,10 +1,11 @@
 """Whole-step programs of one rank: pipeline passes with their p2p and DP sync, or FSDP units.
 
-``pipeline_program`` turns a pipeline order (``schedules.pipeline``) and per-chunk pass recipes
-(``schedules.program``) into a rank's program: the point-to-point transfers between stages
-(blocking batched send/recv as Megatron's non-interleaved schedule, or async as the interleaved
-one), the data-parallel gradient sync of each chunk (``GradSync``: torch DDP buckets, Megatron
-distributed optimizer, DeepSpeed ZeRO-1/2) and the optimizer step with its parameter gather.
+``pipeline_program`` turns a pipeline order (``schedules.pipeline_schedules``) and per-chunk
+pass recipes (``schedules.program``) into a rank's program: the point-to-point transfers between
+stages (blocking batched send/recv as Megatron's non-interleaved schedule, or async as the
+interleaved one), the data-parallel gradient sync of each chunk (``GradSync``: torch DDP
+buckets, Megatron distributed optimizer, DeepSpeed ZeRO-1/2) and the optimizer step with its
+parameter gather.
 With ``PipelineRank.fsdp`` the chunks are FSDP2 units instead (``schedules.fsdp_program``): their
 all-gathers and reduce-scatters join the passes as torch.distributed.pipelining issues them. The
 non-pipelined FSDP1 / ZeRO-3 step is ``schedules.fsdp_program.fsdp_program``.
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schedules.fsdp_program import FsdpPipelineState, FsdpStages
+from schedules.grad_sync import GradSync
 from schedules.offload import RankOffload, add_copies
 from schedules.pipeline import Pass, RankOrder
 from schedules.program import (
@@ -30,65 +32,6 @@ from schedules.program import (
     Step,
     Transfer,
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GradSync:
-    """How and when a rank reduces its gradients over data parallelism."""
-
-    op: str = "all_reduce"
-    """``all_reduce`` or ``reduce_scatter``; empty for no DP sync (dp = 1)."""
-    bucketed: bool = True
-    """Buckets fire as they become ready during the backward (else one call after it)."""
-    every_microbatch: bool = False
-    """Sync on every micro-batch (ZeRO-2) instead of only the last one per chunk."""
-    at_end: bool = False
-    """Issue every chunk's sync after the whole schedule (Megatron without overlap)."""
-    depth_one: bool = False
-    """Compute waits for the previous bucket when the next one is issued (DeepSpeed overlap)."""
-    blocking: bool = False
-    """Compute waits for every bucket right away (DeepSpeed without overlap_comm)."""
-    param_gather: str = ""
-    """Parameter all-gather: ``""`` none, ``after_step``, or ``overlapped`` (with the next
-    forward: issued at the step's start, each chunk's first forward waits for it)."""
-
-
-def grad_sync_for(
-    kind: str,
-    *,
-    overlap_grad_reduce: bool = True,
-    overlap_param_gather: bool = False,
-    zero_overlap_comm: bool | None = None,
-) -> GradSync:
-    """The framework behaviour of a data-parallel kind (schedule_semantics §3, §4, §6)."""
-    if kind == "ddp":
-        # torch DDP always overlaps; Megatron's DDP without --overlap-grad-reduce (and its 2021
-        # local DDP) all-reduces every gradient once, after the whole backward.
-        return GradSync(
-            op="all_reduce", bucketed=overlap_grad_reduce, at_end=not overlap_grad_reduce
-        )
-    if kind == "distributed_optimizer":
-        gather = "overlapped" if overlap_param_gather else "after_step"
-        return GradSync(
-            op="reduce_scatter",
-            bucketed=overlap_grad_reduce,
-            at_end=not overlap_grad_reduce,
-            param_gather=gather,
-        )
-    if kind in ("zero1", "zero2"):
-        overlap = bool(zero_overlap_comm)
-        return GradSync(
-            op="all_reduce",
-            bucketed=overlap or kind == "zero2",
-            every_microbatch=kind == "zero2",
-            depth_one=overlap,
-            blocking=not overlap,
-            param_gather="after_step",
-        )
-    raise ValueError(
-        f"data_parallel={kind!r} has no pipeline grad sync; valid: ddp, distributed_optimizer, "
-        "zero1, zero2 (fsdp, hsdp and zero3 use fsdp_program)"
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

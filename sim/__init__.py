@@ -3,7 +3,7 @@
 Torch-free: ``import sim`` and the ``commsim`` command never import torch.
 
 The sub-packages, each owning one concern, listed in import order (a package imports only the
-ones above it, plus ``topologies``, ``schedules`` and the torch-free parts of ``comm_bench``):
+ones above it, plus ``topologies``, ``schedules``, ``vocab`` and ``fileio``; never ``comm_bench``):
 
 - ``sim.network``: collectives on a topology: algorithms, NCCL protocols, the analytical and
   flow models, network calibration, simulated-vs-measured comparison.
@@ -11,7 +11,9 @@ ones above it, plus ``topologies``, ``schedules`` and the torch-free parts of ``
 - ``sim.replay``: the SimPy engine, programs on per-GPU streams, folding, ``simulate_plan``.
 - ``sim.output``: the plan report, the Chrome trace and the timeline plot.
 - ``sim.validation``: published training runs as plans, and the error per source.
-- ``sim.cli``: one thin module per ``commsim`` sub-command.
+- ``sim.inputs``: what the user gives, loaded: plan files, calibrations, measured results,
+  topology flags.
+- ``sim.cli``: one thin module per ``commsim`` sub-command; none imports another.
 
     from sim import simulate_plan      # the library entry point (sim.replay.simulate)
 """

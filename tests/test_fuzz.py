@@ -50,13 +50,13 @@ from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from comm_bench.collectives import NCCL_TESTS_DTYPES, OPS, REDUCTIONS
 from fileio.strict import load_json
 from schedules import plan as plan_module
 from topologies.config import FABRIC_KEYS, NODE_KEYS
 from topologies.fabrics import FABRIC_PRESETS
 from topologies.hardware import GPUS, LINKS, NVSWITCHES
 from topologies.nodes import INTRA_KINDS, NODE_PRESETS
+from vocab.collectives import NCCL_TESTS_DTYPES, OPS, REDUCTIONS
 
 pytestmark = pytest.mark.fuzz
 

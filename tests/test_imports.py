@@ -1,11 +1,13 @@
 """The import direction of DESIGN.md, enforced.
 
 ``fileio`` (safe outputs, strict inputs) imports nothing from the project and everything may import
-it; ``topologies`` and ``schedules`` import nothing else from the project; the torch-free parts of
-``comm_bench`` import nothing else either, and no part of ``comm_bench`` imports ``sim``; ``sim``
-and those parts never import torch, directly or through anything they import; ``sim``'s
-sub-packages import each other in one direction only; no module imports itself back through any
-chain of imports (type-only and function-level imports included).
+it; ``topologies`` and ``schedules`` import nothing else from the project; ``vocab`` (the shared
+vocabulary of commbench and commsim) imports nothing from the project but ``fileio``; no part of
+``comm_bench`` imports ``sim`` and no part of ``sim`` imports ``comm_bench``; ``sim`` and
+``vocab`` never import torch, directly or through anything they import; ``sim``'s sub-packages
+import each other in one direction only; a ``sim.cli`` command module imports no other
+``sim.cli`` module (the dispatcher ``main`` loads them); no module imports itself back through
+any chain of imports (type-only and function-level imports included).
 """
 
 from __future__ import annotations
@@ -19,14 +21,7 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT_PACKAGES = {"comm_bench", "sim", "topologies", "schedules", "fileio", "refdata"}
-TORCH_FREE_COMM_BENCH = {
-    "collectives.py",
-    "records.py",
-    "readers.py",
-    "compute_calibration.py",
-    "kernel_classes.py",
-}
+PROJECT_PACKAGES = {"comm_bench", "sim", "topologies", "schedules", "fileio", "refdata", "vocab"}
 SIM_LAYERS = {
     "network": set(),
     "compute": set(),
@@ -34,7 +29,8 @@ SIM_LAYERS = {
     "output": {"replay", "network", "compute"},
     "validation": {"replay", "network", "compute"},
     "search": {"replay", "network", "compute"},
-    "cli": {"network", "compute", "replay", "output", "validation", "search"},
+    "inputs": {"network", "compute", "replay"},
+    "cli": {"network", "compute", "replay", "output", "validation", "search", "inputs"},
 }
 """Which ``sim`` sub-packages each one may import (besides itself)."""
 
@@ -96,6 +92,11 @@ def test_comm_bench_never_imports_sim() -> None:
         assert "sim" not in _imported_roots(path), path.relative_to(ROOT)
 
 
+def test_sim_never_imports_comm_bench() -> None:
+    for path in _modules("sim"):
+        assert "comm_bench" not in _imported_roots(path), path.relative_to(ROOT)
+
+
 def test_sim_sub_packages_import_in_one_direction() -> None:
     graph = _import_graph()
     assert set(SIM_LAYERS) == {
@@ -120,15 +121,23 @@ def test_topologies_and_schedules_import_nothing_else_from_the_project() -> None
             assert "torch" not in _imported_roots(path), path
 
 
-def test_torch_free_comm_bench_modules_stay_torch_free() -> None:
-    for name in TORCH_FREE_COMM_BENCH:
-        path = ROOT / "comm_bench" / name
-        if not path.exists():
-            continue
+def test_vocab_imports_only_fileio_and_never_torch() -> None:
+    paths = _modules("vocab")
+    assert len(paths) > 5  # the package is where this test looks
+    for path in paths:
         roots = _imported_roots(path)
-        assert "torch" not in roots, path
-        assert not (roots & {"sim", "topologies", "schedules"}), path
-        assert not (roots & PROJECT_PACKAGES - {"comm_bench", "fileio"}), path
+        others = (roots & PROJECT_PACKAGES) - {"vocab", "fileio"}
+        assert not others, f"{path.relative_to(ROOT)} imports {sorted(others)}"
+        assert "torch" not in roots, path.relative_to(ROOT)
+
+
+def test_cli_commands_do_not_import_each_other() -> None:
+    graph = _import_graph()
+    for module, other in graph.edges:
+        if module.startswith("sim.cli.") and other.startswith("sim.cli"):
+            assert module == "sim.cli.main", (
+                f"{module} imports {other}: share it through sim.inputs"
+            )
 
 
 def test_sim_never_imports_torch_directly() -> None:
@@ -139,15 +148,15 @@ def test_sim_never_imports_torch_directly() -> None:
 def test_importing_every_sim_module_does_not_load_torch() -> None:
     modules = [
         ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        for package in ("sim", "topologies", "schedules", "fileio")
+        for package in ("sim", "topologies", "schedules", "fileio", "vocab")
         for path in _modules(package)
         if path.name != "__main__.py"
     ]
+    assert "vocab.readers" in modules
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
-        "import comm_bench.collectives, comm_bench.records\n"
         "print('torch' in sys.modules)\n"
     )
     result = subprocess.run(

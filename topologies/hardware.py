@@ -50,6 +50,42 @@ class GPUSpec:
     """Dense peak FLOP/s by precision (keys from ``PRECISIONS``; absent where unsupported)."""
     source: str
     """Where the figures come from."""
+    family: str = ""
+    """Architecture generation, one of ``GPU_FAMILIES``; empty: derived from ``name``."""
+
+    def __post_init__(self) -> None:
+        if not self.family:
+            object.__setattr__(self, "family", gpu_family(self.name))
+        elif self.family not in GPU_FAMILIES:
+            raise ValueError(
+                f"GPU {self.name!r}: family={self.family!r}; valid: {', '.join(GPU_FAMILIES)}"
+            )
+
+
+GPU_FAMILIES = ("hopper", "ampere", "volta", "blackwell", "cpu", "other")
+"""GPU architecture generations: what default kernel efficiencies and NCCL's per-generation
+tables are chosen by (``other``: none of the named ones)."""
+_FAMILY_PREFIXES = (
+    (("h1", "h2", "h800", "gh200"), "hopper"),
+    (("a1", "a800"), "ampere"),
+    (("v1",), "volta"),
+)
+
+
+def gpu_family(name: str) -> str:
+    """The family a GPU's name implies, for a spec built without one (``other`` if none).
+
+    The one place names are read as generations: H100/H200/H800/GH200 (and ``h1``/``h2``
+    names) are Hopper, A100/A800 (and ``a1`` names) Ampere, ``v1`` names Volta.
+
+    >>> gpu_family("H100 SXM"), gpu_family("a800-80gb"), gpu_family("mi300x")
+    ('hopper', 'ampere', 'other')
+    """
+    lowered = name.lower()
+    for prefixes, family in _FAMILY_PREFIXES:
+        if lowered.startswith(prefixes):
+            return family
+    return "other"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +132,7 @@ def _flops(**tflops: float) -> Mapping[str, float]:
 GPUS: dict[str, GPUSpec] = {
     "h100-sxm": GPUSpec(
         name="h100-sxm",
+        family="hopper",
         hbm_bytes=80 * GIB,
         hbm_bandwidth_bytes_per_s=3.35e12,
         peak_flops_per_s=_flops(bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=66.9),
@@ -103,6 +140,7 @@ GPUS: dict[str, GPUSpec] = {
     ),
     "h100-96gb-500w": GPUSpec(
         name="h100-96gb-500w",
+        family="hopper",
         hbm_bytes=96 * GIB,
         hbm_bandwidth_bytes_per_s=2.4e12,
         peak_flops_per_s=_flops(bf16=912.5, fp16=912.5, fp8=1825.0, tf32=456.2, fp32=61.7),
@@ -113,6 +151,7 @@ GPUS: dict[str, GPUSpec] = {
     ),
     "h100-pcie": GPUSpec(
         name="h100-pcie",
+        family="hopper",
         hbm_bytes=80 * GIB,
         hbm_bandwidth_bytes_per_s=2.0e12,
         peak_flops_per_s=_flops(bf16=756.5, fp16=756.5, fp8=1513.0, tf32=378.0, fp32=51.2),
@@ -120,6 +159,7 @@ GPUS: dict[str, GPUSpec] = {
     ),
     "h200": GPUSpec(
         name="h200",
+        family="hopper",
         hbm_bytes=141 * GIB,
         hbm_bandwidth_bytes_per_s=4.8e12,
         peak_flops_per_s=_flops(bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=66.9),
@@ -127,6 +167,7 @@ GPUS: dict[str, GPUSpec] = {
     ),
     "a100-sxm-80gb": GPUSpec(
         name="a100-sxm-80gb",
+        family="ampere",
         hbm_bytes=80 * GIB,
         hbm_bandwidth_bytes_per_s=2.039e12,
         peak_flops_per_s=_flops(bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
@@ -134,6 +175,7 @@ GPUS: dict[str, GPUSpec] = {
     ),
     "a100-sxm-40gb": GPUSpec(
         name="a100-sxm-40gb",
+        family="ampere",
         hbm_bytes=40 * GIB,
         hbm_bandwidth_bytes_per_s=1.555e12,
         peak_flops_per_s=_flops(bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
@@ -141,6 +183,7 @@ GPUS: dict[str, GPUSpec] = {
     ),
     "v100-sxm3-32gb": GPUSpec(
         name="v100-sxm3-32gb",
+        family="volta",
         hbm_bytes=32 * GIB,
         hbm_bandwidth_bytes_per_s=0.9e12,
         peak_flops_per_s=_flops(fp16=125.0, fp32=15.7),
@@ -153,6 +196,7 @@ GPUS: dict[str, GPUSpec] = {
     # GFLOP/s; one DDR4 channel ~ 20 GB/s): they are placeholders for a compute calibration.
     "cpu": GPUSpec(
         name="cpu",
+        family="cpu",
         hbm_bytes=16 * GIB,
         hbm_bandwidth_bytes_per_s=20e9,
         peak_flops_per_s=_flops(bf16=0.1, fp16=0.1, tf32=0.1, fp32=0.1),

@@ -1,6 +1,6 @@
 """``commsim calibrate``: fit the network model's parameters to measured collectives.
 
-Reads commbench JSON/CSV, nccl-tests logs and busbw tables (``comm_bench.readers``), fits per
+Reads commbench JSON/CSV, nccl-tests logs and busbw tables (``sim.inputs.measured``), fits per
 (op, algorithm, scope) a base latency, a per-step latency (when the data has several step
 counts) and an efficiency curve over size, prints the fit quality (MAPE per group) and writes
 the versioned calibration JSON.
@@ -11,16 +11,12 @@ the versioned calibration JSON.
 from __future__ import annotations
 
 import argparse
-import warnings
 
-from comm_bench.collectives import canonical_op
-from comm_bench.readers import read_results
-from comm_bench.records import Record
 from fileio.output import check_output
-from sim.cli.collective import add_topology_arguments, topology_factory
+from sim.inputs.measured import add_reading_arguments, read_measured
+from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration
-from sim.network.compare import any_matches, parse_selector
 from sim.network.fitting import fit_calibration
 
 
@@ -39,54 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("-o", "--output", required=True, help="calibration JSON to write")
     add_reading_arguments(parser)
-
-
-def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--op`` and ``--allow-wrong``: how measured files are read (calibrate, compare)."""
-    parser.add_argument(
-        "--op", default=None,
-        help="collective of nccl-tests logs that do not name it (in the log or the file name)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--allow-wrong", action="store_true",
-        help="use records whose #wrong > 0 (results the benchmark found wrong); refused by default",
-    )  # fmt: skip
-
-
-def read_measured(
-    paths: list[str], only: list[str], *, op: str | None = None, allow_wrong: bool = False
-) -> list[Record]:
-    """Records of every file, filtered by the ``--only`` selectors; reader warnings printed.
-    Records with ``#wrong`` > 0 are counted, and refused unless ``allow_wrong``."""
-    if op is not None:
-        op = canonical_op(op)
-    selectors = [parse_selector(text) for text in only]
-    records: list[Record] = []
-    wrong: list[tuple[str, Record]] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for path in paths:
-            found = read_results(path, op=op)
-            wrong += [(path, r) for r in found if r.num_wrong]
-            records.extend(found)
-    for warning in caught:
-        print(f"# note: {warning.message}")
-    if wrong:
-        path, first = wrong[0]
-        example = f"{first.op} {first.size_bytes} B in {path} ({first.num_wrong} wrong)"
-        if not allow_wrong:
-            raise ValueError(
-                f"{len(wrong)} record(s) have #wrong > 0 (the benchmark computed wrong results), "
-                f"e.g. {example}; rerun, or pass --allow-wrong to use them anyway"
-            )
-        print(
-            f"# note: using {len(wrong)} record(s) with #wrong > 0 (--allow-wrong), e.g. {example}"
-        )
-    if selectors:
-        records = [r for r in records if any_matches(selectors, r)]
-    if not records:
-        raise ValueError(f"no measured records in {', '.join(paths)} (after --only {only})")
-    return records
 
 
 def describe(calibration: Calibration) -> list[str]:
@@ -109,7 +57,9 @@ def describe(calibration: Calibration) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Fit, print the quality, write the calibration."""
     target = check_output(args.output, inputs=args.measured, formats=(".json",), option="-o")
-    records = read_measured(args.measured, args.only, op=args.op, allow_wrong=args.allow_wrong)
+    records = read_measured(
+        args.measured, args.only, op=args.op, allow_wrong=args.allow_wrong, note=_note
+    )
     factory = topology_factory(args)
     calibration, notes = fit_calibration(
         records, factory, topology_name=args.topology, sources=args.measured,
@@ -133,3 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if not target.is_stdout:
         print(f"# wrote {target.name}")
     return 0
+
+
+def _note(line: str) -> None:
+    print(f"# note: {line}")

@@ -3,8 +3,7 @@
 Prints the nccl-tests table (size, count, type, redop, root, time, algbw, busbw, #wrong = N/A)
 for each op and writes the commbench JSON schema (``env.simulated = true``) plus a CSV beside
 it, so simulated and measured files are interchangeable. A sweep still running after a second
-shows a progress bar with the time left on standard error when that is a terminal (tqdm). Also
-home of the topology flags shared by ``calibrate`` and ``compare``.
+shows a progress bar with the time left on standard error when that is a terminal (tqdm).
 
     commsim collective --topology dgx-h100 --nodes 2 --ops all_reduce -b 1K -e 8G -f 2
 """
@@ -18,67 +17,19 @@ from typing import Any
 
 import simpy
 
-from comm_bench.collectives import REDUCTIONS, dtype_bytes, get, parse_ops
-from comm_bench.options import parse_size
-from comm_bench.records import Record
-from comm_bench.report import footer, format_row, op_banner, table_header
-from comm_bench.writer import results_csv, results_json
 from fileio.output import Target, check_outputs, twin, write_text
+from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
-from sim.network.calibration import Calibration, load_calibration
-from sim.network.fitting import TopologyFactory
+from sim.network.calibration import load_calibration
 from sim.network.model import FIDELITIES, CommModel
 from sim.output.progress import progress_bar
-from topologies.config import load_cluster
-from topologies.fabrics import FABRIC_PRESETS
-from topologies.presets import MAX_GPUS_PER_NODE, NODE_PRESETS, build_cluster
+from topologies.presets import MAX_GPUS_PER_NODE, NODE_PRESETS
 from topologies.topology import Topology
-
-
-def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--topology``, ``--nodes``, ``--fabric``, ``--oversubscription`` (shared by commands)."""
-    parser.add_argument(
-        "--topology", required=True,
-        help=f"node preset ({', '.join(NODE_PRESETS)}) or a cluster YAML file",
-    )  # fmt: skip
-    parser.add_argument("--nodes", type=int, default=None, help="servers (presets only)")
-    parser.add_argument(
-        "--fabric", default=None,
-        help=f"fabric preset for several servers ({', '.join(FABRIC_PRESETS)})",
-    )  # fmt: skip
-    parser.add_argument(
-        "--oversubscription", type=float, default=1.0, help="leaf down:up capacity ratio"
-    )
-
-
-def topology_factory(args: argparse.Namespace) -> TopologyFactory:
-    """(num_nodes, ranks_per_node) -> Topology, from the shared topology flags."""
-    name = args.topology
-    if args.nodes is not None and args.nodes < 1:
-        raise ValueError(f"--nodes {args.nodes}: must be an integer >= 1")
-    if name not in NODE_PRESETS:
-        if args.nodes is not None or args.fabric is not None:
-            raise ValueError(f"--nodes/--fabric apply to node presets, not to the file {name!r}")
-        fixed = load_cluster(name)
-        return lambda _nodes, _per_node: fixed
-    cache: dict[tuple[int, int], Topology] = {}
-
-    def build(num_nodes: int, ranks_per_node: int) -> Topology:
-        count = max(num_nodes, args.nodes or 1)
-        per_node = ranks_per_node if name == "localhost" else None
-        found = cache.get((count, ranks_per_node))
-        if found is None:
-            fabric = args.fabric if count > 1 else None
-            found = build_cluster(name, count, fabric, args.oversubscription, per_node)
-            cache[(count, ranks_per_node)] = found
-        return found
-
-    return build
-
-
-def load_optional_calibration(path: str | None) -> Calibration | None:
-    """The calibration at ``path``, or None."""
-    return None if path is None else load_calibration(path)
+from vocab.collectives import REDUCTIONS, dtype_bytes, get, parse_ops
+from vocab.nccl_table import footer, format_row, op_banner, table_header
+from vocab.records import Record
+from vocab.sizes import parse_size
+from vocab.writer import results_csv, results_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.root < num_ranks:
         raise ValueError(f"-r {args.root}: root must be in 0..{num_ranks - 1}")
-    calibration = load_optional_calibration(args.calibration)
+    calibration = None if args.calibration is None else load_calibration(args.calibration)
     model = CommModel(
         simpy.Environment(), topology, fidelity=args.fidelity, calibration=calibration,
         algo=args.algo,

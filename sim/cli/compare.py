@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from comm_bench.options import parse_size
-from comm_bench.records import Record
 from fileio.output import check_outputs, write_text
-from sim.cli.calibrate import add_reading_arguments, read_measured
-from sim.cli.collective import add_topology_arguments, load_optional_calibration, topology_factory
+from sim.inputs.measured import add_reading_arguments, read_measured
+from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
-from sim.network.calibration import Calibration
+from sim.network.calibration import Calibration, load_calibration
 from sim.network.compare import (
     any_matches,
     compare_records,
@@ -34,6 +32,8 @@ from sim.network.compare import (
 )
 from sim.network.fitting import fit_calibration
 from sim.network.model import FIDELITIES
+from vocab.records import Record
+from vocab.sizes import parse_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,8 +66,7 @@ def _calibration(
     if modes > 1:
         raise ValueError("choose one of --holdout, --fit and --calibration")
     if args.calibration is not None:
-        calibration = load_optional_calibration(args.calibration)
-        assert calibration is not None
+        calibration = load_calibration(args.calibration)
         return (
             calibration,
             _fitted_records(calibration, records, args.measured),
@@ -106,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
         {"--json": (args.json, (".json",)), "-o": (args.output, (".png", ".svg", ".pdf"))},
         inputs=(*args.measured, args.calibration),
     )
-    records = read_measured(args.measured, args.only, op=args.op, allow_wrong=args.allow_wrong)
+    records = read_measured(
+        args.measured, args.only, op=args.op, allow_wrong=args.allow_wrong, note=_note
+    )
     min_size = parse_size(args.min_size)
     calibration, train, how = _calibration(args, records)
     trained = {id(r) for r in train}
@@ -152,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
         plot_comparison(points, targets["-o"], title=title)
         print(f"# wrote {args.output}")
     return 0
+
+
+def _note(line: str) -> None:
+    print(f"# note: {line}")
 
 
 def _pct(value: float | None) -> str:

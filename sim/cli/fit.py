@@ -17,11 +17,14 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from fileio.output import check_outputs
-from sim.cli.plan import FIDELITIES, compute_calibration_for, load_calibrations, load_plan_file
+from sim.inputs.calibrations import compute_calibration_for, load_calibrations
+from sim.inputs.plans import load_plan_file
+from sim.network.model import FIDELITIES
 
 MIN_GEMM_EFFICIENCY = 0.15
 """Below this fraction of the dense peak for large GEMMs a fit describes a broken setup (a
@@ -99,10 +102,10 @@ def fit_time_scale(
 
 def run(args: argparse.Namespace) -> int:
     """Fit the factor, print it, write the calibration; returns 0."""
-    from comm_bench.compute_calibration import ComputeCalibration, save_compute_calibration
     from schedules.resolve import resolve_plan
     from sim.compute.model import DEFAULT_IN_STEP_SLOWDOWN, default_efficiency
     from sim.replay.simulate import plan_topology, simulate_plan
+    from vocab.compute_calibration import ComputeCalibration, save_compute_calibration
 
     measured = args.step_time
     if not math.isfinite(measured) or measured <= 0:
@@ -114,12 +117,9 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan_file(args.plan)
     topology = plan_topology(plan)
     plan = resolve_plan(plan, topology.num_gpus)
-    load_args = argparse.Namespace(
-        calibration=args.calibration, compute_calibration=args.from_compute_calibration
-    )
-    comm, base = load_calibrations(load_args)
+    comm, source = load_calibrations(args.calibration, args.from_compute_calibration)
     gpu = topology.gpu_spec(0)
-    base = compute_calibration_for(base, gpu) or ComputeCalibration()
+    base = compute_calibration_for(source, gpu, warn=_warn) or ComputeCalibration()
     if base.in_step_slowdown is None:  # the fit is relative to the default in effect: keep it
         base = dataclasses.replace(base, in_step_slowdown=DEFAULT_IN_STEP_SLOWDOWN)
     dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
@@ -168,6 +168,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_text(summary, args.compute_calibration))
     return 0
+
+
+def _warn(line: str) -> None:
+    print(f"commsim: warning: {line}", file=sys.stderr)
 
 
 def _refusal(bound: str, measured: float) -> str:

@@ -21,13 +21,15 @@ import csv
 import io
 import json
 import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from fileio.output import check_outputs, write_bytes
-from sim.cli.plan import load_calibrations, load_plan_file
+from sim.inputs.calibrations import compute_calibration_for, load_calibrations
+from sim.inputs.plans import load_plan_file
 
 if TYPE_CHECKING:
     from schedules.plan import Plan
@@ -129,7 +131,6 @@ def _space(args: argparse.Namespace) -> SearchSpace:
 def run(args: argparse.Namespace) -> int:
     """Enumerate, screen, simulate, report; returns 0 (2 when no layout is left)."""
     from schedules.plan import plan_to_dict
-    from sim.cli.plan import compute_calibration_for
     from sim.output.progress import progress_bar
     from sim.replay.simulate import plan_topology
     from sim.search.run import pareto_front, simulate_layouts
@@ -148,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
     plan = _base_plan(args)
     topology = plan_topology(plan)
     gpu = topology.gpu_spec(0)
-    comm, compute = load_calibrations(args)
-    compute = compute_calibration_for(compute, gpu)
+    comm, source = load_calibrations(args.calibration, args.compute_calibration)
+    compute = compute_calibration_for(source, gpu, warn=_warn)
     layouts = candidate_layouts(
         plan,
         gpus_per_node=topology.gpus_per_node,
@@ -182,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
     for target, data in files:
         write_bytes(target, data)
     return 0
+
+
+def _warn(line: str) -> None:
+    print(f"commsim: warning: {line}", file=sys.stderr)
 
 
 def _base_plan(args: argparse.Namespace) -> Plan:

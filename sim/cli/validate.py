@@ -23,15 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fileio.output import Target, check_outputs, write_bytes
+from sim.network.model import FIDELITIES
 from sim.output.progress import PhaseBars
 from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
 from sim.validation.runner import ValidationReport, run_validation
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-
-FIDELITIES = ("analytical", "flow")
-"""Network fidelities ``simulate_plan`` accepts."""
 
 IMAGE_FORMATS = ("png", "svg", "pdf")
 """File types ``--plot`` can write, chosen by the file's suffix."""

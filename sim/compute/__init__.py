@@ -3,6 +3,6 @@
 ``model`` (``ComputeModel``) turns a kernel (FLOPs, dimensions, bytes, dtype) into seconds with a
 roofline and shape-dependent efficiency, default or calibrated, and prices the kernel lists
 ``schedules.kernels`` describes for a layer, the embedding and the head. It never calls back into
-the description. Imports ``topologies``, ``schedules`` and ``comm_bench.compute_calibration``;
+the description. Imports ``topologies``, ``schedules`` and ``vocab.compute_calibration``;
 nothing else from ``sim``.
 """

@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from comm_bench.compute_calibration import ComputeCalibration, KernelFit
 from schedules.kernels import (
     Kernel,
     PieceKernels,
@@ -45,9 +44,10 @@ from schedules.kernels import (
 from schedules.moe_kernels import moe_layer_kernels
 from schedules.plan import Plan
 from topologies.hardware import GPUSpec
+from vocab.compute_calibration import ComputeCalibration, KernelFit
 
 _DEFAULT_EFFICIENCY = {
-    # GPU family: (gemm 16-bit, gemm fp8, attention forward, attention backward, memory)
+    # GPUSpec.family (the rest: other): (gemm 16-bit, gemm fp8, attention fwd, bwd, memory)
     "hopper": (0.82, 0.70, 0.60, 0.50, 0.80),
     "ampere": (0.86, 0.70, 0.65, 0.50, 0.80),
     "other": (0.80, 0.70, 0.55, 0.45, 0.80),
@@ -81,18 +81,10 @@ ADAM_BYTES_PER_PARAM = 26.0
 (24 bytes) and write the bf16 copy (2 bytes)."""
 
 
-def _family(gpu: GPUSpec) -> str:
-    name = gpu.name.lower()
-    if name.startswith(("h100", "h200", "h800", "gh200")):
-        return "hopper"
-    if name.startswith(("a100", "a800")):
-        return "ampere"
-    return "other"
-
-
 def default_efficiency(gpu: GPUSpec, kind: str, dtype: str) -> float:
     """Default fraction of the dense peak (or of HBM bandwidth for ``memory``) for ``kind``."""
-    gemm16, gemm8, attention_fwd, attention_bwd, memory = _DEFAULT_EFFICIENCY[_family(gpu)]
+    defaults = _DEFAULT_EFFICIENCY.get(gpu.family, _DEFAULT_EFFICIENCY["other"])
+    gemm16, gemm8, attention_fwd, attention_bwd, memory = defaults
     table = {
         "gemm": gemm8 if dtype == "fp8" else gemm16,
         "attention_forward": attention_fwd,
@@ -151,7 +143,7 @@ class ComputeModel:
         efficiency = self.calibration.efficiency.get(kind)
         if efficiency is None:
             efficiency = default_efficiency(self.gpu, kind, dtype)
-        if backend == "flash2" and kind != "gemm" and _family(self.gpu) == "hopper":
+        if backend == "flash2" and kind != "gemm" and self.gpu.family == "hopper":
             efficiency *= FLASH2_ON_HOPPER
         dim_half = GEMM_DIM_HALF if kind == "gemm" else ATTENTION_DIM_HALF
         return KernelFit(max_flops_per_s=self._peak(dtype) * efficiency, dim_half=dim_half)

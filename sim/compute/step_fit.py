@@ -16,16 +16,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from comm_bench.compute_calibration import TIME_SCALE_RANGE, ComputeCalibration
+from schedules.data_parallel.registry import data_parallel_kind
 from schedules.kernels import Kernel, embedding_kernels, head_kernels, layer_kernels
-from schedules.model import grad_bytes_per_param, stage_params_per_gpu
+from schedules.model import stage_params_per_gpu
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
 from sim.compute.model import ComputeModel, default_efficiency
 from topologies.hardware import GPUSpec
+from vocab.compute_calibration import STEP_SCHEMA, TIME_SCALE_RANGE, ComputeCalibration
 
-STEP_SCHEMA = "commbench-step/1"
-"""Schema tag ``commbench --step`` writes."""
 MEMORY_CLASSES = ("elementwise", "loss", "copy", "optimizer")
 """Profile classes the compute model prices as memory-bound kernels."""
 
@@ -51,7 +50,7 @@ def modelled_classes_s(plan: Any, compute: ComputeModel, microbatches: int) -> d
         group = "attention" if kernel.kind.startswith("attention") else kernel.kind
         classes[group] += compute.kernel_time_s(kernel) * microbatches
     params = stage_params_per_gpu(plan, 0)
-    grad = grad_bytes_per_param(plan.parallel.data_parallel)
+    grad = data_parallel_kind(plan.parallel).grad_bytes_per_param
     classes["memory"] += compute.optimizer_step_s(params, grad_bytes_per_param=grad)
     return classes
 

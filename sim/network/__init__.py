@@ -8,6 +8,6 @@ channel graphs estimated from the hardware), ``nccl_tuner`` (NCCL's own predicte
 included), ``algorithms`` and ``tiered_flows`` (a collective as flows on paths), ``flow`` (max-min
 fair sharing of links among concurrent flows), ``model`` (``CommModel``: the one entry the replay
 calls, at either fidelity), ``calibration`` and ``fitting`` (the fitted parameters and fitting them
-to measured results) and ``compare`` (simulated against measured). Imports ``topologies`` and the
-torch-free ``comm_bench`` modules; nothing else from ``sim``.
+to measured results) and ``compare`` (simulated against measured). Imports ``topologies`` and
+``vocab``; nothing else from ``sim``.
 """

@@ -35,7 +35,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from comm_bench.collectives import get
 from sim.network.analytical import (
     Layout,
     available_algorithms,
@@ -43,13 +42,14 @@ from sim.network.analytical import (
     gloo_plan,
     ring_wire_bytes,
 )
-from sim.network.nccl_tables import NCCL_ALGORITHMS
+from sim.network.nccl_tables import LL_MAX_GBPS, NCCL_ALGORITHMS
 from sim.network.nccl_tuner import MODELLED_OPS, pick
 from sim.network.plugin_tuner import region_pick
 from sim.network.terms import FlowGroup
 from sim.network.tiered_flows import inter_groups, intra_groups, nvls_groups, switch_edges
-from topologies.hardware import LINKS
+from topologies.hardware import LINKS, GPUSpec
 from topologies.topology import Path, Topology
+from vocab.collectives import get
 
 __all__ = [
     "AUTO_ALGORITHMS",
@@ -128,7 +128,7 @@ def layout_of(topology: Topology, ranks: Sequence[int]) -> Layout:
         bisection_bandwidth_bytes_per_s=bisection,
         nvls=topology.nvls_capable(),
         backend="gloo" if spec.name == "cpu" else "nccl",
-        gpu_arch=gpu_arch(spec.name),
+        gpu_arch=gpu_arch(spec),
         intra_hw="nvlink" if nvlink_any else "pci",
         nvswitch=_has_nvswitch(topology, ranks[0]),
         **_network_fields(topology, len(nodes) > 1),
@@ -161,12 +161,9 @@ def _network_fields(topology: Topology, multi_node: bool) -> dict[str, Any]:
     return fields
 
 
-def gpu_arch(spec_name: str) -> str:
-    """GPU generation of a catalogue GPU name (``""`` when unknown), for NCCL's tables."""
-    for prefix, arch in (("h1", "hopper"), ("h2", "hopper"), ("a1", "ampere"), ("v1", "volta")):
-        if spec_name.lower().startswith(prefix):
-            return arch
-    return ""
+def gpu_arch(spec: GPUSpec) -> str:
+    """The GPU's family where NCCL's per-generation tables know it, else ``""``."""
+    return spec.family if spec.family in LL_MAX_GBPS else ""
 
 
 def _path_bw(topology: Topology, path: Path) -> float:

@@ -28,7 +28,6 @@ import functools
 import math
 from dataclasses import replace
 
-from comm_bench.collectives import get
 from sim.network.hierarchy import (
     IN_NETWORK,
     NVLS_EFFICIENCY,
@@ -42,6 +41,7 @@ from sim.network.hierarchy import (
 )
 from sim.network.protocols import protocols_for
 from sim.network.terms import CommParams, CostTerms, Layout
+from vocab.collectives import get
 
 __all__ = [
     "ALGORITHMS",

@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from comm_bench.collectives import OPS
 from fileio.output import Target, write_text
 from fileio.strict import load_json, read_input, shorten
 from sim.network.analytical import ALGORITHMS, CommParams
+from vocab.collectives import OPS
 
 SCHEMA = "commsim-calibration/1"
 """Schema tag of calibration files."""

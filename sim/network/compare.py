@@ -24,8 +24,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
-from comm_bench.collectives import busbw_gbps
-from comm_bench.records import Record
 from fileio.output import Target, write_bytes
 from sim.network.calibration import Calibration
 from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory, record_ranks, record_time_s
@@ -37,6 +35,8 @@ from sim.network.selectors import (
     describe_holdout,
     parse_selector,
 )
+from vocab.collectives import busbw_gbps
+from vocab.records import Record
 
 __all__ = [
     "Point",

@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from comm_bench.collectives import time_from_busbw_s
-from comm_bench.records import Record
 from sim.network.algorithms import choose, layout_of
 from sim.network.analytical import CommParams, CostTerms, Layout, cost_terms
 from sim.network.calibration import DEFAULT_PARAMS, Calibration, FitQuality, key
 from topologies.topology import Topology
+from vocab.collectives import time_from_busbw_s
+from vocab.records import Record
 
 NCCL_ALGO_NAMES = {
     "ring": "ring",

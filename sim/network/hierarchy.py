@@ -30,8 +30,8 @@ from __future__ import annotations
 import functools
 import math
 
-from comm_bench.collectives import get
 from sim.network.terms import CostTerms, Layout
+from vocab.collectives import get
 
 NVLINK4_EFFECTIVE_GBPS = 370.8
 """NCCL's effective NVLink4 bandwidth per GPU and direction, 18 x 20.6 GB/s (topo.h)."""

@@ -19,12 +19,12 @@ from collections.abc import Sequence
 
 import simpy
 
-from comm_bench.collectives import canonical_op
 from sim.network.algorithms import choose, decompose, layout_of
 from sim.network.analytical import ALGORITHMS, CommParams, CostTerms, Layout, cost_terms
 from sim.network.calibration import UNCALIBRATED, Calibration
 from sim.network.flow import FlowNetwork
 from topologies.topology import Topology
+from vocab.collectives import canonical_op
 
 FIDELITIES = ("analytical", "flow")
 """Network model fidelities."""

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from comm_bench.options import parse_size
-from comm_bench.records import Record
 from sim.network.fitting import NCCL_ALGO_NAMES
+from vocab.records import Record
+from vocab.sizes import parse_size
 
 _COMPARATORS: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le, ">=": operator.ge, "!=": operator.ne, "<": operator.lt, ">": operator.gt,

@@ -194,7 +194,7 @@ def breakdown_lines(
 
 def rank_coords(rank: int, plan: Plan) -> dict[str, int]:
     """Coordinates (tp, cp, dp, pp) of a global rank in the replay's rank layout."""
-    from sim.replay.programs import layout_of
+    from schedules.layout import layout_of
 
     return layout_of(plan).coords(rank)
 

@@ -14,24 +14,18 @@ import dataclasses
 
 from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
 from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
-from schedules.memory import replica_group_size
-from schedules.model import layer_params_per_gpu, stage_params_per_gpu
+from schedules.model import layer_params_per_gpu
 from schedules.offload import RankOffload
 from schedules.params import embedding_params_per_gpu
-from schedules.plan import Plan, num_microbatches
+from schedules.plan import Plan
 from schedules.program import ChunkWork, Program, Step
-from schedules.stages import chunk_layers
+from schedules.step import StepDescription
 from sim.compute.model import ComputeModel
-from sim.replay.offload import stage_offload
 from sim.replay.recipes import (
     StepCosts,
-    chunk_params,
-    grad_norm_group,
     layer_recipes,
-    layout_of,
     optimizer_time_s,
     pass_extras,
-    reduce_bytes_per_param,
 )
 
 
@@ -42,12 +36,12 @@ def reshard_after_forward(plan: Plan) -> bool:
     return plan.parallel.pp == 1 if value is None else bool(value)
 
 
-def fsdp_groups(plan: Plan, rank: int, gpus_per_node: int) -> dict[str, tuple[int, ...]]:
+def fsdp_groups(step: StepDescription, rank: int) -> dict[str, tuple[int, ...]]:
     """``tp``, ``cp``, ``dp`` (the FSDP shard group) and, for HSDP, ``hsdp`` (replicate)."""
-    par, layout = plan.parallel, layout_of(plan)
+    par, layout = step.plan.parallel, step.layout
     groups = {"tp": layout.group("tp", rank), "cp": layout.group("cp", rank)}
-    shard = replica_group_size(plan, gpus_per_node=gpus_per_node) // par.cp
-    if par.data_parallel == "hsdp" and shard < par.dp:
+    shard = step.replica_group_size // par.cp
+    if shard < par.dp:  # HSDP: FSDP inside shard groups, replicas across them
         groups["dp"] = layout.group("dp_shard", rank, shard_size=shard)
         groups["hsdp"] = layout.group("dp_replicate", rank, shard_size=shard)
     else:
@@ -55,31 +49,26 @@ def fsdp_groups(plan: Plan, rank: int, gpus_per_node: int) -> dict[str, tuple[in
     return groups
 
 
-def host_copies(
-    plan: Plan, groups: dict[str, tuple[int, ...]], gpus_per_node: int
-) -> RankOffload | None:
+def host_copies(step: StepDescription, groups: dict[str, tuple[int, ...]]) -> RankOffload | None:
     """The FSDP CPU offload of a rank (None: none), its copies sized as the shards of the group
     its units are gathered over."""
-    offload = stage_offload(plan, 0, gpus_per_node)
+    offload = step.stages[0].offload
     if offload is None:
         return None
     return dataclasses.replace(offload, shards=len(groups.get("dp", ())) or 1)
 
 
-def sharded_groups(
-    plan: Plan, rank: int, gpus_per_node: int, *extra: str
-) -> dict[str, tuple[int, ...]]:
+def sharded_groups(step: StepDescription, rank: int, *extra: str) -> dict[str, tuple[int, ...]]:
     """``fsdp_groups`` plus the named layout groups (step-end norm group, ``mp``), when given."""
-    groups = fsdp_groups(plan, rank, gpus_per_node)
-    layout = layout_of(plan)
-    groups.update({name: layout.group(name, rank) for name in extra if name})
+    groups = fsdp_groups(step, rank)
+    groups.update({name: step.layout.group(name, rank) for name in extra if name})
     return groups
 
 
-def fsdp_stages(plan: Plan, costs: StepCosts, stage: int, gpus_per_node: int) -> FsdpStages:
+def fsdp_stages(step: StepDescription, costs: StepCosts, stage: int) -> FsdpStages:
     """The FSDP2 units of every chunk of pipeline rank ``stage`` (one unit per layer + root)."""
+    plan = step.plan
     par = plan.parallel
-    units_per_chunk = chunk_layers(par, plan.model.num_layers)
     recipes = layer_recipes(plan, costs, 1)
     layer = ChunkWork(
         forward=recipes["F"],
@@ -87,14 +76,13 @@ def fsdp_stages(plan: Plan, costs: StepCosts, stage: int, gpus_per_node: int) ->
         backward_input=recipes["Bi"],
         backward_weight=recipes["W"],
     )
-    per_param = reduce_bytes_per_param(plan)
+    per_param = step.reduce_bytes_per_param
     unit_params = layer_params_per_gpu(plan.model, par.tp)
     chunks = []
-    for chunk in range(par.vpp):
-        vstage = chunk * par.pp + stage
-        num_units = units_per_chunk[vstage]
-        x = pass_extras(plan, costs, first=vstage == 0, last=vstage == par.pp * par.vpp - 1)
-        root_params = chunk_params(plan, stage, chunk) - unit_params * num_units
+    for chunk in step.stages[stage].chunks:
+        num_units = chunk.num_layers
+        x = pass_extras(plan, costs, first=chunk.first, last=chunk.last)
+        root_params = chunk.params - unit_params * num_units
         chunks.append(
             FsdpUnits(
                 num_units=num_units,
@@ -117,19 +105,16 @@ def _extra_work(forward: list[Step], backward: list[Step]) -> ChunkWork:
 
 
 def fsdp_programs(
-    plan: Plan,
-    costs: StepCosts,
-    compute: ComputeModel,
-    ranks: tuple[int, ...],
-    gpus_per_node: int,
+    step: StepDescription, costs: StepCosts, compute: ComputeModel, ranks: tuple[int, ...]
 ) -> list[Program]:
     """Programs of ``ranks`` for an FSDP1 / HSDP plan without pipelining."""
+    plan = step.plan
     par = plan.parallel
     recipes = layer_recipes(plan, costs, 1)
     x = pass_extras(plan, costs, first=True, last=True)
-    per_param = reduce_bytes_per_param(plan)
+    per_param = step.reduce_bytes_per_param
     unit_params = layer_params_per_gpu(plan.model, par.tp)
-    root_params = stage_params_per_gpu(plan, 0) - unit_params * plan.model.num_layers
+    root_params = step.stages[0].params - unit_params * plan.model.num_layers
     units = FsdpUnits(
         num_units=plan.model.num_layers,
         layer=ChunkWork(forward=recipes["F"], backward=recipes["B"]),
@@ -140,13 +125,13 @@ def fsdp_programs(
         embed=ChunkWork(forward=tuple(x["fwd_pre"]), backward=tuple(x["bwd_post"])),
         head=ChunkWork(forward=tuple(x["fwd_post"]), backward=tuple(x["bwd_pre"])),
     )
-    norm_group = grad_norm_group(plan)
+    norm_group = step.grad_norm_group
     programs = []
     for rank in ranks:
-        groups = sharded_groups(plan, rank, gpus_per_node, norm_group)
+        groups = sharded_groups(step, rank, norm_group)
         spec = FsdpRank(
             rank=rank,
-            num_microbatches=num_microbatches(plan),
+            num_microbatches=step.num_microbatches,
             units=units,
             groups=groups,
             backward_prefetch=par.fsdp_backward_prefetch,
@@ -154,25 +139,28 @@ def fsdp_programs(
             reshard_after_forward=reshard_after_forward(plan),
             forward_prefetch=par.fsdp_forward_prefetch,
             grad_norm_group=norm_group,
-            optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
-            offload=host_copies(plan, groups, gpus_per_node),
+            optimizer_s=optimizer_time_s(step, compute, 0),
+            offload=host_copies(step, groups),
         )
         programs.append(fsdp_program(spec))
     return programs
 
 
-def fsdp2_units(plan: Plan, costs: StepCosts, compute: ComputeModel) -> tuple[Fsdp2Unit, ...]:
+def fsdp2_units(
+    step: StepDescription, costs: StepCosts, compute: ComputeModel
+) -> tuple[Fsdp2Unit, ...]:
     """torchtitan's units: the embedding, every layer, then ``[norm, output]``.
 
     ``[norm, output]`` keeps its parameters after forward unless ``fsdp_reshard_after_forward``
     is set True (torchtitan's ``reshard_after_forward_policy = "always"``).
     """
+    plan = step.plan
     par, model = plan.parallel, plan.model
     recipes = layer_recipes(plan, costs, 1)
     x = pass_extras(plan, costs, first=True, last=True)
-    reduce_bytes = reduce_bytes_per_param(plan)
+    reduce_bytes = step.reduce_bytes_per_param
     layer = layer_params_per_gpu(model, par.tp)
-    root = stage_params_per_gpu(plan, 0) - layer * model.num_layers
+    root = step.stages[0].params - layer * model.num_layers
     embed = min(root, embedding_params_per_gpu(model, par.tp))
     layers_reshard = reshard_after_forward(plan)
 
@@ -211,26 +199,22 @@ def fsdp2_units(plan: Plan, costs: StepCosts, compute: ComputeModel) -> tuple[Fs
 
 
 def fsdp2_programs(
-    plan: Plan,
-    costs: StepCosts,
-    compute: ComputeModel,
-    ranks: tuple[int, ...],
-    gpus_per_node: int,
+    step: StepDescription, costs: StepCosts, compute: ComputeModel, ranks: tuple[int, ...]
 ) -> list[Program]:
     """Programs of ``ranks`` for an FSDP2 / HSDP-over-FSDP2 plan without pipelining."""
-    units = fsdp2_units(plan, costs, compute)
-    norm_group = grad_norm_group(plan)
+    units = fsdp2_units(step, costs, compute)
+    norm_group = step.grad_norm_group
     programs = []
     for rank in ranks:
-        groups = sharded_groups(plan, rank, gpus_per_node, norm_group)
+        groups = sharded_groups(step, rank, norm_group)
         spec = Fsdp2Rank(
             rank=rank,
-            num_microbatches=num_microbatches(plan),
+            num_microbatches=step.num_microbatches,
             units=units,
             groups=groups,
             grad_norm_group=norm_group,
-            optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
-            offload=host_copies(plan, groups, gpus_per_node),
+            optimizer_s=optimizer_time_s(step, compute, 0),
+            offload=host_copies(step, groups),
         )
         programs.append(fsdp2_program(spec))
     return programs

@@ -39,29 +39,26 @@ from typing import Any
 import networkx as nx
 import simpy
 
-from comm_bench.compute_calibration import ComputeCalibration
-from schedules.memory import replica_group_size
+from schedules.data_parallel.registry import offload_of, replica_group_size
+from schedules.layout import layout_of
 from schedules.offload import (
     COPY_OPS,
     CPU_ADD,
     Offload,
-    RankOffload,
     cpu_step_bytes,
     host_bytes,
     nvme_bytes,
     nvme_step_bytes,
     nvme_step_s,
-    offload_of,
-    rank_offload,
 )
 from schedules.params import stage_params_per_gpu
 from schedules.plan import Plan, num_microbatches
 from schedules.program import Compute, Program
 from sim.replay.engine import CommRunner
-from sim.replay.recipes import layout_of, reduce_bytes_per_param
 from sim.replay.result import Span
 from topologies.hardware import CPUS, NVMES
 from topologies.topology import Topology
+from vocab.compute_calibration import ComputeCalibration
 
 PAGEABLE_FRACTION = 0.5
 """Copy rate to or from pageable host memory relative to pinned: the CUDA driver stages it
@@ -128,7 +125,7 @@ def host_rates(
     pin = offload is None or offload.pin_memory
     # ZeRO-1/2 pin the fp32 master partition whatever pin_memory says (stage_1_and_2.py), so
     # the step's copy to the GPU is pinned; pin_memory decides for the gradient buffers.
-    pinned_master = offload is not None and offload.kind in ("zero1", "zero2")
+    pinned_master = offload is not None and offload.zero_stage in (1, 2)
     node = topology.node
     per_node = topology.gpus_per_node
     pcie = min(pcie_bytes_per_s(topology, r) for r in range(per_node))
@@ -237,17 +234,6 @@ def copy_bytes_by_op(spans: Sequence[object], rank: int) -> dict[str, float]:
     return {op: size for op, size in out.items() if math.isfinite(size)}
 
 
-def stage_offload(plan: Plan, stage: int, gpus_per_node: int) -> RankOffload | None:
-    """The ``RankOffload`` of a rank of pipeline stage ``stage`` (None: no offload)."""
-    return rank_offload(
-        plan,
-        params=stage_params_per_gpu(plan, stage),
-        shards=replica_group_size(plan, gpus_per_node=gpus_per_node),
-        num_micro=num_microbatches(plan),
-        grad_bytes=reduce_bytes_per_param(plan),
-    )
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OffloadReplay:
     """An offloading plan's host side on its cluster: rates and the CPU step per stage."""
@@ -302,11 +288,12 @@ def host_memory_per_node(plan: Plan, gpus_per_node: int) -> dict[str, float]:
     layout = layout_of(plan)
     shards = replica_group_size(plan, gpus_per_node=gpus_per_node)
     num_micro = num_microbatches(plan)
+    offload = offload_of(plan.parallel)
     total: dict[str, float] = {}
     for rank in range(min(gpus_per_node, layout.world_size)):
         stage = layout.coords(rank)["pp"]
         params = stage_params_per_gpu(plan, stage)
-        rank_bytes = host_bytes(plan, params=params, shards=shards, num_micro=num_micro)
+        rank_bytes = host_bytes(offload, plan, params=params, shards=shards, num_micro=num_micro)
         for key, size in rank_bytes.items():
             total[key] = total.get(key, 0.0) + size
     total["total"] = sum(total.values())
@@ -317,8 +304,11 @@ def nvme_per_node(plan: Plan, gpus_per_node: int) -> float:
     """NVMe bytes the first server's ranks keep on its drives."""
     layout = layout_of(plan)
     shards = replica_group_size(plan, gpus_per_node=gpus_per_node)
+    offload = offload_of(plan.parallel)
     return sum(
-        nvme_bytes(plan, params=stage_params_per_gpu(plan, layout.coords(r)["pp"]), shards=shards)
+        nvme_bytes(
+            offload, params=stage_params_per_gpu(plan, layout.coords(r)["pp"]), shards=shards
+        )
         for r in range(min(gpus_per_node, layout.world_size))
     )
 
@@ -373,7 +363,7 @@ def framework_of(offload: Offload) -> str:
             return f"FSDP2 CPUOffloadPolicy(pin_memory={offload.pin_memory})"
         return "FSDP1 CPUOffload(offload_params=True)"
     name = "ZeRO-Infinity" if "nvme" in (offload.optimizer, offload.param) else "ZeRO-Offload"
-    return f"DeepSpeed {name}, {offload.kind}"
+    return f"DeepSpeed {name}, zero{offload.zero_stage}"
 
 
 def host_part(calibration: Any, gpu: Any) -> Any:

@@ -13,25 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedules.activations import ACTIVATION_BYTES
+from schedules.data_parallel.registry import data_parallel_kind
 from schedules.kernels import kernel_stack, weight_gemm_shapes
-from schedules.layout import Layout
-from schedules.memory import FSDP_KINDS, replica_group_size
 from schedules.model import (
     cp_kv_message_bytes,
-    grad_bytes_per_param,
-    layer_params_per_gpu,
-    layers_per_stage,
     pp_message_bytes,
-    stage_params_per_gpu,
     tp_message_bytes,
 )
-from schedules.moe import dispatch_bytes, expert_data_parallel, expert_tokens, is_moe
-from schedules.params import (
-    moe_layer_params_per_gpu,
-    stage_expert_params_per_gpu,
-    stage_moe_layers,
-    vstage_moe_layers,
-)
+from schedules.moe import dispatch_bytes, expert_tokens, is_moe
 from schedules.plan import Plan
 from schedules.program import (
     CommStep,
@@ -41,7 +30,7 @@ from schedules.program import (
     tp_backward_steps,
     tp_forward_steps,
 )
-from schedules.stages import chunk_layers
+from schedules.step import StepDescription
 from sim.compute.model import ComputeModel, LayerTimes
 
 
@@ -241,57 +230,14 @@ def _uniform_recipes(
     }
 
 
-def chunk_params(plan: Plan, stage: int, chunk: int) -> float:
-    """Parameters of one model chunk on one GPU (embedding on the first, head on the last)."""
-    p, v = plan.parallel.pp, plan.parallel.vpp
-    per_layer = layer_params_per_gpu(plan.model, plan.parallel.tp)
-    moe_extra = moe_layer_params_per_gpu(plan.model, plan.parallel) - per_layer
-    layers = chunk_layers(plan.parallel, plan.model.num_layers)[chunk * p + stage]
-    in_layers = per_layer * layers_per_stage(plan, stage) + moe_extra * stage_moe_layers(
-        plan, stage
-    )
-    extra = stage_params_per_gpu(plan, stage) - in_layers
-    owns_extra = (stage == 0 and chunk == 0) or (stage == p - 1 and chunk == v - 1)
-    moe = moe_extra * vstage_moe_layers(plan, chunk * p + stage) if plan.model.num_experts else 0.0
-    return layers * per_layer + moe + (extra if owns_extra else 0.0)
-
-
 def reduce_bytes_per_param(plan: Plan) -> float:
     """Bytes per parameter of the data-parallel gradient reduction: FSDP's ``reduce_dtype``
     (``fsdp_reduce_dtype``), otherwise the kind's gradient dtype."""
-    par = plan.parallel
-    if par.data_parallel in ("fsdp", "hsdp"):
-        return float(par.reduce_dtype_bytes)
-    return float(grad_bytes_per_param(par.data_parallel))
+    return data_parallel_kind(plan.parallel).reduce_bytes_per_param(plan.parallel)
 
 
-def layout_of(plan: Plan) -> Layout:
-    """Rank layout of a resolved plan."""
-    par = plan.parallel
-    return Layout(tp=par.tp, cp=par.cp, dp=par.dp, pp=par.pp, ep=par.ep, etp=par.expert_tp)
-
-
-def optimizer_time_s(plan: Plan, compute: ComputeModel, stage: int, gpus_per_node: int) -> float:
-    """Adam over the parameters this GPU updates: all of its stage's under DDP, else its shard
-    (routed experts sharded over the expert-data-parallel group, the rest over dp x cp)."""
-    kind = plan.parallel.data_parallel
-    params = stage_params_per_gpu(plan, stage)
-    if kind != "ddp":
-        experts = stage_expert_params_per_gpu(plan, stage)
-        dense = (params - experts) / replica_group_size(plan, gpus_per_node=gpus_per_node)
-        params = dense + (experts / expert_data_parallel(plan.parallel) if experts else 0.0)
-    return compute.optimizer_step_s(params, grad_bytes_per_param=grad_bytes_per_param(kind))
-
-
-SHARDED_GRADIENTS = ("distributed_optimizer", "zero1", "zero2", *FSDP_KINDS)
-"""Kinds whose ranks hold different gradient shards: the gradient norm needs every rank."""
-
-
-def grad_norm_group(plan: Plan) -> str:
-    """Group of the step-end gradient-norm all-reduce: none for replicated gradients without PP;
-    Megatron's model-parallel group (TP x PP) for replicated ones under PP; everyone when the
-    gradients are sharded over data parallelism (distributed optimizer, ZeRO, FSDP)."""
-    kind = plan.parallel.data_parallel
-    if kind in SHARDED_GRADIENTS and plan.parallel.dp * plan.parallel.cp > 1:
-        return "world"
-    return "mp" if plan.parallel.pp > 1 else ""
+def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -> float:
+    """Adam over the parameters one GPU of ``stage`` updates (``StageDescription``)."""
+    return compute.optimizer_step_s(
+        step.stages[stage].optimizer_params, grad_bytes_per_param=step.kind.grad_bytes_per_param
+    )

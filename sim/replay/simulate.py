@@ -18,15 +18,14 @@ from typing import Any
 
 import simpy
 
-from comm_bench.compute_calibration import ComputeCalibration
 from schedules.flops import hardware_flops_per_step
 from schedules.kernels import kernel_stack
-from schedules.memory import memory_per_gpu
 from schedules.model import model_flops_per_step
 from schedules.moe import load_factor
 from schedules.params import active_params, total_params
 from schedules.plan import Plan, num_microbatches
 from schedules.resolve import resolve_plan
+from schedules.step import describe_step
 from sim.compute.model import ComputeModel
 from sim.network.calibration import Calibration
 from sim.network.model import CommModel
@@ -37,6 +36,7 @@ from sim.replay.programs import replay_plan
 from sim.replay.result import Breakdown, PlanResult
 from topologies.config import load_cluster
 from topologies.topology import Topology
+from vocab.compute_calibration import ComputeCalibration
 
 GIB = 2**30
 """Bytes per GiB (memory figures)."""
@@ -90,25 +90,18 @@ def simulate_plan(
     """Simulate one steady-state training step of ``plan`` (resolved here on its cluster)."""
     topology = plan_topology(plan) if topology is None else topology
     plan = resolve_plan(plan, topology.num_gpus)
+    step = describe_step(plan, gpus_per_node=topology.gpus_per_node)
     gpu = topology.gpu_spec(0)
     env = simpy.Environment()
     comm = CommModel(env, topology, fidelity=fidelity, calibration=comm_calibration)
     compute = ComputeModel(gpu, compute_calibration)
     runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
     host = offload_replay(plan, topology, calibration=compute_calibration)
-    timeline = replay_plan(
-        plan,
-        env=env,
-        comm=runner,
-        compute=compute,
-        fold=fold,
-        gpus_per_node=topology.gpus_per_node,
-        host=host,
-    )
+    timeline = replay_plan(step, env=env, comm=runner, compute=compute, fold=fold, host=host)
     step_s = timeline.step_time_s
     flops, definition = model_flops_per_step(plan)
     tflops_per_gpu = flops / step_s / topology.num_gpus / 1e12
-    memory = memory_per_gpu(plan, hbm_bytes=gpu.hbm_bytes, gpus_per_node=topology.gpus_per_node)
+    memory = step.memory
     tokens = plan.training.global_batch_size * plan.model.seq_len
     peak = _peak_flops_per_s(plan, topology)
     hardware = hardware_flops_per_step(plan) / step_s / topology.num_gpus

@@ -8,22 +8,22 @@ head module. Full recompute replays each layer's forward, fetches included, righ
 backward (``recompute_blocks``). The step-end norm all-reduces run on dp, then on the
 model-parallel group when tp > 1 (DeepSpeed's ``get_grad_norm_direct`` with an ``mpu``).
 
-    programs = zero3_programs(plan, costs, compute, ranks=(0,), gpus_per_node=8)
+    programs = zero3_programs(describe_step(plan, gpus_per_node=8), costs, compute, ranks=(0,))
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from schedules.model import grad_bytes_per_param
-from schedules.plan import Plan, num_microbatches
+from schedules.plan import Plan
 from schedules.program import Program, Step
+from schedules.step import StepDescription
 from schedules.zero3_program import zero3_program
 from schedules.zero3_spec import Submodule, Zero3Rank, split_recipe
 from schedules.zero3_units import ModuleShape, zero3_modules
 from sim.compute.model import ComputeModel
 from sim.replay.fsdp_programs import sharded_groups
-from sim.replay.offload import COPY_LATENCY_S, stage_offload
+from sim.replay.offload import COPY_LATENCY_S
 from sim.replay.recipes import StepCosts, layer_recipes, optimizer_time_s, pass_extras
 
 V03_LOOP_S = 3.5e-6
@@ -104,26 +104,23 @@ def _recompute_blocks(plan: Plan, submodules: tuple[Submodule, ...]) -> tuple[tu
 
 
 def zero3_programs(
-    plan: Plan,
-    costs: StepCosts,
-    compute: ComputeModel,
-    ranks: tuple[int, ...],
-    gpus_per_node: int,
+    step: StepDescription, costs: StepCosts, compute: ComputeModel, ranks: tuple[int, ...]
 ) -> list[Program]:
     """Programs of ``ranks`` for a ZeRO-3 plan without pipelining."""
+    plan = step.plan
     par = plan.parallel
     submodules = zero3_submodules(plan, costs)
     norm_groups = ("dp", "mp") if par.tp > 1 else ("dp",)
     overlap = True if par.zero_overlap_comm is None else par.zero_overlap_comm
     programs = []
     for rank in ranks:
-        groups = sharded_groups(plan, rank, gpus_per_node, "mp")
+        groups = sharded_groups(step, rank, "mp")
         spec = Zero3Rank(
             rank=rank,
-            num_microbatches=num_microbatches(plan),
+            num_microbatches=step.num_microbatches,
             submodules=submodules,
             groups=groups,
-            grad_bytes=float(grad_bytes_per_param("zero3")),
+            grad_bytes=float(step.kind.grad_bytes_per_param),
             prefetch_bucket_elems=par.zero_prefetch_bucket_elems,
             max_live_parameters=par.zero_max_live_parameters,
             persistence_threshold=par.zero_param_persistence_threshold,
@@ -134,8 +131,8 @@ def zero3_programs(
             host_copy_s=V03_COPY_S if par.zero_fetch == "sync_per_weight" else 0.0,
             grad_norm_groups=norm_groups,
             recompute_blocks=_recompute_blocks(plan, submodules),
-            optimizer_s=optimizer_time_s(plan, compute, 0, gpus_per_node),
-            offload=stage_offload(plan, 0, gpus_per_node),
+            optimizer_s=optimizer_time_s(step, compute, 0),
+            offload=step.stages[0].offload,
         )
         programs.append(zero3_program(spec))
     return programs

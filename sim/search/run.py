@@ -14,10 +14,10 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
-from comm_bench.compute_calibration import ComputeCalibration
 from schedules.plan import Plan
 from sim.network.calibration import Calibration
 from sim.replay.simulate import simulate_plan
+from vocab.compute_calibration import ComputeCalibration
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

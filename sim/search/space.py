@@ -20,10 +20,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from schedules.data_parallel.registry import data_parallel_kind, kinds_where
 from schedules.kernels import kernel_stack
 from schedules.memory import memory_per_gpu
 from schedules.plan import RECOMPUTE_MODES, Plan, load_plan, plan_to_dict
-from schedules.resolve import MOE_KINDS, resolve_plan
+from schedules.resolve import resolve_plan
 
 DEFAULT_KINDS = ("ddp", "zero1", "distributed_optimizer", "fsdp2", "zero3")
 """Data-parallel kinds searched by default (``hsdp``, ``zero2`` and FSDP1 on request)."""
@@ -96,7 +97,7 @@ def candidate_layouts(
     eps = _expert_degrees(plan, space, gpus_per_node)
     kinds = space.data_parallel
     if plan.model.num_experts:  # the kinds MoE layers are simulated with
-        kinds = tuple(k for k in kinds if k in MOE_KINDS) or kinds
+        kinds = tuple(k for k in kinds if k in kinds_where("moe")) or kinds
     for tp, pp, cp, ep, kind, mbs, recompute in itertools.product(
         tps, pps, space.cp, eps, kinds, space.micro_batch_size, recomputes
     ):
@@ -169,7 +170,7 @@ def _without_recompute(layout: dict[str, Any]) -> tuple[Any, ...]:
 def layout_name(plan: Plan) -> str:
     """A short label: ``tp4 pp2 dp8 fsdp2 mbs1 selective 1f1b``."""
     par = plan.parallel
-    kind = "fsdp2" if par.fsdp2 and par.data_parallel == "fsdp" else par.data_parallel
+    kind = data_parallel_kind(par).short_name(par)
     schedule = f" {par.schedule}" + (f" vpp{par.vpp}" if par.vpp > 1 else "") if par.pp > 1 else ""
     cp = f" cp{par.cp}" if par.cp > 1 else ""
     cp += f" ep{par.ep}" if plan.model.num_experts else ""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sim.validation.cases import CaseMapping
 
 if TYPE_CHECKING:
-    from comm_bench.compute_calibration import ComputeCalibration
+    from vocab.compute_calibration import ComputeCalibration
 
 StepTime = Callable[[CaseMapping, "ComputeCalibration"], float]
 """(case, compute calibration) -> predicted step time in seconds."""
@@ -74,7 +74,7 @@ def scaled_compute_calibration(gpu: str, scale: float) -> ComputeCalibration:
     A time scale, not efficiencies: ``ComputeCalibration.efficiency`` applies to every dtype, so a
     fit on BF16 runs would set the FP8 GEMM rate to the BF16 fraction of the FP8 peak.
     """
-    from comm_bench.compute_calibration import ComputeCalibration
+    from vocab.compute_calibration import ComputeCalibration
 
     return ComputeCalibration(
         device=f"fitted on published runs (time scale {scale:.4f})", gpu=gpu, time_scale=scale

@@ -24,8 +24,8 @@ from sim.validation.cases import CaseMapping, map_case
 from sim.validation.fit import FIT_EVALUATIONS, fit_compute_calibration
 
 if TYPE_CHECKING:
-    from comm_bench.compute_calibration import ComputeCalibration
     from sim.network.calibration import Calibration
+    from vocab.compute_calibration import ComputeCalibration
 
 SCHEMA = "commsim-validation/1"
 """Version tag of the validation JSON."""

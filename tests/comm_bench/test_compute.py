@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from comm_bench import compute
-from comm_bench.compute_calibration import load_compute_calibration
 from sim.compute.model import ComputeModel
 from topologies.hardware import GPUS
+from vocab.compute_calibration import load_compute_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--device", "cpu", "--sizes", "32,64", "--shapes", "64x32x16", "--iters", "2"]

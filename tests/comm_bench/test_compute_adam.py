@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from comm_bench.compute import main, measure_cpu_adam  # noqa: E402
-from comm_bench.compute_calibration import (  # noqa: E402
+from vocab.compute_calibration import (  # noqa: E402
     ComputeCalibration,
     load_compute_calibration,
 )

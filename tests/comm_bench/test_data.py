@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comm_bench.collectives import REDUCTIONS
 from comm_bench.data import (
     EXACT_LIMIT,
     TORCH_DTYPES,
@@ -14,6 +13,7 @@ from comm_bench.data import (
     fill_input,
     reduce_pattern,
 )
+from vocab.collectives import REDUCTIONS
 
 
 def test_sum_pattern_by_hand():

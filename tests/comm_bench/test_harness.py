@@ -7,9 +7,9 @@ import csv
 import pytest
 import torch
 
-from comm_bench.collectives import OPS, get
-from comm_bench.readers import read_results
-from comm_bench.records import FIELD_NAMES, SCHEMA
+from vocab.collectives import OPS, get
+from vocab.readers import read_results
+from vocab.records import FIELD_NAMES, SCHEMA
 
 SMALL = ["-b", "64", "-e", "4K", "-f", "8", "-n", "3", "-w", "1"]
 

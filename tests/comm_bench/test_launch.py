@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from comm_bench.readers import read_results
+from vocab.readers import read_results
 
 SWEEP = ["--ops", "all_reduce", "-b", "1K", "-e", "64K", "-f", "2", "-n", "3", "-w", "1"]
 

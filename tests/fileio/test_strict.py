@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import refdata
-from comm_bench.readers import read_results
 from fileio.strict import MAX_ERROR_CHARS, cap_line, load_json, load_yaml, shorten
 from sim.cli.main import main
+from vocab.readers import read_results
 
 PLAN = """\
 model:

@@ -19,7 +19,7 @@ def host(*, fsdp2: bool = True, pin: bool = True, num_micro: int = 1) -> RankOff
     """Offload over a 2-way shard group, gradients reduced in bf16: a unit gathering 2 bytes
     copies its 1-byte bf16 shard's fp32 master (2 bytes) in; a 2-byte reduce-scatter input
     leaves a 0.5-element shard, 2 bytes as fp32, to copy out."""
-    offload = Offload(kind="fsdp", optimizer="cpu", param="cpu", pin_memory=pin, fsdp2=fsdp2)
+    offload = Offload(zero_stage=0, optimizer="cpu", param="cpu", pin_memory=pin, fsdp2=fsdp2)
     return RankOffload(offload=offload, shards=2, grad_bytes=2.0, num_micro=num_micro, params=4.0)
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from schedules.data_parallel.registry import offload_of
 from schedules.memory import memory_per_gpu, state_bytes_per_param
 from schedules.offload import (
     Offload,
@@ -10,7 +11,6 @@ from schedules.offload import (
     grad_copies,
     host_bytes,
     nvme_step_s,
-    offload_of,
     step_copies,
 )
 from schedules.plan import load_plan
@@ -57,7 +57,7 @@ def test_13b_on_8_gpus_fits_only_with_offload():
 
 def test_host_bytes_of_zero_offload():
     plan = plan_of("zero2", offload_optimizer="cpu")
-    out = host_bytes(plan, params=8e9, shards=8, num_micro=1)
+    out = host_bytes(offload_of(plan.parallel), plan, params=8e9, shards=8, num_micro=1)
     largest = 32000 * 5120  # the embedding, bit16 staging buffer
     assert out == {
         "fp32_params": 4e9,
@@ -66,14 +66,16 @@ def test_host_bytes_of_zero_offload():
         "bit16": 0.0,
         "buffers": largest * 2,
     }
-    accumulated = host_bytes(plan, params=8e9, shards=8, num_micro=4)
+    accumulated = host_bytes(offload_of(plan.parallel), plan, params=8e9, shards=8, num_micro=4)
     assert accumulated["bit16"] == 2e9
-    nothing = host_bytes(plan_of("zero2"), params=8e9, shards=8, num_micro=1)
+    plain = plan_of("zero2")
+    nothing = host_bytes(offload_of(plain.parallel), plain, params=8e9, shards=8, num_micro=1)
     assert set(nothing.values()) == {0.0}
 
 
 def _offload(kind, optimizer="cpu", param="none"):
-    return Offload(kind=kind, optimizer=optimizer, param=param, pin_memory=True)
+    stage = {"zero1": 1, "zero2": 2, "zero3": 3}.get(kind, 0)
+    return Offload(zero_stage=stage, optimizer=optimizer, param=param, pin_memory=True)
 
 
 def test_gradient_copies_per_bucket():
@@ -110,9 +112,9 @@ def test_fetch_and_step_copies():
 def test_fsdp_gradient_copies_are_fp32_and_fsdp2_adds_later_microbatches_on_the_host():
     # 1e9 bytes reduced in fp32 over 8 shards: 3.125e7 elements, copied as fp32
     bucket = dict(reduced_bytes=1e9, grad_bytes=4.0, shards=8)
-    fsdp1 = Offload(kind="fsdp", optimizer="cpu", param="cpu", pin_memory=True)
+    fsdp1 = Offload(zero_stage=0, optimizer="cpu", param="cpu", pin_memory=True)
     assert grad_copies(fsdp1, microbatch=0, num_micro=1, **bucket) == (("d2h", 1.25e8),)
-    fsdp2 = Offload(kind="hsdp", optimizer="cpu", param="cpu", pin_memory=True, fsdp2=True)
+    fsdp2 = Offload(zero_stage=0, optimizer="cpu", param="cpu", pin_memory=True, fsdp2=True)
     assert grad_copies(fsdp2, microbatch=0, num_micro=2, **bucket) == (("d2h", 1.25e8),)
     bf16 = {**bucket, "reduced_bytes": 5e8, "grad_bytes": 2.0}  # same elements, cast to fp32
     assert grad_copies(fsdp2, microbatch=1, num_micro=2, **bf16) == (
@@ -123,7 +125,7 @@ def test_fsdp_gradient_copies_are_fp32_and_fsdp2_adds_later_microbatches_on_the_
 
 def test_fsdp2_copies_block_the_host_as_foreach_reduce_says():
     def blocks(pin, microbatch, fsdp2=True):
-        offload = Offload(kind="fsdp", optimizer="cpu", param="cpu", pin_memory=pin, fsdp2=fsdp2)
+        offload = Offload(zero_stage=0, optimizer="cpu", param="cpu", pin_memory=pin, fsdp2=fsdp2)
         rank = RankOffload(offload=offload, shards=8, grad_bytes=4.0, num_micro=2, params=1e9)
         return rank.blocks_host(microbatch)
 
@@ -137,7 +139,7 @@ def test_nvme_step_overlap():
     offload = _offload("zero3", "nvme")
     assert nvme_step_s(offload, read_s=3.0, cpu_s=1.0, write_s=2.0) == 6.0
     both = Offload(
-        kind="zero3",
+        zero_stage=3,
         optimizer="nvme",
         param="none",
         pin_memory=True,

@@ -6,19 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schedules.pipeline import (
-    Pass,
-    gpipe,
+from schedules.pipeline import Pass, max_in_flight, passes_per_kind
+from schedules.pipeline_schedules import pipeline_orders
+from schedules.pipeline_schedules.gpipe import gpipe
+from schedules.pipeline_schedules.interleaved import (
     interleaved,
-    max_in_flight,
-    one_f_one_b,
-    passes_per_kind,
-    pipeline_orders,
     schedule_table,
-    warmup_1f1b,
     warmup_interleaved,
-    zb_h1,
 )
+from schedules.pipeline_schedules.one_f_one_b import one_f_one_b, warmup_1f1b
+from schedules.pipeline_schedules.zero_bubble import zb_h1
 
 
 def names(order: tuple[Pass, ...]) -> list[str]:

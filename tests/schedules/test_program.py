@@ -6,9 +6,12 @@ from collections import Counter
 
 import pytest
 
+from schedules.data_parallel.registry import DATA_PARALLEL
 from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
+from schedules.grad_sync import GradSync
 from schedules.layout import Layout
-from schedules.pipeline import one_f_one_b
+from schedules.pipeline_schedules.one_f_one_b import one_f_one_b
+from schedules.plan import ParallelConfig
 from schedules.program import (
     ChunkWork,
     Collective,
@@ -23,9 +26,7 @@ from schedules.program import (
     tp_forward_steps,
 )
 from schedules.step_program import (
-    GradSync,
     PipelineRank,
-    grad_sync_for,
     pipeline_program,
     with_marks,
 )
@@ -184,17 +185,27 @@ def test_with_marks_splits_compute_at_bucket_fractions() -> None:
     )
 
 
+def _grad_sync(kind: str, **knobs: object) -> GradSync:
+    spec = DATA_PARALLEL[kind]
+    assert spec.grad_sync is not None, kind
+    return spec.grad_sync(ParallelConfig(data_parallel=kind, **knobs))  # type: ignore[arg-type]
+
+
 def test_grad_sync_kinds() -> None:
-    assert grad_sync_for("ddp") == GradSync(op="all_reduce")
-    dist = grad_sync_for("distributed_optimizer", overlap_param_gather=True)
+    assert _grad_sync("ddp") == GradSync(op="all_reduce")
+    dist = _grad_sync("distributed_optimizer", overlap_param_gather=True)
     assert (dist.op, dist.param_gather, dist.at_end) == ("reduce_scatter", "overlapped", False)
-    assert grad_sync_for("distributed_optimizer", overlap_grad_reduce=False).at_end
-    zero2 = grad_sync_for("zero2")
+    assert _grad_sync("distributed_optimizer", overlap_grad_reduce=False).at_end
+    zero2 = _grad_sync("zero2")
     assert zero2.every_microbatch and zero2.blocking and zero2.param_gather == "after_step"
-    zero1 = grad_sync_for("zero1", zero_overlap_comm=True)
+    zero1 = _grad_sync("zero1", zero_overlap_comm=True)
     assert zero1.depth_one and not zero1.every_microbatch
-    with pytest.raises(ValueError, match="fsdp_program"):
-        grad_sync_for("fsdp")
+    # the kinds that gather units reduce their own gradients: no pipeline grad sync
+    assert [k for k, spec in DATA_PARALLEL.items() if spec.grad_sync is None] == [
+        "zero3",
+        "fsdp",
+        "hsdp",
+    ]
 
 
 def unit_work() -> ChunkWork:

@@ -4,7 +4,17 @@ import dataclasses
 
 import pytest
 
-from topologies.hardware import GPUS, LINKS, NVSWITCHES, PRECISIONS, lookup, peak_flops_per_s
+from topologies.hardware import (
+    GPU_FAMILIES,
+    GPUS,
+    LINKS,
+    NVSWITCHES,
+    PRECISIONS,
+    GPUSpec,
+    gpu_family,
+    lookup,
+    peak_flops_per_s,
+)
 
 
 def test_contract_keys_present():
@@ -73,3 +83,40 @@ def test_peak_flops_unsupported_precision_names_valid_ones():
 def test_lookup_names_valid_keys():
     with pytest.raises(ValueError, match="unknown GPU 'h300'; valid: a100-sxm-40gb"):
         lookup(GPUS, "h300", "GPU")
+
+
+def test_every_catalogue_gpu_names_its_family():
+    families = {key: gpu.family for key, gpu in GPUS.items()}
+    assert families == {
+        "h100-sxm": "hopper",
+        "h100-96gb-500w": "hopper",
+        "h100-pcie": "hopper",
+        "h200": "hopper",
+        "a100-sxm-80gb": "ampere",
+        "a100-sxm-40gb": "ampere",
+        "v100-sxm3-32gb": "volta",
+        "cpu": "cpu",
+    }
+    assert set(families.values()) <= set(GPU_FAMILIES)
+    # the name alone implies the same family for every real GPU of the catalogue
+    assert all(gpu_family(key) == f for key, f in families.items() if key != "cpu")
+
+
+def _custom(name: str, **family: str) -> GPUSpec:
+    return GPUSpec(name=name, hbm_bytes=1.0, hbm_bandwidth_bytes_per_s=1.0,
+                   peak_flops_per_s={"bf16": 1.0}, source="test", **family)  # fmt: skip
+
+
+def test_custom_gpu_without_family_derives_it_from_its_name():
+    assert _custom("H100 SXM").family == "hopper"
+    assert _custom("gh200-480gb").family == "hopper"
+    assert _custom("h800").family == "hopper"
+    assert _custom("A800-80GB").family == "ampere"
+    assert _custom("v100-pcie").family == "volta"
+    assert _custom("mi300x").family == "other"
+    assert _custom("h100-like", family="blackwell").family == "blackwell"
+
+
+def test_custom_gpu_family_must_be_known():
+    with pytest.raises(ValueError, match="GPU 'x': family='rdna'; valid: hopper, ampere"):
+        _custom("x", family="rdna")

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import refdata
-from comm_bench.readers import read_results
 from sim.cli import compare as compare_cli
 from sim.cli.main import main
+from vocab.readers import read_results
 
 
 def _run_with_wrong(tmp_path: Path) -> Path:

@@ -8,9 +8,9 @@ import json
 import pytest
 
 import refdata
-from comm_bench.readers import read_results
 from sim.cli.collective import size_sweep
 from sim.cli.main import main
+from vocab.readers import read_results
 
 DATA = refdata.NCCL_DIR
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from comm_bench.compute_calibration import (
+from sim.cli.fit import MIN_GEMM_EFFICIENCY, fit_time_scale
+from sim.cli.main import main
+from tests.sim.cli.test_cmd_plan import TINY_PLAN, _write_plan
+from vocab.compute_calibration import (
     ComputeCalibration,
     load_compute_calibration,
     save_compute_calibration,
 )
-from sim.cli.fit import MIN_GEMM_EFFICIENCY, fit_time_scale
-from sim.cli.main import main
-from tests.sim.cli.test_cmd_plan import TINY_PLAN, _write_plan
 
 
 def test_regula_falsi_finds_the_root_of_a_monotone_step() -> None:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sim.cli.main import main
-from sim.cli.plan import yaml_error_line
+from sim.inputs.plans import yaml_error_line
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

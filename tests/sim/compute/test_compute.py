@@ -11,13 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from comm_bench.compute_calibration import (
-    ComputeCalibration,
-    KernelFit,
-    fit_kernel,
-    load_compute_calibration,
-    save_compute_calibration,
-)
 from schedules.flops import layer_flops
 from schedules.kernels import (
     elementwise_forward_bytes,
@@ -30,6 +23,13 @@ from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
 from sim.compute.model import DEFAULT_IN_STEP_SLOWDOWN, FLASH2_ON_HOPPER, ComputeModel
 from tests.model_configs import LLAMA3_70B
 from topologies.hardware import GPUS
+from vocab.compute_calibration import (
+    ComputeCalibration,
+    KernelFit,
+    fit_kernel,
+    load_compute_calibration,
+    save_compute_calibration,
+)
 
 H100 = GPUS["h100-sxm"]
 A100 = GPUS["a100-sxm-80gb"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from comm_bench.compute_calibration import ComputeCalibration
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
 from sim.compute.model import ComputeModel, default_efficiency
-from sim.compute.step_fit import STEP_SCHEMA, calibration_from_step, modelled_classes_s
+from sim.compute.step_fit import calibration_from_step, modelled_classes_s
 from sim.replay.simulate import simulate_plan
 from topologies.hardware import GPUS
+from vocab.compute_calibration import STEP_SCHEMA, ComputeCalibration
 
 H100 = GPUS["h100-sxm"]
 PLAN = {

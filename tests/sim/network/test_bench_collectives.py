@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from comm_bench.collectives import get
 from sim.network.model import CommModel
 from topologies.presets import build_cluster
+from vocab.collectives import get
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refdata
-from comm_bench.collectives import get
-from comm_bench.records import Record
 from sim.network.algorithms import choose, layout_of
 from sim.network.analytical import CommParams, cost_terms
 from sim.network.calibration import (
@@ -23,6 +21,8 @@ from sim.network.calibration import (
 from sim.network.fitting import fit_calibration
 from sim.network.model import CommModel
 from topologies.presets import build_cluster
+from vocab.collectives import get
+from vocab.records import Record
 
 DATA = refdata.NCCL_DIR
 TRUE = CommParams(
@@ -118,7 +118,7 @@ def test_json_round_trip_and_schema_errors(tmp_path):
 
 @pytest.mark.skipif(not DATA.exists(), reason="refdata is not installed")
 def test_fit_on_ring_all_reduce_predicts_the_held_out_h100_tables():
-    from comm_bench.readers import read_results
+    from vocab.readers import read_results
 
     train = read_results(DATA / "h100_8gpu_all_reduce_ring.txt")
     calibration, _ = fit_calibration(train, _factory, topology_name="dgx-h100")

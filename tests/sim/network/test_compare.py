@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 from matplotlib.container import ErrorbarContainer
 
-from comm_bench.records import Record
 from sim.network.compare import (
     SPREAD_NOTE,
     any_matches,
@@ -21,6 +20,7 @@ from sim.network.compare import (
     summary,
 )
 from topologies.presets import build_cluster
+from vocab.records import Record
 
 BASE = Record(
     op="all_gather", size_bytes=1 << 20, count=1 << 15, dtype="float32", world_size=8,

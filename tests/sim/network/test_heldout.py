@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 
 import refdata
-from comm_bench.readers import read_results
 from sim.network.compare import any_matches, compare_records, mape, parse_selector
 from sim.network.fitting import fit_calibration
 from topologies.presets import build_cluster
+from vocab.readers import read_results
 
 TABLE = refdata.NCCL_DIR / "h100_multinode_all_reduce_busbw.csv"
 

@@ -12,14 +12,14 @@ import functools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from comm_bench.collectives import get
-from comm_bench.records import Record
 from sim.network.algorithms import choose, layout_of
 from sim.network.analytical import CommParams, available_algorithms, cost_terms
 from sim.network.fitting import fit_calibration
 from sim.network.nccl_tables import NCCL_ALGORITHMS
 from topologies.hardware import LINKS
 from topologies.presets import build_cluster
+from vocab.collectives import get
+from vocab.records import Record
 
 CLUSTERS = (
     ("dgx-h100", 1, None),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from comm_bench.compute_calibration import ComputeCalibration
 from schedules.flops import hardware_flops_per_step
 from schedules.model import model_flops_per_step
 from schedules.resolve import resolve_plan
@@ -12,6 +11,7 @@ from sim.replay.basis import VALIDATED_ERROR, bottleneck
 from sim.replay.result import Breakdown
 from sim.replay.simulate import simulate_plan
 from tests.sim.replay.test_plan_sim import plan_of
+from vocab.compute_calibration import ComputeCalibration
 
 
 def test_defaults_quote_the_measured_error_of_their_stack(monkeypatch) -> None:

@@ -7,6 +7,7 @@ import pytest
 from schedules.model import layer_params_per_gpu
 from schedules.program import Collective
 from schedules.resolve import resolve_plan
+from schedules.step import describe_step
 from sim.compute.model import ComputeModel
 from sim.replay.fsdp_programs import fsdp2_units
 from sim.replay.programs import build_programs
@@ -18,7 +19,9 @@ from topologies.hardware import GPUS
 
 def _collectives(parallel: dict[str, object]) -> list[Collective]:
     plan = resolve_plan(plan_of(parallel), 8)
-    program = build_programs(plan, ComputeModel(GPUS["h100-sxm"]), fold=True)[0]
+    program = build_programs(describe_step(plan, gpus_per_node=8), ComputeModel(GPUS["h100-sxm"]))[
+        0
+    ]
     return [a for a in program.actions if isinstance(a, Collective)]
 
 
@@ -52,7 +55,7 @@ def test_fsdp2_reduces_in_fp32_per_layer_unit() -> None:
 def test_fsdp2_units_add_up_to_the_model() -> None:
     plan = resolve_plan(plan_of({"data_parallel": "fsdp2", "tp": 2}), 8)
     compute = ComputeModel(GPUS["h100-sxm"])
-    units = fsdp2_units(plan, step_costs(plan, compute), compute)
+    units = fsdp2_units(describe_step(plan, gpus_per_node=8), step_costs(plan, compute), compute)
     h, v = MODEL["hidden_size"], MODEL["vocab_size"]
     assert [u.name for u in units] == ["embed", *(f"L{i}" for i in range(8)), "head"]
     assert units[0].param_bytes == pytest.approx(2 * v * h / 2)
@@ -61,7 +64,9 @@ def test_fsdp2_units_add_up_to_the_model() -> None:
     always = resolve_plan(
         plan_of({"data_parallel": "fsdp2", "tp": 2, "fsdp_reshard_after_forward": True}), 8
     )
-    assert fsdp2_units(always, step_costs(always, compute), compute)[-1].reshard_after_forward
+    assert fsdp2_units(
+        describe_step(always, gpus_per_node=8), step_costs(always, compute), compute
+    )[-1].reshard_after_forward
 
 
 def test_fsdp1_and_fsdp2_give_different_steps() -> None:
@@ -82,7 +87,9 @@ def test_fsdp1_options_are_refused_with_fsdp2() -> None:
 
 def test_hsdp_over_fsdp2_reduce_scatters_in_the_node_and_all_reduces_across() -> None:
     plan = resolve_plan(plan_of({"data_parallel": "hsdp", "fsdp_version": 2}, nodes=2, gbs=32), 16)
-    program = build_programs(plan, ComputeModel(GPUS["h100-sxm"]), fold=True)[0]
+    program = build_programs(describe_step(plan, gpus_per_node=8), ComputeModel(GPUS["h100-sxm"]))[
+        0
+    ]
     comms = [a for a in program.actions if isinstance(a, Collective)]
     scatter = next(c for c in comms if c.name == "RS L3 mb0")
     across = next(c for c in comms if c.name == "AR L3 mb0")

@@ -10,6 +10,7 @@ import pytest
 
 from schedules.plan import ParallelConfig, load_plan
 from schedules.resolve import resolve_plan
+from schedules.step import describe_step
 from sim.compute.model import ComputeModel
 from sim.replay.programs import build_programs
 from sim.replay.simulate import simulate_plan
@@ -98,7 +99,9 @@ def _fingerprint(parallel: dict[str, Any]) -> tuple[Any, ...]:
     result = simulate_plan(plan)
     memory = tuple(sorted((k, round(v, 9)) for k, v in result.memory_gib.items()))
     resolved = resolve_plan(plan, 16)
-    program = build_programs(resolved, ComputeModel(GPUS["h100-sxm"]))[0]
+    program = build_programs(
+        describe_step(resolved, gpus_per_node=8), ComputeModel(GPUS["h100-sxm"])
+    )[0]
     actions = tuple((a.name, a.deps) for a in program.actions)  # what waits for what
     return round(result.step_time_s, 12), memory, len(result.spans), actions
 

@@ -12,6 +12,7 @@ from schedules.moe import dispatch_bytes
 from schedules.plan import load_plan, num_microbatches
 from schedules.program import Collective
 from schedules.resolve import resolve_plan
+from schedules.step import describe_step
 from sim.compute.model import ComputeModel
 from sim.replay.programs import build_programs
 from sim.replay.simulate import simulate_plan
@@ -37,7 +38,9 @@ def plan_of(parallel: dict[str, Any], **model: Any) -> Any:
 
 def collectives(parallel: dict[str, Any], **model: Any) -> tuple[Any, list[Collective]]:
     plan = resolve_plan(plan_of(parallel, **model), 16)
-    program = build_programs(plan, ComputeModel(GPUS["h100-sxm"]))[0]
+    program = build_programs(describe_step(plan, gpus_per_node=8), ComputeModel(GPUS["h100-sxm"]))[
+        0
+    ]
     return plan, [a for a in program.actions if isinstance(a, Collective)]
 
 
@@ -102,7 +105,7 @@ def test_dense_layers_of_a_moe_model_do_not_dispatch() -> None:
 
 def test_interleaved_chunks_hold_their_own_moe_layers() -> None:
     from schedules.params import stage_params_per_gpu
-    from sim.replay.recipes import chunk_params
+    from schedules.step import chunk_params
 
     parallel = {"ep": 4, "pp": 2, "vpp": 2, "schedule": "interleaved"}
     plan = resolve_plan(plan_of(parallel, moe_first_dense_layers=1, moe_layer_freq=2), 16)

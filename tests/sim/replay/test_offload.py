@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import simpy
 
-from comm_bench.compute_calibration import ComputeCalibration
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
 from sim.output.offload_report import offload_lines
@@ -20,6 +19,7 @@ from sim.replay.offload import (
 )
 from sim.replay.simulate import simulate_plan
 from topologies.presets import build_cluster
+from vocab.compute_calibration import ComputeCalibration
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "llama2-13b-offload-8xh100.yaml"
 PARAMS_13B = 13_015_864_320  # Llama 2 13B (schedules.params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from schedules.messages import grad_bytes_per_param
+from schedules.data_parallel.registry import DATA_PARALLEL
 from schedules.plan import load_plan
 from sim.replay.simulate import simulate_plan
 from tests.sim.replay.test_plan_sim import MODEL, plan_of
@@ -44,7 +44,9 @@ def test_tied_embeddings_are_all_reduced_between_first_and_last_stage() -> None:
     ranks = {s.rank for s in spans if "tied embedding" in s.name}
     assert ranks == {0, 1, 6, 7}  # pp stages 0 and 3 (both dp ranks) of tp 1, dp 2, pp 4
     span = next(s for s in spans if "tied embedding" in s.name)
-    expected = MODEL["vocab_size"] * MODEL["hidden_size"] * grad_bytes_per_param("ddp")
+    expected = (
+        MODEL["vocab_size"] * MODEL["hidden_size"] * DATA_PARALLEL["ddp"].grad_bytes_per_param
+    )
     assert span.size_bytes == pytest.approx(expected)
 
 

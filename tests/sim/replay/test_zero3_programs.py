@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from schedules.memory import ZERO3_PEAK_BUFFERS, stage_memory_bytes
+from schedules.data_parallel.zero3 import ZERO3_PEAK_BUFFERS
+from schedules.memory import stage_memory_bytes
 from schedules.model import stage_params_per_gpu
 from schedules.program import Collective, ComputeStep
 from schedules.resolve import resolve_plan
+from schedules.step import describe_step
 from schedules.zero3_units import zero3_runtime_bytes
 from sim.compute.model import ComputeModel
 from sim.replay.programs import build_programs
@@ -63,7 +65,7 @@ def test_zero3_is_not_fsdp_and_its_knobs_matter() -> None:
 
 def test_gradients_go_in_reduce_bucket_sized_reduce_scatters() -> None:
     plan = resolve_plan(plan_of({"data_parallel": "zero3", "zero_bucket_elems": 20_000_000}), 8)
-    program = build_programs(plan, H100)[0]
+    program = build_programs(describe_step(plan, gpus_per_node=8), H100)[0]
     scatters = [
         a for a in program.actions if isinstance(a, Collective) and a.op == "reduce_scatter"
     ]

@@ -37,15 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from comm_bench.collectives import (
+from fileio.strict import load_json, shorten
+from vocab.collectives import (
     NCCL_TESTS_DTYPES,
     OPS,
     canonical_op,
     dtype_bytes,
     get,
 )
-from comm_bench.records import FIELD_NAMES, SCHEMA, Record, row_problem
-from fileio.strict import load_json, shorten
+from vocab.records import FIELD_NAMES, SCHEMA, Record, row_problem
 
 BUSBW_COLUMNS = ("op", "num_nodes", "gpus_per_node", "size_bytes", "busbw_gbps")
 """Header of the published busbw tables."""

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from comm_bench.records import FIELD_NAMES, SCHEMA, Record
 from fileio.output import Target, check_output, twin, write_text
+from vocab.records import FIELD_NAMES, SCHEMA, Record
 
 DEFAULT_DIR = Path("results") / "commbench"
 """Where results go without ``--output`` (relative to the current directory)."""

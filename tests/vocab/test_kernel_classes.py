@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from comm_bench.kernel_classes import busy_time_s, classify
+from vocab.kernel_classes import busy_time_s, classify
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,9 @@ from fileio.strict import load_json, read_input, shorten
 
 COMPUTE_SCHEMA = "commsim-compute/1"
 """Version tag of the compute calibration JSON."""
+STEP_SCHEMA = "commbench-step/1"
+"""Version tag of the step measurement JSON (``commbench --step``): the other file a compute
+calibration is made from (``sim.compute.step_fit``, once the GPU is known)."""
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward")
 """Kernel families with a fitted curve."""
 EFFICIENCY_KEYS = (*KERNEL_KINDS, "memory")
@@ -293,10 +296,26 @@ def _time_scale(value: Any) -> float:
 
 def load_compute_calibration(path: str | Path) -> ComputeCalibration:
     """Read a compute calibration JSON file."""
+    return _calibration_from_document(_read_document(path), path)
+
+
+def load_compute_source(path: str | Path) -> ComputeCalibration | dict[str, Any]:
+    """A compute calibration file, or a step measurement (``STEP_SCHEMA``: returned as its JSON
+    object, to be fitted once the GPU is known); the file is read once and told by its schema."""
+    data = _read_document(path)
+    if isinstance(data, dict) and data.get("schema") == STEP_SCHEMA:
+        return data
+    return _calibration_from_document(data, path)
+
+
+def _read_document(path: str | Path) -> Any:
     try:
-        data = load_json(read_input(path, what="compute calibration"), name=str(path))
+        return load_json(read_input(path, what="compute calibration"), name=str(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+
+
+def _calibration_from_document(data: Any, path: str | Path) -> ComputeCalibration:
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: a compute calibration must be a JSON object")
     try:

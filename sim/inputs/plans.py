@@ -1,24 +1,28 @@
-"""Where ``commsim plan`` gets its plan: a plan file, configs people already have (Hugging Face
-``config.json``, DeepSpeed ``ds_config.json``, Megatron arguments, torchtitan TOML, through
-``schedules.importers``; named by flags or by the plan's ``import:`` section, paths relative to
-the plan) and cluster flags (``--cluster dgx-h100:8``), merged in that order, later winning.
+"""Where the commands get their plan: a plan file (``load_plan_file``), or one assembled from
+the file, configs people already have (Hugging Face ``config.json``, DeepSpeed
+``ds_config.json``, Megatron arguments, torchtitan TOML, through ``schedules.importers``; named
+by flags or by the plan's ``import:`` section, paths relative to the plan) and cluster flags
+(``--cluster dgx-h100:8``), merged in that order, later winning.
 
-Every key an importer does not carry over is one ``commsim: warning:`` line on standard error;
-``--export-plan`` writes the plan as understood, for the user to read and edit.
+Every key an importer does not carry over is one line passed to ``warn``; ``--export-plan``
+writes the plan as understood, for the user to read and edit.
 
-    plan = assemble_plan(args)  # args of commsim plan
+    plan = assemble_plan(args, warn=print)  # args of commsim plan
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from fileio.strict import load_yaml, read_input
+
+if TYPE_CHECKING:
+    from schedules.plan import Plan
 
 IMPORT_FLAGS = ("model", "deepspeed", "megatron", "torchtitan")
 """Flags that read another project's config (``--model`` also takes a preset name)."""
@@ -51,8 +55,29 @@ def wants_assembly(args: argparse.Namespace) -> bool:
     return isinstance(raw, dict) and "import" in raw
 
 
-def assemble_plan(args: argparse.Namespace) -> Any:
-    """The plan of the file and flags, after printing the importers' warnings."""
+def load_plan_file(path: Path) -> Plan:
+    """``schedules.plan.load_plan`` on a file, with YAML syntax errors turned into one line."""
+    from schedules.plan import load_plan
+
+    if not path.is_file():
+        raise FileNotFoundError(f"plan file not found: {path}")
+    try:
+        return load_plan(path)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: malformed YAML: {yaml_error_line(exc)}") from exc
+
+
+def yaml_error_line(exc: yaml.YAMLError) -> str:
+    """One line naming the problem and where it is (line and column, 1-based)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
+def assemble_plan(args: argparse.Namespace, *, warn: Callable[[str], None]) -> Any:
+    """The plan of the file and flags; each importer warning goes to ``warn`` before the plan
+    is checked."""
     from schedules.importers import (
         from_deepspeed_config,
         from_megatron_args,
@@ -83,7 +108,7 @@ def assemble_plan(args: argparse.Namespace) -> Any:
         imported.append(from_deepspeed_config(ds_config, world_size=world))
     raw, warnings = merge_sections(base, *imported)
     for line in warnings:
-        print(f"commsim: warning: {line}", file=sys.stderr)
+        warn(line)
     if base_dir:
         cluster = raw.get("cluster")
         if isinstance(cluster, dict) and isinstance(cluster.get("file"), str):

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from comm_bench.readers import read_results
-from comm_bench.records import SCHEMA, Record
-from comm_bench.writer import ResultsWriter, csv_path, default_output_path
 from fileio.output import OutputError
+from vocab.readers import read_results
+from vocab.records import SCHEMA, Record
+from vocab.writer import ResultsWriter, csv_path, default_output_path
 
 
 def _record(size: int) -> Record:

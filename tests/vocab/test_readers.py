@@ -6,11 +6,10 @@ import warnings
 
 import pytest
 
-from comm_bench.readers import UnknownFormatError, parse_nccl_tests_text, read_many, read_results
+import refdata
+from vocab.readers import UnknownFormatError, parse_nccl_tests_text, read_many, read_results
 
-from .conftest import SHARED_DATA
-
-NCCL = SHARED_DATA / "nccl"
+NCCL = refdata.NCCL_DIR
 needs_data = pytest.mark.skipif(not NCCL.is_dir(), reason="refdata is not installed")
 
 

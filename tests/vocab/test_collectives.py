@@ -1,10 +1,10 @@
-"""comm_bench.collectives against hand-computed nccl-tests numbers."""
+"""vocab.collectives against hand-computed nccl-tests numbers."""
 
 from __future__ import annotations
 
 import pytest
 
-from comm_bench.collectives import (
+from vocab.collectives import (
     algbw_gbps,
     busbw_gbps,
     canonical_op,

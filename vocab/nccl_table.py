@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from comm_bench.records import Record
+from vocab.records import Record
 
 NCCL_TYPE_NAMES = {
     "float32": "float",

@@ -16,8 +16,8 @@ import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
-from comm_bench.collectives import DTYPE_BYTES, OPS, REDUCTIONS
 from fileio.strict import shorten
+from vocab.collectives import DTYPE_BYTES, OPS, REDUCTIONS
 
 SCHEMA = "commbench/1"
 """Schema tag of commbench / commsim result JSON files."""
@@ -28,7 +28,7 @@ class Record:
     """One measured or simulated (op, size, placement) result."""
 
     op: str
-    """torch.distributed op name (see ``comm_bench.collectives.OPS``)."""
+    """torch.distributed op name (see ``vocab.collectives.OPS``)."""
     size_bytes: int
     """nccl-tests' size column (all_gather: output buffer; reduce_scatter: input buffer)."""
     count: int

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from comm_bench.records import Record
-from comm_bench.report import footer, format_row, format_time_us, table_header
+from vocab.nccl_table import footer, format_row, format_time_us, table_header
+from vocab.records import Record
 
 ROW = (
     "         128             4     float    none      -1    34.73    0.00    0.00       0"

@@ -1,0 +1,23 @@
+"""Sizes as nccl-tests writes them on its command line: ``64``, ``1K``, ``16M``, ``2G``.
+
+Binary units (K = 1024 bytes), an optional ``B``/``iB`` after the unit, any letter case; what
+commbench's ``-b/-e/-i`` flags, commsim's size flags and ``--only 'size>=1M'`` selectors take.
+
+    >>> parse_size("16M")
+    16777216
+"""
+
+from __future__ import annotations
+
+import re
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``"64"``, ``"1K"``, ``"16M"``, ``"2G"`` (binary units, as nccl-tests) to bytes."""
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise ValueError(f"bad size {text!r}; use an integer with an optional K, M, G or T suffix")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
