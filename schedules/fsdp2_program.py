@@ -38,10 +38,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from schedules.actions import Compute, Program, ProgramBuilder, Step
 from schedules.fsdp_offload import FsdpHostCopies
 from schedules.fsdp_program import reduce_unit
 from schedules.offload import RankOffload
-from schedules.program import Compute, Program, ProgramBuilder, Step
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

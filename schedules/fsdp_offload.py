@@ -32,8 +32,8 @@ all-reduce), non-blocking; the post-backward final callback synchronizes the hos
 
 from __future__ import annotations
 
+from schedules.actions import ProgramBuilder
 from schedules.offload import RankOffload, add_copies
-from schedules.program import ProgramBuilder
 
 
 class FsdpHostCopies:

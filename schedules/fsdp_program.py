@@ -5,7 +5,7 @@ with the 2-in-flight rate limiter, forward and backward prefetch, the reduce-sca
 FIFO, HSDP's replicate all-reduce and ``clip_grad_norm_``'s all-reduce before the optimizer; with
 ``CPUOffload(offload_params=True)`` the host copies of ``schedules.fsdp_offload`` around them.
 ``FsdpStages`` / ``FsdpPipelineState`` add FSDP2 units to the passes of
-``schedules.step_program``'s pipeline builder, as ``torch.distributed.pipelining`` runs them
+``schedules.pipeline_program``'s pipeline builder, as ``torch.distributed.pipelining`` runs them
 (torch 2.13, torchtitan): every unit of a stage is all-gathered at its first forward (micro-batch
 0, the next unit prefetched while the current one computes) and, with ``reshard_after_forward``
 False (torchtitan's default under PP), stays unsharded through every micro-batch; backward
@@ -23,10 +23,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from schedules.actions import ChunkWork, Compute, MarkStep, Program, ProgramBuilder, Step
 from schedules.fsdp_offload import FsdpHostCopies
 from schedules.offload import RankOffload
 from schedules.pipeline import Pass
-from schedules.program import ChunkWork, Compute, MarkStep, Program, ProgramBuilder, Step
 
 MAX_INFLIGHT_ALL_GATHERS = 2
 """FSDP1's ``_max_num_inflight_all_gathers``: the limiter's free-event queue threshold."""

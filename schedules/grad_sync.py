@@ -2,7 +2,7 @@
 
 Each data-parallel kind that runs in pipeline programs (``schedules.data_parallel``) says how its
 framework syncs (torch DDP buckets, Megatron's distributed optimizer, DeepSpeed ZeRO-1/2);
-``schedules.step_program`` turns that into collectives.
+``schedules.pipeline_program`` turns that into collectives.
 
     GradSync(op="reduce_scatter", param_gather="after_step")
 """

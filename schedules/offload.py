@@ -43,8 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from schedules.actions import Collective, ProgramBuilder
 from schedules.plan import OFFLOAD_DEVICES
-from schedules.program import Collective, ProgramBuilder
 
 if TYPE_CHECKING:
     from schedules.plan import ParallelConfig, Plan

@@ -41,7 +41,7 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 STACKS = ("eager", "compile", "megatron")
 """Which implementation runs the layers (``training.stack``; ``schedules.kernels`` inventories)."""
 ATTENTION_BACKENDS = ("cudnn", "flash2")
-"""Which fused-attention kernel runs (``training.attention_backend``; ``sim.compute.model``)."""
+"""Which fused-attention kernel runs (``training.attention_backend``; priced in sim.compute)."""
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
 MOE_DISPATCHERS = ("alltoall", "allgather")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")

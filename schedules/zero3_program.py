@@ -51,8 +51,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from schedules.actions import Compute, Program, ProgramBuilder
 from schedules.offload import add_copies
-from schedules.program import Compute, Program, ProgramBuilder
 from schedules.zero3_fetch import Fetch, ParamCoordinator
 from schedules.zero3_spec import Zero3Rank
 

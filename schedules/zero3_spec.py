@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedules.actions import ComputeStep, Step
 from schedules.offload import RankOffload
-from schedules.program import ComputeStep, Step
 
 FETCH_MODES = ("prefetch", "sync_per_weight")
 """Parameter fetch behaviours: current DeepSpeed, or v0.3.x's synchronous per-weight gathers."""

@@ -98,10 +98,10 @@ class ComputeCalibration:
     """What ``time_scale`` was fitted on (plan, GPUs, measured step), informational."""
     overlap_slowdown: float | None = None
     """Compute slowdown while communication runs beside it (0.2: 20% longer); None for the
-    default (``sim.compute.model.DEFAULT_OVERLAP_SLOWDOWN``)."""
+    default (``sim.compute.compute_model.DEFAULT_OVERLAP_SLOWDOWN``)."""
     in_step_slowdown: float | None = None
     """How much longer a kernel runs inside a training step than its curve says (0.2: 20%
-    longer); None for the default (``sim.compute.model.DEFAULT_IN_STEP_SLOWDOWN``), which
+    longer); None for the default (``sim.compute.compute_model.DEFAULT_IN_STEP_SLOWDOWN``), which
     applies to the default curves and to ``commbench --compute``'s isolated measurements; fits to
     measured steps (``commbench --step``) write 0."""
     cpu_adam_params_per_s: float | None = None

@@ -21,7 +21,7 @@ from fileio.output import Target, check_outputs, twin, write_text
 from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import load_calibration
-from sim.network.model import FIDELITIES, CommModel
+from sim.network.comm_model import FIDELITIES, CommModel
 from sim.output.progress import progress_bar
 from topologies.presets import MAX_GPUS_PER_NODE, NODE_PRESETS
 from topologies.topology import Topology

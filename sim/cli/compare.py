@@ -20,6 +20,7 @@ from sim.inputs.measured import add_reading_arguments, read_measured
 from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration, load_calibration
+from sim.network.comm_model import FIDELITIES
 from sim.network.compare import (
     any_matches,
     compare_records,
@@ -31,7 +32,6 @@ from sim.network.compare import (
     summary,
 )
 from sim.network.fitting import fit_calibration
-from sim.network.model import FIDELITIES
 from vocab.records import Record
 from vocab.sizes import parse_size
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from fileio.output import check_outputs
 from sim.inputs.calibrations import compute_calibration_for, load_calibrations
 from sim.inputs.plans import load_plan_file
-from sim.network.model import FIDELITIES
+from sim.network.comm_model import FIDELITIES
 
 MIN_GEMM_EFFICIENCY = 0.15
 """Below this fraction of the dense peak for large GEMMs a fit describes a broken setup (a
@@ -103,7 +103,7 @@ def fit_time_scale(
 def run(args: argparse.Namespace) -> int:
     """Fit the factor, print it, write the calibration; returns 0."""
     from schedules.resolve import resolve_plan
-    from sim.compute.model import DEFAULT_IN_STEP_SLOWDOWN, default_efficiency
+    from sim.compute.compute_model import DEFAULT_IN_STEP_SLOWDOWN, default_efficiency
     from sim.replay.simulate import plan_topology, simulate_plan
     from vocab.compute_calibration import ComputeCalibration, save_compute_calibration
 

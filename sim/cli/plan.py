@@ -26,7 +26,7 @@ from sim.inputs.plans import (
     load_plan_file,
     wants_assembly,
 )
-from sim.network.model import FIDELITIES
+from sim.network.comm_model import FIDELITIES
 from sim.output.report import format_duration, format_report, pipeline_stage, rank_title
 from sim.output.timeline import figure_bytes, representative_ranks, timeline_figure
 from sim.output.trace import chrome_trace, trace_json

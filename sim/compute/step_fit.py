@@ -16,12 +16,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from schedules.arithmetic import stage_params_per_gpu
 from schedules.data_parallel.registry import data_parallel_kind
 from schedules.kernels import Kernel, embedding_kernels, head_kernels, layer_kernels
-from schedules.model import stage_params_per_gpu
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
-from sim.compute.model import ComputeModel, default_efficiency
+from sim.compute.compute_model import ComputeModel, default_efficiency
 from topologies.hardware import GPUSpec
 from vocab.compute_calibration import STEP_SCHEMA, TIME_SCALE_RANGE, ComputeCalibration
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim.network.analytical import (
-    Layout,
+    GroupPlacement,
     available_algorithms,
     check_algorithm,
     gloo_plan,
@@ -58,7 +58,7 @@ __all__ = [
     "choose_algorithm",
     "decompose",
     "group_nodes",
-    "layout_of",
+    "placement_of",
     "ring_orders",
     "switch_edges",
 ]
@@ -77,7 +77,7 @@ def group_nodes(topology: Topology, ranks: Sequence[int]) -> list[list[int]]:
     return list(by_node.values())
 
 
-def layout_of(topology: Topology, ranks: Sequence[int]) -> Layout:
+def placement_of(topology: Topology, ranks: Sequence[int]) -> GroupPlacement:
     """Read the bandwidths and latencies the closed forms need for this group off the topology."""
     if len(set(ranks)) != len(ranks) or not ranks:
         raise ValueError(f"ranks must be distinct and non-empty, got {list(ranks)}")
@@ -117,7 +117,7 @@ def layout_of(topology: Topology, ranks: Sequence[int]) -> Layout:
         inter_lat = topology.path_latency_s(cross)
         bisection = topology.bisection_bandwidth_bytes_per_s(effective=True) * len(nodes)
         bisection /= topology.num_nodes
-    return Layout(
+    return GroupPlacement(
         num_ranks=len(ranks),
         num_nodes=len(nodes),
         ranks_per_node=g,
@@ -141,8 +141,8 @@ def _has_nvswitch(topology: Topology, rank: int) -> bool:
 
 
 def _network_fields(topology: Topology, multi_node: bool) -> dict[str, Any]:
-    """Layout fields read off the server spec and the fabric (NIC count and rate, CPU vendor,
-    SHARP, the transport's latencies and tuner)."""
+    """Placement fields read off the server spec and the fabric (NIC count and rate, CPU
+    vendor, SHARP, the transport's latencies and tuner)."""
     fields: dict[str, Any] = {}
     node = topology.node
     if node is not None:
@@ -172,7 +172,7 @@ def _path_bw(topology: Topology, path: Path) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def choose(
-    op: str, layout: Layout, size_bytes: float, algo: str = "auto"
+    op: str, layout: GroupPlacement, size_bytes: float, algo: str = "auto"
 ) -> tuple[str, str | None]:
     """(algorithm, protocol) that runs: NCCL's tuner pick (or the fabric's tuner plugin's) among
     the algorithms this layout supports, or the best protocol of a forced ``algo``.
@@ -207,7 +207,7 @@ def choose(
     raise ValueError(f"no algorithm can run {op} on this group")
 
 
-def choose_algorithm(op: str, layout: Layout, size_bytes: float) -> str:
+def choose_algorithm(op: str, layout: GroupPlacement, size_bytes: float) -> str:
     """The algorithm ``choose`` picks."""
     return choose(op, layout, size_bytes)[0]
 
@@ -219,10 +219,10 @@ beyond that the flows alone take minutes and gigabytes; the analytical model is 
 
 def decompose(
     op: str, algo: str, topology: Topology, ranks: Sequence[int], size_bytes: float,
-    *, root: int = 0, layout: Layout | None = None,
+    *, root: int = 0, layout: GroupPlacement | None = None,
 ) -> list[FlowGroup]:  # fmt: skip
     """The flow groups of ``op`` by ``algo`` on ``ranks`` (see the module docstring)."""
-    layout = layout or layout_of(topology, ranks)
+    layout = layout or placement_of(topology, ranks)
     check_algorithm(op, algo, layout)
     if len(ranks) == 1 or size_bytes == 0:
         return []

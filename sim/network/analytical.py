@@ -12,8 +12,9 @@ picks (``sim/network/nccl_tuner.py``), or the fastest one the algorithm can use 
     efficiency(size) = efficiency_max / (1 + (half_size / size) ** shape)
 
 ``bandwidth_time`` is the busiest link's bytes over its bandwidth at 100% efficiency, read off
-the topology for the group's layout (``Layout``): the per-GPU intra-node bandwidth (NVLink, or
-the bottleneck of the intra-node hops), the per-GPU network bandwidth and the bisection. The
+the topology for the group's placement (``GroupPlacement``): the per-GPU intra-node bandwidth
+(NVLink, or the bottleneck of the intra-node hops), the per-GPU network bandwidth and the
+bisection. The
 two-level and in-network algorithms (``tree``, ``nvlstree``, ``hierarchical``, ``collnet_*``,
 ``nvls`` across nodes) are in ``sim/network/hierarchy.py``. The flow model
 (``sim/network/algorithms.py``) moves the same bytes with the same latencies over the graph, so
@@ -40,7 +41,7 @@ from sim.network.hierarchy import (
     two_level,
 )
 from sim.network.protocols import protocols_for
-from sim.network.terms import CommParams, CostTerms, Layout
+from sim.network.terms import CommParams, CostTerms, GroupPlacement
 from vocab.collectives import get
 
 __all__ = [
@@ -49,7 +50,7 @@ __all__ = [
     "OP_ALGORITHMS",
     "CommParams",
     "CostTerms",
-    "Layout",
+    "GroupPlacement",
     "available_algorithms",
     "check_algorithm",
     "cost_terms",
@@ -87,7 +88,7 @@ _MAX_COLLNET_LOCAL_RANKS = 8
 """CollNet algorithms run with at most 8 local ranks (``NCCL_MAX_DIRECT_ARITY + 1``)."""
 
 
-def check_algorithm(op: str, algo: str, layout: Layout) -> None:
+def check_algorithm(op: str, algo: str, layout: GroupPlacement) -> None:
     """ValueError unless ``algo`` can run ``op`` on this layout."""
     if algo not in OP_ALGORITHMS[op]:
         raise ValueError(
@@ -110,7 +111,7 @@ def check_algorithm(op: str, algo: str, layout: Layout) -> None:
         )
 
 
-def _check_in_network(op: str, algo: str, layout: Layout) -> None:
+def _check_in_network(op: str, algo: str, layout: GroupPlacement) -> None:
     """NCCL's conditions for CollNet and NVLS + SHARP (tuning.cc, enqueue.cc)."""
     if layout.num_nodes < 2:
         raise ValueError(f"algorithm {algo!r} needs ranks on >= 2 nodes; this group spans 1")
@@ -133,7 +134,7 @@ def _check_in_network(op: str, algo: str, layout: Layout) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def available_algorithms(op: str, layout: Layout) -> tuple[str, ...]:
+def available_algorithms(op: str, layout: GroupPlacement) -> tuple[str, ...]:
     """The algorithms of ``op`` this layout supports, in ``OP_ALGORITHMS`` order."""
     usable = []
     for algo in OP_ALGORITHMS[op]:
@@ -146,7 +147,7 @@ def available_algorithms(op: str, layout: Layout) -> tuple[str, ...]:
 
 
 def cost_terms(
-    op: str, algo: str, layout: Layout, size_bytes: float, protocol: str | None = None
+    op: str, algo: str, layout: GroupPlacement, size_bytes: float, protocol: str | None = None
 ) -> CostTerms:
     """The closed-form cost pieces of ``op`` by ``algo`` on ``layout`` (see module docstring).
 
@@ -168,7 +169,7 @@ def cost_terms(
     )
 
 
-def _bare_terms(op: str, algo: str, layout: Layout, size_bytes: float) -> CostTerms:
+def _bare_terms(op: str, algo: str, layout: GroupPlacement, size_bytes: float) -> CostTerms:
     """Steps, hop latencies and bandwidth time of ``op`` by ``algo`` (no protocols yet)."""
     n, nodes = layout.num_ranks, layout.num_nodes
     if algo == "gloo":
@@ -193,7 +194,7 @@ def _bare_terms(op: str, algo: str, layout: Layout, size_bytes: float) -> CostTe
     return _direct_all_to_all(layout, size_bytes)
 
 
-def _ring(op: str, layout: Layout, size_bytes: float) -> CostTerms:
+def _ring(op: str, layout: GroupPlacement, size_bytes: float) -> CostTerms:
     n, g, nodes = layout.num_ranks, layout.ranks_per_node, layout.num_nodes
     wire = ring_wire_bytes(op, size_bytes, n)
     steps = ring_steps(op, n)
@@ -215,7 +216,7 @@ def _ring(op: str, layout: Layout, size_bytes: float) -> CostTerms:
     )
 
 
-def _direct_all_to_all(layout: Layout, size_bytes: float) -> CostTerms:
+def _direct_all_to_all(layout: GroupPlacement, size_bytes: float) -> CostTerms:
     n, g, nodes = layout.num_ranks, layout.ranks_per_node, layout.num_nodes
     chunk = size_bytes / n
     intra_time = (g - 1) * chunk / layout.intra_bandwidth_bytes_per_s if g > 1 else 0.0
@@ -259,7 +260,7 @@ def gloo_plan(op: str, n: int, size_bytes: float) -> tuple[float, int]:
     return size_bytes, 1
 
 
-def _gloo(op: str, layout: Layout, size_bytes: float) -> CostTerms:
+def _gloo(op: str, layout: GroupPlacement, size_bytes: float) -> CostTerms:
     """gloo's algorithm: ``gloo_plan``'s messages, each a hop of the loopback."""
     sent, messages = gloo_plan(op, layout.num_ranks, size_bytes)
     one_node = layout.num_nodes == 1

@@ -26,8 +26,8 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from fileio.output import Target, write_bytes
 from sim.network.calibration import Calibration
+from sim.network.comm_model import CommModel
 from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory, record_ranks, record_time_s
-from sim.network.model import CommModel
 from sim.network.selectors import (
     Selector,
     Term,

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sim.network.algorithms import choose, layout_of
-from sim.network.analytical import CommParams, CostTerms, Layout, cost_terms
+from sim.network.algorithms import choose, placement_of
+from sim.network.analytical import CommParams, CostTerms, GroupPlacement, cost_terms
 from sim.network.calibration import DEFAULT_PARAMS, Calibration, FitQuality, key
 from topologies.topology import Topology
 from vocab.collectives import time_from_busbw_s
@@ -83,7 +83,9 @@ def record_ranks(record: Record, topology: Topology) -> list[int]:
     return [node * g + local for node in range(record.num_nodes) for local in range(per_node)]
 
 
-def attribute(record: Record, layout: Layout, assumed: str = "auto") -> tuple[str, str | None]:
+def attribute(
+    record: Record, layout: GroupPlacement, assumed: str = "auto"
+) -> tuple[str, str | None]:
     """(algorithm, protocol) behind a measurement: its own ``algo``, else ``assumed``, else what
     NCCL's tuner runs at its size; the protocol NCCL's tuner gives that algorithm."""
     name = record.algo or (None if assumed == "auto" else assumed)
@@ -103,7 +105,7 @@ def make_samples(
     samples = []
     for record in chosen:
         topology = topology_for(record.num_nodes, record.world_size // max(record.num_nodes, 1))
-        layout = layout_of(topology, record_ranks(record, topology))
+        layout = placement_of(topology, record_ranks(record, topology))
         algo, protocol = attribute(record, layout, assumed_algo)
         terms = cost_terms(record.op, algo, layout, record.size_bytes, protocol)
         scope = "intra" if layout.num_nodes == 1 else "inter"

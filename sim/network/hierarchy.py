@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import math
 
-from sim.network.terms import CostTerms, Layout
+from sim.network.terms import CostTerms, GroupPlacement
 from vocab.collectives import get
 
 NVLINK4_EFFECTIVE_GBPS = 370.8
@@ -89,7 +89,7 @@ IN_NETWORK = ("collnet_direct", "collnet_chain", "nvls")
 """Algorithms whose inter-node phase the fabric's switches reduce (``nvls`` on several nodes)."""
 
 
-def two_level(op: str, algo: str, layout: Layout, size_bytes: float) -> CostTerms:
+def two_level(op: str, algo: str, layout: GroupPlacement, size_bytes: float) -> CostTerms:
     """Cost pieces of a multi-node two-level algorithm (see the module docstring)."""
     g, nodes = layout.ranks_per_node, layout.num_nodes
     if algo in IN_NETWORK:
@@ -109,12 +109,14 @@ def two_level(op: str, algo: str, layout: Layout, size_bytes: float) -> CostTerm
     )
 
 
-def uses_nvls_inside(algo: str, layout: Layout) -> bool:
+def uses_nvls_inside(algo: str, layout: GroupPlacement) -> bool:
     """Whether ``algo``'s intra-node phase runs on NVLS (``hierarchical`` wherever it can)."""
     return algo in ("nvls", "nvlstree") or (algo == "hierarchical" and layout.nvls)
 
 
-def _intra_phase(op: str, algo: str, layout: Layout, size_bytes: float) -> tuple[float, int]:
+def _intra_phase(
+    op: str, algo: str, layout: GroupPlacement, size_bytes: float
+) -> tuple[float, int]:
     """(seconds, steps) of the intra-node part of a two-level op (0 with one GPU per node)."""
     g = layout.ranks_per_node
     bandwidth = layout.intra_bandwidth_bytes_per_s

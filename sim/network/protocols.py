@@ -9,7 +9,8 @@ Each (op, algorithm, protocol) NCCL can run becomes a ``Protocol`` (constants fr
   ``perChMaxTreeBw``, ``perChMaxTreeLL128Bw``, ``perChMaxNVLSTreeBw``) times the graph's channels;
 - latencies: ``baseLat`` plus per-step ``hwLat`` beyond what the topology's hops already hold
   (NVLink 0.6, PCI 1.0, NET 2.7 us per step); a fabric's own per-message latency replaces the
-  NET row (``Layout.net_step_latency_s``); multi-node rings pay at least the proxy overhead per
+  NET row (``GroupPlacement.net_step_latency_s``); multi-node rings pay at least the proxy
+  overhead per
   intra step (1 us Intel, 2 us AMD, x3 Simple); Ring/Simple all_reduce on several nodes x1.4;
 - mid sizes: the pipeline start-up chunk (a buffer slot), the channels NCCL launches for the
   size (``nc`` shrinks while ``bytes < nc x threads x threshold``, enqueue.cc; each launched

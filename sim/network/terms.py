@@ -1,7 +1,7 @@
-"""The values the network model passes around: parameters, a group's layout, cost pieces.
+"""The values the network model passes around: parameters, a group's placement, cost pieces.
 
-``CommParams`` are what calibration fits; ``Layout`` is what the closed forms and NCCL's tuner
-read off the topology for one group of ranks; ``CostTerms`` are the pieces of one collective's
+``CommParams`` are what calibration fits; ``GroupPlacement`` is what the closed forms and NCCL's
+tuner read off the topology for one group of ranks; ``CostTerms`` are the pieces of one collective's
 time before parameters apply (``sim/network/analytical.py`` builds them); ``FlowGroup`` is the
 unit of the flow model (``sim/network/algorithms.py``).
 
@@ -56,7 +56,7 @@ class CommParams:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Layout:
+class GroupPlacement:
     """Where a group's ranks sit and the bandwidths and latencies the closed forms read."""
 
     num_ranks: int
@@ -122,7 +122,7 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else 0.0
 
 
-def _nic_gbps(layout: Layout) -> float:
+def _nic_gbps(layout: GroupPlacement) -> float:
     """A NIC port's line rate (GB/s), else the per-GPU network rate; 0 on one node."""
     if layout.num_nodes == 1:
         return 0.0

@@ -26,7 +26,7 @@ from sim.network.hierarchy import (
     sharp_bytes,
     uses_nvls_inside,
 )
-from sim.network.terms import FlowGroup, Layout
+from sim.network.terms import FlowGroup, GroupPlacement
 from topologies.topology import FABRIC_KINDS, Edge, Path, Topology
 
 
@@ -62,7 +62,7 @@ def nvls_groups(
 
 def intra_groups(
     op: str, algo: str, topology: Topology, nodes: list[list[int]], size_bytes: float,
-    layout: Layout,
+    layout: GroupPlacement,
 ) -> list[FlowGroup]:  # fmt: skip
     """The intra-node phase of a two-level algorithm, on every node."""
     if layout.ranks_per_node == 1:

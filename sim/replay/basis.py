@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.compute.model import ComputeModel
+from sim.compute.compute_model import ComputeModel
 from sim.replay.result import Breakdown
 
 VALIDATED_ERROR = {"megatron": (0.068, 42), "compile": (0.079, 17), "eager": (0.014, 2)}
 """Per kernel stack: (MAPE, published runs) of uncalibrated predictions (``commsim validate
 --calibrate-on none``, ``summary_by_stack``). The Megatron figure includes the ten runs the
-default in-step slowdown was fitted on (``sim.compute.model.DEFAULT_IN_STEP_SLOWDOWN``); the
+default in-step slowdown was fitted on (``sim.compute.compute_model.DEFAULT_IN_STEP_SLOWDOWN``); the
 compile and eager runs are torchtitan's (FSDP2 and TP on H100 and H200), all held out."""
 
 

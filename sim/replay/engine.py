@@ -28,13 +28,13 @@ from typing import Any, Protocol
 
 import simpy
 
+from schedules.actions import Action, Collective, Compute, Program, Transfer
 from schedules.offload import HOST_OPS
-from schedules.program import Action, Collective, Compute, Program, Transfer
 from sim.replay.result import Span
 
 
 class CommRunner(Protocol):
-    """What the engine needs from a network model (``sim.network.model.CommModel`` has it)."""
+    """What the engine needs from a network model (``sim.network.comm_model.CommModel`` has it)."""
 
     def run(self, op: str, ranks: Sequence[int], size_bytes: float) -> simpy.Event:
         """Start the collective's traffic now; the event succeeds when it completes."""

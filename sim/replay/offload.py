@@ -39,6 +39,7 @@ from typing import Any
 import networkx as nx
 import simpy
 
+from schedules.actions import Compute, Program
 from schedules.data_parallel.registry import offload_of, replica_group_size
 from schedules.layout import layout_of
 from schedules.offload import (
@@ -53,7 +54,6 @@ from schedules.offload import (
 )
 from schedules.params import stage_params_per_gpu
 from schedules.plan import Plan, num_microbatches
-from schedules.program import Compute, Program
 from sim.replay.engine import CommRunner
 from sim.replay.result import Span
 from topologies.hardware import CPUS, NVMES

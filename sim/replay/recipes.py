@@ -12,17 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.activations import ACTIVATION_BYTES
-from schedules.data_parallel.registry import data_parallel_kind
-from schedules.kernels import kernel_stack, weight_gemm_shapes
-from schedules.model import (
-    cp_kv_message_bytes,
-    pp_message_bytes,
-    tp_message_bytes,
-)
-from schedules.moe import dispatch_bytes, expert_tokens, is_moe
-from schedules.plan import Plan
-from schedules.program import (
+from schedules.actions import (
     CommStep,
     ComputeStep,
     LinearShares,
@@ -30,8 +20,18 @@ from schedules.program import (
     tp_backward_steps,
     tp_forward_steps,
 )
+from schedules.activations import ACTIVATION_BYTES
+from schedules.arithmetic import (
+    cp_kv_message_bytes,
+    pp_message_bytes,
+    tp_message_bytes,
+)
+from schedules.data_parallel.registry import data_parallel_kind
+from schedules.kernels import kernel_stack, weight_gemm_shapes
+from schedules.moe import dispatch_bytes, expert_tokens, is_moe
+from schedules.plan import Plan
 from schedules.step import StepDescription
-from sim.compute.model import ComputeModel, LayerTimes
+from sim.compute.compute_model import ComputeModel, LayerTimes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

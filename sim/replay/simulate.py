@@ -1,9 +1,9 @@
 """``simulate_plan``: one training step of a plan on a cluster, as a ``PlanResult``.
 
-It resolves the plan on its cluster, replays the step (``sim.replay.programs`` on the SimPy
-engine with the network model ``sim.network.model.CommModel`` and the compute model
-``sim.compute.model.ComputeModel``), and assembles the answer: step time (the latest rank),
-tokens/s, model TFLOP/s per GPU and MFU (FLOPs as ``schedules.model.model_flops_per_step``
+It resolves the plan on its cluster, replays the step (``sim.replay.step_replay`` on the SimPy
+engine with the network model ``sim.network.comm_model.CommModel`` and the compute model
+``sim.compute.compute_model.ComputeModel``), and assembles the answer: step time (the latest rank),
+tokens/s, model TFLOP/s per GPU and MFU (FLOPs as ``schedules.arithmetic.model_flops_per_step``
 defines them, against the GPU's dense peak for the plan's precision), the memory per GPU of the
 worst stage, and the breakdown of the critical rank: compute, exposed communication per group,
 optimizer, and the remaining idle time as the pipeline bubble.
@@ -18,22 +18,22 @@ from typing import Any
 
 import simpy
 
+from schedules.arithmetic import model_flops_per_step
 from schedules.flops import hardware_flops_per_step
 from schedules.kernels import kernel_stack
-from schedules.model import model_flops_per_step
 from schedules.moe import load_factor
 from schedules.params import active_params, total_params
 from schedules.plan import Plan, num_microbatches
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
-from sim.compute.model import ComputeModel
+from sim.compute.compute_model import ComputeModel
 from sim.network.calibration import Calibration
-from sim.network.model import CommModel
+from sim.network.comm_model import CommModel
 from sim.replay.basis import bottleneck, compute_basis, network_basis
 from sim.replay.engine import ClosedFormRunner, Timeline
 from sim.replay.offload import offload_replay, offload_summary
-from sim.replay.programs import replay_plan
 from sim.replay.result import Breakdown, PlanResult
+from sim.replay.step_replay import replay_plan
 from topologies.config import load_cluster
 from topologies.topology import Topology
 from vocab.compute_calibration import ComputeCalibration

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from comm_bench import compute
-from sim.compute.model import ComputeModel
+from sim.compute.compute_model import ComputeModel
 from topologies.hardware import GPUS
 from vocab.compute_calibration import load_compute_calibration
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import simpy
 
+from schedules.actions import Collective, ComputeStep
 from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
-from schedules.program import Collective, ComputeStep
 from sim.replay.engine import Engine, Timeline
 from tests.sim.replay.test_engine import UnitComm, log
 

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import simpy
 
+from schedules.actions import ChunkWork, ComputeStep, Program
 from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
 from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
 from schedules.offload import Offload, RankOffload
-from schedules.program import ChunkWork, ComputeStep, Program
 from sim.replay.engine import Engine, Timeline
 from tests.sim.replay.test_engine import UnitComm, log
 

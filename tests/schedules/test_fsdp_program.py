@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import simpy
 
+from schedules.actions import GRAD_NORM_BYTES, ChunkWork, Collective, Compute, ComputeStep, Program
 from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
-from schedules.program import GRAD_NORM_BYTES, ChunkWork, Collective, Compute, ComputeStep, Program
 from sim.replay.engine import Engine
 from tests.sim.replay.test_engine import UnitComm
 

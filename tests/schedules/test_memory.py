@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedules import memory
-from schedules.model import (
+from schedules.arithmetic import (
     layer_activation_bytes,
     layer_params_per_gpu,
     logits_bytes,

@@ -11,9 +11,9 @@ import simpy
 import schedules.zero3_fetch
 import schedules.zero3_program
 import schedules.zero3_spec
+from schedules.actions import Collective, CommStep, Compute, ComputeStep, MarkStep, Program
 from schedules.params import layer_params_per_gpu, norm_params
 from schedules.plan import ModelConfig
-from schedules.program import Collective, CommStep, Compute, ComputeStep, MarkStep, Program
 from schedules.zero3_fetch import fetch_trace, zero3_buffer_bytes
 from schedules.zero3_program import zero3_program
 from schedules.zero3_spec import Submodule, Zero3Rank, layer_submodules, split_recipe

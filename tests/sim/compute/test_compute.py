@@ -20,7 +20,7 @@ from schedules.kernels import (
 )
 from schedules.params import layer_params_per_gpu
 from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
-from sim.compute.model import DEFAULT_IN_STEP_SLOWDOWN, FLASH2_ON_HOPPER, ComputeModel
+from sim.compute.compute_model import DEFAULT_IN_STEP_SLOWDOWN, FLASH2_ON_HOPPER, ComputeModel
 from tests.model_configs import LLAMA3_70B
 from topologies.hardware import GPUS
 from vocab.compute_calibration import (

@@ -6,7 +6,7 @@ import pytest
 
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
-from sim.compute.model import ComputeModel, default_efficiency
+from sim.compute.compute_model import ComputeModel, default_efficiency
 from sim.compute.step_fit import calibration_from_step, modelled_classes_s
 from sim.replay.simulate import simulate_plan
 from topologies.hardware import GPUS

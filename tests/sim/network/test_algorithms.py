@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from sim.network.algorithms import choose_algorithm, decompose, layout_of, ring_orders
-from sim.network.model import CommModel
+from sim.network.algorithms import choose_algorithm, decompose, placement_of, ring_orders
+from sim.network.comm_model import CommModel
 from tests.sim.helpers import IDEAL, calibration_with, star_topology
 from topologies.config import load_cluster
 from topologies.presets import build_cluster
@@ -79,12 +79,12 @@ def test_decomposed_bytes_match_the_ops_wire_bytes():
 
 
 def test_auto_picks_like_nccl():
-    h100 = layout_of(build_cluster("dgx-h100"), range(8))
+    h100 = placement_of(build_cluster("dgx-h100"), range(8))
     assert choose_algorithm("all_reduce", h100, 8 << 30) == "nvls"
     assert choose_algorithm("all_reduce", h100, 1024) == "ring"  # NVLS latency 25 us
-    a100 = layout_of(build_cluster("dgx-a100"), range(8))
+    a100 = placement_of(build_cluster("dgx-a100"), range(8))
     assert choose_algorithm("all_reduce", a100, 8 << 30) == "ring"
-    two_nodes = layout_of(build_cluster("dgx-h100", 2, "ib-ndr"), range(16))
+    two_nodes = placement_of(build_cluster("dgx-h100", 2, "ib-ndr"), range(16))
     assert choose_algorithm("all_reduce", two_nodes, 8 << 30) == "nvlstree"
     assert choose_algorithm("all_to_all", two_nodes, 8 << 30) == "direct"
 
@@ -105,7 +105,7 @@ def test_oversubscribed_fat_tree_slows_a_cross_spine_all_to_all_by_the_expected_
     size, nic = 4e9, 47e9
     calibration = calibration_with(IDEAL, "all_to_all/direct/inter")
     oversubscribed = _small_fat_tree(2.0)
-    latency = layout_of(oversubscribed, range(4)).inter_hop_latency_s
+    latency = placement_of(oversubscribed, range(4)).inter_hop_latency_s
     blocked, _ = _flow_time(oversubscribed, "all_to_all", range(4), size, "direct", calibration)
     _, ideal = _flow_time(_small_fat_tree(1.0), "all_to_all", range(4), size, "direct", calibration)
     assert blocked - latency == pytest.approx(size / nic, rel=1e-9)

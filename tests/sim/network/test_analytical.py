@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from sim.network.algorithms import layout_of
+from sim.network.algorithms import placement_of
 from sim.network.analytical import (
     CommParams,
-    Layout,
+    GroupPlacement,
     available_algorithms,
     cost_terms,
     double_tree_edges,
@@ -22,19 +22,19 @@ from topologies.presets import build_cluster
 GB = 1e9
 
 
-def _layout(**overrides: object) -> Layout:
+def _layout(**overrides: object) -> GroupPlacement:
     values = dict(
         num_ranks=16, num_nodes=2, ranks_per_node=8, intra_bandwidth_bytes_per_s=400 * GB,
         net_bandwidth_bytes_per_s=50 * GB, intra_hop_latency_s=1e-6, inter_hop_latency_s=5e-6,
         bisection_bandwidth_bytes_per_s=400 * GB, nvls=False,
     )  # fmt: skip
     values.update(overrides)
-    return Layout(**values)  # type: ignore[arg-type]
+    return GroupPlacement(**values)  # type: ignore[arg-type]
 
 
 def test_ring_all_reduce_on_a_uniform_switch_is_the_textbook_formula():
     n, size, bw, hop = 8, 1 << 30, 100 * GB, 0.5e-6
-    layout = layout_of(star_topology(n, bw, hop), range(n))
+    layout = placement_of(star_topology(n, bw, hop), range(n))
     terms = cost_terms("all_reduce", "ring", layout, size)
     expected = 2 * (n - 1) / n * size / bw + 2 * (n - 1) * (2 * hop)
     assert terms.time_s(IDEAL, size) == pytest.approx(expected, rel=1e-12)
@@ -66,7 +66,7 @@ def test_nvls_bytes_follow_nccls_maintainer_and_reach_480_busbw_on_eight_h100():
     assert nvls_bytes("all_reduce", 8.0, 8) == (9.0, 9.0)
     assert nvls_bytes("reduce_scatter", 8.0, 8) == (8.0, 1.0)
     assert nvls_bytes("all_gather", 8.0, 8) == (1.0, 8.0)
-    layout = layout_of(build_cluster("dgx-h100"), range(8))
+    layout = placement_of(build_cluster("dgx-h100"), range(8))
     terms = cost_terms("all_reduce", "nvls", layout, 8e9)
     algbw = 8e9 / terms.bandwidth_time_s
     # NCCL maintainer in NVIDIA/nccl-tests#212: "peak busBw of ~480GB/s (algbw ~275GB/s)".
@@ -128,7 +128,7 @@ def test_efficiency_curve_and_latency_terms():
 def test_protocols_follow_nccl_tables_on_one_h100_node():
     # 8 x H100, ring all_reduce, 14 NVLink steps (hop latency 0.6 us each in the topology):
     # LL 6.6 + 14 x 0.6 = 15.0 us, LL128 14 + 14 x 1.9 = 40.6 us, Simple 8.4 + 14 x 3.4 = 56 us.
-    layout = layout_of(build_cluster("dgx-h100"), range(8))
+    layout = placement_of(build_cluster("dgx-h100"), range(8))
     neutral = replace(IDEAL, protocol="auto")
     terms = cost_terms("all_reduce", "ring", layout, 1 << 30)
     for name, latency_us in (("ll", 15.0), ("ll128", 40.6), ("simple", 56.0)):
@@ -152,7 +152,7 @@ def test_protocols_follow_nccl_tables_on_one_h100_node():
 
 
 def test_unsupported_algorithms_are_clear_errors():
-    a100 = layout_of(build_cluster("dgx-a100"), range(8))
+    a100 = placement_of(build_cluster("dgx-a100"), range(8))
     assert "nvls" not in available_algorithms("all_reduce", a100)
     with pytest.raises(ValueError, match=r"nvls.*NVLink SHARP"):
         cost_terms("all_reduce", "nvls", a100, 1e6)

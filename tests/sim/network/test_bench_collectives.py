@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from sim.network.model import CommModel
+from sim.network.comm_model import CommModel
 from topologies.presets import build_cluster
 from vocab.collectives import get
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refdata
-from sim.network.algorithms import choose, layout_of
+from sim.network.algorithms import choose, placement_of
 from sim.network.analytical import CommParams, cost_terms
 from sim.network.calibration import (
     DEFAULT_PARAMS,
@@ -18,8 +18,8 @@ from sim.network.calibration import (
     calibration_from_json,
     load_calibration,
 )
+from sim.network.comm_model import CommModel
 from sim.network.fitting import fit_calibration
-from sim.network.model import CommModel
 from topologies.presets import build_cluster
 from vocab.collectives import get
 from vocab.records import Record
@@ -37,7 +37,7 @@ def _factory(num_nodes: int, _per_node: int):
 
 
 def _synthetic(op: str, world: int, params: CommParams, algo: str = "ring") -> list[Record]:
-    layout = layout_of(_factory(1, world), range(world))
+    layout = placement_of(_factory(1, world), range(world))
     records = []
     for k in range(10, 34):
         size = get(op).counts(1 << k, 4, world).size_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from sim.network.model import CommModel
+from sim.network.comm_model import CommModel
 from tests.sim.helpers import IDEAL, calibration_with
 from topologies.config import load_cluster
 from topologies.presets import build_cluster

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from sim.network.algorithms import choose, decompose, layout_of
+from sim.network.algorithms import choose, decompose, placement_of
 from sim.network.analytical import available_algorithms, cost_terms
+from sim.network.comm_model import CommModel
 from sim.network.hierarchy import NVLS_EFFICIENCY, sharp_bytes
-from sim.network.model import CommModel
 from topologies.config import load_cluster
 from topologies.presets import build_cluster
 
@@ -18,7 +18,7 @@ S = float(1 << 30)
 
 def _layout(nodes: int = 2, fabric: str = "ib-ndr-sharp"):
     topology = build_cluster("dgx-h100", nodes, fabric)
-    return topology, layout_of(topology, range(topology.num_gpus))
+    return topology, placement_of(topology, range(topology.num_gpus))
 
 
 def test_in_network_reduction_passes_the_rings_nic_limit():
@@ -67,7 +67,7 @@ def test_which_algorithms_a_fabric_allows():
     shared = load_cluster({
         "node": {"base": "dgx-h100", "nics_per_node": 4}, "num_nodes": 2, "fabric": "ib-ndr-sharp",
     })  # fmt: skip
-    layout = layout_of(shared, range(16))
+    layout = placement_of(shared, range(16))
     with pytest.raises(ValueError, match="8 ranks per node share 4"):
         cost_terms("all_gather", "nvls", layout, S)
     assert "nvls" in available_algorithms("all_reduce", layout)

@@ -12,7 +12,7 @@ import functools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.network.algorithms import choose, layout_of
+from sim.network.algorithms import choose, placement_of
 from sim.network.analytical import CommParams, available_algorithms, cost_terms
 from sim.network.fitting import fit_calibration
 from sim.network.nccl_tables import NCCL_ALGORITHMS
@@ -61,7 +61,7 @@ def _records(op, algo, layout, truth, nodes):
 def test_no_calibration_puts_a_link_above_its_line_rate(cluster, op, efficiency, data):
     node, nodes, fabric = cluster
     topology = _cluster(node, nodes, fabric)
-    layout = layout_of(topology, range(topology.num_gpus))
+    layout = placement_of(topology, range(topology.num_gpus))
     usable = [a for a in available_algorithms(op, layout) if a in NCCL_ALGORITHMS]
     algo = data.draw(st.sampled_from(usable))
     truth = CommParams(

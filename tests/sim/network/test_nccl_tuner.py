@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sim.network import nccl_tables as T
-from sim.network.algorithms import choose, layout_of
+from sim.network.algorithms import choose, placement_of
 from sim.network.nccl_graph import comm_channels, graphs
 from sim.network.nccl_tuner import pick, time_us, tune
 from topologies.presets import build_cluster
@@ -13,7 +13,7 @@ from topologies.presets import build_cluster
 
 def _hw(node: str = "dgx-h100", nodes: int = 1, fabric: str | None = None):
     topology = build_cluster(node, nodes, fabric)
-    return layout_of(topology, range(topology.num_gpus)).hardware()
+    return placement_of(topology, range(topology.num_gpus)).hardware()
 
 
 def _graph(hw, algo):
@@ -119,10 +119,10 @@ def test_pick_crossovers():
 def test_aws_region_tuner_picks_for_the_p5_points():
     # aws-ofi-nccl's regions (8 ranks per node, > 2 nodes); 2 nodes: NCCL's own tuner.
     topology = build_cluster("p5-h100", 8)
-    layout = layout_of(topology, range(64))
+    layout = placement_of(topology, range(64))
     assert choose("all_reduce", layout, 32 << 20) == ("tree", "ll128")
     assert choose("all_reduce", layout, 1 << 30) == ("ring", "ll128")
     assert choose("all_reduce", layout, 8 << 30) == ("ring", "simple")
     assert choose("all_reduce", layout, 1 << 30, "ring") == ("ring", "ll128")
-    two = layout_of(build_cluster("p5-h100", 2), range(16))
+    two = placement_of(build_cluster("p5-h100", 2), range(16))
     assert choose("all_reduce", two, 1 << 30) == pick("all_reduce", two.hardware(), 1 << 30)

@@ -57,7 +57,7 @@ def test_span_categories() -> None:
     assert category_color("tp comm") != category_color("dp comm")
 
 
-# Compute span names the replay writes (schedules/program.py ProgramBuilder.run_steps: the pass
+# Compute span names the replay writes (schedules/actions.py ProgramBuilder.run_steps: the pass
 # label, the FSDP unit if any, then the step; schedules/fsdp2_program.py copy-out), each with the
 # category it must be drawn as.
 REPLAY_COMPUTE_NAMES = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from schedules.arithmetic import model_flops_per_step
 from schedules.flops import hardware_flops_per_step
-from schedules.model import model_flops_per_step
 from schedules.resolve import resolve_plan
 from sim.replay.basis import VALIDATED_ERROR, bottleneck
 from sim.replay.result import Breakdown

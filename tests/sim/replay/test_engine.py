@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 import simpy
 
-from schedules.program import Collective, Compute, Program, Transfer
+from schedules.actions import Collective, Compute, Program, Transfer
 from sim.replay.engine import ClosedFormRunner, Engine, Timeline
 
 
@@ -261,7 +261,7 @@ def test_host_thread_runs_beside_the_compute_and_its_waits_are_charged_to_the_ho
 
 
 def test_a_host_action_does_not_become_the_builders_last_compute() -> None:
-    from schedules.program import ProgramBuilder
+    from schedules.actions import ProgramBuilder
 
     b = ProgramBuilder(rank=0, groups={})
     first = b.add(Compute(name="c", duration_s=1.0))

@@ -11,9 +11,9 @@ import pytest
 from schedules.plan import ParallelConfig, load_plan
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
-from sim.compute.model import ComputeModel
-from sim.replay.programs import build_programs
+from sim.compute.compute_model import ComputeModel
 from sim.replay.simulate import simulate_plan
+from sim.replay.step_replay import build_programs
 from topologies.hardware import GPUS
 
 MODEL = {

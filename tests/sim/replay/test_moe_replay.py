@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
+from schedules.actions import Collective
 from schedules.moe import dispatch_bytes
 from schedules.plan import load_plan, num_microbatches
-from schedules.program import Collective
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
-from sim.compute.model import ComputeModel
-from sim.replay.programs import build_programs
+from sim.compute.compute_model import ComputeModel
 from sim.replay.simulate import simulate_plan
+from sim.replay.step_replay import build_programs
 from topologies.hardware import GPUS
 
 MODEL = {

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from schedules.model import model_flops_per_step, stage_params_per_gpu
+from schedules.arithmetic import model_flops_per_step, stage_params_per_gpu
 from schedules.plan import load_plan, num_microbatches
 from schedules.resolve import resolve_plan
-from sim.compute.model import ComputeModel
+from sim.compute.compute_model import ComputeModel
 from sim.replay.simulate import simulate_plan
 from topologies.presets import build_cluster
 

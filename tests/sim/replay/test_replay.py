@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import pytest
 import simpy
 
+from schedules.actions import ChunkWork, ComputeStep, Program
 from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
 from schedules.grad_sync import GradSync
+from schedules.pipeline_program import PipelineRank, pipeline_program
 from schedules.pipeline_schedules import pipeline_orders
-from schedules.program import ChunkWork, ComputeStep, Program
-from schedules.step_program import PipelineRank, pipeline_program
 from sim.replay.engine import Engine, Timeline
 from sim.replay.simulate import breakdown_of
 from tests.sim.replay.test_engine import UnitComm

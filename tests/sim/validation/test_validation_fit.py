@@ -55,7 +55,7 @@ def test_an_optimum_outside_the_range_stops_at_the_bound() -> None:
 def test_the_fitted_calibration_scales_every_kernel_time_alike() -> None:
     """One factor on every kernel time, whatever its precision or kind (an efficiency fitted on
     BF16 runs would misprice FP8 GEMMs)."""
-    from sim.compute.model import ComputeModel
+    from sim.compute.compute_model import ComputeModel
 
     calibration = scaled_compute_calibration("h100-sxm", 1.25)
     assert (calibration.gpu, calibration.time_scale, calibration.efficiency) == (

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from schedules.model import layer_params_per_gpu
-from schedules.program import Collective
+from schedules.actions import Collective
+from schedules.arithmetic import layer_params_per_gpu
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
-from sim.compute.model import ComputeModel
-from sim.replay.fsdp_programs import fsdp2_units
-from sim.replay.programs import build_programs
+from sim.compute.compute_model import ComputeModel
+from sim.replay.fsdp_ranks import fsdp2_units
 from sim.replay.recipes import step_costs
 from sim.replay.simulate import simulate_plan
+from sim.replay.step_replay import build_programs
 from tests.sim.replay.test_plan_sim import MODEL, plan_of
 from topologies.hardware import GPUS
 

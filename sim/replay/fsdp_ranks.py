@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from schedules.actions import ChunkWork, Program, Step
+from schedules.arithmetic import layer_params_per_gpu
 from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
 from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
-from schedules.model import layer_params_per_gpu
 from schedules.offload import RankOffload
 from schedules.params import embedding_params_per_gpu
 from schedules.plan import Plan
-from schedules.program import ChunkWork, Program, Step
 from schedules.step import StepDescription
-from sim.compute.model import ComputeModel
+from sim.compute.compute_model import ComputeModel
 from sim.replay.recipes import (
     StepCosts,
     layer_recipes,

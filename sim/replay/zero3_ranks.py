@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from schedules.actions import Program, Step
 from schedules.plan import Plan
-from schedules.program import Program, Step
 from schedules.step import StepDescription
 from schedules.zero3_program import zero3_program
 from schedules.zero3_spec import Submodule, Zero3Rank, split_recipe
 from schedules.zero3_units import ModuleShape, zero3_modules
-from sim.compute.model import ComputeModel
-from sim.replay.fsdp_programs import sharded_groups
+from sim.compute.compute_model import ComputeModel
+from sim.replay.fsdp_ranks import sharded_groups
 from sim.replay.offload import COPY_LATENCY_S
 from sim.replay.recipes import StepCosts, layer_recipes, optimizer_time_s, pass_extras
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules import model as arithmetic
+from schedules import arithmetic
 from schedules.plan import (
     ClusterConfig,
     ModelConfig,

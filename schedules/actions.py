@@ -9,7 +9,7 @@ first: that is how streams wait on each other (CUDA events, blocking waits, issu
 This module holds the data types and the per-pass recipes of tensor/sequence parallelism
 (``tp_forward_steps`` / ``tp_backward_steps``); the process-group layout (Megatron's tp-cp-dp-pp
 rank order) is ``schedules.layout``. The step programs (pipeline with DP sync, FSDP) are built
-from them in ``schedules.step_program``.
+from them in ``schedules.pipeline_program``.
 
     steps = tp_forward_steps(forward_s=1e-3, num_layers=4, tp_bytes=8e6, sequence_parallel=True)
 """

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import simpy
 
-from sim.network.algorithms import choose, decompose, layout_of
-from sim.network.analytical import ALGORITHMS, CommParams, CostTerms, Layout, cost_terms
+from sim.network.algorithms import choose, decompose, placement_of
+from sim.network.analytical import ALGORITHMS, CommParams, CostTerms, GroupPlacement, cost_terms
 from sim.network.calibration import UNCALIBRATED, Calibration
 from sim.network.flow import FlowNetwork
 from topologies.topology import Topology
@@ -51,7 +51,7 @@ class CommModel:
         self.fidelity = fidelity
         self.calibration = calibration or UNCALIBRATED
         self.algo = algo
-        self._layouts: dict[tuple[int, ...], Layout] = {}
+        self._layouts: dict[tuple[int, ...], GroupPlacement] = {}
         self.network: FlowNetwork | None = None
         if fidelity == "flow":
             graph = topology.graph
@@ -61,16 +61,16 @@ class CommModel:
             }
             self.network = FlowNetwork(env, capacities)
 
-    def layout(self, ranks: Sequence[int]) -> Layout:
+    def layout(self, ranks: Sequence[int]) -> GroupPlacement:
         """The group's layout, read off the topology once per rank tuple."""
         group = tuple(ranks)
         found = self._layouts.get(group)
         if found is None:
-            found = layout_of(self.topology, group)
+            found = placement_of(self.topology, group)
             self._layouts[group] = found
         return found
 
-    def params(self, op: str, algo: str, layout: Layout) -> CommParams:
+    def params(self, op: str, algo: str, layout: GroupPlacement) -> CommParams:
         """Calibrated (or fallback/default) parameters of (op, algo) for this group's scope."""
         return self.calibration.lookup(op, algo, scope_of(layout))[0]
 
@@ -146,7 +146,7 @@ class CommModel:
         return self.env.all_of(events)
 
 
-def scope_of(layout: Layout) -> str:
+def scope_of(layout: GroupPlacement) -> str:
     """``intra`` when the group sits on one node, else ``inter``."""
     return "intra" if layout.num_nodes == 1 else "inter"
 

@@ -1,7 +1,7 @@
 """Whole-step programs of one rank: pipeline passes with their p2p and DP sync, or FSDP units.
 
 ``pipeline_program`` turns a pipeline order (``schedules.pipeline_schedules``) and per-chunk
-pass recipes (``schedules.program``) into a rank's program: the point-to-point transfers between
+pass recipes (``schedules.actions``) into a rank's program: the point-to-point transfers between
 stages (blocking batched send/recv as Megatron's non-interleaved schedule, or async as the
 interleaved one), the data-parallel gradient sync of each chunk (``GradSync``: torch DDP
 buckets, Megatron distributed optimizer, DeepSpeed ZeRO-1/2) and the optimizer step with its
@@ -18,11 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from schedules.fsdp_program import FsdpPipelineState, FsdpStages
-from schedules.grad_sync import GradSync
-from schedules.offload import RankOffload, add_copies
-from schedules.pipeline import Pass, RankOrder
-from schedules.program import (
+from schedules.actions import (
     ChunkWork,
     Compute,
     ComputeStep,
@@ -32,6 +28,10 @@ from schedules.program import (
     Step,
     Transfer,
 )
+from schedules.fsdp_program import FsdpPipelineState, FsdpStages
+from schedules.grad_sync import GradSync
+from schedules.offload import RankOffload, add_copies
+from schedules.pipeline import Pass, RankOrder
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

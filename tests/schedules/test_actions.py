@@ -6,13 +6,7 @@ from collections import Counter
 
 import pytest
 
-from schedules.data_parallel.registry import DATA_PARALLEL
-from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
-from schedules.grad_sync import GradSync
-from schedules.layout import Layout
-from schedules.pipeline_schedules.one_f_one_b import one_f_one_b
-from schedules.plan import ParallelConfig
-from schedules.program import (
+from schedules.actions import (
     ChunkWork,
     Collective,
     CommStep,
@@ -25,11 +19,17 @@ from schedules.program import (
     tp_backward_steps,
     tp_forward_steps,
 )
-from schedules.step_program import (
+from schedules.data_parallel.registry import DATA_PARALLEL
+from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
+from schedules.grad_sync import GradSync
+from schedules.layout import Layout
+from schedules.pipeline_program import (
     PipelineRank,
     pipeline_program,
     with_marks,
 )
+from schedules.pipeline_schedules.one_f_one_b import one_f_one_b
+from schedules.plan import ParallelConfig
 
 
 def comm_counts(steps: tuple[Step, ...]) -> Counter[str]:

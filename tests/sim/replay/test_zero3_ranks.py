@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from schedules.actions import Collective, ComputeStep
+from schedules.arithmetic import stage_params_per_gpu
 from schedules.data_parallel.zero3 import ZERO3_PEAK_BUFFERS
 from schedules.memory import stage_memory_bytes
-from schedules.model import stage_params_per_gpu
-from schedules.program import Collective, ComputeStep
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
 from schedules.zero3_units import zero3_runtime_bytes
-from sim.compute.model import ComputeModel
-from sim.replay.programs import build_programs
+from sim.compute.compute_model import ComputeModel
 from sim.replay.recipes import step_costs
 from sim.replay.simulate import simulate_plan
-from sim.replay.zero3_programs import zero3_submodules
+from sim.replay.step_replay import build_programs
+from sim.replay.zero3_ranks import zero3_submodules
 from tests.sim.replay.test_plan_sim import plan_of
 from topologies.hardware import GPUS
 

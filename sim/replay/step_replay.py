@@ -3,7 +3,7 @@
 The step comes described (``schedules.step``: layout, stages, chunks and their gradient buckets);
 ``sim.replay.recipes`` prices the pass recipes of every model chunk (TP/SP and CP collectives in
 place); this module adds the data-parallel sync of the plan's framework and the pipeline order,
-hands FSDP plans without pipelining to ``sim.replay.fsdp_programs``, and runs the programs of the
+hands FSDP plans without pipelining to ``sim.replay.fsdp_ranks``, and runs the programs of the
 simulated ranks on ``sim.replay.engine`` with the network model.
 
 With ``fold`` only one representative per (pipeline rank, cp rank) is simulated (tp rank 0,
@@ -19,20 +19,20 @@ from __future__ import annotations
 
 import simpy
 
+from schedules.actions import ChunkWork, Program
 from schedules.data_parallel.ddp import DDP
 from schedules.grad_sync import GradSync
 from schedules.moe import is_moe
+from schedules.pipeline_program import PipelineRank, pipeline_program
 from schedules.pipeline_schedules import pipeline_orders, pipeline_schedule
-from schedules.program import ChunkWork, Program
 from schedules.step import ChunkDescription, StepDescription
-from schedules.step_program import PipelineRank, pipeline_program
-from sim.compute.model import ComputeModel
+from sim.compute.compute_model import ComputeModel
 from sim.replay.engine import CommRunner, Engine, Timeline
 from sim.replay.folding import simulated_ranks
-from sim.replay.fsdp_programs import fsdp2_programs, fsdp_groups, fsdp_programs, fsdp_stages
+from sim.replay.fsdp_ranks import fsdp2_programs, fsdp_groups, fsdp_programs, fsdp_stages
 from sim.replay.offload import HostCopyRunner, OffloadReplay
 from sim.replay.recipes import StepCosts, layer_recipes, optimizer_time_s, pass_extras, step_costs
-from sim.replay.zero3_programs import zero3_programs
+from sim.replay.zero3_ranks import zero3_programs
 
 
 def _chunk_work(step: StepDescription, costs: StepCosts, chunk: ChunkDescription) -> ChunkWork:
