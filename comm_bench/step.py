@@ -10,7 +10,7 @@ One more step runs under ``torch.profiler``: every kernel (CPU: every ATen opera
 classified (``vocab.kernel_classes``) and the device's idle time inside the step is reported:
 launch- and CPU-bound time that no kernel-throughput benchmark sees. ``commsim plan
 --compute-calibration`` reads the JSON and fits the compute model to it
-(``sim.compute.step_fit``).
+(``sim.replay.step_fit``).
 
     commbench --step examples/llama3-8b-ddp-8xh100.yaml --layers 4 --output step_h100.json
 """
@@ -65,7 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default=None)
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile the model (default: as the plan's training.stack says)",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled step")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads")
     parser.add_argument(
@@ -256,7 +261,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(plan.model, num_layers=layers, recompute=plan.parallel.recompute)
     model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=kind == "cuda")
-    runnable: torch.nn.Module = torch.compile(model) if args.compile else model  # type: ignore[assignment]
+    compiled = wants_compile(plan.training.stack, args.compile)
+    runnable: torch.nn.Module = torch.compile(model) if compiled else model  # type: ignore[assignment]
     batch = batch_of(plan.model, plan.training.micro_batch_size, device)
     step = _step_fn(runnable, optimizer, batch, microbatches=args.microbatches,
                     autocast=dtype == "bf16", device=device)  # fmt: skip
@@ -273,7 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gpu": detect_gpu_key(device),
         "torch": torch.__version__,
         "dtype": dtype,
-        "compiled": bool(args.compile),
+        "compiled": compiled,
         "source_plan": str(args.plan),
         "model_layers": plan.model.num_layers,
         "measured_layers": layers,
@@ -288,6 +294,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         write_text(target, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(summary(result), end="")
     return result
+
+
+def wants_compile(stack: str | None, flag: bool | None) -> bool:
+    """``--compile`` / ``--no-compile`` when given, else whether the plan's stack compiles."""
+    return stack == "compile" if flag is None else flag
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -315,6 +326,11 @@ def summary(result: dict[str, Any]) -> str:
                 lines.append(f"  {name:<12} {seconds * 1e3:>12.3f} {seconds / wall:>7.1%}")
         lines.append(
             f"  {'idle':<12} {profile['idle_s'] * 1e3:>12.3f} {profile['idle_s'] / wall:>7.1%}"
+        )
+        kernels = profile["num_kernels"] or 1
+        lines.append(
+            f"# wall per kernel launched {wall / kernels * 1e6:.1f} us (the host's launch cost "
+            f"when the step is launch-bound: idle {profile['idle_s'] / wall:.0%})"
         )
     return "\n".join(lines) + "\n"
 

@@ -42,6 +42,9 @@ class Compute:
     stream: str = "compute"
     """``compute`` (the GPU's compute stream) or ``host`` (the rank's CPU thread: a compute that
     waits for it is charged to the host in the breakdown)."""
+    launch_s: float = 0.0
+    """Host time to launch its kernels (compute stream only): the rank's host thread issues
+    them in program order, running ahead of the GPU, which waits when the host is behind."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,6 +112,13 @@ class ComputeStep:
     """Label suffix, e.g. ``fwd`` or ``wgrad qkv``."""
     duration_s: float
     """Busy time."""
+    launch_s: float = 0.0
+    """Host time to launch its kernels (``Compute.launch_s``)."""
+
+    def part(self, duration_s: float) -> ComputeStep:
+        """The first ``duration_s`` of this step, with its share of the launch time."""
+        share = duration_s / self.duration_s if self.duration_s > 0 else 0.0
+        return ComputeStep(name=self.name, duration_s=duration_s, launch_s=self.launch_s * share)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -449,6 +459,7 @@ class ProgramBuilder:
                         name=f"{label} {step.name}",
                         duration_s=step.duration_s,
                         deps=tuple(sorted(set(waits))),
+                        launch_s=step.launch_s,
                     )
                 )
                 waits, hidden, lead = hidden, [], []

@@ -35,6 +35,7 @@ from schedules.flops import (
 from schedules.messages import (
     ACTIVATION_COMM_BYTES,
     PARAM_BYTES,
+    cp_grad_message_bytes,
     cp_kv_message_bytes,
     dp_grad_bytes,
     dp_param_bytes,
@@ -68,6 +69,7 @@ __all__ = [
     "attention_core_flops",
     "attention_linear_flops",
     "attention_params",
+    "cp_grad_message_bytes",
     "cp_kv_message_bytes",
     "dp_grad_bytes",
     "dp_param_bytes",

@@ -10,7 +10,8 @@ width, f the MLP width: weight GEMMs QKV (T x (h + 2kd)/t x h), attention projec
 kernels: 2 norms and 2 residual adds (on T/t tokens with sequence parallelism, else T), rotary
 embeddings on Q and K, the MLP activation. The backward of a weight GEMM (m, n, k) is an
 input-gradient GEMM (m, k, n) and a weight-gradient GEMM (k, n, m); elementwise backward moves
-twice the forward bytes.
+twice the forward bytes. FP8 plans on the eager and compile stacks run torchao's
+``Float8Linear``: each weight GEMM with the float8 casts of its recipe (``schedules.float8``).
 
     kernels = layer_kernels(plan); [k.name for k in kernels.forward]
 """
@@ -20,7 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedules.activations import ACTIVATION_BYTES
+from schedules.context_parallel import RingStep, RingWork, ring_attention, runs_torch_ring
 from schedules.data_parallel.registry import data_parallel_kind
+from schedules.float8 import (
+    cast_bytes,
+    float8_recipe,
+    forward_backend,
+    input_casts,
+    wgrad_dtype,
+)
 from schedules.params import layer_params_per_gpu
 from schedules.plan import Plan
 
@@ -52,7 +61,8 @@ class Kernel:
     bytes: float = 0.0
     """Bytes read plus written: the roofline floor (the whole cost of a ``memory`` kernel)."""
     backend: str = ""
-    """Which implementation of an attention kernel runs (``training.attention_backend``)."""
+    """Which implementation runs: an attention kernel's ``training.attention_backend``, or a
+    GEMM's (``schedules.float8.ROWWISE_GEMM_BACKEND``; "" for the library default)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KERNEL_KINDS:
@@ -78,8 +88,9 @@ def element_bytes(dtype: str) -> int:
     return 1 if dtype == "fp8" else (4 if dtype in ("fp32", "tf32") else 2)
 
 
-def gemm(name: str, m: float, n: float, k: float, dtype: str = "bf16") -> Kernel:
-    """(m x k) @ (k x n): 2mnk FLOPs; reads both operands, writes a 16-bit (m x n) result."""
+def gemm(name: str, m: float, n: float, k: float, dtype: str = "bf16", backend: str = "") -> Kernel:
+    """(m x k) @ (k x n): 2mnk FLOPs; reads both operands, writes a 16-bit (m x n) result;
+    ``backend`` names a kernel other than the library default (``schedules.float8``)."""
     operand_bytes = element_bytes(dtype) * (m * k + k * n) + 2 * m * n
     return Kernel(
         name=name,
@@ -88,6 +99,7 @@ def gemm(name: str, m: float, n: float, k: float, dtype: str = "bf16") -> Kernel
         flops=2.0 * m * n * k,
         dims=(m, n, k),
         bytes=operand_bytes,
+        backend=backend,
     )
 
 
@@ -247,7 +259,11 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
     (the causal mask is applied after the product) plus a softmax reading and writing them; the
     backward runs each of them twice (dS/dV and dQ/dK products, softmax backward). The eager
     score GEMMs are priced by their FLOPs alone: the softmax kernel carries the scores' bytes.
+    Under torch's context parallel: the kernels of its ring (``schedules.context_parallel``).
     """
+    if runs_torch_ring(plan, kernel_stack(plan)):
+        ring = ring_attention(plan, kernel_stack(plan))
+        return ring_kernels(plan, ring.forward), ring_kernels(plan, ring.backward, backward=True)
     _, dtype = dtypes(plan)
     shape = attention_shape(plan)
     seq_q, seq_kv, d = shape.seq_q, shape.seq_kv, shape.head_dim
@@ -276,6 +292,40 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
     return (qk, av, softmax), (qk, av, qk, av, softmax_backward)
 
 
+def ring_work_kernels(plan: Plan, work: RingWork, *, backward: bool = False) -> tuple[Kernel, ...]:
+    """One stretch of torch's ring attention: its fused attention calls (their backward with
+    ``backward``), then its memory-bound passes."""
+    _, dtype = dtypes(plan)
+    shape = attention_shape(plan)
+    calls = tuple(
+        attention(
+            batch=shape.batch,
+            num_heads=shape.num_heads,
+            seq_q=call.seq_q,
+            seq_kv=call.seq_kv,
+            head_dim=shape.head_dim,
+            causal=call.causal,
+            dtype=dtype,
+            backward=backward,
+            backend=plan.training.attention_backend,
+        )
+        for call in work.attention
+    )
+    return calls + tuple(memory(f"cp_{name}", size) for name, size in work.passes)
+
+
+def ring_kernels(
+    plan: Plan, steps: tuple[RingStep, ...], *, backward: bool = False
+) -> tuple[Kernel, ...]:
+    """Every kernel of a ring pass, in order (``ring_work_kernels`` of each of its works)."""
+    return tuple(
+        kernel
+        for step in steps
+        if isinstance(step, RingWork)
+        for kernel in ring_work_kernels(plan, step, backward=backward)
+    )
+
+
 def recompute_kernels(
     plan: Plan,
     forward: tuple[Kernel, ...],
@@ -302,24 +352,68 @@ def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, 
     shapes = [("k", tokens, kv / t, h), ("proj", tokens, h, h / t)]
     if plan.model.gated_mlp:  # a plain MLP's fc2 output only feeds the residual: not rerun
         shapes.append(("fc1_up", tokens, f / t, h))
+    if float8_recipe(plan, kernel_stack(plan)) is not None:
+        return (
+            *(
+                kernel
+                for name, m, n, k in shapes
+                for kernel in _float8_linear(plan, f"{name}_recompute", (m, n, k))[0]
+            ),
+            memory("elementwise", elementwise_bytes),
+        )
     return (
         *(gemm(f"{name}_recompute", m, n, k, gemm_dtype) for name, m, n, k in shapes),
         memory("elementwise", elementwise_bytes),
     )
 
 
+Phases = tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]]
+"""Kernels of a forward, an input backward and a weight backward."""
+
+
+def weight_gemm_kernels(plan: Plan) -> Phases:
+    """The weight GEMMs of one layer (``WEIGHT_GEMMS``), per phase: forward, input gradients,
+    weight gradients; under a float8 recipe each with its casts (``schedules.float8``)."""
+    gemm_dtype, _ = dtypes(plan)
+    named = list(zip(WEIGHT_GEMMS, weight_gemm_shapes(plan), strict=True))
+    if float8_recipe(plan, kernel_stack(plan)) is not None:
+        linears = [_float8_linear(plan, name, shape) for name, shape in named]
+        forward, dgrad, wgrad = ([k for phases in linears for k in phases[i]] for i in range(3))
+        return tuple(forward), tuple(dgrad), tuple(wgrad)
+    return (
+        tuple(gemm(name, m, n, k, gemm_dtype) for name, (m, n, k) in named),
+        tuple(gemm(f"{name}_dgrad", m, k, n, gemm_dtype) for name, (m, n, k) in named),
+        tuple(gemm(f"{name}_wgrad", k, n, m, gemm_dtype) for name, (m, n, k) in named),
+    )
+
+
+def _float8_linear(plan: Plan, name: str, shape: tuple[float, float, float]) -> Phases:
+    """One torchao ``Float8Linear`` of forward shape (m, n, k): its float8 casts (one memory
+    kernel per phase that casts) before its GEMMs, per phase."""
+    m, n, k = shape
+    stack = kernel_stack(plan)
+    cast = cast_bytes(plan, stack, m, n, k, input_casts=input_casts(plan, stack, name))
+    casts = [
+        (memory(f"{name}{suffix}_fp8_cast", size),) if size else ()
+        for suffix, size in zip(("", "_dgrad", "_wgrad"), cast, strict=True)
+    ]
+    return (
+        (*casts[0], gemm(name, m, n, k, "fp8", forward_backend(plan, stack))),
+        (*casts[1], gemm(f"{name}_dgrad", m, k, n, "fp8")),
+        (*casts[2], gemm(f"{name}_wgrad", k, n, m, wgrad_dtype(plan, stack))),
+    )
+
+
 def layer_kernels(plan: Plan) -> PieceKernels:
     """One transformer layer, one micro-batch, one GPU: forward, backward split, recompute."""
-    gemm_dtype, _ = dtypes(plan)
-    shapes = weight_gemm_shapes(plan)
+    gemms_forward, gemms_dgrad, gemms_wgrad = weight_gemm_kernels(plan)
     core_forward, core_backward = attention_core_kernels(plan)
     elementwise_bytes = elementwise_forward_bytes(plan)
     cast_bytes = weight_cast_bytes(plan, layer_params_per_gpu(plan.model, plan.parallel.tp)) / 2
     casts = (memory("weight_cast", cast_bytes),) if cast_bytes else ()
-    named = list(zip(WEIGHT_GEMMS, shapes, strict=True))
     forward = (
         *casts,
-        *(gemm(name, m, n, k, gemm_dtype) for name, (m, n, k) in named),
+        *gemms_forward,
         *core_forward,
         memory("elementwise", elementwise_bytes),
     )
@@ -327,14 +421,12 @@ def layer_kernels(plan: Plan) -> PieceKernels:
     return PieceKernels(
         forward=forward,
         backward_input=(
-            *(gemm(f"{name}_dgrad", m, k, n, gemm_dtype) for name, (m, n, k) in named),
+            *gemms_dgrad,
             *core_backward,
             memory("elementwise_backward", 2 * elementwise_bytes),
             *((memory("grad_cast", cast_bytes),) if cast_bytes else ()),
         ),
-        backward_weight=tuple(
-            gemm(f"{name}_wgrad", k, n, m, gemm_dtype) for name, (m, n, k) in named
-        ),
+        backward_weight=gemms_wgrad,
         recompute=recompute,
     )
 

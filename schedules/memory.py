@@ -23,6 +23,8 @@ torch 2.13) keeps the whole stage unsharded through the step: its parameters sta
 the first forward (``reshard_after_forward`` False; with True they are still all resident after
 each backward, since backward never reshards before the stage's ``REDUCE_GRAD``) and its
 gradients accumulate unsharded (gradient sync off) until that final reduce-scatter.
+The working set of torch's context-parallel ring in a layer's backward is a transient buffer
+too (``schedules.context_parallel.ring_buffer_bytes``).
 Not modelled: the CUDA context, NCCL buffers and allocator fragmentation (a few GiB).
 The worst pipeline stage (largest total) is reported.
 
@@ -39,6 +41,7 @@ from schedules.activations import (
     logits_bytes,
     stored_layer_activations,
 )
+from schedules.context_parallel import ring_buffer_bytes
 from schedules.data_parallel.registry import data_parallel_kind, offload_of, replica_group_size
 from schedules.kernels import kernel_stack
 from schedules.messages import PARAM_BYTES
@@ -200,7 +203,8 @@ def stage_memory_bytes(
         "optimizer": states("optimizer"),
         "activations": activation_bytes(plan, stage),
         "buffers": transient_buffer_bytes(plan, stage)
-        + gpu_offload_buffer_bytes(offload_of(plan.parallel), plan),
+        + gpu_offload_buffer_bytes(offload_of(plan.parallel), plan)
+        + ring_buffer_bytes(plan, kernel_stack(plan)),
         "fsdp_unsharded": fsdp_unsharded_bytes(plan, stage),
         "logits": logits_bytes(
             plan.model,

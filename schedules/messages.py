@@ -4,7 +4,9 @@ Sizes follow vocab.collectives: an all-reduce's buffer, an all-gather's *output*
 reduce-scatter's *input* buffer. So every TP collective of a layer is one b(s/cp)h activation
 tensor, whichever op moves it (Megatron ``layers.py``/``mappings.py``); a pipeline send is the
 layer output b(s/cp)h, divided by t when sequence parallel keeps it sharded; data parallelism
-reduces each GPU's gradient shard in the reduce dtype and gathers parameters in their dtype.
+reduces each GPU's gradient shard in the reduce dtype and gathers parameters in their dtype. Context
+parallelism passes each rank's K and V around its ring (and, in torch's backward, their fp32
+gradients).
 
     tp_message_bytes(plan.model, micro_batch_size=1)
 """
@@ -54,10 +56,28 @@ def pp_message_bytes(
     return ACTIVATION_COMM_BYTES * tokens * model.hidden_size
 
 
-def cp_kv_message_bytes(model: ModelConfig, micro_batch_size: float, *, tp: int, cp: int) -> float:
-    """One ring step of context-parallel attention: this rank's K and V, 2 * 2 b (s/cp) kd / t."""
+def cp_kv_message_bytes(
+    model: ModelConfig, micro_batch_size: float, *, tp: int, cp: int, repeat_kv: bool = False
+) -> float:
+    """One ring step of context-parallel attention: this rank's K and V, 2 * 2 b (s/cp) kd / t;
+    with ``repeat_kv`` h wide instead of kd (torchtitan's Llama expands K and V to every query
+    head before SDPA, and torch's ring passes them on expanded)."""
     tokens = micro_batch_size * model.seq_len / cp
-    return 2 * ACTIVATION_COMM_BYTES * tokens * model.kv_size / tp
+    width = model.hidden_size if repeat_kv else model.kv_size
+    return 2 * ACTIVATION_COMM_BYTES * tokens * width / tp
+
+
+CP_GRAD_BYTES = 4
+"""Bytes per element of the dK/dV torch's ring passes on: fp32 (``convert_to_f32``)."""
+
+
+def cp_grad_message_bytes(
+    model: ModelConfig, micro_batch_size: float, *, tp: int, cp: int
+) -> float:
+    """One dK/dV ring step of torch's context-parallel backward: the fp32 gradients of the
+    expanded K and V, 2 * 4 b (s/cp) h / t."""
+    kv = cp_kv_message_bytes(model, micro_batch_size, tp=tp, cp=cp, repeat_kv=True)
+    return kv * CP_GRAD_BYTES / ACTIVATION_COMM_BYTES
 
 
 def dp_grad_bytes(plan: Plan, stage: int = 0) -> float:

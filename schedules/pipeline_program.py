@@ -97,10 +97,10 @@ def with_marks(steps: tuple[Step, ...], sizes: tuple[float, ...]) -> tuple[Step,
         while i < len(cuts) and cuts[i] < end_s:
             piece = cuts[i] - start_s
             if piece > 0:
-                out.append(ComputeStep(name=step.name, duration_s=piece))
+                out.append(step.part(piece))
             out.append(MarkStep(index=i))
             start_s, i = cuts[i], i + 1
-        out.append(ComputeStep(name=step.name, duration_s=end_s - start_s))
+        out.append(step.part(end_s - start_s))
         done_s = end_s
         while i < len(cuts) and cuts[i] <= done_s:
             out.append(MarkStep(index=i))

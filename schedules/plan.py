@@ -42,8 +42,12 @@ STACKS = ("eager", "compile", "megatron")
 """Which implementation runs the layers (``training.stack``; ``schedules.kernels`` inventories)."""
 ATTENTION_BACKENDS = ("cudnn", "flash2")
 """Which fused-attention kernel runs (``training.attention_backend``; priced in sim.compute)."""
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+"""torchao's float8 training recipes (``Float8LinearRecipeName``; ``schedules.float8``)."""
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
 MOE_DISPATCHERS = ("alltoall", "allgather")
+CP_ROTATE_METHODS = ("allgather", "alltoall")
+"""How torch's context parallel passes K and V around (``context_parallel_rotate_method``)."""
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 """Where ``offload_optimizer`` / ``offload_param`` put their state (DeepSpeed's
 ``OffloadDeviceEnum``); the rest of the offload checks are ``schedules.offload.check_offload``."""
@@ -368,6 +372,10 @@ class ParallelConfig:
     """Megatron's scatter-gather pipeline p2p (--scatter-gather-tensors-in-pipeline, default on;
     not applied with SP): each TP rank sends 1/t of the activation, the receiver all-gathers it
     over TP. Megatron-core (2023+) dropped it: set False for those versions without SP."""
+    cp_rotate_method: str | None = None
+    """How torch's context parallel (stacks eager and compile) exchanges K and V: ``allgather``
+    (one all-gather per pass) or ``alltoall`` (a ring shift per round); unset: torchtitan's
+    default, ``allgather`` (``schedules.context_parallel``)."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "parallel", ("tp", "pp", "cp", "vpp", "ep"))
@@ -415,6 +423,8 @@ class ParallelConfig:
                 raise ValueError(f"parallel.{name} must be >= 0, got {value}")
         _check_choice("parallel.offload_optimizer", self.offload_optimizer, OFFLOAD_DEVICES)
         _check_choice("parallel.offload_param", self.offload_param, OFFLOAD_DEVICES)
+        if self.cp_rotate_method is not None:
+            _check_choice("parallel.cp_rotate_method", self.cp_rotate_method, CP_ROTATE_METHODS)
 
     @property
     def fsdp2(self) -> bool:
@@ -460,6 +470,14 @@ class TrainingConfig:
     """The fused-attention kernel: ``cudnn`` (cuDNN fused attention: Transformer Engine, torch SDPA
     from 2.11 on Hopper, torchtitan from v0.2; FlashAttention-3 runs as fast) or ``flash2``
     (FlashAttention-2: torch SDPA's flash backend, the default up to torch 2.10 on Hopper)."""
+    float8_recipe: str | None = None
+    """torchao's float8 recipe on the eager and compile stacks (``Float8Linear``):
+    ``tensorwise``, ``rowwise`` or ``rowwise_with_gw_hp``; unset means ``tensorwise`` for FP8
+    plans on those stacks (``schedules.float8``). Needs ``precision: fp8``."""
+    float8_all_gather: bool = False
+    """FSDP2 all-gathers the float8 linear weights in float8 (torchao's
+    ``enable_fsdp_float8_all_gather`` with ``precompute_float8_dynamic_scale_for_fsdp``);
+    tensorwise only."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "training", ("micro_batch_size", "global_batch_size"))
@@ -467,6 +485,22 @@ class TrainingConfig:
         if self.stack is not None:
             _check_choice("training.stack", self.stack, STACKS)
         _check_choice("training.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        self._check_float8()
+
+    def _check_float8(self) -> None:
+        recipe = self.float8_recipe
+        if recipe is not None:
+            _check_choice("training.float8_recipe", recipe, FLOAT8_RECIPES)
+        if (recipe is not None or self.float8_all_gather) and self.precision != "fp8":
+            key = "float8_recipe" if recipe is not None else "float8_all_gather"
+            raise ValueError(
+                f"training.{key} needs training.precision=fp8, got precision={self.precision}"
+            )
+        if self.float8_all_gather and recipe not in (None, "tensorwise"):
+            raise ValueError(
+                f"training.float8_all_gather needs float8_recipe tensorwise (torchao casts the "
+                f"weight shard with one scale per tensor), got float8_recipe={recipe}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -542,9 +576,11 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         "parallel.offload_optimizer": OFFLOAD_DEVICES,
         "parallel.offload_param": OFFLOAD_DEVICES,
         "parallel.moe_token_dispatcher": MOE_DISPATCHERS,
+        "parallel.cp_rotate_method": CP_ROTATE_METHODS,
         "training.precision": PRECISIONS,
         "training.stack": STACKS,
         "training.attention_backend": ATTENTION_BACKENDS,
+        "training.float8_recipe": FLOAT8_RECIPES,
     }
     got = f"got {shorten(value)} ({type(value).__name__})"
     nullable = " or null" if type(None) in options else ""

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from schedules.context_parallel import check_context_parallel
 from schedules.data_parallel.registry import (
     check_data_parallel,
     check_offload,
     data_parallel_kind,
     kinds_where,
 )
+from schedules.float8 import check_float8
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import ModelConfig, ParallelConfig, Plan
 from schedules.stages import check_stage_split
@@ -166,4 +168,6 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_schedule(parallel, training.global_batch_size // per_step)
     check_knobs(parallel, dp)
     check_experts(plan.model, parallel, dp)
+    check_context_parallel(plan)
+    check_float8(plan)
     return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

@@ -204,8 +204,9 @@ def split_recipe(steps: tuple[Step, ...], fractions: tuple[float, ...]) -> list[
     stay where they are, in the part whose compute they follow (the first part before any
     compute). A recipe without compute time goes whole into the first part.
 
-    >>> split_recipe((ComputeStep(name="fwd", duration_s=4.0),), (0.25, 0.75))
-    [(ComputeStep(name='fwd', duration_s=1.0),), (ComputeStep(name='fwd', duration_s=3.0),)]
+    >>> parts = split_recipe((ComputeStep(name="fwd", duration_s=4.0),), (0.25, 0.75))
+    >>> [[step.duration_s for step in part] for part in parts]
+    [[1.0], [3.0]]
     """
     if not fractions or any(x < 0 for x in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
         raise ValueError(f"fractions must be >= 0 and sum to 1, got {fractions}")
@@ -221,9 +222,9 @@ def split_recipe(steps: tuple[Step, ...], fractions: tuple[float, ...]) -> list[
         while part < len(parts) - 1 and elapsed + left > cuts[part] * (1 + 1e-12):
             piece = cuts[part] - elapsed
             if piece > 0:
-                parts[part].append(ComputeStep(name=step.name, duration_s=piece))
+                parts[part].append(step.part(piece))
                 left, elapsed = left - piece, cuts[part]
             part += 1
-        parts[part].append(ComputeStep(name=step.name, duration_s=left))
+        parts[part].append(step.part(left))
         elapsed += left
     return [tuple(p) for p in parts]

@@ -28,7 +28,7 @@ COMPUTE_SCHEMA = "commsim-compute/1"
 """Version tag of the compute calibration JSON."""
 STEP_SCHEMA = "commbench-step/1"
 """Version tag of the step measurement JSON (``commbench --step``): the other file a compute
-calibration is made from (``sim.compute.step_fit``, once the GPU is known)."""
+calibration is made from (``sim.replay.step_fit``, once the GPU is known)."""
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward")
 """Kernel families with a fitted curve."""
 EFFICIENCY_KEYS = (*KERNEL_KINDS, "memory")
@@ -108,6 +108,16 @@ class ComputeCalibration:
     """Measured CPU Adam step rate of the whole host (parameters per second, every core;
     ``commbench --compute`` on the host): the CPU step of offloaded optimizers. None keeps the
     catalogue CPU's memory bandwidth."""
+    optimizer_bytes_per_param: float | None = None
+    """Bytes the optimizer step moves per parameter (Adam's states and master weights, the
+    gradient and its casts), as measured; None: Adam's 26 plus the gradient's bytes."""
+    host_s_per_launch: float | None = None
+    """Host time to launch one kernel (framework dispatch, Python and the CUDA launch); None for
+    the default (``sim.compute.compute_model.DEFAULT_HOST_S_PER_LAUNCH``)."""
+    launches_per_kernel: float | None = None
+    """Kernel launches the measured training loop makes per kernel of the modelled inventory
+    (``schedules.kernels``); None for the stack's default
+    (``sim.compute.compute_model.LAUNCHES_PER_KERNEL``)."""
 
     def __post_init__(self) -> None:
         for dtype, kinds in self.kernels.items():
@@ -144,6 +154,21 @@ class ComputeCalibration:
                 f"compute calibration: cpu_adam_params_per_s must be a number in [1e3, 1e14], "
                 f"got {shorten(adam)}"
             )
+        for name, bounds in (
+            ("host_s_per_launch", (0.0, 0.1)),
+            ("launches_per_kernel", (0.1, 100)),
+            ("optimizer_bytes_per_param", (1.0, 1000.0)),
+        ):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and bounds[0] <= value <= bounds[1]
+            ):
+                raise ValueError(
+                    f"compute calibration: {name} must be a number in [{bounds[0]:g}, "
+                    f"{bounds[1]:g}], got {shorten(value)}"
+                )
         in_step = self.in_step_slowdown
         if in_step is not None and not (
             isinstance(in_step, int | float) and not isinstance(in_step, bool) and 0 <= in_step <= 1
@@ -185,6 +210,9 @@ class ComputeCalibration:
             "overlap_slowdown": self.overlap_slowdown,
             "in_step_slowdown": self.in_step_slowdown,
             "cpu_adam_params_per_s": self.cpu_adam_params_per_s,
+            "optimizer_bytes_per_param": self.optimizer_bytes_per_param,
+            "host_s_per_launch": self.host_s_per_launch,
+            "launches_per_kernel": self.launches_per_kernel,
         }
 
     @classmethod
@@ -226,6 +254,9 @@ class ComputeCalibration:
             overlap_slowdown=data.get("overlap_slowdown"),
             in_step_slowdown=data.get("in_step_slowdown"),
             cpu_adam_params_per_s=data.get("cpu_adam_params_per_s"),
+            optimizer_bytes_per_param=data.get("optimizer_bytes_per_param"),
+            host_s_per_launch=data.get("host_s_per_launch"),
+            launches_per_kernel=data.get("launches_per_kernel"),
         )
 
 

@@ -1,6 +1,6 @@
 """Which class of work a profiled kernel (or CPU operator) belongs to, from its name.
 
-``commbench --step`` sums a training step's profile by class; ``sim.compute.step_fit`` compares
+``commbench --step`` sums a training step's profile by class; ``sim.replay.step_fit`` compares
 each class with what the compute model prices for it. Rules are tried in order (the first match
 wins), on the lower-cased name of a CUDA kernel (``sm90_xmma_gemm_...``, ``flash_fwd_kernel``,
 ``vectorized_elementwise_kernel<...>``) or of an ATen operator on CPU (``aten::mm``,

@@ -20,6 +20,7 @@ from typing import Any
 from fileio.strict import shorten
 from schedules.importers.common import Imported, _Fields, _read
 from schedules.model_presets import MODEL_PRESETS
+from schedules.plan import CP_ROTATE_METHODS, FLOAT8_RECIPES
 
 _TITAN_FLAVORS = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
 """torchtitan's llama3 flavors (models/llama3/__init__.py) and the presets of the same shape."""
@@ -51,6 +52,9 @@ def from_torchtitan_toml(path: Path) -> Imported:
         parallel["recompute"] = recompute
     training = _titan_training(training_t, parallel_t, model_t, parallel["pp"], dp, notes)
     training["stack"] = "compile" if compiled else "eager"
+    if training.get("precision") == "fp8":
+        sharded = parallel_t.get("data_parallel_shard_degree", int, -1) != 1
+        training.update(_titan_float8(fields, model_t, sharded, notes))
     for table in (model_t, training_t, parallel_t, compile_t):
         notes.extend(table.left())
     sections = {"model": model, "parallel": parallel, "training": training}
@@ -115,10 +119,9 @@ def _titan_parallel(
             else "needs compile and tp > 1 (ignored)"
         )
         notes.append(par.note("enable_async_tensor_parallel", f"(async TP): {why}"))
-    if degrees["cp"] > 1:
-        rotate = par.get("context_parallel_rotate_method", str, "allgather")
-        notes.append(
-            par.note("context_parallel_rotate_method", f"{rotate}: priced as Megatron's ring")
+    if degrees["cp"] > 1:  # torch's context_parallel, its rotater as set_rotate_method sets it
+        parallel["cp_rotate_method"] = par.choice(
+            "context_parallel_rotate_method", CP_ROTATE_METHODS, "allgather"
         )
     return parallel, dp
 
@@ -280,8 +283,6 @@ def _titan_precision(training: _Fields, model: _Fields, notes: list[str]) -> str
     if isinstance(converters, str):  # the command line's comma-separated form
         converters = converters.split(",")
     float8 = any("float8" in str(c) for c in converters)
-    if float8:
-        notes.append(model.note("converters", "float8 (torchao) is priced as precision fp8"))
     for other in (str(c) for c in converters if "float8" not in str(c)):
         notes.append(model.note("converters", f"{shorten(other)} is not modelled (ignored)"))
     if training.choice("dtype", ("float32", "bfloat16"), "float32") == "bfloat16":
@@ -293,3 +294,58 @@ def _titan_precision(training: _Fields, model: _Fields, notes: list[str]) -> str
         notes.append(training.note("mixed_precision_param", "float32 is not modelled"))
         return None
     return "bf16"
+
+
+def _titan_float8(
+    fields: _Fields, model: _Fields, sharded: bool, notes: list[str]
+) -> dict[str, Any]:
+    """torchao's recipe and float8 all-gather from ``[float8]`` (v0.1, converter ``float8``) or
+    ``[quantize.linear.float8]`` (v0.2, ``quantize.linear.float8``): ``recipe_name`` unset is
+    torchao's default, tensorwise, the only one torchtitan gathers in float8, with
+    ``enable_fsdp_float8_all_gather`` and only when FSDP shards (``sharded``: torchtitan's
+    ``dp_shard_enabled``)."""
+    converters = model.get("converters", (list, str), [])
+    names = converters.split(",") if isinstance(converters, str) else [str(c) for c in converters]
+    if any(name.strip().startswith("quantize.") for name in names):
+        quantize = fields.sub("quantize")
+        linear = quantize.sub("linear")
+        table = linear.sub("float8")
+        tables = [quantize, linear, table]
+    else:
+        table = fields.sub("float8")
+        tables = [table]
+    recipe = table.get("recipe_name", (str, type(None)), None)
+    gather = table.get("enable_fsdp_float8_all_gather", bool, False)
+    precompute = table.get("precompute_float8_dynamic_scale_for_fsdp", bool, False)
+    if recipe is not None and recipe not in FLOAT8_RECIPES:
+        raise ValueError(
+            f"{table.file}: {table.prefix}recipe_name must be one of {', '.join(FLOAT8_RECIPES)}, "
+            f"got {shorten(recipe)}"
+        )
+    if recipe is not None and gather:
+        raise ValueError(
+            f"{table.file}: {table.prefix}enable_fsdp_float8_all_gather with recipe_name "
+            f"{recipe}: torchtitan refuses the pair (float8 all-gather is tensorwise's)"
+        )
+    out: dict[str, Any] = {"float8_recipe": recipe or "tensorwise"}
+    gather = gather and sharded
+    if gather:
+        out["float8_all_gather"] = True
+        if not precompute:
+            notes.append(
+                table.note(
+                    "precompute_float8_dynamic_scale_for_fsdp",
+                    "false: each unit's all-gather waits for an amax all-reduce per weight, "
+                    "not modelled (priced as precomputed)",
+                )
+            )
+    filters = [str(f) for f in table.get("filter_fqns", list, []) if str(f) != "output"]
+    if filters:
+        notes.append(
+            table.note("filter_fqns", f"{shorten(filters)}: every layer linear priced in float8")
+        )
+    how = f"recipe {out['float8_recipe']}" + (" with float8 all-gather" if gather else "")
+    notes.append(model.note("converters", f"float8 (torchao Float8Linear): {how}"))
+    for part in tables:
+        notes.extend(part.left())
+    return out

@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     gpu = topology.gpu_spec(0)
     base = compute_calibration_for(source, gpu, warn=_warn) or ComputeCalibration()
     if base.in_step_slowdown is None:  # the fit is relative to the default in effect: keep it
-        base = dataclasses.replace(base, in_step_slowdown=DEFAULT_IN_STEP_SLOWDOWN)
+        default = DEFAULT_IN_STEP_SLOWDOWN if topology.num_gpus > 1 else 0.0
+        base = dataclasses.replace(base, in_step_slowdown=default)
     dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
     gemm = base.efficiency.get("gemm", default_efficiency(gpu, "gemm", dtype))
     fitted = base.kernel("gemm", dtype)

@@ -27,6 +27,7 @@ from sim.network.comm_model import FIDELITIES
 from sim.output.progress import PhaseBars
 from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
 from sim.validation.runner import ValidationReport, run_validation
+from sim.validation.steps import STEPS_PATH, load_steps, step_summary, validate_steps
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -66,6 +67,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-j", "--jobs", type=int, default=1, metavar="N", help="simulate cases in N processes"
     )
+    parser.add_argument(
+        "--leave-one-source-out",
+        action="store_true",
+        help="score each source with the defaults fitted on published runs (the multi-GPU "
+        "in-step slowdown) refitted on the other sources",
+    )
+    parser.add_argument(
+        "--steps",
+        type=Path,
+        nargs="?",
+        const=STEPS_PATH,
+        metavar="DIR",
+        help="validate on real single-GPU steps instead (commbench --step files; default: "
+        "the shipped H100 steps): defaults, and each file's calibration on the others",
+    )
 
 
 def _id_list(text: str | None) -> tuple[str, ...]:
@@ -74,6 +90,10 @@ def _id_list(text: str | None) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the validation; print the table; write the JSON and plot if asked."""
+    if args.steps is not None:
+        return run_steps(args)
+    if args.leave_one_source_out:
+        return run_loso(args)
     if not Path(args.cases).is_file():
         raise FileNotFoundError(f"cases file not found: {args.cases} (give CASES.json)")
     targets = check_outputs(
@@ -115,6 +135,87 @@ def run(args: argparse.Namespace) -> int:
     for target, data in outputs:
         write_bytes(target, data)
     print(format_report(report))
+    return 0
+
+
+def run_loso(args: argparse.Namespace) -> int:
+    """``--leave-one-source-out``: every source scored with the slowdown fitted without it."""
+    from sim.validation.loso import leave_one_source_out
+
+    if not Path(args.cases).is_file():
+        raise FileNotFoundError(f"cases file not found: {args.cases} (give CASES.json)")
+    targets = check_outputs({"--json": (args.json, (".json",))}, inputs=(args.cases,))
+    bars = PhaseBars()
+    try:
+        report = leave_one_source_out(
+            load_cases(args.cases), ids=_id_list(args.ids), progress=bars, jobs=args.jobs
+        )
+    finally:
+        bars.close()
+    if (json_target := targets.get("--json")) is not None:
+        document = report.to_json()
+        document["config"] = provenance(Path(args.cases), jobs=args.jobs)
+        document["env"] = environment()
+        write_bytes(json_target, (json.dumps(document, indent=2) + "\n").encode())
+    lines = [
+        "commsim validate --leave-one-source-out: each source scored with the multi-GPU in-step "
+        "slowdown fitted on the other sources (least squares in log step time)",
+        f"  {'source':<16} {'cases':>5} {'slowdown':>9} {'MAPE':>7} {'max |error|':>12} "
+        f"{'mean error':>11}",
+    ]
+    for source, figures in report.summary().items():
+        label = "all (in-sample fit)" if source == "all" else source
+        lines.append(
+            f"  {label:<16} {int(figures['num_cases']):>5} {figures['in_step_slowdown']:>9.3f} "
+            f"{figures['mape']:>7.1%} {figures['max_abs_error']:>12.1%} "
+            f"{figures['mean_error']:>+11.1%}"
+        )
+    lines.append("  (the 'all' row's MAPE is over every case, each with its held-out slowdown)")
+    lines += [f"FAILED {case_id}: {message}" for case_id, message in report.failed]
+    print("\n".join(lines))
+    return 0
+
+
+def run_steps(args: argparse.Namespace) -> int:
+    """``--steps``: every step file on defaults, and each one's calibration on the others."""
+    if not Path(args.steps).is_dir():
+        raise FileNotFoundError(f"--steps: folder not found: {args.steps}")
+    targets = check_outputs({"--json": (args.json, (".json",))}, inputs=(args.steps,))
+    predictions = validate_steps(load_steps(Path(args.steps)))
+    summary = step_summary(predictions)
+    if (json_target := targets.get("--json")) is not None:
+        document = {
+            "schema": "commsim-step-validation/1",
+            "steps": str(args.steps),
+            "summary": summary,
+            "predictions": [
+                {
+                    "case": p.case,
+                    "calibrated_on": p.calibrated_on,
+                    "measured_step_time_s": p.measured_s,
+                    "predicted_step_time_s": p.predicted_s,
+                    "error": p.error,
+                }
+                for p in predictions
+            ],
+            "env": environment(),
+        }
+        write_bytes(json_target, (json.dumps(document, indent=2) + "\n").encode())
+    lines = [f"commsim validate --steps {args.steps}: {len(predictions)} predictions"]
+    lines.append(
+        f"{'step':<42} {'calibrated on':<42} {'measured s':>10} {'predicted s':>11} {'error':>7}"
+    )
+    lines += [
+        f"{p.case:<42} {p.calibrated_on or '(defaults)':<42} {p.measured_s:>10.4f} "
+        f"{p.predicted_s:>11.4f} {p.error:>+7.1%}"
+        for p in predictions
+    ]
+    for key, figures in summary.items():
+        lines.append(
+            f"  {key:<10} {int(figures['num']):>3} predictions  MAPE {figures['mape']:6.1%}  "
+            f"max |error| {figures['max_abs_error']:6.1%}"
+        )
+    print("\n".join(lines))
     return 0
 
 

@@ -20,7 +20,8 @@ without a calibration (``commbench --compute`` measures the real curve):
 - memory-bound kernels (norms, residual adds, activations, rotary, softmax) at 0.80 of the HBM
   bandwidth (STREAM-like kernels reach ~80-90%).
 
-FP8 plans use the FP8 peak for the weight GEMMs only; attention and elementwise stay bf16.
+FP8 plans use the FP8 peak for the weight GEMMs only; attention and elementwise stay bf16. A
+GEMM with row-wise float8 scales (``schedules.float8``) runs at ``ROWWISE_SCALED_MM`` of that.
 
     times = ComputeModel(GPUS["h100-sxm"]).layer_times(plan)
     seconds = ComputeModel(GPUS["h100-sxm"]).price(layer_kernels(plan).forward)
@@ -31,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from schedules.float8 import ROWWISE_GEMM_BACKEND
 from schedules.kernels import (
     Kernel,
     PieceKernels,
@@ -38,6 +40,7 @@ from schedules.kernels import (
     embedding_kernels,
     gemm,
     head_kernels,
+    kernel_stack,
     layer_kernels,
     memory,
 )
@@ -63,19 +66,42 @@ FlashAttention-3, arXiv:2407.08608, abstract), against the 60% forward default; 
 default (flash) backend measured 329 TFLOP/s where cuDNN and FA3 ran 631 on one H100 at
 (1, 24, 4608, 128) (pytorch/pytorch#142132, torch 2.6 nightly, December 2024): 0.52. The
 backward keeps the forward's ratio. On Ampere FlashAttention-2 is the reference: no change."""
+ROWWISE_SCALED_MM = 0.90
+"""Speed of ``torch._scaled_mm`` with row-wise scales (PyTorch's CUTLASS kernel, fast
+accumulation: the forward GEMM of torchao's rowwise recipes) relative to the tensorwise cuBLAS
+kernel on H100: "most shapes are within 90-100% of tensor-wise efficiency, but there's a long
+tail going down to 50%" (pytorch/pytorch#147971, February 2025, after the tile heuristics of
+pytorch/pytorch#134781); the lower edge of that bulk. The backward GEMMs of those recipes run
+cuBLAS's tensorwise kernel (torchao ``addmm_float8_unwrapped``): no factor."""
 DEFAULT_IN_STEP_SLOWDOWN = 0.21
-"""Kernels run this much longer inside a training step than the isolated curves say: clocks
-held down by a step's sustained power draw, caches and allocator state shared with the rest of
-the step, launch gaps. Fitted (least squares in log step time, one factor) on the ten Megatron
+"""Kernels of a multi-GPU training job run this much longer than the isolated curves say.
+Every published multi-GPU run is slower than the kernel curves, from 8 GPUs to 3,072 and on
+every source (without it: 9-21% too fast per source, 17.9% MAPE over 61 runs), while single-GPU
+steps are not (a plain-PyTorch loop on one H100, ../shared/data/h100/traces: -3% to +5% without
+it, +17% to +27% with it). Which mechanism it stands for (sustained clocks and power in
+multi-GPU servers, NCCL's resident kernels, jitter) is not separated yet; it applies to plans of
+more than one GPU only. Fitted (least squares in log step time, one factor) on the ten Megatron
 runs of Narayanan et al. 2021, Table 1 (A100, 32 to 3,072 GPUs; fit 0.206, RMS error 2.6%);
-every other published run is held out (``docs/validation.md``). Applies to the default curves
-and to ``commbench --compute``'s isolated kernels; fits to measured steps set it to 0."""
+``commsim validate --leave-one-source-out`` refits it without the source it scores
+(``docs/validation.md``). Fits to measured steps set it to 0."""
 DEFAULT_OVERLAP_SLOWDOWN = 0.189
 """Compute runs 18.9% longer while a collective runs beside it: the mean slowdown Lee et al.
 measured overlapping GPT and Llama training kernels with NCCL/RCCL collectives on A100, H100,
 MI250 and MI210 (arXiv:2507.03114, 2025: mean 18.9%, up to 40%). The mechanism: NCCL's kernels
 hold SMs (one block per channel, 16-32 of an H100's 132 SMs) and HBM bandwidth. A compute
 calibration's ``overlap_slowdown`` replaces it."""
+DEFAULT_HOST_S_PER_LAUNCH = 27.6e-6
+"""Host time per kernel launch of an eager PyTorch training step: 97.8 ms for 3,549 kernels in
+the most host-bound step measured on one H100 (``commbench --step``, an 8-layer h1024 model, 4
+micro-batches, 60% of the GPU idle; ../shared/data/h100, a gVisor sandbox, so above bare metal);
+the same model compiled: 29.8 us per kernel (47.9 ms, 1,609 kernels)."""
+LAUNCHES_PER_KERNEL = {"eager": 2.61, "compile": 2.25, "megatron": 2.61}
+"""Kernels a training loop launches per kernel of the modelled inventory (``schedules.kernels``
+lists the work, not every launch: casts, views made contiguous, fills, optimizer chunks), per
+stack. Counted in torch.profiler traces of a plain-PyTorch Llama-style loop on one H100
+(../shared/data/h100/traces, 4 micro-batches): eager 1,568 kernels for 612 modelled (h1024,
+8 layers) and 3,162 for 1,188 (h2048, 16 layers), 2.56 and 2.66; compiled 2,674 for 1,188,
+2.25. Megatron (Transformer Engine's fused kernels) is taken as eager: not measured."""
 ADAM_BYTES_PER_PARAM = 26.0
 """Fused Adam traffic per parameter besides the gradient: read and write fp32 master, m, v
 (24 bytes) and write the bf16 copy (2 bytes)."""
@@ -106,6 +132,14 @@ class LayerTimes:
     """Weight-gradient GEMMs (the deferrable 'W' of zero-bubble schedules)."""
     recompute_s: float = 0.0
     """Recomputation before the backward (none: 0; selective: attention core; full: forward)."""
+    forward_launch_s: float = 0.0
+    """Host time to launch the forward's kernels."""
+    backward_input_launch_s: float = 0.0
+    """Host time to launch the input-gradient half's kernels."""
+    backward_weight_launch_s: float = 0.0
+    """Host time to launch the weight-gradient GEMMs."""
+    recompute_launch_s: float = 0.0
+    """Host time to launch the recomputation's kernels."""
 
     @property
     def backward_s(self) -> float:
@@ -116,7 +150,13 @@ class LayerTimes:
 class ComputeModel:
     """Kernel times on one GPU from its spec, default efficiencies and an optional calibration."""
 
-    def __init__(self, gpu: GPUSpec, calibration: ComputeCalibration | None = None) -> None:
+    def __init__(
+        self,
+        gpu: GPUSpec,
+        calibration: ComputeCalibration | None = None,
+        *,
+        distributed: bool = True,
+    ) -> None:
         if calibration is not None and calibration.gpu and calibration.gpu != gpu.name:
             raise ValueError(
                 f"compute calibration is for GPU {calibration.gpu!r} ({calibration.device}), "
@@ -124,6 +164,7 @@ class ComputeModel:
             )
         self.gpu = gpu
         self.calibration = calibration or ComputeCalibration()
+        self.distributed = distributed
 
     def _peak(self, dtype: str) -> float:
         peaks = self.gpu.peak_flops_per_s
@@ -145,6 +186,8 @@ class ComputeModel:
             efficiency = default_efficiency(self.gpu, kind, dtype)
         if backend == "flash2" and kind != "gemm" and self.gpu.family == "hopper":
             efficiency *= FLASH2_ON_HOPPER
+        if backend == ROWWISE_GEMM_BACKEND and kind == "gemm":
+            efficiency *= ROWWISE_SCALED_MM
         dim_half = GEMM_DIM_HALF if kind == "gemm" else ATTENTION_DIM_HALF
         return KernelFit(max_flops_per_s=self._peak(dtype) * efficiency, dim_half=dim_half)
 
@@ -165,10 +208,31 @@ class ComputeModel:
         return self.gpu.hbm_bandwidth_bytes_per_s * efficiency
 
     @property
+    def host_s_per_launch(self) -> float:
+        """Host time per kernel launch: calibrated, or ``DEFAULT_HOST_S_PER_LAUNCH``."""
+        value = self.calibration.host_s_per_launch
+        return DEFAULT_HOST_S_PER_LAUNCH if value is None else float(value)
+
+    def launches_per_kernel(self, stack: str) -> float:
+        """Launches per modelled kernel: calibrated, or the ``stack``'s default."""
+        value = self.calibration.launches_per_kernel
+        return (
+            LAUNCHES_PER_KERNEL.get(stack, LAUNCHES_PER_KERNEL["eager"]) if value is None else value
+        )
+
+    def launch_s(self, kernels: Iterable[Kernel], stack: str) -> float:
+        """Host time to launch ``kernels`` as the ``stack`` runs them."""
+        count = sum(1 for _ in kernels)
+        return count * self.launches_per_kernel(stack) * self.host_s_per_launch
+
+    @property
     def in_step_slowdown(self) -> float:
-        """Fraction by which kernels run longer inside a step than their isolated curves."""
+        """Fraction by which kernels run longer inside a step than their isolated curves: the
+        calibration's, else the default for a multi-GPU job and none on one GPU."""
         value = self.calibration.in_step_slowdown
-        return DEFAULT_IN_STEP_SLOWDOWN if value is None else float(value)
+        if value is None:
+            return DEFAULT_IN_STEP_SLOWDOWN if self.distributed else 0.0
+        return float(value)
 
     @property
     def time_factor(self) -> float:
@@ -221,35 +285,42 @@ class ComputeModel:
         )
         return self.kernel_time_s(kernel)
 
-    def piece_times(self, kernels: PieceKernels) -> LayerTimes:
-        """Each phase of one piece of the model, priced."""
+    def piece_times(self, kernels: PieceKernels, stack: str = "eager") -> LayerTimes:
+        """Each phase of one piece of the model, priced, with the host time to launch it as
+        the ``stack`` runs it."""
         return LayerTimes(
             forward_s=self.price(kernels.forward),
             backward_input_s=self.price(kernels.backward_input),
             backward_weight_s=self.price(kernels.backward_weight),
             recompute_s=self.price(kernels.recompute),
+            forward_launch_s=self.launch_s(kernels.forward, stack),
+            backward_input_launch_s=self.launch_s(kernels.backward_input, stack),
+            backward_weight_launch_s=self.launch_s(kernels.backward_weight, stack),
+            recompute_launch_s=self.launch_s(kernels.recompute, stack),
         )
 
     def layer_times(self, plan: Plan) -> LayerTimes:
         """One transformer layer on one GPU for one micro-batch, sharded as the plan says."""
-        return self.piece_times(layer_kernels(plan))
+        return self.piece_times(layer_kernels(plan), kernel_stack(plan))
 
     def moe_layer_times(self, plan: Plan) -> LayerTimes:
         """One MoE layer on the busiest GPU for one micro-batch (``schedules.moe_kernels``)."""
-        return self.piece_times(moe_layer_kernels(plan))
+        return self.piece_times(moe_layer_kernels(plan), kernel_stack(plan))
 
     def embedding_times(self, plan: Plan) -> LayerTimes:
         """Input embedding of the first stage (memory-bound lookup, scatter-add backward)."""
-        return self.piece_times(embedding_kernels(plan))
+        return self.piece_times(embedding_kernels(plan), kernel_stack(plan))
 
     def head_times(self, plan: Plan) -> LayerTimes:
         """Final norm, LM head GEMM and vocab-parallel cross-entropy of the last stage."""
-        return self.piece_times(head_kernels(plan))
+        return self.piece_times(head_kernels(plan), kernel_stack(plan))
 
     def optimizer_step_s(self, num_params: float, *, grad_bytes_per_param: float = 2.0) -> float:
-        """Fused Adam over ``num_params`` local parameters: memory-bound, 26 + grad bytes each."""
+        """Fused Adam over ``num_params`` local parameters: memory-bound, 26 + grad bytes each
+        (or the calibration's measured ``optimizer_bytes_per_param``)."""
         if num_params < 0:
             raise ValueError(f"num_params must be >= 0, got {num_params}")
-        return self.kernel_time_s(
-            memory("adam", num_params * (ADAM_BYTES_PER_PARAM + grad_bytes_per_param))
-        )
+        per_param = self.calibration.optimizer_bytes_per_param
+        if per_param is None:
+            per_param = ADAM_BYTES_PER_PARAM + grad_bytes_per_param
+        return self.kernel_time_s(memory("adam", num_params * per_param))

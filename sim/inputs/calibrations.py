@@ -64,7 +64,7 @@ def compute_calibration_for(
                 "(the step of an offloaded optimizer)"
             )
         return host
-    from sim.compute.step_fit import calibration_from_step
+    from sim.replay.step_fit import calibration_from_step
 
     try:
         return calibration_from_step(source, gpu)

@@ -116,6 +116,8 @@ class _Record:
     start_s: float = 0.0
     end_s: float = 0.0
     slowed_s: float = 0.0
+    host_wait_s: float = 0.0
+    host_tail_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -143,6 +145,7 @@ class Engine:
         self.comm = comm
         self.overlap_slowdown = overlap_slowdown
         self._in_flight: dict[int, int] = defaultdict(int)
+        self._launched: dict[int, float] = defaultdict(float)
         self._changed: dict[int, simpy.Event] = {}
         self.programs = {program.rank: program for program in programs}
         if len(self.programs) != len(programs):
@@ -201,8 +204,10 @@ class Engine:
             record = state.records[index]
             record.issue_s = self.env.now
             if isinstance(action, Compute):
-                record.start_s = self.env.now
                 on_gpu = action.stream == "compute"
+                if on_gpu:
+                    yield from self._await_launch(rank, action, record)
+                record.start_s = self.env.now
                 if action.duration_s > 0 and self.overlap_slowdown > 0 and on_gpu:
                     yield from self._compute(rank, action.duration_s)
                     ran_s = self.env.now - record.start_s
@@ -210,6 +215,10 @@ class Engine:
                         record.slowed_s = ran_s - action.duration_s
                 elif action.duration_s > 0:
                     yield self.env.timeout(action.duration_s)
+                behind = self._launched[rank] - self.env.now if on_gpu else 0.0
+                if behind > 0:  # its last kernels were launched after the GPU got there
+                    record.host_tail_s = behind
+                    yield self.env.timeout(behind)
             else:
                 meeting = self._arrive(action, key, seq)
                 seq += 1
@@ -221,6 +230,17 @@ class Engine:
             waiter = state.waiters.pop(index, None)
             if waiter is not None:
                 waiter.succeed()
+
+    def _await_launch(
+        self, rank: int, action: Compute, record: _Record
+    ) -> Generator[Any, Any, None]:
+        """The rank's host thread launches compute-stream work in program order, ahead of the
+        GPU; the GPU cannot start work its host has not reached yet."""
+        host_s = self._launched[rank]
+        self._launched[rank] = host_s + action.launch_s
+        if host_s > self.env.now:
+            record.host_wait_s = host_s - self.env.now
+            yield self.env.timeout(record.host_wait_s)
 
     def _compute(self, rank: int, duration_s: float) -> Generator[Any, Any, None]:
         """Run ``duration_s`` of work at the rate the rank's communication leaves it."""
@@ -371,6 +391,10 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
         gap = record.start_s - free_s
         if gap > 0:
             waited = _charge_wait(action, actions, records, free_s, record.start_s, exposed)
+            launching = min(record.host_wait_s, gap - waited)  # its host was behind
+            if launching > 0:
+                exposed["host"] += launching
+                waited += launching
             idle += gap - waited
             if waited > 0:
                 spans.append(
@@ -387,6 +411,8 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
             action.duration_s + record.slowed_s
         )
         slowed += record.slowed_s
+        if record.host_tail_s > 0:
+            exposed["host"] += record.host_tail_s
         free_s = record.end_s
     end_s = max((r.end_s for r in records), default=0.0)
     optimizer_s = busy["optimizer"] + exposed.pop("optimizer", 0.0)

@@ -14,6 +14,7 @@ import dataclasses
 
 from schedules.actions import ChunkWork, Program, Step
 from schedules.arithmetic import layer_params_per_gpu
+from schedules.float8 import layer_gather_bytes
 from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
 from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
 from schedules.offload import RankOffload
@@ -87,7 +88,7 @@ def fsdp_stages(step: StepDescription, costs: StepCosts, stage: int) -> FsdpStag
             FsdpUnits(
                 num_units=num_units,
                 layer=layer,
-                unit_param_bytes=unit_params * 2.0,
+                unit_param_bytes=layer_gather_bytes(plan),
                 unit_grad_bytes=unit_params * per_param,
                 root_param_bytes=root_params * 2.0,
                 root_grad_bytes=root_params * per_param,
@@ -163,6 +164,7 @@ def fsdp2_units(
     root = step.stages[0].params - layer * model.num_layers
     embed = min(root, embedding_params_per_gpu(model, par.tp))
     layers_reshard = reshard_after_forward(plan)
+    layer_gather = layer_gather_bytes(plan)
 
     def unit(
         name: str,
@@ -170,14 +172,16 @@ def fsdp2_units(
         fwd: list[Step] | tuple[Step, ...],
         bwd: list[Step] | tuple[Step, ...],
         reshard: bool,
+        gathered: float | None = None,
     ) -> Fsdp2Unit:
+        gathered = params * 2.0 if gathered is None else gathered  # float8 all-gather: less
         return Fsdp2Unit(
             name=name,
-            param_bytes=params * 2.0,
+            param_bytes=gathered,
             grad_bytes=params * reduce_bytes,
             forward=tuple(fwd),
             backward=tuple(bwd),
-            copy_out_s=compute.memory_time_s(4.0 * params),
+            copy_out_s=compute.memory_time_s(2.0 * gathered),
             copy_in_s=compute.memory_time_s((2.0 + reduce_bytes) * params),
             reshard_after_forward=reshard,
         )
@@ -185,7 +189,7 @@ def fsdp2_units(
     return (
         unit("embed", embed, x["fwd_pre"], x["bwd_post"], layers_reshard),
         *(
-            unit(f"L{i}", layer, recipes["F"], recipes["B"], layers_reshard)
+            unit(f"L{i}", layer, recipes["F"], recipes["B"], layers_reshard, layer_gather)
             for i in range(model.num_layers)
         ),
         unit(

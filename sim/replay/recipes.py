@@ -10,6 +10,7 @@ parameters of a chunk, the optimizer time and the step-end gradient-norm group.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from schedules.actions import (
@@ -26,8 +27,10 @@ from schedules.arithmetic import (
     pp_message_bytes,
     tp_message_bytes,
 )
+from schedules.context_parallel import RingStep, RingWork, ring_attention, runs_torch_ring
 from schedules.data_parallel.registry import data_parallel_kind
-from schedules.kernels import kernel_stack, weight_gemm_shapes
+from schedules.float8 import scale_precompute_bytes
+from schedules.kernels import kernel_stack, ring_work_kernels, weight_gemm_shapes
 from schedules.moe import dispatch_bytes, expert_tokens, is_moe
 from schedules.plan import Plan
 from schedules.step import StepDescription
@@ -50,6 +53,10 @@ class StepCosts:
     """One TP collective message."""
     cp_bytes: float
     """One CP ring step's K and V."""
+    cp_forward: tuple[Step, ...] = ()
+    """torch's ring attention in one layer's forward, priced (``ring_steps``; empty without it)."""
+    cp_backward: tuple[Step, ...] = ()
+    """torch's ring attention in one layer's backward, priced."""
     p2p_bytes: float
     """One pipeline send."""
     moe_layer: LayerTimes | None = None
@@ -67,6 +74,7 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
     wgrad = [compute.gemm_time_s(k, n, m, dtype) for m, n, k in weight_gemm_shapes(plan)]
     total = sum(wgrad) or 1.0
     moe_layer, dispatch, expert_tp = None, 0.0, 0.0
+    cp_forward, cp_backward = ring_steps(plan, compute)
     if is_moe(model):
         moe_layer, dispatch = compute.moe_layer_times(plan), dispatch_bytes(plan)
         if parallel.expert_tp > 1:
@@ -78,6 +86,8 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         shares=LinearShares(qkv=wgrad[0] / total, fc1=wgrad[2] / total),
         tp_bytes=tp_message_bytes(model, b, cp=parallel.cp),
         cp_bytes=cp_kv_message_bytes(model, b, tp=parallel.tp, cp=parallel.cp),
+        cp_forward=cp_forward,
+        cp_backward=cp_backward,
         p2p_bytes=pp_message_bytes(
             model, b, tp=parallel.tp, cp=parallel.cp, sequence_parallel=parallel.sequence_parallel
         ),
@@ -88,9 +98,10 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
 
 
 def _cp_steps(plan: Plan, costs: StepCosts, num_layers: int, op: str) -> list[Step]:
-    """Ring attention's K/V exchange per layer, overlapped with the attention compute."""
+    """Megatron's ring attention: one K/V exchange per layer, overlapped with the attention
+    compute (torch's ring is ``ring_steps``)."""
     cp = plan.parallel.cp
-    if cp == 1:
+    if cp == 1 or costs.cp_forward:
         return []
     size = costs.cp_bytes * cp
     return [
@@ -100,28 +111,108 @@ def _cp_steps(plan: Plan, costs: StepCosts, num_layers: int, op: str) -> list[St
     ]
 
 
+def ring_steps(plan: Plan, compute: ComputeModel) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+    """One layer's torch ring attention (``schedules.context_parallel``), forward and backward,
+    as recipe steps: each stretch of kernels priced, each exchange a collective on ``cp``
+    (overlapped as the ring overlaps it); empty where torch's ring does not run."""
+    stack = kernel_stack(plan)
+    if not runs_torch_ring(plan, stack):
+        return (), ()
+    ring = ring_attention(plan, stack)
+
+    def steps(ring_pass: tuple[RingStep, ...], backward: bool) -> tuple[Step, ...]:
+        return tuple(
+            ComputeStep(
+                name=s.name,
+                duration_s=compute.price(ring_work_kernels(plan, s, backward=backward)),
+            )
+            if isinstance(s, RingWork)
+            else CommStep(
+                name=s.name, group="cp", op=s.op, size_bytes=s.size_bytes, overlap=s.overlap
+            )
+            for s in ring_pass
+        )
+
+    return steps(ring.forward, False), steps(ring.backward, True)
+
+
+def _repeat(steps: tuple[Step, ...], num_layers: int) -> tuple[Step, ...]:
+    """One layer's ``steps`` for ``num_layers`` aggregated layers: each compute ``num_layers``
+    times as long, each collective ``num_layers`` calls back to back."""
+    return tuple(
+        dataclasses.replace(s, duration_s=s.duration_s * num_layers)
+        if isinstance(s, ComputeStep)
+        else dataclasses.replace(s, repeat=s.repeat * num_layers)
+        if isinstance(s, CommStep)
+        else s
+        for s in steps
+    )
+
+
+def _less(total_s: float, steps: tuple[Step, ...]) -> float:
+    """``total_s`` without the compute of ``steps`` (a rounding residue counts as 0)."""
+    rest = total_s - sum(s.duration_s for s in steps if isinstance(s, ComputeStep))
+    return 0.0 if rest <= 1e-12 * total_s else rest
+
+
+def _before_bwd(steps: tuple[Step, ...], ring: tuple[Step, ...]) -> tuple[Step, ...]:
+    """``ring`` placed before the pass's main backward compute (``bwd``), where the attention
+    backward runs among the layer's input gradients."""
+    names = [s.name if isinstance(s, ComputeStep) else "" for s in steps]
+    at = names.index("bwd") if "bwd" in names else len(steps)
+    return steps[:at] + ring + steps[at:]
+
+
 def pass_extras(plan: Plan, costs: StepCosts, *, first: bool, last: bool) -> dict[str, list[Step]]:
     """Embedding and head work (with their TP collectives) of the first and last virtual stage."""
     tp, sp, size = plan.parallel.tp, plan.parallel.sequence_parallel, costs.tp_bytes
     out: dict[str, list[Step]] = {"fwd_pre": [], "fwd_post": [], "bwd_pre": [], "bwd_post": []}
+    embed, head = costs.embed, costs.head
     if first:
-        out["fwd_pre"].append(ComputeStep(name="embed", duration_s=costs.embed.forward_s))
+        out["fwd_pre"].append(
+            ComputeStep(name="embed", duration_s=embed.forward_s, launch_s=embed.forward_launch_s)
+        )
         if tp > 1:
             op = "reduce_scatter" if sp else "all_reduce"
             out["fwd_pre"].append(CommStep(name=f"embed {op}", group="tp", op=op, size_bytes=size))
-        out["bwd_post"].append(ComputeStep(name="embed bwd", duration_s=costs.embed.backward_s))
+        out["bwd_post"].append(
+            ComputeStep(
+                name="embed bwd", duration_s=embed.backward_s, launch_s=_backward_launch(embed)
+            )
+        )
     if last:
         if tp > 1 and sp:
             out["fwd_post"].append(
                 CommStep(name="head all_gather", group="tp", op="all_gather", size_bytes=size)
             )
-        head = costs.head
-        out["fwd_post"].append(ComputeStep(name="head", duration_s=head.forward_s))
-        out["bwd_pre"].append(ComputeStep(name="head bwd", duration_s=head.backward_s))
+        out["fwd_post"].append(
+            ComputeStep(name="head", duration_s=head.forward_s, launch_s=head.forward_launch_s)
+        )
+        out["bwd_pre"].append(
+            ComputeStep(
+                name="head bwd", duration_s=head.backward_s, launch_s=_backward_launch(head)
+            )
+        )
         if tp > 1:
             op = "reduce_scatter" if sp else "all_reduce"
             out["bwd_pre"].append(CommStep(name=f"head {op}", group="tp", op=op, size_bytes=size))
     return out
+
+
+def _backward_launch(times: LayerTimes) -> float:
+    return times.backward_input_launch_s + times.backward_weight_launch_s
+
+
+def _with_launches(steps: tuple[Step, ...], launch_s: float, busy_s: float) -> tuple[Step, ...]:
+    """``steps`` with the host time ``launch_s`` of their ``busy_s`` of compute spread over
+    their compute steps in proportion to their duration."""
+    if launch_s <= 0 or busy_s <= 0:
+        return steps
+    density = launch_s / busy_s
+    return tuple(
+        dataclasses.replace(s, launch_s=s.duration_s * density) if isinstance(s, ComputeStep) else s
+        for s in steps
+    )
 
 
 def layer_recipes(
@@ -188,11 +279,16 @@ def _uniform_recipes(
     if num_layers == 0:
         return {"F": (), "B": (), "Bi": (), "W": ()}
 
+    ring_fwd, ring_bwd = costs.cp_forward, costs.cp_backward
+
     def backward(split: str) -> tuple[Step, ...]:
-        return tp_backward_steps(
-            backward_input_s=layer.backward_input_s,
+        ring = ring_bwd if split != "weight" else ()
+        # recomputing the attention core (selective, full) runs the forward ring again
+        rerun = ring_fwd if ring and parallel.recompute in ("selective", "full") else ()
+        steps = tp_backward_steps(
+            backward_input_s=_less(layer.backward_input_s, ring),
             backward_weight_s=layer.backward_weight_s,
-            recompute_s=layer.recompute_s,
+            recompute_s=_less(layer.recompute_s, rerun),
             num_layers=num_layers,
             tp_bytes=costs.tp_bytes,
             shares=costs.shares,
@@ -204,16 +300,19 @@ def _uniform_recipes(
             dtensor=kernel_stack(plan) != "megatron" and not parallel.tp_comm_overlap,
             regather=parallel.recompute == "op",
         )
+        if not ring:
+            return steps
+        return _repeat(rerun, num_layers) + _before_bwd(steps, _repeat(ring, num_layers))
 
     forward = tp_forward_steps(
-        forward_s=layer.forward_s,
+        forward_s=_less(layer.forward_s, ring_fwd),
         num_layers=num_layers,
         tp_bytes=costs.tp_bytes,
         tp=parallel.tp,
         sequence_parallel=parallel.sequence_parallel,
         tp_comm_overlap=parallel.tp_comm_overlap,
         per_layer=per_layer,
-    )
+    ) + _repeat(ring_fwd, num_layers)
     cp_fwd = tuple(_cp_steps(plan, costs, num_layers, "all_gather"))
     cp_bwd = tuple(_cp_steps(plan, costs, num_layers, "reduce_scatter"))
     ep_fwd: tuple[Step, ...] = ()
@@ -222,11 +321,17 @@ def _uniform_recipes(
         ep_fwd = tuple(_ep_steps(plan, costs, num_layers, recompute=False))
         full = parallel.recompute == "full"
         ep_bwd = tuple(_ep_steps(plan, costs, num_layers, recompute=full))
+    rec, dgrad, wgrad = layer.recompute_s, layer.backward_input_s, layer.backward_weight_s
+    rec_l, dgrad_l = layer.recompute_launch_s, layer.backward_input_launch_s
+    wgrad_l = layer.backward_weight_launch_s
+    forward = _with_launches(forward, layer.forward_launch_s, layer.forward_s)
     return {
         "F": cp_fwd + forward + ep_fwd,
-        "B": cp_bwd + backward("") + ep_bwd,
-        "Bi": cp_bwd + backward("input") + ep_bwd,
-        "W": backward("weight"),
+        "B": cp_bwd
+        + _with_launches(backward(""), rec_l + dgrad_l + wgrad_l, rec + dgrad + wgrad)
+        + ep_bwd,
+        "Bi": cp_bwd + _with_launches(backward("input"), rec_l + dgrad_l, rec + dgrad) + ep_bwd,
+        "W": _with_launches(backward("weight"), wgrad_l, wgrad),
     }
 
 
@@ -237,7 +342,16 @@ def reduce_bytes_per_param(plan: Plan) -> float:
 
 
 def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -> float:
-    """Adam over the parameters one GPU of ``stage`` updates (``StageDescription``)."""
-    return compute.optimizer_step_s(
-        step.stages[stage].optimizer_params, grad_bytes_per_param=step.kind.grad_bytes_per_param
+    """Adam over the parameters one GPU of ``stage`` updates (``StageDescription``), then the
+    float8 scale precompute where weights are all-gathered in float8 (``schedules.float8``)."""
+    desc = step.stages[stage]
+    adam_s = compute.optimizer_step_s(
+        desc.optimizer_params, grad_bytes_per_param=step.kind.grad_bytes_per_param
     )
+    precompute = scale_precompute_bytes(
+        step.plan,
+        num_layers=sum(chunk.num_layers for chunk in desc.chunks),
+        params=desc.params,
+        optimizer_params=desc.optimizer_params,
+    )
+    return adam_s + compute.memory_time_s(precompute) if precompute else adam_s

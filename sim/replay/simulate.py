@@ -94,7 +94,7 @@ def simulate_plan(
     gpu = topology.gpu_spec(0)
     env = simpy.Environment()
     comm = CommModel(env, topology, fidelity=fidelity, calibration=comm_calibration)
-    compute = ComputeModel(gpu, compute_calibration)
+    compute = ComputeModel(gpu, compute_calibration, distributed=topology.num_gpus > 1)
     runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
     host = offload_replay(plan, topology, calibration=compute_calibration)
     timeline = replay_plan(step, env=env, comm=runner, compute=compute, fold=fold, host=host)

@@ -161,6 +161,23 @@ def parse_precision(text: Any) -> tuple[str | None, str | None]:
     return None, None
 
 
+def parse_float8(text: Any) -> dict[str, Any]:
+    """torchao's float8 recipe and float8 all-gather from the precision wording, e.g. "FP8
+    (torchao Float8Linear, rowwise dynamic scaling) + BF16", "... enable_fsdp_float8_all_gather":
+    the plan keys, none where the wording names neither."""
+    t = str(text or "").lower().replace("-", "_")
+    keys: dict[str, Any] = {}
+    if re.search(r"rowwise[_ ]with[_ ]gw[_ ]hp|gw_hp", t):
+        keys["float8_recipe"] = "rowwise_with_gw_hp"
+    elif re.search(r"\brow[_ ]?wise\b", t):
+        keys["float8_recipe"] = "rowwise"
+    elif re.search(r"\btensor[_ ]?wise\b", t):
+        keys["float8_recipe"] = "tensorwise"
+    if "enable_fsdp_float8_all_gather" in t or "float8 all_gather" in t:
+        keys["float8_all_gather"] = True
+    return keys
+
+
 def parse_recompute(text: Any) -> tuple[str | None, str | None]:
     """(mode, problem): mode in none|selective|full, or a problem naming the unsupported wording."""
     t = str(text or "").strip().lower()
@@ -431,6 +448,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
         assumptions.append(f"recompute: {parallel['recompute']}")
     training["flash_attention"] = source_key(str(case["id"])) not in _PRE_FLASH_ATTENTION
     training["stack"] = parse_stack(case)
+    if training["precision"] == "fp8" and training["stack"] != "megatron":
+        training.update(parse_float8(parallel.get("precision")))
     training["attention_backend"] = parse_attention_backend(parallel.get("attention_backend"))
     measured = measured_step_time(case)
     if measured is None:

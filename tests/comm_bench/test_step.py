@@ -153,3 +153,13 @@ def test_op_recompute_reruns_every_other_matmul_and_keeps_the_gradients(tmp_path
     assert (op - none, full - none) == (2 * 1, 2 * 3)
     for got, want in zip(grads, reference, strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_the_plan_stack_decides_compilation_unless_a_flag_does() -> None:
+    from comm_bench.step import build_parser, wants_compile
+
+    assert build_parser().parse_args(["plan.yaml"]).compile is None
+    assert build_parser().parse_args(["plan.yaml", "--no-compile"]).compile is False
+    assert wants_compile("compile", None) and not wants_compile("eager", None)
+    assert not wants_compile(None, None)
+    assert not wants_compile("compile", False) and wants_compile("eager", True)

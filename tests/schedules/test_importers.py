@@ -586,14 +586,14 @@ def test_torchtitan_hsdp_interleaved_pipeline_float8(tmp_path: Path) -> None:
             "tp_comm_overlap": True, "recompute": "full",
         },
         "training": {"micro_batch_size": 1, "global_batch_size": 1024, "precision": "fp8",
-                     "stack": "compile"},
+                     "stack": "compile", "float8_recipe": "tensorwise"},
     }  # fmt: skip
     assert imported.warnings == (
         "70b.toml: parallelism.enable_async_tensor_parallel (async TP): priced as tp_comm_overlap",
         "70b.toml: training.global_batch_size > local_batch_size x dp = 64: torchtitan runs "
         "several pipeline rounds per step, the plan one round of all the micro-batches (a "
         "smaller bubble)",
-        "70b.toml: model.converters float8 (torchao) is priced as precision fp8",
+        "70b.toml: model.converters float8 (torchao Float8Linear): recipe tensorwise",
     )
     raw, _ = merge_sections({"cluster": {"node": "dgx-h100", "num_nodes": 64}}, imported)
     plan = _resolved(raw, 512)
@@ -718,3 +718,21 @@ def test_hf_model_and_torchtitan_sequence_length_merge() -> None:
     plan = _resolved(raw, 64)
     assert (plan.model.name, plan.model.seq_len) == ("LlamaForCausalLM", 8192)
     assert warnings == (*model.warnings, *titan.warnings)  # the same seq_len: nothing replaced
+
+
+def test_torchtitan_context_parallel_rotate_method(tmp_path: Path) -> None:
+    toml = """
+[model]
+flavor = "8B"
+[training]
+local_batch_size = 1
+seq_len = 131072
+[parallelism]
+context_parallel_degree = 8
+context_parallel_rotate_method = "alltoall"
+"""
+    parallel = from_torchtitan_toml(_write(tmp_path, "t.toml", toml)).sections["parallel"]
+    assert (parallel["cp"], parallel["cp_rotate_method"]) == (8, "alltoall")
+    default = toml.replace('context_parallel_rotate_method = "alltoall"\n', "")
+    parallel = from_torchtitan_toml(_write(tmp_path, "d.toml", default)).sections["parallel"]
+    assert parallel["cp_rotate_method"] == "allgather"

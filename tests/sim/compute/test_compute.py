@@ -15,12 +15,18 @@ from schedules.flops import layer_flops
 from schedules.kernels import (
     elementwise_forward_bytes,
     kernel_stack,
+    layer_kernels,
     weight_cast_bytes,
     weight_gemm_shapes,
 )
 from schedules.params import layer_params_per_gpu
 from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
-from sim.compute.compute_model import DEFAULT_IN_STEP_SLOWDOWN, FLASH2_ON_HOPPER, ComputeModel
+from sim.compute.compute_model import (
+    DEFAULT_IN_STEP_SLOWDOWN,
+    FLASH2_ON_HOPPER,
+    ROWWISE_SCALED_MM,
+    ComputeModel,
+)
 from tests.model_configs import LLAMA3_70B
 from topologies.hardware import GPUS
 from vocab.compute_calibration import (
@@ -102,6 +108,31 @@ def test_fp8_speeds_up_only_the_gemms() -> None:
     selective_bf16 = model.layer_times(plan(tp=4, recompute="selective"))
     selective_fp8 = model.layer_times(plan(tp=4, recompute="selective", precision="fp8"))
     assert selective_fp8.recompute_s == selective_bf16.recompute_s > 0
+
+
+def test_rowwise_forward_gemms_run_at_the_cutlass_kernel_speed() -> None:
+    """torchao's rowwise recipe on the same plan: the forward GEMMs take 1 / ROWWISE_SCALED_MM
+    of tensorwise's time (pytorch/pytorch#147971), the backward GEMMs the same (cuBLAS)."""
+    model = ComputeModel(H100, ISOLATED)
+    base = plan(tp=4, precision="fp8", stack="compile")
+    tensorwise, rowwise = (
+        layer_kernels(
+            dataclasses.replace(
+                base, training=dataclasses.replace(base.training, float8_recipe=recipe)
+            )
+        )
+        for recipe in ("tensorwise", "rowwise")
+    )
+    for name in ("qkv", "proj", "fc1", "fc2"):
+        (tw,) = (k for k in tensorwise.forward if k.name == name)
+        (rw,) = (k for k in rowwise.forward if k.name == name)
+        assert model.kernel_time_s(rw) == pytest.approx(model.kernel_time_s(tw) / 0.90)
+        dgrad = f"{name}_dgrad"
+        (tw_d,) = (k for k in tensorwise.backward_input if k.name == dgrad)
+        (rw_d,) = (k for k in rowwise.backward_input if k.name == dgrad)
+        assert model.kernel_time_s(rw_d) == model.kernel_time_s(tw_d)
+    assert ROWWISE_SCALED_MM == 0.90
+    assert model.price(rowwise.forward) > model.price(tensorwise.forward)
 
 
 def test_layer_times_structure() -> None:

@@ -267,3 +267,50 @@ def test_a_host_action_does_not_become_the_builders_last_compute() -> None:
     first = b.add(Compute(name="c", duration_s=1.0))
     b.add(Compute(name="loop", duration_s=1.0, kind="host", stream="host"))
     assert b.last_compute == first
+
+
+def test_the_host_launches_ahead_and_the_gpu_waits_when_it_is_behind() -> None:
+    # a: launched 0-2, runs 0-1, its last kernels arrive at 2; b: launched 2-2.5, runs 2-3;
+    # c: launched 2.5-3 while b runs, so it starts at 3 without waiting
+    program = Program(
+        rank=0,
+        actions=(
+            Compute(name="a", duration_s=1.0, launch_s=2.0),
+            Compute(name="b", duration_s=1.0, launch_s=0.5),
+            Compute(name="c", duration_s=1.0, launch_s=0.5),
+        ),
+    )
+    timeline = replay(program)
+    assert log(timeline) == [("a", 0.0, 2.0), ("b", 2.0, 3.0), ("c", 3.0, 4.0)]
+    assert timeline.ranks[0].exposed_comm_s == {"host": 1.0}
+    assert timeline.ranks[0].compute_s == 3.0
+
+
+def test_a_launch_bound_step_takes_the_host_time() -> None:
+    program = Program(
+        rank=0,
+        actions=(
+            Compute(name="a", duration_s=1.0, launch_s=3.0),
+            Compute(name="b", duration_s=1.0, launch_s=3.0),
+            Compute(name="gap", duration_s=0.0),  # nothing to launch: starts when b's host is done
+            Compute(name="c", duration_s=2.0, launch_s=1.0),
+        ),
+    )
+    timeline = replay(program)
+    assert log(timeline) == [("a", 0.0, 3.0), ("b", 3.0, 6.0), ("gap", 6.0, 6.0), ("c", 6.0, 8.0)]
+    assert timeline.step_time_s == 8.0
+    assert timeline.ranks[0].exposed_comm_s == {"host": 4.0}
+
+
+def test_the_host_runs_ahead_while_the_gpu_waits_for_communication() -> None:
+    # the host launched b at 1, long before the all-reduce it waits for ends at 5
+    program = Program(
+        rank=0,
+        actions=(
+            Collective(name="ar", group="dp", ranks=(0, 1), op="all_reduce", size_bytes=5.0),
+            Compute(name="b", duration_s=1.0, launch_s=1.0, deps=(0,)),
+        ),
+    )
+    timeline = replay(program)
+    assert log(timeline) == [("ar", 0.0, 5.0), ("b", 5.0, 6.0)]
+    assert timeline.ranks[0].exposed_comm_s == {"dp": 5.0}

@@ -12,6 +12,7 @@ from schedules.resolve import resolve_plan
 from sim.compute.compute_model import ComputeModel
 from sim.replay.simulate import simulate_plan
 from topologies.presets import build_cluster
+from vocab.compute_calibration import ComputeCalibration
 
 MODEL = {
     "name": "tiny-llama",
@@ -39,8 +40,10 @@ def plan_of(parallel: dict[str, Any], *, nodes: int = 1, gbs: int = 16) -> Any:
 def test_one_gpu_step_is_the_sum_of_its_kernels() -> None:
     topology = build_cluster("dgx-h100", gpus_per_node=1)
     plan = resolve_plan(plan_of({}, gbs=4), 1)
-    result = simulate_plan(plan, topology=topology)
-    compute = ComputeModel(topology.gpu_spec(0))
+    free_launches = ComputeCalibration(host_s_per_launch=0.0)
+    result = simulate_plan(plan, topology=topology, compute_calibration=free_launches)
+    # one GPU: no multi-GPU in-step slowdown
+    compute = ComputeModel(topology.gpu_spec(0), free_launches, distributed=False)
     layer, embed, head = (
         compute.layer_times(plan),
         compute.embedding_times(plan),
@@ -59,6 +62,28 @@ def test_one_gpu_step_is_the_sum_of_its_kernels() -> None:
     assert result.num_gpus == result.num_simulated_ranks == 1
 
 
+def test_a_small_model_on_one_gpu_waits_for_its_host() -> None:
+    topology = build_cluster("dgx-h100", gpus_per_node=1)
+    plan = resolve_plan(plan_of({}, gbs=4), 1)
+    result = simulate_plan(plan, topology=topology)
+    compute = ComputeModel(topology.gpu_spec(0), distributed=False)
+    layer, embed, head = (
+        compute.layer_times(plan),
+        compute.embedding_times(plan),
+        compute.head_times(plan),
+    )
+    launches = sum(
+        8 * (t.forward_launch_s + t.backward_input_launch_s + t.backward_weight_launch_s)
+        if t is layer
+        else t.forward_launch_s + t.backward_input_launch_s + t.backward_weight_launch_s
+        for t in (layer, embed, head)
+    )
+    # launch-bound: the host launches 4 micro-batches, then the optimizer runs
+    assert result.step_time_s == pytest.approx(4 * launches + result.breakdown.optimizer_s)
+    assert result.breakdown.host_s > result.breakdown.compute_s
+    assert result.bottleneck.startswith("host")
+
+
 def test_result_figures_are_consistent() -> None:
     plan = plan_of({"tp": 2, "pp": 2, "data_parallel": "distributed_optimizer"}, nodes=2)
     result = simulate_plan(plan)
@@ -70,7 +95,8 @@ def test_result_figures_are_consistent() -> None:
     assert result.mfu == pytest.approx(result.tflops_per_gpu * 1e12 / 989.4e12)
     assert result.flops_definition == definition
     bd = result.breakdown
-    total = bd.compute_s + bd.optimizer_s + bd.bubble_s + sum(bd.exposed_comm_s.values())
+    total = bd.compute_s + bd.optimizer_s + bd.bubble_s + bd.host_s
+    total += sum(bd.exposed_comm_s.values())
     assert total == pytest.approx(step)
     assert set(bd.exposed_comm_s) <= {"tp", "pp", "dp"}
     assert result.num_simulated_ranks == 2  # one per pipeline stage

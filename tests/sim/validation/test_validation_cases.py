@@ -20,6 +20,7 @@ from sim.validation.cases import (
     parse_architecture,
     parse_attention_backend,
     parse_data_parallel,
+    parse_float8,
     parse_gpu,
     parse_precision,
     parse_recompute,
@@ -162,6 +163,34 @@ def test_parse_attention_backend() -> None:
     assert parse_attention_backend("FA2") == "flash2"
     assert parse_attention_backend("cuDNN fused attention") == "cudnn"
     assert parse_attention_backend(None) == "cudnn"
+
+
+@pytest.mark.parametrize(
+    ("text", "keys"),
+    [
+        ("FP8 (torchao Float8Linear, tensorwise dynamic scaling) + BF16; FSDP2 all-gathers in "
+         "bf16", {"float8_recipe": "tensorwise"}),
+        ("FP8 (torchao Float8Linear, tensorwise dynamic scaling, enable_fsdp_float8_all_gather, "
+         "precompute_float8_dynamic_scale_for_fsdp) + BF16",
+         {"float8_recipe": "tensorwise", "float8_all_gather": True}),
+        ("float8 rowwise", {"float8_recipe": "rowwise"}),
+        ("FP8, row-wise scaling", {"float8_recipe": "rowwise"}),
+        ("float8 rowwise_with_gw_hp", {"float8_recipe": "rowwise_with_gw_hp"}),
+        ("FP8 (Transformer Engine) + BF16", {}),
+    ],
+)  # fmt: skip
+def test_parse_float8(text: str, keys: dict[str, Any]) -> None:
+    assert parse_float8(text) == keys
+
+
+@needs_cases
+def test_float8_wording_reaches_torchtitan_plans_only() -> None:
+    """torchtitan's float8 runs get a recipe; Transformer Engine's FP8 runs (megatron) none."""
+    plans = {m.case_id: m.plan for m in map(map_case, load_cases(CASES_PATH)) if m.plan}
+    trainy = plans["torchtitan_trainy_8B_32gpu_h200_compile_float8"]["training"]
+    assert (trainy["float8_recipe"], trainy["float8_all_gather"]) == ("tensorwise", True)
+    nemo = plans["nemo2407_h100_fp8_LLAMA3-8B_8gpu"]["training"]
+    assert nemo["precision"] == "fp8" and "float8_recipe" not in nemo
 
 
 def test_an_uneven_pipeline_split_reaches_the_plan() -> None:

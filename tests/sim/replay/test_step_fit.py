@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from schedules.arithmetic import stage_params_per_gpu
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
 from sim.compute.compute_model import ComputeModel, default_efficiency
-from sim.compute.step_fit import calibration_from_step, modelled_classes_s
 from sim.replay.simulate import simulate_plan
+from sim.replay.step_fit import (
+    calibration_from_step,
+    modelled_classes_s,
+    modelled_launch_count,
+)
 from topologies.hardware import GPUS
 from vocab.compute_calibration import STEP_SCHEMA, ComputeCalibration
 
@@ -24,7 +29,15 @@ PLAN = {
 }  # fmt: skip
 
 
-def _measurement(gemm: float, attention: float, memory: float, idle: float) -> dict:
+def _measurement(
+    gemm: float,
+    attention: float,
+    memory: float,
+    idle: float,
+    *,
+    num_kernels: int | None = None,
+    optimizer_s: float = 0.0,
+) -> dict:
     """A synthetic step: each class ``factor`` times slower than the default kernel curves."""
     plan = resolve_plan(load_plan(PLAN), 1)
     isolated = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.0))
@@ -34,31 +47,56 @@ def _measurement(gemm: float, attention: float, memory: float, idle: float) -> d
         "attention": modelled["attention"] * attention,
         "elementwise": modelled["memory"] * memory * 0.75,
         "copy": modelled["memory"] * memory * 0.25,
+        "optimizer": optimizer_s,
     }
-    step = sum(classes.values()) + idle
+    busy = sum(classes.values())
+    profile: dict = {"classes_s": classes, "busy_s": busy, "idle_s": idle, "wall_s": busy + idle}
+    if num_kernels is not None:
+        profile["num_kernels"] = num_kernels
     return {
         "schema": STEP_SCHEMA, "gpu": "h100-sxm", "device": "NVIDIA H100 80GB HBM3",
         "plan": PLAN, "microbatches": 2, "measured_layers": 2, "dtype": "bf16",
-        "timings_s": {"step": step}, "profile": {"classes_s": classes},
+        "timings_s": {"step": busy + idle}, "profile": profile,
     }  # fmt: skip
 
 
-def test_each_class_is_rescaled_and_the_idle_time_becomes_a_time_scale() -> None:
-    measurement = _measurement(gemm=1.25, attention=2.0, memory=1.6, idle=0.004)
+def test_each_class_is_rescaled_and_the_optimizer_keeps_its_measured_bytes() -> None:
+    params = stage_params_per_gpu(resolve_plan(load_plan(PLAN), 1), 0)
+    measurement = _measurement(gemm=1.25, attention=2.0, memory=1.6, idle=0.0, optimizer_s=0.01)
     calibration = calibration_from_step(measurement, H100)
     eff = calibration.efficiency
     assert eff["gemm"] == pytest.approx(default_efficiency(H100, "gemm", "bf16") / 1.25, rel=1e-3)
     assert eff["attention_forward"] == pytest.approx(
         default_efficiency(H100, "attention_forward", "bf16") / 2.0, rel=1e-3
     )
-    assert eff["memory"] == pytest.approx(
-        default_efficiency(H100, "memory", "bf16") / 1.6, rel=1e-3
-    )
+    memory = default_efficiency(H100, "memory", "bf16") / 1.6
+    assert eff["memory"] == pytest.approx(memory, rel=1e-3)
     assert calibration.in_step_slowdown == 0.0  # a step already runs in-step
-    busy = sum(measurement["profile"]["classes_s"].values())
-    assert calibration.time_scale == pytest.approx((busy + 0.004) / busy, rel=1e-3)
+    assert calibration.time_scale == 1.0  # idle time is the host's, not a factor on kernels
+    # 10 ms at the fitted memory rate, over the plan's parameters
+    moved = 0.01 * H100.hbm_bandwidth_bytes_per_s * memory / params
+    assert calibration.optimizer_bytes_per_param == pytest.approx(moved, rel=1e-6)
+    assert calibration.host_s_per_launch is None  # GPU-bound: the launches were hidden
+
+
+def test_a_launch_bound_step_fits_the_host_time_per_launch() -> None:
+    plan = resolve_plan(load_plan(PLAN), 1)
+    kernels = modelled_launch_count(plan, 2)
+    gpu_only = _measurement(1, 1, 1, 0.0)
+    busy = gpu_only["timings_s"]["step"]
+    assert busy > 0
+    measurement = _measurement(1, 1, 1, busy * 2.0, num_kernels=5 * kernels)  # idle 2/3
+    calibration = calibration_from_step(measurement, H100)
+    assert calibration.launches_per_kernel == pytest.approx(5.0)
+    host = calibration.host_s_per_launch
+    assert host is not None
+    # launch-bound: the step is the host's launches, then what the GPU still runs after the
+    # last launch (the optimizer step, which launches nothing here)
+    step_s = measurement["timings_s"]["step"]
+    assert 0.8 * step_s < host * 5 * kernels < step_s
     result = simulate_plan(load_plan(PLAN), compute_calibration=calibration)
-    assert result.step_time_s == pytest.approx(measurement["timings_s"]["step"], rel=1e-3)
+    assert result.step_time_s == pytest.approx(measurement["timings_s"]["step"], rel=1e-6)
+    assert result.breakdown.host_s > 0.5 * result.step_time_s
 
 
 def test_efficiency_never_exceeds_the_peak_and_other_gpus_are_refused() -> None:

@@ -1,0 +1,221 @@
+"""A compute calibration fitted to a measured training step (``commbench --step`` JSON).
+
+The step file holds the plan as measured (one device, the measured slice of layers, its batch),
+the phase times and a profile by kernel class with the number of kernels launched. The compute
+model prices the same step; each class's efficiency is scaled by modelled / measured time
+(GEMMs, fused attention, memory-bound work: norms, elementwise, loss, casts and the optimizer),
+never above the device's peak. The idle time is not a factor on the kernels: it is the host
+launching them. The measured kernel count over the modelled inventory gives the loop's launches
+per modelled kernel; when the step was launch-bound (the GPU idle for a good part of it) the
+host time per launch is solved so that the replayed step (``simulate_plan``, whose host thread
+launches the kernels ahead of the GPU) matches the measured one; otherwise the launches hide
+behind the kernels, the host cost cannot be read off the step and the default stays. Both carry
+to another model size on the same loop, where a time scale would not: the host cost scales with
+the kernels launched, the kernel time with the FLOPs and bytes.
+
+    calibration = calibration_from_step(json.load(open("step.json")), GPUS["h100-sxm"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from schedules.arithmetic import stage_params_per_gpu
+from schedules.data_parallel.registry import data_parallel_kind
+from schedules.kernels import Kernel, embedding_kernels, head_kernels, layer_kernels
+from schedules.plan import load_plan
+from schedules.resolve import resolve_plan
+from sim.compute.compute_model import ComputeModel, default_efficiency
+from topologies.hardware import GPUSpec
+from vocab.compute_calibration import STEP_SCHEMA, TIME_SCALE_RANGE, ComputeCalibration
+
+MEMORY_CLASSES = ("elementwise", "loss", "copy")
+"""Profile classes the compute model prices as memory-bound kernels of the passes (the
+optimizer, memory-bound too, is its own class: its bytes per parameter are the loop's)."""
+
+
+def _kernels(plan: Any) -> list[Kernel]:
+    """Every kernel of one micro-batch of the measured slice (forward, recompute, backward)."""
+    out: list[Kernel] = []
+    layers = plan.model.num_layers
+    for piece, count in (
+        (layer_kernels(plan), layers),
+        (embedding_kernels(plan), 1),
+        (head_kernels(plan), 1),
+    ):
+        phases = (piece.forward, piece.recompute, piece.backward_input, piece.backward_weight)
+        out += [kernel for phase in phases for kernel in phase] * count
+    return out
+
+
+def modelled_classes_s(plan: Any, compute: ComputeModel, microbatches: int) -> dict[str, float]:
+    """Seconds per step the model gives to gemm, attention, memory-bound work and the
+    optimizer."""
+    classes = {"gemm": 0.0, "attention": 0.0, "memory": 0.0, "optimizer": 0.0}
+    for kernel in _kernels(plan):
+        group = "attention" if kernel.kind.startswith("attention") else kernel.kind
+        classes[group] += compute.kernel_time_s(kernel) * microbatches
+    params = stage_params_per_gpu(plan, 0)
+    grad = data_parallel_kind(plan.parallel).grad_bytes_per_param
+    classes["optimizer"] += compute.optimizer_step_s(params, grad_bytes_per_param=grad)
+    return classes
+
+
+LAUNCH_BOUND_IDLE = 0.15
+"""Idle fraction of the profiled step from which the host time per launch is fitted: below it
+the GPU was rarely waiting and the launches were hidden behind the kernels."""
+MAX_HOST_S_PER_LAUNCH = 0.01
+"""Upper end of the host-cost search (10 ms per launch is a broken host, not a training loop)."""
+
+
+def modelled_launch_count(plan: Any, microbatches: int) -> int:
+    """Kernels of the modelled inventory in a step of ``microbatches`` (the launch unit)."""
+    return len(_kernels(plan)) * microbatches
+
+
+def _check_measurement(measurement: Mapping[str, Any], gpu: GPUSpec) -> None:
+    if measurement.get("schema") != STEP_SCHEMA:
+        raise ValueError(
+            f"step measurement schema {measurement.get('schema')!r} is not {STEP_SCHEMA!r}"
+        )
+    measured_gpu = str(measurement.get("gpu", ""))
+    if measured_gpu and measured_gpu != gpu.name:
+        raise ValueError(
+            f"the step was measured on {measured_gpu!r} ({measurement.get('device', '')}), not "
+            f"on this plan's {gpu.name!r}; measure this GPU"
+        )
+    if measurement.get("dtype", "bf16") != "bf16" and gpu.name != "cpu":
+        raise ValueError(
+            f"the step was measured in {measurement.get('dtype')}; calibrate a bf16 plan on a "
+            "step measured with --dtype bf16"
+        )
+
+
+def _class_efficiencies(
+    plan: Any, gpu: GPUSpec, microbatches: int, measured: Mapping[str, Any], dtype: str
+) -> dict[str, float]:
+    """Each class's default efficiency scaled by modelled / measured time (at most 1)."""
+    base = ComputeModel(gpu, ComputeCalibration(in_step_slowdown=0.0))  # a step is in-step
+    modelled = modelled_classes_s(plan, base, microbatches)
+    observed = {
+        "gemm": float(measured.get("gemm", 0.0)),
+        "attention": float(measured.get("attention", 0.0)),
+        "memory": sum(float(measured.get(k, 0.0)) for k in MEMORY_CLASSES),
+    }
+    efficiency: dict[str, float] = {}
+    for group, keys in (
+        ("gemm", ("gemm",)),
+        ("attention", ("attention_forward", "attention_backward")),
+        ("memory", ("memory",)),
+    ):
+        if observed[group] <= 0 or modelled[group] <= 0:
+            continue
+        for key in keys:
+            default = default_efficiency(gpu, key, dtype)
+            efficiency[key] = min(1.0, default * modelled[group] / observed[group])
+    return efficiency
+
+
+def _optimizer_bytes(
+    plan: Any, gpu: GPUSpec, efficiency: Mapping[str, float], optimizer_s: float
+) -> float | None:
+    """Bytes per parameter the measured optimizer step moved, at the fitted memory rate."""
+    params = stage_params_per_gpu(plan, 0)
+    if optimizer_s <= 0 or params <= 0:
+        return None
+    compute = ComputeModel(gpu, ComputeCalibration(in_step_slowdown=0.0, efficiency=efficiency))
+    moved = optimizer_s * compute.memory_bandwidth_bytes_per_s() / params
+    return min(max(moved, 1.0), 1000.0)
+
+
+def _busy_classes(classes: Mapping[str, Any], busy_s: Any) -> dict[str, float]:
+    """Class times scaled to the profile's busy time when they add up to more: kernels that ran
+    at the same time (side streams, the profiler's own copies) are counted once in the busy
+    time, once per kernel in the classes."""
+    total = sum(float(v) for v in classes.values())
+    number = isinstance(busy_s, int | float) and not isinstance(busy_s, bool)
+    scale = busy_s / total if number and 0 < busy_s < total else 1.0
+    return {key: float(value) * scale for key, value in classes.items()}
+
+
+def _replayed_step_s(plan: Any, calibration: ComputeCalibration) -> float:
+    from sim.replay.simulate import simulate_plan
+
+    return simulate_plan(plan, compute_calibration=calibration).step_time_s
+
+
+def _fit_host_cost(plan: Any, calibration: ComputeCalibration, step_s: float) -> float | None:
+    """The host time per launch at which the replayed step takes ``step_s`` (None if even no
+    host cost gives a longer step: the kernels alone explain it)."""
+
+    def at(cost: float) -> float:
+        return _replayed_step_s(plan, dataclasses.replace(calibration, host_s_per_launch=cost))
+
+    low, high = 0.0, MAX_HOST_S_PER_LAUNCH
+    if at(low) >= step_s:
+        return None
+    for _ in range(50):  # bisection on a monotone function: 1e-15 relative at the end
+        middle = (low + high) / 2
+        low, high = (middle, high) if at(middle) < step_s else (low, middle)
+    return (low + high) / 2
+
+
+def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> ComputeCalibration:
+    """Efficiencies per class, launches per modelled kernel and the host time per launch that
+    reproduce the measured step on ``gpu``."""
+    _check_measurement(measurement, gpu)
+    plan = resolve_plan(load_plan(measurement["plan"]), 1)
+    microbatches = measurement.get("microbatches", 1)
+    step_s = measurement["timings_s"]["step"]
+    profile = measurement.get("profile") or {}
+    measured = profile.get("classes_s", {}) if isinstance(profile, dict) else None
+    numbers_ok = all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+        for x in (microbatches, step_s)
+    )
+    if not numbers_ok or not isinstance(measured, dict) or int(microbatches) != microbatches:
+        raise ValueError(
+            f"malformed step measurement: microbatches={microbatches!r}, step={step_s!r}, "
+            "profile.classes_s must be a mapping"
+        )
+    microbatches = int(microbatches)
+    measured = _busy_classes(measured, profile.get("busy_s"))
+    dtype = "bf16" if measurement.get("dtype", "bf16") == "bf16" else "fp32"
+    efficiency = _class_efficiencies(plan, gpu, microbatches, measured, dtype)
+    optimizer = _optimizer_bytes(plan, gpu, efficiency, float(measured.get("optimizer", 0.0)))
+    num_kernels = profile.get("num_kernels")
+    launches = None
+    if isinstance(num_kernels, int) and not isinstance(num_kernels, bool) and num_kernels > 0:
+        launches = num_kernels / modelled_launch_count(plan, microbatches)
+    fitted = ComputeCalibration(
+        gpu=gpu.name,
+        device=str(measurement.get("device", "")),
+        efficiency=efficiency,
+        in_step_slowdown=0.0,
+        launches_per_kernel=launches,
+        optimizer_bytes_per_param=optimizer,
+    )
+    predicted = _replayed_step_s(plan, fitted)
+    low, high = TIME_SCALE_RANGE
+    if not low <= step_s / predicted <= high:
+        raise ValueError(
+            f"the measured step ({step_s:.4g} s) is {step_s / predicted:.3g}x what the model "
+            f"gives for it ({predicted:.4g} s), outside [{low}, {high}]: the file does not "
+            "describe this GPU"
+        )
+    wall, idle = profile.get("wall_s"), profile.get("idle_s")
+    bound = isinstance(wall, int | float) and isinstance(idle, int | float) and wall > 0
+    host = None
+    if launches is not None and bound and idle / wall >= LAUNCH_BOUND_IDLE:
+        host = _fit_host_cost(plan, fitted, step_s)
+    note = (
+        f"commbench --step {measurement.get('source_plan', '')}: "
+        f"{measurement.get('measured_layers')} layers, {microbatches} micro-batch(es), "
+        f"step {step_s:.6g} s, {'compiled' if measurement.get('compiled') else 'eager'}, "
+        f"{num_kernels} kernels"
+        + ("" if host is None else f", host {host * 1e6:.3g} us per launch (launch-bound)")
+    )
+    return dataclasses.replace(fitted, host_s_per_launch=host, fitted_on=note)
