@@ -30,13 +30,15 @@ kernel, the weight's not); ``eager`` counted op by op from ``float8_utils.py`` a
 between casts. Eager also casts the shared input of wq, wk, wv (and w1, w3) once per linear
 (``input_casts``); Inductor computes it once. With ``float8_all_gather`` (FSDP2, tensorwise)
 the weight arrives in float8: it is cast on the shard before the all-gather (1 byte per
-parameter on the wire) and only its transposed copy for the input gradient remains.
+parameter on the wire) and only its transposed copy for the input gradient remains. Under
+tensorwise with sequence parallelism torchtitan casts the operands TP gathers on their sequence
+shard and all-gathers them in float8 (``TP_SHARD_CASTS``).
 
 Sources: pytorch/ao at 36027d8 (``torchao/float8/``; docs/source/workflows/training.md); torchtitan
 v0.1.0-v0.2.2 (``Float8`` / ``Float8Linear`` job config, ``components/quantization/float8.py``,
 ``train_configs/llama3_*.toml``: ``filter_fqns = ["output"]``, the LM head stays bf16).
 
-    forward_bytes, dgrad_bytes, wgrad_bytes = cast_bytes(plan, "compile", 8192, 4096, 4096)
+    forward_bytes, dgrad_bytes, wgrad_bytes = cast_bytes(plan, "compile", "qkv", (8192, 6144, 4096))
 """
 
 from __future__ import annotations
@@ -82,6 +84,18 @@ GATHERED_WEIGHT_BYTES: Bytes = (0, 2, 0)
 gradient's GEMM copies it transposed (read 1, write 1); the forward uses it as gathered."""
 FLOAT8_GATHER_BYTES = 1
 """Bytes per parameter of a float8 linear weight in the FSDP2 all-gather (float8 all-gather)."""
+TP_SHARD_CASTS = {"input": ("qkv", "fc1", "k", "fc1_up"), "grad_output": ("proj", "fc2")}
+"""The operands tensor parallelism gathers over the sequence, cast before their all-gather under
+tensorwise (torchtitan's float8 TP plan, torchao ``float8_tensor_parallel.py``):
+``PrepareFloat8ModuleInput`` / ``Float8ColwiseParallel`` cast the sharded input of qkv and fc1
+(and of wk and w3 where per-op recompute reruns them) once for all its linears,
+``Float8RowwiseParallel`` the sharded output gradient of proj and fc2; the all-gathers then move
+float8 (not modelled: they stay bf16 in the step)."""
+SHARD_CAST_BYTES = {"compile": 3, "eager": 33}
+"""Bytes per element of the sequence shard cast before a TP all-gather (amax fused under compile,
+read 2, write 1; eager's 33)."""
+GATHERED_COPY_BYTES = 2
+"""Per element of a gathered float8 operand: its transposed copy for the weight gradient."""
 SCALE_PRECOMPUTE_BYTES = 4
 """``precompute_float8_dynamic_scale_for_fsdp`` after the optimizer step:
 ``torch._foreach_norm(weights, inf)`` reads every local fp32 shard of the float8 linear weights
@@ -99,26 +113,37 @@ def float8_recipe(plan: Plan, stack: str) -> str | None:
 def input_casts(plan: Plan, stack: str, name: str) -> int:
     """How often the input of the layer GEMM ``name`` (``schedules.kernels.WEIGHT_GEMMS``) is
     cast: eager casts it in every Float8Linear that reads it (torchtitan and Hugging Face keep
-    wq, wk, wv and w1, w3 apart), Inductor once."""
-    if stack != "eager":
+    wq, wk, wv and w1, w3 apart), Inductor once, and so does torchtitan's float8 TP."""
+    if stack != "eager" or sharded_casts(plan, stack):
         return 1
     return {"qkv": 3, "fc1": 2 if plan.model.gated_mlp else 1}.get(name, 1)
 
 
-def cast_bytes(
-    plan: Plan, stack: str, m: float, n: float, k: float, *, input_casts: int = 1
-) -> Bytes:
-    """Bytes the float8 casts of one linear move (forward, input backward, weight backward).
+def sharded_casts(plan: Plan, stack: str) -> bool:
+    """Whether the gathered TP operands are cast on their sequence shard: tensorwise with
+    sequence parallelism (``TP_SHARD_CASTS``)."""
+    parallel = plan.parallel
+    tensorwise = float8_recipe(plan, stack) == "tensorwise"
+    return tensorwise and parallel.tp > 1 and parallel.sequence_parallel
 
-    ``input_casts`` counts the casts of the input (``input_casts``).
-    """
+
+def cast_bytes(plan: Plan, stack: str, name: str, shape: tuple[float, float, float]) -> Bytes:
+    """Bytes the float8 casts of the layer linear ``name`` of forward ``shape`` (m, n, k) move:
+    forward, input backward, weight backward."""
     recipe = float8_recipe(plan, stack)
     if recipe is None:
         return (0.0, 0.0, 0.0)
-    per = CAST_BYTES[stack][recipe]
-    weight = GATHERED_WEIGHT_BYTES if plan.training.float8_all_gather else per["weight"]
-    sizes = {"input": m * k * input_casts, "weight": n * k, "grad_output": m * n}
-    operands = {**per, "weight": weight}
+    m, n, k = shape
+    operands = dict(CAST_BYTES[stack][recipe])
+    if plan.training.float8_all_gather:
+        operands["weight"] = GATHERED_WEIGHT_BYTES
+    if sharded_casts(plan, stack):
+        shard = SHARD_CAST_BYTES[stack] / plan.parallel.tp
+        if name in TP_SHARD_CASTS["input"]:
+            operands["input"] = (shard, 0, GATHERED_COPY_BYTES)
+        if name in TP_SHARD_CASTS["grad_output"]:
+            operands["grad_output"] = (0, shard, GATHERED_COPY_BYTES)
+    sizes = {"input": m * k * input_casts(plan, stack, name), "weight": n * k, "grad_output": m * n}
     forward, dgrad, wgrad = (
         sum(operands[role][phase] * size for role, size in sizes.items()) for phase in range(3)
     )

@@ -27,7 +27,6 @@ from schedules.float8 import (
     cast_bytes,
     float8_recipe,
     forward_backend,
-    input_casts,
     wgrad_dtype,
 )
 from schedules.params import layer_params_per_gpu
@@ -357,7 +356,7 @@ def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, 
             *(
                 kernel
                 for name, m, n, k in shapes
-                for kernel in _float8_linear(plan, f"{name}_recompute", (m, n, k))[0]
+                for kernel in _float8_linear(plan, name, (m, n, k), label=f"{name}_recompute")[0]
             ),
             memory("elementwise", elementwise_bytes),
         )
@@ -387,20 +386,23 @@ def weight_gemm_kernels(plan: Plan) -> Phases:
     )
 
 
-def _float8_linear(plan: Plan, name: str, shape: tuple[float, float, float]) -> Phases:
-    """One torchao ``Float8Linear`` of forward shape (m, n, k): its float8 casts (one memory
-    kernel per phase that casts) before its GEMMs, per phase."""
+def _float8_linear(
+    plan: Plan, name: str, shape: tuple[float, float, float], label: str = ""
+) -> Phases:
+    """One torchao ``Float8Linear`` ``name`` of forward shape (m, n, k), its kernels named
+    ``label`` (default ``name``): its float8 casts (one memory kernel per phase that casts)
+    before its GEMMs, per phase."""
     m, n, k = shape
-    stack = kernel_stack(plan)
-    cast = cast_bytes(plan, stack, m, n, k, input_casts=input_casts(plan, stack, name))
+    stack, label = kernel_stack(plan), label or name
+    cast = cast_bytes(plan, stack, name, shape)
     casts = [
-        (memory(f"{name}{suffix}_fp8_cast", size),) if size else ()
+        (memory(f"{label}{suffix}_fp8_cast", size),) if size else ()
         for suffix, size in zip(("", "_dgrad", "_wgrad"), cast, strict=True)
     ]
     return (
-        (*casts[0], gemm(name, m, n, k, "fp8", forward_backend(plan, stack))),
-        (*casts[1], gemm(f"{name}_dgrad", m, k, n, "fp8")),
-        (*casts[2], gemm(f"{name}_wgrad", k, n, m, wgrad_dtype(plan, stack))),
+        (*casts[0], gemm(label, m, n, k, "fp8", forward_backend(plan, stack))),
+        (*casts[1], gemm(f"{label}_dgrad", m, k, n, "fp8")),
+        (*casts[2], gemm(f"{label}_wgrad", k, n, m, wgrad_dtype(plan, stack))),
     )
 
 

@@ -171,7 +171,7 @@ def breakdown_lines(
     bd = result.breakdown
     rows: list[tuple[str, float]] = [("compute", bd.compute_s)]
     rows += [(f"exposed comm {group}", t) for group, t in sorted(bd.exposed_comm_s.items())]
-    rows += [("host (framework loops)", bd.host_s)] if bd.host_s else []
+    rows += [("host (launches, framework loops)", bd.host_s)] if bd.host_s else []
     idle = "pipeline bubble" if pipeline else "idle / waiting"
     rows += [(idle, bd.bubble_s), ("optimizer", bd.optimizer_s)]
     accounted_s = sum(t for _, t in rows)

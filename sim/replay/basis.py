@@ -58,7 +58,7 @@ def bottleneck(breakdown: Breakdown, step_s: float, *, fits: bool, pipeline: boo
     """The largest share of the critical rank's step, or memory when the plan does not fit."""
     shares = {"compute": breakdown.compute_s, "optimizer": breakdown.optimizer_s}
     shares.update({f"exposed {g} communication": t for g, t in breakdown.exposed_comm_s.items()})
-    shares["host (framework loops)"] = breakdown.host_s
+    shares["host (launches, framework loops)"] = breakdown.host_s
     shares["pipeline bubble" if pipeline else "waiting (idle)"] = breakdown.bubble_s
     name, time_s = max(shares.items(), key=lambda item: item[1])
     share = f"{name} ({time_s / step_s:.0%} of the step)" if step_s > 0 else name

@@ -2,9 +2,11 @@
 
 Each simulated GPU has a compute stream (its ``Compute`` actions, one after another), a host
 thread (``Compute`` actions on ``stream="host"``: framework loops the GPU cannot run ahead of; a
-compute waiting for one is charged to ``host``, as if it were a group) and one FIFO per process
-group it belongs to (its ``Collective`` actions on that group, one at a time,
-in issue order: NCCL's one queue per communicator). A collective starts when every simulated
+compute waiting for one is charged to ``host``, as if it were a group; and the launches of the
+compute stream's kernels, ``Compute.launch_s``, issued in program order ahead of the GPU, which
+cannot start an action its host has not reached nor end it before its last launch) and one FIFO
+per process group it belongs to (its ``Collective`` actions on that group, one at a time, in
+issue order: NCCL's one queue per communicator). A collective starts when every simulated
 member has issued it (its deps are done and it reached the head of the member's FIFO); its
 duration comes from the network model ``comm.run(op, ranks, size_bytes)`` on the group's full
 rank list, so concurrent collectives contend under ``flow`` fidelity. A ``Transfer`` starts when

@@ -207,9 +207,11 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
             "describe this GPU"
         )
     wall, idle = profile.get("wall_s"), profile.get("idle_s")
-    bound = isinstance(wall, int | float) and isinstance(idle, int | float) and wall > 0
+    idle_share = 0.0
+    if isinstance(wall, int | float) and isinstance(idle, int | float) and wall > 0:
+        idle_share = idle / wall
     host = None
-    if launches is not None and bound and idle / wall >= LAUNCH_BOUND_IDLE:
+    if launches is not None and idle_share >= LAUNCH_BOUND_IDLE:
         host = _fit_host_cost(plan, fitted, step_s)
     note = (
         f"commbench --step {measurement.get('source_plan', '')}: "

@@ -25,7 +25,7 @@ from schedules.resolve import resolve_plan
 X, W, G = 10_240, 40_960, 18_432
 
 
-def tiny(**training: Any) -> Plan:
+def tiny(parallel: dict[str, Any] | None = None, **training: Any) -> Plan:
     """The tiny layer under FSDP2 (no autocast weight casts) with these training keys."""
     raw = {
         "model": {
@@ -38,7 +38,7 @@ def tiny(**training: Any) -> Plan:
             "seq_len": 32,
         },
         "cluster": {"node": "dgx-h100"},
-        "parallel": {"data_parallel": "fsdp2"},
+        "parallel": {"data_parallel": "fsdp2"} | (parallel or {}),
         "training": {"micro_batch_size": 1, "global_batch_size": 8, "stack": "compile"} | training,
     }
     return load_plan(raw)
@@ -78,6 +78,26 @@ def test_eager_casts_count_every_op_and_every_linear() -> None:
     assert x_eager == 16_384
     expected = (33 * (x_eager + W), 35 * W + 33 * G, 35 * (x_eager + G))
     assert cast_bytes_per_phase(tiny(precision="fp8", stack="eager")) == expected
+
+
+def test_tensorwise_tp_casts_the_gathered_operands_on_their_shard() -> None:
+    """TP 2 with SP: qkv (32, 96, 64), proj (32, 64, 32), fc1 (32, 128, 64), fc2 (32, 64, 64).
+    The inputs of qkv and fc1 and the output gradients of proj and fc2 are cast on their
+    sequence shard (3 bytes per shard element: 1.5 per gathered one) and copied transposed
+    (1 + 1) for the weight gradient; the rest as without TP."""
+    plan = tiny({"tp": 2, "sequence_parallel": True}, precision="fp8")
+    x_gathered, g_gathered = 32 * 64 * 2, 32 * 64 * 2  # qkv + fc1 inputs, proj + fc2 gradients
+    x_local, g_local = 32 * 32 + 32 * 64, 32 * 96 + 32 * 128  # proj + fc2 in, qkv + fc1 grads
+    w = 96 * 64 + 64 * 32 + 128 * 64 + 64 * 64  # = 20,480: W / 2
+    assert cast_bytes_per_phase(plan) == (
+        1.5 * x_gathered + 4 * x_local + 5 * w,
+        3 * w + 4 * g_local + 1.5 * g_gathered,
+        2 * x_gathered + 2 * g_gathered,
+    )
+    # rowwise keeps bf16 TP all-gathers and casts the gathered tensors
+    rowwise = tiny({"tp": 2, "sequence_parallel": True}, precision="fp8", float8_recipe="rowwise")
+    x, g = x_gathered + x_local, g_gathered + g_local
+    assert cast_bytes_per_phase(rowwise) == (3 * x + 3 * w, 7 * w + 3 * g, 3 * x + 4 * w + 3 * g)
 
 
 def test_the_kernels_of_a_tensorwise_layer() -> None:

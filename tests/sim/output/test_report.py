@@ -204,5 +204,6 @@ def test_time_waiting_on_the_host_thread_gets_its_own_row() -> None:
         compute_s=1.0, exposed_comm_s={"dp": 0.2}, bubble_s=0.0, optimizer_s=0.05, host_s=0.75
     )
     rows = _breakdown_rows(_result(breakdown=breakdown))
-    assert rows["host (framework loops)"] == ["750.000", "37.5%"]
-    assert "host (framework loops)" not in _breakdown_rows(_result())  # none without host time
+    assert rows["host (launches, framework loops)"] == ["750.000", "37.5%"]
+    # no row without host time
+    assert "host (launches, framework loops)" not in _breakdown_rows(_result())
