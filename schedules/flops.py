@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from schedules.moe import count_moe_layers, moe_mlp_forward_flops
 from schedules.plan import ModelConfig, Plan
+from schedules.stages import chunk_layers, recomputed_fraction
 
 FLOPS_DEFINITION = (
     "model FLOPs = 3 x forward matmul FLOPs (QKV, attention QK^T and AV {causal}, projection, "
@@ -200,7 +201,10 @@ def hardware_flops_per_step(plan: Plan, *, causal: bool = True) -> float:
     batch = plan.training.global_batch_size
     flops, _ = model_flops_per_step(plan, causal=causal)
     if parallel.recompute == "full":
-        return flops + layers_forward_flops(model, batch, causal=causal)
+        rerun = layers_forward_flops(model, batch, causal=causal)
+        if parallel.recompute_num_layers is not None:  # block recompute: part of the layers
+            rerun *= recomputed_fraction(parallel, chunk_layers(parallel, model.num_layers))
+        return flops + rerun
     extra = recompute_flops(model, batch, recompute=parallel.recompute, causal=causal)
     return flops + model.num_layers * extra
 

@@ -33,6 +33,8 @@ The worst pipeline stage (largest total) is reported.
 
 from __future__ import annotations
 
+import dataclasses
+
 from schedules.activations import (
     ACTIVATION_BYTES,
     LOGITS_BYTES_PER_ELEMENT,
@@ -56,6 +58,7 @@ from schedules.params import (
 )
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import Plan, num_microbatches
+from schedules.stages import chunk_layers, recomputed_fraction
 
 OPTIMIZER_BYTES_PER_PARAM = 12
 """Adam: fp32 master weights, momentum and variance (ZeRO paper, Sec. 3.1: K = 12)."""
@@ -132,6 +135,26 @@ def activation_bytes(plan: Plan, stage: int) -> float:
     if num_moe:
         moe_layer = per_layer + moe_layer_extra_bytes(plan)
         per_layer = ((layers - num_moe) * per_layer + num_moe * moe_layer) / layers
+    recomputed = 1.0
+    if parallel.recompute_num_layers is not None:  # block recompute: the rest keep everything
+        chunks = chunk_layers(parallel, model.num_layers)
+        recomputed = recomputed_fraction(
+            parallel, tuple(chunks[c * parallel.pp + stage] for c in range(parallel.vpp))
+        )
+        plain = dataclasses.replace(
+            plan,
+            parallel=dataclasses.replace(parallel, recompute="none", recompute_num_layers=None),
+        )
+        kept = activation_bytes(plain, stage) - _head_bytes(plain, stage)
+        stored_plain = kept / stored_layer_activations(
+            parallel.schedule,
+            pp=parallel.pp,
+            vpp=parallel.vpp,
+            stage=stage,
+            num_micro=num_microbatches(plan),
+            stage_layers=layers,
+        )
+        per_layer = recomputed * per_layer + (1.0 - recomputed) * stored_plain
     num_micro = num_microbatches(plan)
     stored = stored_layer_activations(
         parallel.schedule,
@@ -142,7 +165,7 @@ def activation_bytes(plan: Plan, stage: int) -> float:
         stage_layers=layers_per_stage(plan, stage),
     )
     total = stored * per_layer
-    if parallel.recompute in ("full", "op"):
+    if parallel.recompute in ("full", "op") and recomputed > 0:
         # The layer being recomputed holds all of its activations until its backward ends.
         total += layer_activation_bytes(
             model,
@@ -153,17 +176,23 @@ def activation_bytes(plan: Plan, stage: int) -> float:
             recompute="none",
             flash_attention=training.flash_attention,
         ) + (max(moe_layer_extra_bytes(plan), 0.0) if num_moe else 0.0)
-    if stage == parallel.pp - 1:
-        head = head_activation_bytes(
-            model,
-            training.micro_batch_size,
-            tp=parallel.tp,
-            cp=parallel.cp,
-            sequence_parallel=parallel.sequence_parallel,
-        )
-        # The head's inputs live as long as their micro-batch: one at a time except under GPipe.
-        total += head * pipeline_schedule(parallel.schedule).head_microbatches(num_micro)
-    return total
+    return total + _head_bytes(plan, stage)
+
+
+def _head_bytes(plan: Plan, stage: int) -> float:
+    """The LM head's inputs on the last stage: they live as long as their micro-batch, one at a
+    time except under GPipe."""
+    model, parallel, training = plan.model, plan.parallel, plan.training
+    if stage != parallel.pp - 1:
+        return 0.0
+    head = head_activation_bytes(
+        model,
+        training.micro_batch_size,
+        tp=parallel.tp,
+        cp=parallel.cp,
+        sequence_parallel=parallel.sequence_parallel,
+    )
+    return head * pipeline_schedule(parallel.schedule).head_microbatches(num_microbatches(plan))
 
 
 FP8_CACHE_BYTES_PER_PARAM = 2

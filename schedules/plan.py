@@ -284,6 +284,10 @@ class ParallelConfig:
     """Megatron sequence parallelism (norms/dropout sharded over TP; AG/RS instead of AR)."""
     recompute: str = "none"
     """Activation recomputation: none | selective (attention core) | full (whole layer)."""
+    recompute_num_layers: int | None = None
+    """With ``recompute: full``, recompute only the first N layers of each pipeline chunk and
+    keep the others' activations (Megatron's ``--recompute-method block
+    --recompute-num-layers N``); None: every layer."""
     data_parallel: str = "ddp"
     """ddp | zero1 | zero2 | zero3 | fsdp | hsdp | distributed_optimizer; ``fsdp2`` is read as
     fsdp with ``fsdp_version`` 2."""
@@ -386,6 +390,13 @@ class ParallelConfig:
             raise ValueError(f"parallel.dp must be >= 0 (0 = derive), got {self.dp}")
         _check_choice("parallel.schedule", self.schedule, SCHEDULES)
         _check_choice("parallel.recompute", self.recompute, RECOMPUTE_MODES)
+        if self.recompute_num_layers is not None and (
+            self.recompute_num_layers < 0 or self.recompute != "full"
+        ):
+            raise ValueError(
+                f"parallel.recompute_num_layers={self.recompute_num_layers} needs recompute "
+                f"full and a count >= 0, got recompute={self.recompute!r}"
+            )
         if self.data_parallel == FSDP2_ALIAS:
             if self.fsdp_version not in (None, 2):
                 raise ValueError(

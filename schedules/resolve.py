@@ -148,6 +148,13 @@ def check_knobs(parallel: ParallelConfig, dp: int) -> None:
         )
     if parallel.sequence_parallel and parallel.tp == 1:
         raise ValueError("parallel.sequence_parallel needs tp > 1, got tp=1")
+    kind = data_parallel_kind(parallel)
+    if parallel.recompute_num_layers is not None and kind.gathers_units:
+        raise ValueError(
+            f"parallel.recompute_num_layers={parallel.recompute_num_layers} is Megatron's block "
+            f"recompute, modelled for pipelined layer chunks, not data_parallel {kind.name} "
+            "(it recomputes every layer or none)"
+        )
     check_offload(parallel)
 
 

@@ -43,6 +43,22 @@ def _uneven(parallel: ParallelConfig) -> bool:
     )
 
 
+def recomputed_layers(parallel: ParallelConfig, layers: int) -> int:
+    """How many of a pipeline chunk's ``layers`` are recomputed: all of them under full
+    recompute (Megatron's block method: the first ``recompute_num_layers``), none otherwise
+    (selective and per-op recompute apply to parts of every layer)."""
+    if parallel.recompute != "full":
+        return 0
+    count = parallel.recompute_num_layers
+    return layers if count is None else min(count, layers)
+
+
+def recomputed_fraction(parallel: ParallelConfig, layers: tuple[int, ...]) -> float:
+    """Share of the layers of ``layers`` (chunks' layer counts) that full recompute reruns."""
+    total = sum(layers)
+    return sum(recomputed_layers(parallel, n) for n in layers) / total if total else 0.0
+
+
 def chunk_layers(parallel: ParallelConfig, num_layers: int) -> tuple[int, ...]:
     """Transformer layers of each virtual stage, indexed ``chunk * pp + rank``."""
     p, v = parallel.pp, parallel.vpp

@@ -177,9 +177,11 @@ def _megatron_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
         )
     elif flags.get("--sequence-parallel"):
         parallel["sequence_parallel"] = True
-    recompute = _megatron_recompute(flags, pp * vpp, notes)
+    recompute, recompute_layers = _megatron_recompute(flags, pp * vpp, notes)
     if recompute:
         parallel["recompute"] = recompute
+    if recompute_layers is not None:
+        parallel["recompute_num_layers"] = recompute_layers
     if flags.get("--use-distributed-optimizer"):
         parallel["data_parallel"] = "distributed_optimizer"
     else:
@@ -229,7 +231,9 @@ def _megatron_vpp(flags: _Flags, pp: int) -> int:
     return layers // pp // per_stage
 
 
-def _megatron_recompute(flags: _Flags, num_chunks: int, notes: list[str]) -> str | None:
+def _megatron_recompute(
+    flags: _Flags, num_chunks: int, notes: list[str]
+) -> tuple[str | None, int | None]:
     granularity = flags.get("--recompute-granularity")
     if flags.get("--recompute-activations"):  # the old flag: selective
         granularity = granularity or "selective"
@@ -238,14 +242,14 @@ def _megatron_recompute(flags: _Flags, num_chunks: int, notes: list[str]) -> str
     if granularity is None:
         if method or count:
             notes.append(f"{flags.file}: --recompute-method without a granularity (ignored)")
-        return None
+        return None, None
     if granularity == "selective":
         if modules and set(modules) != {"core_attn"}:
             notes.append(
                 f"{flags.file}: --recompute-modules {' '.join(modules)}: only core_attn (the "
                 "attention core) is modelled: priced as recompute selective"
             )
-        return "selective"
+        return "selective", None
     if method is None or count is None:
         raise ValueError(
             f"{flags.file}: --recompute-granularity full needs --recompute-method and "
@@ -261,11 +265,8 @@ def _megatron_recompute(flags: _Flags, num_chunks: int, notes: list[str]) -> str
             f"one input per {count} layers: priced as full recompute of each layer"
         )
     elif method == "block" and count < per_chunk:
-        notes.append(
-            f"{flags.file}: --recompute-method block recomputes {count} of the {per_chunk} "
-            "layers of each pipeline stage: priced as full recompute of every layer"
-        )
-    return "full"
+        return "full", count  # the first `count` layers of each chunk; the others keep theirs
+    return "full", None
 
 
 def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from schedules.float8 import scale_precompute_bytes
 from schedules.kernels import kernel_stack, ring_work_kernels, weight_gemm_shapes
 from schedules.moe import dispatch_bytes, expert_tokens, is_moe
 from schedules.plan import Plan
+from schedules.stages import recomputed_layers
 from schedules.step import StepDescription
 from sim.compute.compute_model import ComputeModel, LayerTimes
 
@@ -65,6 +66,9 @@ class StepCosts:
     """One MoE token dispatch (or combine) message per GPU."""
     expert_tp_bytes: float = 0.0
     """The all-gather (reduce-scatter) of the dispatched tokens over expert TP (etp > 1)."""
+    kept: StepCosts | None = None
+    """The same costs without recomputation: the layers block recompute leaves alone
+    (``parallel.recompute_num_layers``; None when every layer is treated alike)."""
 
 
 def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
@@ -94,7 +98,16 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         moe_layer=moe_layer,
         dispatch_bytes=dispatch,
         expert_tp_bytes=expert_tp,
+        kept=None
+        if parallel.recompute_num_layers is None
+        else step_costs(kept_plan(plan), compute),
     )
+
+
+def kept_plan(plan: Plan) -> Plan:
+    """The plan with no recomputation: what the layers outside block recompute run."""
+    parallel = dataclasses.replace(plan.parallel, recompute="none", recompute_num_layers=None)
+    return dataclasses.replace(plan, parallel=parallel)
 
 
 def _cp_steps(plan: Plan, costs: StepCosts, num_layers: int, op: str) -> list[Step]:
@@ -219,7 +232,28 @@ def layer_recipes(
     plan: Plan, costs: StepCosts, num_layers: int, num_moe: int = 0
 ) -> dict[str, tuple[Step, ...]]:
     """Forward, backward, Bi and W recipes of ``num_layers`` consecutive layers, ``num_moe`` of
-    them MoE layers (their recipes follow the dense ones': the layers are aggregated)."""
+    them MoE layers (their recipes follow the dense ones': the layers are aggregated). Under
+    block recompute the first ``recompute_num_layers`` are recomputed, the others keep their
+    activations (their backward comes first)."""
+    if costs.kept is not None:
+        recomputed = recomputed_layers(plan.parallel, num_layers)
+        moe_recomputed = min(num_moe, recomputed * num_moe // max(num_layers, 1))
+        first = _recipes(plan, costs, recomputed, moe_recomputed)
+        rest = _recipes(
+            kept_plan(plan), costs.kept, num_layers - recomputed, num_moe - moe_recomputed
+        )
+        return {
+            "F": first["F"] + rest["F"],
+            "B": rest["B"] + first["B"],
+            "Bi": rest["Bi"] + first["Bi"],
+            "W": rest["W"] + first["W"],
+        }
+    return _recipes(plan, costs, num_layers, num_moe)
+
+
+def _recipes(
+    plan: Plan, costs: StepCosts, num_layers: int, num_moe: int
+) -> dict[str, tuple[Step, ...]]:
     dense = _uniform_recipes(plan, costs, num_layers - num_moe)
     if not num_moe:
         return dense

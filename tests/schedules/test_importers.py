@@ -471,13 +471,13 @@ torchrun --nproc_per_node 8 pretrain_gpt.py ${MODEL_ARGS[@]} $PAR_ARGS \\
         "tp": 8, "pp": 16, "vpp": 2, "embedding_as_layer": True, "recompute": "full",
     }  # fmt: skip
     assert parallel["pp_scatter_gather"] is False  # tp > 1, pp > 1, no SP: Megatron-Core's p2p
-    assert imported.warnings[0] == (
-        "train.sh: --recompute-method block recomputes 2 of the 4 layers of each pipeline "
-        "stage: priced as full recompute of every layer"
-    )
+    # block recompute of 2 of each chunk's 4 layers is carried, not rounded up to every layer
+    assert parallel["recompute_num_layers"] == 2
+    assert not any("--recompute-method" in w for w in imported.warnings)
     raw, _ = merge_sections({"cluster": {"node": "dgx-h100", "num_nodes": 512}}, imported)
     plan = _resolved(raw, 4096)
     assert (plan.model.num_layers, plan.parallel.loss_as_layer, plan.parallel.dp) == (126, True, 32)
+    assert plan.parallel.recompute_num_layers == 2
 
 
 SHAPE = "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096"

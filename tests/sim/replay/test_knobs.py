@@ -43,6 +43,7 @@ KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
     "tp_comm_overlap": ({"tp": 4, "sequence_parallel": True}, True),
     "pp_scatter_gather": ({"tp": 2, "pp": 2}, False),
     "cp_rotate_method": ({"cp": 2}, "alltoall"),
+    "recompute_num_layers": ({"tp": 2, "recompute": "full"}, 2),
     "pipeline_layers": ({"tp": 2, "pp": 2}, [2, 6]),
     "first_stage_layers": ({"tp": 2, "pp": 2}, 2),
     "last_stage_layers": ({"tp": 2, "pp": 2}, 2),
@@ -76,7 +77,7 @@ FRAMEWORK_KNOBS = {
     "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "pp_scatter_gather",
     "pipeline_layers", "first_stage_layers", "last_stage_layers", "moe_token_dispatcher",
     "offload_optimizer", "offload_param", "offload_pin_memory", "offload_pipeline_read",
-    "offload_pipeline_write", "cp_rotate_method",
+    "offload_pipeline_write", "cp_rotate_method", "recompute_num_layers",
 }  # fmt: skip
 """``embedding_as_layer`` and ``loss_as_layer`` cannot be toggled alone on a valid plan (they move
 the layer count across a divisibility boundary); tests/schedules/test_stages.py checks the split
