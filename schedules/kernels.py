@@ -34,6 +34,10 @@ from schedules.plan import Plan
 
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward", "memory")
 """What prices a kernel: a GEMM curve, a fused-attention curve, or memory bandwidth alone."""
+MEMORY_CLASSES = ("elementwise", "loss", "copy")
+"""What a memory-bound kernel is in a profile (``vocab.kernel_classes``): norms, activations,
+residuals and the like; the loss over the logits; casts and copies. A step calibration fits
+each its own share of the memory bandwidth."""
 ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
 """Fused attention backward FLOPs / forward FLOPs (5 matmuls instead of 2, FlashAttention)."""
 CROSS_ENTROPY_FORWARD_PASSES = 4
@@ -62,10 +66,13 @@ class Kernel:
     backend: str = ""
     """Which implementation runs: an attention kernel's ``training.attention_backend``, or a
     GEMM's (``schedules.float8.ROWWISE_GEMM_BACKEND``; "" for the library default)."""
+    memory_class: str = "elementwise"
+    """For a ``memory`` kernel, one of ``MEMORY_CLASSES``."""
 
     def __post_init__(self) -> None:
         if self.kind not in KERNEL_KINDS:
             raise ValueError(f"kernel kind must be one of {', '.join(KERNEL_KINDS)}: {self.kind!r}")
+        assert self.memory_class in MEMORY_CLASSES, self.memory_class
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,9 +138,9 @@ def attention(
     )
 
 
-def memory(name: str, num_bytes: float) -> Kernel:
+def memory(name: str, num_bytes: float, memory_class: str = "elementwise") -> Kernel:
     """A memory-bound kernel moving ``num_bytes`` (read + written)."""
-    return Kernel(name=name, kind="memory", bytes=num_bytes)
+    return Kernel(name=name, kind="memory", bytes=num_bytes, memory_class=memory_class)
 
 
 def dtypes(plan: Plan) -> tuple[str, str]:
@@ -412,7 +419,7 @@ def layer_kernels(plan: Plan) -> PieceKernels:
     core_forward, core_backward = attention_core_kernels(plan)
     elementwise_bytes = elementwise_forward_bytes(plan)
     cast_bytes = weight_cast_bytes(plan, layer_params_per_gpu(plan.model, plan.parallel.tp)) / 2
-    casts = (memory("weight_cast", cast_bytes),) if cast_bytes else ()
+    casts = (memory("weight_cast", cast_bytes, "copy"),) if cast_bytes else ()
     forward = (
         *casts,
         *gemms_forward,
@@ -426,7 +433,7 @@ def layer_kernels(plan: Plan) -> PieceKernels:
             *gemms_dgrad,
             *core_backward,
             memory("elementwise_backward", 2 * elementwise_bytes),
-            *((memory("grad_cast", cast_bytes),) if cast_bytes else ()),
+            *((memory("grad_cast", cast_bytes, "copy"),) if cast_bytes else ()),
         ),
         backward_weight=gemms_wgrad,
         recompute=recompute,
@@ -457,12 +464,12 @@ def head_kernels(plan: Plan) -> PieceKernels:
         forward=(
             memory("final_norm", norm_bytes),
             gemm("lm_head", tokens, vocab, h, dtype),
-            memory("cross_entropy", CROSS_ENTROPY_FORWARD_PASSES * logits_bytes),
+            memory("cross_entropy", CROSS_ENTROPY_FORWARD_PASSES * logits_bytes, "loss"),
         ),
         backward_input=(
             memory("final_norm_backward", 2 * norm_bytes),
             gemm("lm_head_dgrad", tokens, h, vocab, dtype),
-            memory("cross_entropy_backward", CROSS_ENTROPY_BACKWARD_PASSES * logits_bytes),
+            memory("cross_entropy_backward", CROSS_ENTROPY_BACKWARD_PASSES * logits_bytes, "loss"),
         ),
         backward_weight=(gemm("lm_head_wgrad", h, vocab, tokens, dtype),),
     )

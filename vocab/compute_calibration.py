@@ -31,7 +31,7 @@ STEP_SCHEMA = "commbench-step/1"
 calibration is made from (``sim.replay.step_fit``, once the GPU is known)."""
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward")
 """Kernel families with a fitted curve."""
-EFFICIENCY_KEYS = (*KERNEL_KINDS, "memory")
+EFFICIENCY_KEYS = (*KERNEL_KINDS, "memory", "memory_elementwise", "memory_loss", "memory_copy")
 """Keys of ``ComputeCalibration.efficiency``."""
 MIN_EFFICIENCY = 1e-3
 """Smallest fraction of peak accepted: below it kernel times reach 1e300 s and overflow."""

@@ -197,12 +197,15 @@ class ComputeModel:
         value = self.calibration.overlap_slowdown
         return DEFAULT_OVERLAP_SLOWDOWN if value is None else float(value)
 
-    def memory_bandwidth_bytes_per_s(self) -> float:
-        """Achievable memory bandwidth: measured, or the spec's HBM bandwidth x efficiency."""
+    def memory_bandwidth_bytes_per_s(self, memory_class: str = "") -> float:
+        """Achievable memory bandwidth: measured, or the spec's HBM bandwidth x efficiency
+        (a step calibration's efficiency of the kernel's ``memory_class`` where it has one)."""
         measured = self.calibration.memory_bandwidth_bytes_per_s
         if measured is not None:
             return measured
-        efficiency = self.calibration.efficiency.get("memory")
+        efficiency = self.calibration.efficiency.get(f"memory_{memory_class}")
+        if efficiency is None:
+            efficiency = self.calibration.efficiency.get("memory")
         if efficiency is None:
             efficiency = default_efficiency(self.gpu, "memory", "bf16")
         return self.gpu.hbm_bandwidth_bytes_per_s * efficiency
@@ -239,14 +242,14 @@ class ComputeModel:
         """Factor on every kernel time: the in-step slowdown times the calibration's scale."""
         return (1.0 + self.in_step_slowdown) * self.calibration.time_scale
 
-    def memory_time_s(self, num_bytes: float) -> float:
+    def memory_time_s(self, num_bytes: float, memory_class: str = "") -> float:
         """A memory-bound kernel moving ``num_bytes`` (read + written), times ``time_factor``."""
-        return num_bytes / self.memory_bandwidth_bytes_per_s() * self.time_factor
+        return num_bytes / self.memory_bandwidth_bytes_per_s(memory_class) * self.time_factor
 
     def kernel_time_s(self, kernel: Kernel) -> float:
         """One kernel: max(flops / rate(dims), latency + bytes / bandwidth); memory: bytes only."""
         if kernel.kind == "memory":
-            return self.memory_time_s(kernel.bytes)
+            return self.memory_time_s(kernel.bytes, kernel.memory_class)
         fit = self.kernel_fit(kernel.kind, kernel.dtype, kernel.backend)
         scale = self.time_factor
         compute_s = fit.time_s(kernel.flops, kernel.dims) * scale

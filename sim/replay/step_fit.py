@@ -25,16 +25,18 @@ from typing import Any
 
 from schedules.arithmetic import stage_params_per_gpu
 from schedules.data_parallel.registry import data_parallel_kind
-from schedules.kernels import Kernel, embedding_kernels, head_kernels, layer_kernels
+from schedules.kernels import (
+    MEMORY_CLASSES,
+    Kernel,
+    embedding_kernels,
+    head_kernels,
+    layer_kernels,
+)
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
 from sim.compute.compute_model import ComputeModel, default_efficiency
 from topologies.hardware import GPUSpec
 from vocab.compute_calibration import STEP_SCHEMA, TIME_SCALE_RANGE, ComputeCalibration
-
-MEMORY_CLASSES = ("elementwise", "loss", "copy")
-"""Profile classes the compute model prices as memory-bound kernels of the passes (the
-optimizer, memory-bound too, is its own class: its bytes per parameter are the loop's)."""
 
 
 def _kernels(plan: Any) -> list[Kernel]:
@@ -52,12 +54,16 @@ def _kernels(plan: Any) -> list[Kernel]:
 
 
 def modelled_classes_s(plan: Any, compute: ComputeModel, microbatches: int) -> dict[str, float]:
-    """Seconds per step the model gives to gemm, attention, memory-bound work and the
-    optimizer."""
+    """Seconds per step the model gives to gemm, attention, memory-bound work (and each of its
+    profile classes, ``memory_<class>``) and the optimizer."""
     classes = {"gemm": 0.0, "attention": 0.0, "memory": 0.0, "optimizer": 0.0}
+    classes.update({f"memory_{name}": 0.0 for name in MEMORY_CLASSES})
     for kernel in _kernels(plan):
         group = "attention" if kernel.kind.startswith("attention") else kernel.kind
-        classes[group] += compute.kernel_time_s(kernel) * microbatches
+        seconds = compute.kernel_time_s(kernel) * microbatches
+        classes[group] += seconds
+        if kernel.kind == "memory":
+            classes[f"memory_{kernel.memory_class}"] += seconds
     params = stage_params_per_gpu(plan, 0)
     grad = data_parallel_kind(plan.parallel).grad_bytes_per_param
     classes["optimizer"] += compute.optimizer_step_s(params, grad_bytes_per_param=grad)
@@ -105,16 +111,21 @@ def _class_efficiencies(
         "attention": float(measured.get("attention", 0.0)),
         "memory": sum(float(measured.get(k, 0.0)) for k in MEMORY_CLASSES),
     }
+    observed.update({f"memory_{k}": float(measured.get(k, 0.0)) for k in MEMORY_CLASSES})
     efficiency: dict[str, float] = {}
-    for group, keys in (
+    groups = [
         ("gemm", ("gemm",)),
         ("attention", ("attention_forward", "attention_backward")),
         ("memory", ("memory",)),
-    ):
+    ]
+    groups += [(f"memory_{k}", (f"memory_{k}",)) for k in MEMORY_CLASSES]
+    for group, keys in groups:
         if observed[group] <= 0 or modelled[group] <= 0:
             continue
         for key in keys:
-            default = default_efficiency(gpu, key, dtype)
+            default = default_efficiency(
+                gpu, "memory" if group.startswith("memory") else key, dtype
+            )
             efficiency[key] = min(1.0, default * modelled[group] / observed[group])
     return efficiency
 
