@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -619,9 +619,38 @@ RETIRED_KEYS = {
 """Keys that were accepted once and that the frameworks no longer honour: why, in one line."""
 
 
+NESTED_GROUPS = ("ddp", "fsdp", "hsdp", "zero", "offload")
+"""``parallel`` sub-sections: ``parallel: {fsdp: {version: 2}}`` is ``parallel.fsdp_version: 2``
+(each framework's knobs read as one group; the flat spelling stays valid)."""
+
+
+def _flatten_groups(section: str, raw: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
+    """``raw`` with its nested framework groups spelled as flat ``<group>_<key>`` fields."""
+    known = set(fields)
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in NESTED_GROUPS or not isinstance(value, Mapping):
+            out[key] = value
+            continue
+        valid = sorted(f.removeprefix(f"{key}_") for f in known if f.startswith(f"{key}_"))
+        for sub, item in value.items():
+            flat = f"{key}_{sub}"
+            if flat not in known:
+                raise ValueError(
+                    f"unknown key {shorten(f'{section}.{key}.{sub}')} in plan; valid keys of "
+                    f"{section}.{key}: {', '.join(valid)}"
+                )
+            if flat in raw:
+                raise ValueError(f"{section}.{key}.{sub} and {section}.{flat} are the same key")
+            out[flat] = item
+    return out
+
+
 def _build_section(cls: type, section: str, raw: Any) -> Any:
     if not isinstance(raw, Mapping):
         raise ValueError(f"plan section '{section}' must be a mapping, got {shorten(raw)}")
+    if section == "parallel":
+        raw = _flatten_groups(section, raw, (f.name for f in dataclasses.fields(cls)))
     for key in raw:
         reason = RETIRED_KEYS.get(f"{section}.{key}")
         if reason:

@@ -278,3 +278,38 @@ def test_number_written_as_text_gets_a_hint() -> None:
     raw["parallel"]["zero_bucket_elems"] = yaml.safe_load("5e8")  # YAML 1.1 reads this as text
     with pytest.raises(ValueError, match="write it as a plain number: 500000000"):
         load_plan(raw)
+
+
+def test_framework_knobs_can_be_written_as_groups() -> None:
+    base = {
+        "model": {"preset": "llama3-8b"},
+        "cluster": {"node": "dgx-h100"},
+        "training": {"micro_batch_size": 1, "global_batch_size": 8},
+    }
+    nested = load_plan(
+        {
+            **base,
+            "parallel": {
+                "data_parallel": "fsdp",
+                "fsdp": {"version": 2, "reduce_dtype": "bf16"},
+                "offload": {"param": "cpu", "pin_memory": False},
+            },
+        }
+    )
+    flat = load_plan(
+        {
+            **base,
+            "parallel": {
+                "data_parallel": "fsdp",
+                "fsdp_version": 2,
+                "fsdp_reduce_dtype": "bf16",
+                "offload_param": "cpu",
+                "offload_pin_memory": False,
+            },
+        }
+    )
+    assert nested == flat
+    with pytest.raises(ValueError, match=r"'parallel\.zero\.bucket' .*valid keys of parallel\.zero"):
+        load_plan({**base, "parallel": {"zero": {"bucket": 1}}})
+    with pytest.raises(ValueError, match="parallel.ddp.bucket_mb and parallel.ddp_bucket_mb"):
+        load_plan({**base, "parallel": {"ddp": {"bucket_mb": 5}, "ddp_bucket_mb": 5}})
