@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from vocab.collectives import Counts, get
+from vocab.collectives import MIN_WORLD_SIZE, Counts, get
 
 REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -136,4 +136,4 @@ def checkable(op: str, in_place: bool) -> bool:
 def min_world_size(op: str) -> int:
     """Fewest ranks the op can run on (send_recv needs a peer other than itself)."""
     get(op)
-    return 2 if op == "send_recv" else 1
+    return MIN_WORLD_SIZE.get(op, 1)

@@ -29,6 +29,8 @@ EXIT_WRONG = 1
 """Exit code when any element was wrong."""
 EXIT_FAILURE = 3
 """Exit code when a collective failed, timed out, or a rank died."""
+EXIT_NOTHING = 4
+"""Exit code when nothing was measured: the backend refused every op asked for."""
 
 STATUS_ENV = "COMMBENCH_STATUS_DIR"
 """Directory where spawned ranks note their current step (set by the spawner)."""

@@ -24,7 +24,14 @@ import torch.distributed as dist
 from comm_bench.calls import Buffers, checkable, make_buffers, make_call, min_world_size
 from comm_bench.data import TORCH_DTYPES, count_wrong, expected_output, fill_input, reduce_pattern
 from comm_bench.dist_env import DistContext, available_memory_bytes, gather_env, init_distributed
-from comm_bench.faults import EXIT_FAILURE, EXIT_WRONG, Watchdog, inject_faults, note_step
+from comm_bench.faults import (
+    EXIT_FAILURE,
+    EXIT_NOTHING,
+    EXIT_WRONG,
+    Watchdog,
+    inject_faults,
+    note_step,
+)
 from comm_bench.options import BenchOptions
 from comm_bench.timing import Timing, combine, time_calls
 from vocab import collectives as coll
@@ -197,6 +204,7 @@ def _run_ops(ctx: DistContext, options: BenchOptions, output: Path) -> int:
         _say(ctx, line)
     watchdog = Watchdog(rank=ctx.rank, timeout_s=options.timeout_s)
     every: list[Record] = []
+    skipped: list[str] = []
     for op in options.ops:
         _say(ctx, "#")
         _say(ctx, op_banner(op))
@@ -205,6 +213,7 @@ def _run_ops(ctx: DistContext, options: BenchOptions, output: Path) -> int:
         watchdog.disarm()
         if reason is not None:
             _say(ctx, f"# {op}: skipped, backend {ctx.backend} cannot run it ({reason})")
+            skipped.append(f"{op} ({reason})")
             continue
         for line in table_header(options.per_iter_columns):
             _say(ctx, line)
@@ -215,6 +224,14 @@ def _run_ops(ctx: DistContext, options: BenchOptions, output: Path) -> int:
         for line in footer(records):
             _say(ctx, line)
     _say(ctx, f"# Results: {output} and {output.with_suffix('.csv')}")
+    if not every:
+        if ctx.rank == 0:
+            print(
+                f"commbench: error: nothing was measured: backend {ctx.backend} cannot run "
+                f"{'; '.join(skipped)} with -d {options.dtype} -o {options.redop}",
+                file=sys.stderr,
+            )
+        return EXIT_NOTHING
     return EXIT_WRONG if any(r.num_wrong for r in every) else 0
 
 

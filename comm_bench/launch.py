@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from comm_bench.faults import EXIT_FAILURE, EXIT_WRONG, STATUS_ENV, read_step
+from comm_bench.faults import EXIT_FAILURE, EXIT_NOTHING, EXIT_WRONG, STATUS_ENV, read_step
 from vocab.readers import read_results
 
 POLL_S = 0.05
@@ -132,7 +132,7 @@ def _first_failure(procs: Sequence[subprocess.Popen[bytes]]) -> int | None:
     failed = [
         (p.returncode, r)
         for r, p in enumerate(procs)
-        if p.returncode is not None and p.returncode not in (0, EXIT_WRONG)
+        if p.returncode is not None and p.returncode not in (0, EXIT_WRONG, EXIT_NOTHING)
     ]
     if not failed:
         return None
@@ -262,4 +262,7 @@ def _run_ranks(
             step = read_step(status_dir, culprit)
             print(_failure_message(culprit, code, step, output), file=sys.stderr, flush=True)
             return EXIT_FAILURE
-    return EXIT_WRONG if any(p.returncode == EXIT_WRONG for p in procs) else 0
+    codes = {p.returncode for p in procs}
+    if EXIT_NOTHING in codes:
+        return EXIT_NOTHING  # every rank said so; rank 0 printed which ops and why
+    return EXIT_WRONG if EXIT_WRONG in codes else 0

@@ -19,7 +19,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vocab.collectives import NCCL_TESTS_DTYPES, REDUCTIONS, get, parse_ops
+from fileio.strict import did_you_mean
+from vocab.collectives import (
+    DTYPE_ALIASES,
+    MIN_WORLD_SIZE,
+    NCCL_TESTS_DTYPES,
+    REDUCTIONS,
+    get,
+    parse_ops,
+)
 from vocab.sizes import parse_size
 
 AVERAGE_MODES = {0: "rank0", 1: "mean", 2: "min", 3: "max"}
@@ -87,12 +95,14 @@ class BenchOptions:
 
 
 def canonical_dtype(name: str) -> str:
-    """Our dtype name for ours or nccl-tests' (``float``, ``half``, ``double``...)."""
-    key = name.strip().lower()
-    if key not in NCCL_TESTS_DTYPES:
-        valid = ", ".join(sorted(NCCL_TESTS_DTYPES))
-        raise ValueError(f"unknown dtype {name!r} for -d; valid: {valid}")
-    return NCCL_TESTS_DTYPES[key]
+    """Our dtype name for ours, nccl-tests' (``float``, ``half``, ``double``...) or a common
+    alias (``bf16``, ``fp16``, ``fp32``...); ``torch.`` in front is allowed."""
+    key = name.strip().lower().removeprefix("torch.")
+    names = {**NCCL_TESTS_DTYPES, **DTYPE_ALIASES}
+    if key not in names:
+        valid = ", ".join(sorted(names))
+        raise ValueError(f"unknown dtype {name!r} for -d{did_you_mean(key, names)}; valid: {valid}")
+    return names[key]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,7 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--iters", type=int, default=d.iters, help="timed iterations")
     p.add_argument("-w", "--warmup_iters", "--warmup-iters", type=int, default=d.warmup_iters)
     p.add_argument("-c", "--check", type=int, default=d.check_iters, help="check iterations")
-    p.add_argument("-d", "--datatype", default=d.dtype, help="float32 (float), float16 (half), ...")
+    p.add_argument(
+        "-d",
+        "--datatype",
+        default=d.dtype,
+        help="float32 (float, fp32), bfloat16 (bf16), float16 (half, fp16), ...",
+    )
     p.add_argument("-o", "--op", default=d.redop, help=f"reduction: {', '.join(REDUCTIONS)}")
     p.add_argument("-r", "--root", type=int, default=d.root, help="root of broadcast/reduce")
     p.add_argument(
@@ -235,7 +250,15 @@ def _count_sizes(o: BenchOptions) -> int:
 
 
 def validate_for_world(o: BenchOptions, world_size: int) -> None:
-    """Checks that need the world size: the root must be a rank when a rooted op is asked."""
+    """Checks that need the world size: the root must be a rank when a rooted op is asked, and
+    a one-rank world has something to measure (``send_recv`` needs a peer)."""
+    needs = {op: MIN_WORLD_SIZE.get(op, 1) for op in o.ops}
+    if all(n > world_size for n in needs.values()):
+        named = ", ".join(f"{op} needs {n} ranks" for op, n in needs.items())
+        fewest = max(needs.values())
+        raise ValueError(
+            f"nothing to measure: {named}, the world has {world_size} (--nprocs {fewest})"
+        )
     rooted = [op for op in o.ops if get(op).rooted]
     if rooted and o.root >= world_size:
         raise ValueError(

@@ -13,6 +13,9 @@ launch- and CPU-bound time that no kernel-throughput benchmark sees. ``commsim p
 (``sim.replay.step_fit``).
 
     commbench --step examples/llama3-8b-ddp-8xh100.yaml --layers 4 --output step_h100.json
+
+``--trace-out TRACE.json[.gz]`` also writes the profiled step's Chrome trace (shapes recorded),
+which ``commsim fit PLAN --trace`` reads like any user's torch.profiler trace.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gzip
 import json
 import platform
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +36,7 @@ import torch
 
 from comm_bench.compute import UsageError, detect_gpu_key, resolve_device
 from comm_bench.step_model import batch_of, build_model
-from fileio.output import check_output, write_text
+from fileio.output import Target, check_output, write_bytes, write_text
 from schedules.activations import layer_activation_bytes, logits_bytes
 from schedules.params import embedding_params, layer_params, lm_head_params
 from schedules.plan import Plan, load_plan, plan_to_dict
@@ -80,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse a CPU run estimated to take longer (default %(default)s)",
     )
     parser.add_argument("--output", "-o", default=None, help="write the measurement JSON here")
+    parser.add_argument(
+        "--trace-out",
+        default=None,
+        metavar="TRACE.json[.gz]",
+        help="write the profiled step's Chrome trace here (shapes recorded; commsim fit --trace "
+        "reads it)",
+    )
     return parser
 
 
@@ -194,15 +206,19 @@ def _step_fn(model: torch.nn.Module, optimizer: Any, batch: tuple, *, microbatch
     return step
 
 
-def profile_step(step: Callable[[Any], None], device: torch.device) -> dict[str, Any]:
-    """Per-class time of one step, its kernels and the device's idle time in it."""
+def profile_step(
+    step: Callable[[Any], None], device: torch.device, trace_out: Target | None = None
+) -> dict[str, Any]:
+    """Per-class time of one step, its kernels and the device's idle time in it; with
+    ``trace_out`` the step's Chrome trace is written there too, with input shapes recorded (the
+    shapes add host time to the profiled step, not to its kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=trace_out is not None) as prof:
         begin = time.perf_counter()  # inside: the profiler's own start and stop are not the step's
         step(None)
         if device.type == "cuda":
@@ -210,7 +226,12 @@ def profile_step(step: Callable[[Any], None], device: torch.device) -> dict[str,
         wall_s = time.perf_counter() - begin
     classes = dict.fromkeys(CLASSES, 0.0)
     if device.type == "cuda":
-        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        # GPU-side annotations (the optimizer's ``Optimizer.step#...``) span kernels: not work
+        kernels = [
+            e
+            for e in prof.events()
+            if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)
+        ]
         intervals = [(e.time_range.start / 1e6, e.time_range.end / 1e6) for e in kernels]
         for event, (start, end) in zip(kernels, intervals, strict=True):
             classes[classify(event.name)] += end - start
@@ -220,6 +241,8 @@ def profile_step(step: Callable[[Any], None], device: torch.device) -> dict[str,
         for op in ops:
             classes[classify(op.key)] += op.self_cpu_time_total / 1e6
         busy_s, count = sum(classes.values()), sum(op.count for op in ops)
+    if trace_out is not None:
+        write_bytes(trace_out, chrome_trace_bytes(prof, gzipped=trace_out.name.endswith(".gz")))
     return {
         "classes_s": classes,
         "busy_s": busy_s,
@@ -227,6 +250,16 @@ def profile_step(step: Callable[[Any], None], device: torch.device) -> dict[str,
         "wall_s": wall_s,
         "num_kernels": count,
     }
+
+
+def chrome_trace_bytes(prof: Any, *, gzipped: bool) -> bytes:
+    """The profile as Chrome trace JSON (``export_chrome_trace``, which writes only to a path:
+    a temporary one, so the real output goes through ``fileio.output``), gzipped if asked."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        data = path.read_bytes()
+    return gzip.compress(data, mtime=0) if gzipped else data
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -245,6 +278,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.output
         else None
     )
+    trace_target = None
+    if args.trace_out:
+        if args.no_profile:
+            raise UsageError("--trace-out needs the profiled step: drop --no-profile")
+        trace_target = check_output(args.trace_out, formats=(".json", ".gz"), option="--trace-out",
+                                    inputs=(args.plan, args.output))  # fmt: skip
+        if target is not None and target.path is not None and target.path == trace_target.path:
+            raise UsageError("--output and --trace-out name the same file")
     if not args.plan.is_file():
         raise FileNotFoundError(f"plan file not found: {args.plan}")
     plan = load_plan(args.plan)
@@ -289,7 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "steps": steps,
     }
     if not args.no_profile:
-        result["profile"] = profile_step(step, device)
+        result["profile"] = profile_step(step, device, trace_target)
     if target is not None:
         write_text(target, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(summary(result), end="")

@@ -16,11 +16,13 @@ FIFO nobody writes to cannot hang a command.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import json
 import os
 import reprlib
 import stat
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
@@ -40,9 +42,23 @@ MAX_INPUT_BYTES = 64 << 20
 few megabytes; ``/dev/zero`` or a runaway file is refused instead of read until memory runs out."""
 
 
-MAX_ERROR_CHARS = 300
+MAX_ERROR_CHARS = 1500
 """Longest error line the commands print; values inside are shortened already, this is the
-safety net for anything that was not."""
+safety net for anything that was not (long enough for every list of choices the commands
+give, such as the ``parallel`` section's keys)."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'tp'?)"`` naming the choices closest to ``word`` (difflib's ratio of at
+    least 0.6, as its ``get_close_matches``; at most three, within 0.1 of the closest), or
+    ``""`` when none is close."""
+    word = str(word)
+    close = difflib.get_close_matches(word, list(choices), n=3)
+    if not close:
+        return ""
+    best = difflib.SequenceMatcher(None, word, close[0]).ratio()
+    close = [c for c in close if difflib.SequenceMatcher(None, word, c).ratio() >= best - 0.1]
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)"
 
 
 def cap_line(message: str) -> str:

@@ -47,9 +47,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.data_parallel.registry import data_parallel_kind
 from schedules.messages import cp_grad_message_bytes, cp_kv_message_bytes
 from schedules.plan import Plan
+from schedules.stacks import kernel_stack
 
 DEFAULT_ROTATE_METHOD = "allgather"
 """torchtitan's ``context_parallel_rotate_method`` default (torch's own: ``ALL_GATHER``)."""
@@ -168,7 +168,7 @@ def rotate_method(plan: Plan) -> str:
 def check_context_parallel(plan: Plan) -> None:
     """A rotate method needs torch's ring; torch's ring needs a fused SDPA kernel."""
     parallel = plan.parallel
-    stack = plan.training.stack or data_parallel_kind(parallel).default_stack
+    stack = kernel_stack(plan)
     method = parallel.cp_rotate_method
     if method is not None and (parallel.cp == 1 or stack == "megatron"):
         raise ValueError(

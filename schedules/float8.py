@@ -46,6 +46,7 @@ from __future__ import annotations
 from schedules.data_parallel.registry import data_parallel_kind
 from schedules.params import PARAM_BYTES, layer_params_per_gpu
 from schedules.plan import ModelConfig, Plan
+from schedules.stacks import kernel_stack
 
 ROWWISE_GEMM_BACKEND = "cutlass_rowwise"
 """``Kernel.backend`` of a forward GEMM with row-wise scales: ``torch._scaled_mm`` runs
@@ -193,7 +194,7 @@ def scale_precompute_bytes(
 def check_float8(plan: Plan) -> None:
     """A float8 recipe needs a PyTorch stack; float8 all-gather needs FSDP2 to gather with."""
     training = plan.training
-    stack = training.stack or data_parallel_kind(plan.parallel).default_stack
+    stack = kernel_stack(plan)
     if training.float8_recipe is not None and stack == "megatron":
         raise ValueError(
             f"training.float8_recipe={training.float8_recipe} is torchao's Float8Linear, which "

@@ -31,6 +31,7 @@ from schedules.float8 import (
 )
 from schedules.params import layer_params_per_gpu
 from schedules.plan import Plan
+from schedules.stacks import kernel_stack
 
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward", "memory")
 """What prices a kernel: a GEMM curve, a fused-attention curve, or memory bandwidth alone."""
@@ -190,14 +191,6 @@ WEIGHT_CAST_BYTES_PER_PARAM = 12
 """Autocast over fp32 weights (eager and compiled DDP steps): every forward casts each weight to
 bf16 (read 4, write 2; autocast caches casts only within one forward), and every backward casts
 its bf16 weight gradient to fp32 (read 2, write 4) before accumulating it into ``.grad``."""
-
-
-def kernel_stack(plan: Plan) -> str:
-    """``training.stack``, or the data-parallel kind's default: ``megatron`` for the distributed
-    optimizer, else ``eager``."""
-    if plan.training.stack is not None:
-        return plan.training.stack
-    return data_parallel_kind(plan.parallel).default_stack
 
 
 def elementwise_forward_bytes(plan: Plan) -> float:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fileio.strict import did_you_mean
+
 _LLAMA = {"mlp_activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope"}
 _GPT = {
     "mlp_activation": "gelu",
@@ -142,8 +144,10 @@ def resolve_model_preset(raw: Any) -> Any:
     name = raw["preset"]
     if not isinstance(name, str) or name not in MODEL_PRESETS:
         shown = name if isinstance(name, str) else type(name).__name__
+        hint = did_you_mean(name, MODEL_PRESETS) if isinstance(name, str) else ""
         raise ValueError(
-            f"model preset {shown[:60]!r} is unknown; presets: {', '.join(MODEL_PRESETS)}"
+            f"model preset {shown[:60]!r} is unknown{hint}; presets: {', '.join(MODEL_PRESETS)} "
+            "(commsim presets)"
         )
     shape, _ = MODEL_PRESETS[name]
     overrides = {k: v for k, v in raw.items() if k != "preset"}

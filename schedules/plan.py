@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import load_yaml, shorten
+from fileio.strict import did_you_mean, load_yaml, shorten
 from schedules.model_presets import resolve_model_preset
 from schedules.pipeline_schedules import SCHEDULES as PIPELINE_SCHEDULES
 
@@ -56,7 +56,10 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
     if value not in choices:
-        raise ValueError(f"{key}={shorten(value)} is not one of {', '.join(choices)}")
+        raise ValueError(
+            f"{key}={shorten(value)} is not one of {', '.join(choices)}"
+            f"{did_you_mean(value, choices)}"
+        )
 
 
 def _check_positive(owner: object, section: str, names: tuple[str, ...]) -> None:
@@ -596,7 +599,8 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
     got = f"got {shorten(value)} ({type(value).__name__})"
     nullable = " or null" if type(None) in options else ""
     if key in choices:
-        raise ValueError(f"{key} must be one of {', '.join(choices[key])}{nullable}, {got}")
+        hint = did_you_mean(value, choices[key]) if isinstance(value, str) else ""
+        raise ValueError(f"{key} must be one of {', '.join(choices[key])}{nullable}, {got}{hint}")
     names = " or ".join(
         "null" if o is type(None) else getattr(o, "__name__", str(o)) for o in options
     )
@@ -637,13 +641,20 @@ def _flatten_groups(section: str, raw: Mapping[str, Any], fields: Iterable[str])
             flat = f"{key}_{sub}"
             if flat not in known:
                 raise ValueError(
-                    f"unknown key {shorten(f'{section}.{key}.{sub}')} in plan; valid keys of "
-                    f"{section}.{key}: {', '.join(valid)}"
+                    f"unknown key {shorten(f'{section}.{key}.{sub}')} in plan"
+                    f"{did_you_mean(str(sub), valid)}; valid keys of {section}.{key}: "
+                    f"{', '.join(valid)}"
                 )
             if flat in raw:
                 raise ValueError(f"{section}.{key}.{sub} and {section}.{flat} are the same key")
             out[flat] = item
     return out
+
+
+def flatten_parallel(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``parallel`` mapping with its framework groups (``fsdp: {version: 2}``) spelled flat
+    (``fsdp_version: 2``), so mappings from several sources can be laid key by key."""
+    return _flatten_groups("parallel", raw, (f.name for f in dataclasses.fields(ParallelConfig)))
 
 
 def _build_section(cls: type, section: str, raw: Any) -> Any:
@@ -657,11 +668,11 @@ def _build_section(cls: type, section: str, raw: Any) -> Any:
             raise ValueError(f"{section}.{key} is not a plan key: {reason}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "base_dir"}
-    unknown = sorted(set(raw) - set(fields))
+    unknown = sorted((set(raw) - set(fields)), key=str)
     if unknown:
         raise ValueError(
-            f"unknown key {shorten(section + '.' + str(unknown[0]))} in plan; "
-            f"valid keys: {', '.join(fields)}"
+            f"unknown key {shorten(section + '.' + str(unknown[0]))} in plan"
+            f"{did_you_mean(str(unknown[0]), fields)}; valid keys: {', '.join(fields)}"
         )
     required = [
         name
@@ -700,10 +711,11 @@ def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
     if not isinstance(raw, Mapping):
         raise ValueError(f"a plan must be a mapping with sections {', '.join(_SECTIONS)}")
     allowed = (*_SECTIONS, *_TOP_LEVEL_SCALARS)
-    unknown = sorted(set(raw) - set(allowed))
+    unknown = sorted(set(raw) - set(allowed), key=str)
     if unknown:
         raise ValueError(
-            f"unknown key {shorten(unknown[0])} in plan; valid keys: {', '.join(allowed)}"
+            f"unknown key {shorten(unknown[0])} in plan{did_you_mean(str(unknown[0]), allowed)}; "
+            f"valid keys: {', '.join(allowed)}"
         )
     missing = [s for s in _SECTIONS if s not in raw and s != "parallel"]
     if missing:
@@ -713,6 +725,18 @@ def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
     sections = {s: _build_section(cls, s, raw.get(s, {})) for s, cls in _SECTIONS.items()}
     scalars = {k: _convert(k, raw[k], str) for k in _TOP_LEVEL_SCALARS if k in raw}
     return Plan(**sections, **scalars, base_dir=base_dir)
+
+
+def plan_key_names() -> tuple[str, ...]:
+    """Every key a plan file can give, as ``section.key`` (and the top-level ``name``,
+    ``description``): what ``--set`` accepts."""
+    keys = [
+        f"{section}.{f.name}"
+        for section, cls in _SECTIONS.items()
+        for f in dataclasses.fields(cls)
+        if f.name != "base_dir"
+    ]
+    return (*keys, "model.preset", *_TOP_LEVEL_SCALARS)
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

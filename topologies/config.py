@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from fileio.output import Target, write_text
-from fileio.strict import load_yaml, read_input, shorten
+from fileio.strict import did_you_mean, load_yaml, read_input, shorten
 from topologies.fabrics import FABRIC_PRESETS, FabricSpec
 from topologies.hardware import lookup
 from topologies.nodes import NODE_PRESETS, NodeSpec, with_gpus
@@ -68,8 +68,8 @@ def cluster_mapping(source: str | Path) -> Mapping[str, Any]:
     looks_like_file = Path(text).suffix in (".yaml", ".yml") or "/" in text
     if not looks_like_file and not os.path.lexists(text):  # lexists: False for a bad name too
         raise ValueError(
-            f"unknown cluster {shorten(text)}; give a node preset ({', '.join(NODE_PRESETS)}) "
-            "or a YAML file"
+            f"unknown cluster {shorten(text)}{did_you_mean(text, NODE_PRESETS)}; give a node "
+            f"preset ({', '.join(NODE_PRESETS)}; commsim presets) or a YAML file"
         )
     data = load_yaml(read_input(text, what="cluster file", max_bytes=MAX_CLUSTER_BYTES), name=text)
     if not isinstance(data, Mapping):

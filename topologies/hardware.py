@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
-from fileio.strict import shorten
+from fileio.strict import did_you_mean, shorten
 
 T = TypeVar("T")
 
@@ -504,5 +504,8 @@ def lookup(table: Mapping[str, T], key: str, what: str) -> T:
     """``table[key]``, or ValueError naming ``what`` and the valid keys."""
     if not isinstance(key, str) or key not in table:
         shown = shorten(key)
-        raise ValueError(f"unknown {what} {shown}; valid: {', '.join(sorted(table))}")
+        hint = did_you_mean(key, table) if isinstance(key, str) else ""
+        raise ValueError(
+            f"unknown {what} {shown}{hint}; valid: {', '.join(sorted(table))} (commsim presets)"
+        )
     return table[key]

@@ -66,6 +66,25 @@ NCCL_TESTS_DTYPES: dict[str, str] = {
 }
 """nccl-tests' type column (``float``, ``half``, ...) to our dtype names."""
 
+DTYPE_ALIASES: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+    "fp32": "float32",
+    "f32": "float32",
+    "single": "float32",
+    "fp64": "float64",
+    "f64": "float64",
+    "i8": "int8",
+    "i32": "int32",
+    "i64": "int64",
+    "u8": "uint8",
+}
+"""Short names people type for ``-d`` (torch's and the frameworks' ``bf16``, ``fp16``, ...)."""
+
+MIN_WORLD_SIZE = {"send_recv": 2}
+"""Fewest ranks an op runs on, where more than one: send_recv needs a peer other than itself."""
+
 ALIGN_BYTES = 16
 """nccl-tests rounds per-rank counts down to a multiple of 16 bytes."""
 

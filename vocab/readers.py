@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import load_json, shorten
+from fileio.strict import load_json, read_input, shorten
 from vocab.collectives import (
     NCCL_TESTS_DTYPES,
     OPS,
@@ -45,7 +45,14 @@ from vocab.collectives import (
     dtype_bytes,
     get,
 )
-from vocab.records import FIELD_NAMES, SCHEMA, Record, row_problem
+from vocab.records import (
+    FIELD_NAMES,
+    MAX_SIZE_BYTES,
+    SCHEMA,
+    Record,
+    physics_problem,
+    row_problem,
+)
 
 BUSBW_COLUMNS = ("op", "num_nodes", "gpus_per_node", "size_bytes", "busbw_gbps")
 """Header of the published busbw tables."""
@@ -87,12 +94,24 @@ class _Section:
 
 
 def read_results(path: str | Path, *, op: str | None = None) -> list[Record]:
-    """Every record in ``path`` (any supported format; ValueError naming the file otherwise).
+    """Every record in ``path`` (any supported format; ValueError naming the file otherwise),
+    each checked for what a measurement allows (``records.physics_problem``).
 
     ``op`` names the collective of an nccl-tests log that does not say it (no ``Collective test
     starting`` line, and a file name that names no op)."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    records = _read_any(path, op)
+    for index, record in enumerate(records):
+        problem = physics_problem(record)
+        if problem is not None:
+            what = f"{record.op} {record.size_bytes} B"
+            raise ValueError(f"{path}: result {index} ({shorten(what)}): {problem}")
+    return records
+
+
+def _read_any(path: Path, op: str | None) -> list[Record]:
+    """The records of ``path`` in whichever format it is."""
+    text = read_input(path, what="measured results")
     stripped = text.lstrip()
     if stripped.startswith("{"):
         return _read_json(text, path)
@@ -101,7 +120,7 @@ def read_results(path: str | Path, *, op: str | None = None) -> list[Record]:
     if header == FIELD_NAMES:
         return _read_commbench_csv(text, path)
     if header == BUSBW_COLUMNS:
-        return parse_busbw_csv(text)
+        return parse_busbw_csv(text, name=str(path))
     records = parse_nccl_tests_text(text, name=path.name, op=op)
     if not records:
         has_rows = any(_is_row(line.split()) for line in text.splitlines())
@@ -159,7 +178,10 @@ def _csv_value(name: str, text: str) -> Any:
     if name in ("size_bytes", "count", "world_size", "num_nodes", "num_wrong", "root", "num_iters"):
         return int(text)
     if name == "in_place":
-        return text.strip().lower() == "true"
+        flag = text.strip().lower()
+        if flag not in ("true", "false"):
+            raise ValueError(f"in_place={shorten(text)} must be true or false")
+        return flag == "true"
     if name in ("op", "dtype", "redop", "algo", "source"):
         return text
     return float(text)
@@ -169,6 +191,8 @@ def _read_commbench_csv(text: str, path: Path) -> list[Record]:
     reader = csv.DictReader(io.StringIO(text))
     records = []
     for index, row in enumerate(reader):
+        if None in row:  # csv.DictReader keeps fields past the header under None
+            raise ValueError(f"{path}: result {index}: more fields than the header's")
         try:
             values = {name: _csv_value(name, row[name] or "") for name in FIELD_NAMES}
         except ValueError as exc:
@@ -179,8 +203,10 @@ def _read_commbench_csv(text: str, path: Path) -> list[Record]:
     return records
 
 
-def parse_busbw_csv(text: str) -> list[Record]:
-    """Records of a published busbw table (see the module docstring for derived fields)."""
+def parse_busbw_csv(text: str, *, name: str = "<busbw table>") -> list[Record]:
+    """Records of a published busbw table (see the module docstring for derived fields); a row
+    with missing or extra fields, a value that is no number, or a bus bandwidth that gives no
+    time (zero, or one GPU, where no bus is used) is a ValueError naming ``name`` and the row."""
     comments = " ".join(ln for ln in text.splitlines() if ln.startswith("#")).lower()
     in_place = "in-place" in comments.replace("out-of-place", "")
     rows = csv.DictReader(
@@ -189,11 +215,8 @@ def parse_busbw_csv(text: str) -> list[Record]:
         )
     )
     records = []
-    for row in rows:
-        op = canonical_op(row["op"])
-        num_nodes = int(row["num_nodes"])
-        world = num_nodes * int(row["gpus_per_node"])
-        size, busbw = int(row["size_bytes"]), float(row["busbw_gbps"])
+    for index, row in enumerate(rows):
+        op, num_nodes, world, size, busbw = _busbw_row(row, f"{name}: row {index + 1}")
         definition = get(op)
         algbw = busbw / definition.busbw_factor(world)
         records.append(
@@ -214,6 +237,37 @@ def parse_busbw_csv(text: str) -> list[Record]:
             )
         )
     return records
+
+
+def _busbw_row(row: dict[Any, Any], where: str) -> tuple[str, int, int, int, float]:
+    """(op, nodes, world, size, busbw) of a busbw-table row, each field checked."""
+    if None in row or None in row.values():  # csv.DictReader: extra fields, missing ones
+        raise ValueError(
+            f"{where}: expected the {len(BUSBW_COLUMNS)} fields {', '.join(BUSBW_COLUMNS)}"
+        )
+    numbers: dict[str, float] = {}
+    for column in BUSBW_COLUMNS[1:]:
+        try:
+            numbers[column] = float(row[column])
+        except ValueError:
+            raise ValueError(f"{where}: {column}={shorten(row[column])} is not a number") from None
+        whole = column != "busbw_gbps"
+        if not (math.isfinite(numbers[column]) and numbers[column] > 0) or (
+            whole and not numbers[column].is_integer()
+        ):
+            kind = "a whole number" if whole else "a finite number"
+            raise ValueError(f"{where}: {column}={shorten(row[column])} must be {kind} > 0")
+    nodes, world = int(numbers["num_nodes"]), int(numbers["num_nodes"] * numbers["gpus_per_node"])
+    op = canonical_op(row["op"])
+    if get(op).busbw_factor(world) == 0:
+        raise ValueError(
+            f"{where}: {op} on {world} GPU has no bus bandwidth (nothing crosses a link): "
+            "no time can be derived"
+        )
+    size = numbers["size_bytes"]
+    if size > MAX_SIZE_BYTES:
+        raise ValueError(f"{where}: size_bytes={row['size_bytes']} is over {MAX_SIZE_BYTES:,}")
+    return op, nodes, world, int(size), numbers["busbw_gbps"]
 
 
 def _file_hints(name: str) -> tuple[str | None, str | None, int | None]:

@@ -153,6 +153,34 @@ def _check_field(name: str, value: Any, rule: _FieldRule) -> str | None:
     return None
 
 
+MAX_SIZE_BYTES = 1 << 50
+"""Largest message a measured record may claim (1 PiB: a thousand times the largest buffer a
+GPU holds; ``1e35`` B is a typo or a fuzzer)."""
+MAX_TIME_US = 3.6e9
+"""Longest time one collective may claim (an hour)."""
+
+
+def physics_problem(record: Record) -> str | None:
+    """What a record claims that a measurement cannot (a size or time of zero, below or past any
+    collective's, a bandwidth that is not a finite number, a root outside the world), or None."""
+    if not 1 <= record.num_nodes <= record.world_size:
+        return (
+            f"world_size={record.world_size} and num_nodes={record.num_nodes} must satisfy "
+            "1 <= num_nodes <= world_size"
+        )
+    if not 0 < record.size_bytes <= MAX_SIZE_BYTES:
+        return f"size_bytes={record.size_bytes!r} must be in 1..{MAX_SIZE_BYTES:,} (1 PiB)"
+    if not 0 < record.time_us <= MAX_TIME_US:  # False for nan
+        return f"time_us={record.time_us!r} must be > 0 and at most {MAX_TIME_US:g} (an hour)"
+    for name in ("algbw_gbps", "busbw_gbps"):
+        value = getattr(record, name)
+        if not (math.isfinite(value) and value >= 0):
+            return f"{name}={value!r} must be a finite number >= 0"
+    if record.root >= record.world_size:
+        return f"root={record.root} is not a rank of a {record.world_size}-rank world"
+    return None
+
+
 def row_problem(row: dict[str, Any]) -> str | None:
     """What is wrong with a JSON/CSV row of record fields (``field=value must ...``), or None."""
     for name, rule in _RULES.items():

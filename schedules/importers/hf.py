@@ -28,25 +28,50 @@ _HF_KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32}
 """``num_key_value_heads`` when absent (None: the query heads), from each config class."""
 
 
+_HF_NOISE = frozenset({
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "initializer_range", "initializer_factor", "rms_norm_eps", "layer_norm_eps",
+    "layer_norm_epsilon", "rope_theta", "rope_scaling", "rotary_emb_base", "rope_parameters",
+    "transformers_version", "use_cache", "torch_dtype", "dtype", "pretraining_tp",
+    "tokenizer_class", "max_window_layers", "id2label", "label2id", "task_specific_params",
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+    "reorder_and_upcast_attn", "classifier_dropout", "output_attentions",
+    "output_hidden_states", "return_dict", "is_decoder", "bad_words_ids", "rotary_pct",
+})  # fmt: skip
+"""Keys that change nothing a training step costs: token ids, initialisation, norm epsilons,
+the rotary base and scaling (the same kernels), inference caching (``use_cache``,
+``pretraining_tp``), the checkpoint's dtype (not the training precision), labels and
+bookkeeping. Counted in the warning, not listed."""
+
+
 def model_from_hf_config(path: Path) -> Imported:
     """The ``model`` section of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, GPT-2 or
-    GPT-NeoX); ``seq_len`` is ``max_position_embeddings`` (a warning says to override it)."""
-    fields = _read(path, "Hugging Face config", lambda text, name: load_json(text, name=name))
-    family, architecture = _hf_family(fields)
+    GPT-NeoX); ``seq_len`` is ``max_position_embeddings`` (a warning says to override it). The
+    model is named by ``_name_or_path``, else by the folder holding ``config.json`` (a Hub
+    download's folder is the model's name), else by the file's stem."""
+    fields = _read(path, "Hugging Face config", _load_json, noise=_HF_NOISE)
+    family, _ = _hf_family(fields)
     notes: list[str] = []
-    name = fields.get("_name_or_path", str, "") or architecture
+    name = fields.get("_name_or_path", str, "") or _hf_name(Path(path))
     if family == "gpt2":
         shape = _hf_gpt2(fields, notes)
     elif family == "gpt_neox":
         shape = _hf_neox(fields, notes)
     else:
         shape = _hf_llama(fields, family, notes)
-    for key in ("torch_dtype", "dtype"):
-        if fields.has(key):
-            notes.append(
-                fields.note(key, "is the checkpoint's dtype, not the training precision (ignored)")
-            )
-    return Imported(sections={"model": {"name": name, **shape}}, warnings=(*notes, *fields.left()))
+    return fields.imported({"model": {"name": name, **shape}}, notes)
+
+
+def _load_json(text: str, name: str) -> Any:
+    return load_json(text, name=name)
+
+
+def _hf_name(path: Path) -> str:
+    """The model's name from where its config is: ``Meta-Llama-3-8B/config.json`` names
+    ``Meta-Llama-3-8B``; a config named otherwise (``llama.json``) names itself."""
+    folder = path.resolve().parent.name
+    return folder if path.name == "config.json" and folder else path.stem
 
 
 def _hf_family(fields: _Fields) -> tuple[str, str]:
@@ -76,10 +101,11 @@ def _hf_family(fields: _Fields) -> tuple[str, str]:
 
 def _hf_seq_len(fields: _Fields, key: str, notes: list[str]) -> int:
     seq_len = fields.count(key)
-    notes.append(
+    line = (
         f"{fields.file}: model.seq_len={seq_len} is {key}, the longest context the model "
         "supports; training usually runs shorter sequences: override model.seq_len"
     )
+    notes.append(fields.ask(line, "model.seq_len"))
     return seq_len
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fileio.strict import read_input, shorten
-from schedules.importers.common import _KIND_NAMES, Imported
+from schedules.importers.common import _KIND_NAMES, NOT_MODELLED, Imported
 from schedules.importers.shell import _megatron_words, _parse_flags
 
 _MEGATRON_FLAGS: dict[str, type] = {
@@ -68,6 +68,29 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--attention-backend": str,
 }
 """The flags read (arguments.py, core_v0.15.0) and their argparse types; bool: store_true."""
+_MEGATRON_NOISE = frozenset({
+    "--lr", "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-decay-samples",
+    "--lr-warmup-iters", "--lr-warmup-fraction", "--lr-warmup-samples", "--train-iters",
+    "--train-samples", "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2",
+    "--adam-eps", "--init-method-std", "--seed", "--rotary-base", "--rotary-percent",
+    "--norm-epsilon", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file",
+    "--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--split",
+    "--data-cache-path", "--mock-data", "--num-workers", "--save", "--load", "--save-interval",
+    "--no-load-optim", "--no-load-rng", "--ckpt-format", "--eval-interval", "--eval-iters",
+    "--log-interval", "--log-throughput", "--log-params-norm", "--log-num-zeros-in-grad",
+    "--tensorboard-dir", "--log-timers-to-tensorboard", "--wandb-project", "--wandb-exp-name",
+    "--wandb-save-dir", "--exit-duration-in-mins", "--distributed-backend",
+    "--distributed-timeout-minutes", "--use-mcore-models", "--loss-scale",
+    "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
+})  # fmt: skip
+"""Flags that change nothing a step costs: learning rate and optimizer hyperparameters, the
+number of steps, initialisation, rotary base, data, tokenizer files, checkpointing, logging and
+the fp16 loss-scale dynamics. Counted in the warning, not listed."""
+_ASKS = {
+    "give model.vocab_size": "model.vocab_size",
+    "depends on the world size: left out": "training.global_batch_size",
+}
+"""Lines that ask for a plan key (their ending -> the key): a plan giving it answers them."""
 _MEGATRON_CHOICES = {
     "--recompute-granularity": ("full", "selective"),
     "--recompute-method": ("uniform", "block"),
@@ -85,6 +108,7 @@ class _Flags:
     def __init__(self, file: str, values: dict[str, list[str]]) -> None:
         self.file, self.values = file, values
         self.read: set[str] = set()
+        self.ignored: list[str] = []
 
     def has(self, flag: str) -> bool:
         return flag in self.values
@@ -122,10 +146,11 @@ class _Flags:
         return value
 
     def left(self) -> list[str]:
+        """A line per flag no read asked for; ``_MEGATRON_NOISE`` goes to ``ignored``."""
+        unread = [flag for flag in self.values if flag not in self.read]
+        self.ignored = [flag for flag in unread if flag in _MEGATRON_NOISE]
         return [
-            f"{self.file}: {flag} is not modelled (ignored)"
-            for flag in self.values
-            if flag not in self.read
+            f"{self.file}: {flag} {NOT_MODELLED}" for flag in unread if flag not in self.ignored
         ]
 
 
@@ -145,9 +170,12 @@ def from_megatron_args(path: Path) -> Imported:
     parallel = _megatron_parallel(flags, notes)
     training = _megatron_training(flags, model is not None, notes)
     sections = {"model": model, "parallel": parallel, "training": training}
+    warnings = (*notes, *flags.left())
+    asks = {line: key for line in warnings for tail, key in _ASKS.items() if line.endswith(tail)}
     return Imported(
-        sections={k: v for k, v in sections.items() if v}, warnings=(*notes, *flags.left())
-    )
+        sections={k: v for k, v in sections.items() if v}, file=file, warnings=warnings,
+        ignored=tuple(flags.ignored), asks=asks,
+    )  # fmt: skip
 
 
 def _megatron_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:

@@ -26,27 +26,55 @@ _TITAN_FLAVORS = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
 """torchtitan's llama3 flavors (models/llama3/__init__.py) and the presets of the same shape."""
 _TITAN_SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved", "GPipe": "gpipe"}
 """torch.distributed.pipelining schedules the plan has; 1F1B and GPipe are single-stage."""
+_TITAN_OLD_PARALLEL_KEYS = frozenset({
+    "data_parallel_degree", "data_parallel_replicate_degree", "data_parallel_shard_degree",
+    "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+    "enable_async_tensor_parallel", "pipeline_parallel_schedule",
+    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
+    "context_parallel_rotate_method", "fsdp_reshard_after_forward",
+    "pipeline_parallel_split_points", "pipeline_parallel_microbatches",
+})  # fmt: skip
+"""Keys of ``[parallelism]`` that torchtitan before v0.1 kept under ``[training]`` (the degrees,
+FSDP's knobs) or ``[experimental]`` (pipeline and context parallel, async TP)."""
+_TITAN_NOISE = frozenset({
+    "job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "validation",
+    "comm", "memory_estimation", "fault_tolerance", "ft",
+    "model.hf_assets_path", "model.tokenizer_path", "model.norm_type", "training.max_norm",
+    "training.steps", "training.dataset", "training.dataset_path", "training.warmup_steps",
+    "training.seed", "training.deterministic", "training.gc_freq", "training.lr",
+    "experimental.custom_model_path", "experimental.custom_import",
+})  # fmt: skip
+"""Keys that change nothing a step costs: output folders, profiling, metrics, the optimizer's
+hyperparameters (AdamW is what the plan prices), the schedule of the learning rate,
+checkpointing, validation, timeouts, the number of steps and the data. Counted, not listed."""
 _TITAN_DDP_BUCKET_MB = 100.0
 """torchtitan's apply_ddp: ``replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)``."""
 
 
-def from_torchtitan_toml(path: Path) -> Imported:
+def from_torchtitan_toml(path: Path, *, world_size: int | None = None) -> Imported:
     """``model``, ``parallel`` and ``training`` sections of a torchtitan TOML config (v0.1-v0.2,
-    the releases configured by TOML). Absent keys take torchtitan's defaults, as a run would:
+    the releases configured by TOML; older files with the degrees under ``[training]`` and
+    ``[experimental]`` are read too). Absent keys take torchtitan's defaults, as a run would:
     ``seq_len`` 2048, ``local_batch_size`` 8, FSDP2 over the leftover ranks, per-layer
-    activation checkpointing of every second layer. Llama 3 flavors become presets."""
+    activation checkpointing of every second layer. Llama 3 flavors become presets.
+
+    ``world_size`` (the cluster's GPUs) works out ``data_parallel_shard_degree = -1`` as
+    torchtitan's ``ParallelDims`` does: the ranks left over by the other degrees."""
     import tomllib  # here, not at the top: Python 3.11+, and the project supports 3.10
 
-    fields = _read(path, "torchtitan config", lambda text, name: tomllib.loads(text))
+    fields = _read(path, "torchtitan config", lambda text, name: tomllib.loads(text), _TITAN_NOISE)
+    if world_size is not None and (type(world_size) is not int or world_size <= 0):
+        raise ValueError(f"{fields.file}: world_size must be a positive integer, got {world_size}")
     notes: list[str] = []
-    model_t, training_t, parallel_t = (fields.sub(t) for t in ("model", "training", "parallelism"))
+    model_t, training_t = fields.sub("model"), fields.sub("training")
+    parallel_t = _titan_parallelism_table(fields, training_t, notes)
     preset = _titan_preset(model_t, notes)
     model: dict[str, Any] = {"preset": preset} if preset else {}
     model["seq_len"] = training_t.get("seq_len", int, 2048)
     num_layers = MODEL_PRESETS[preset][0]["num_layers"] if preset else None
     compile_t = fields.sub("compile")
     compiled = _titan_compiled(compile_t, training_t)
-    parallel, dp = _titan_parallel(parallel_t, training_t, num_layers, compiled, notes)
+    parallel, dp = _titan_parallel(parallel_t, training_t, num_layers, compiled, notes, world_size)
     recompute = _titan_recompute(fields.sub("activation_checkpoint"), notes)
     if recompute:
         parallel["recompute"] = recompute
@@ -58,7 +86,39 @@ def from_torchtitan_toml(path: Path) -> Imported:
     for table in (model_t, training_t, parallel_t, compile_t):
         notes.extend(table.left())
     sections = {"model": model, "parallel": parallel, "training": training}
-    return Imported(sections=sections, warnings=(*notes, *fields.left()))
+    return fields.imported(sections, notes)
+
+
+def _titan_parallelism_table(fields: _Fields, training: _Fields, notes: list[str]) -> _Fields:
+    """``[parallelism]``, or before torchtitan v0.1 the same keys under ``[training]`` (the
+    degrees, FSDP's knobs) and ``[experimental]`` (pipeline, context parallel, async TP); a
+    file giving both places is refused, as torchtitan refuses keys it does not know."""
+    experimental = fields.sub("experimental") if fields.has("experimental") else None
+    old = {
+        table: [k for k in table.data if k in _TITAN_OLD_PARALLEL_KEYS]
+        for table in (training, experimental) if table is not None
+    }  # fmt: skip
+    moved = {f"{table.prefix}{key}": table.data[key] for table, keys in old.items() for key in keys}
+    if not moved:
+        return fields.sub("parallelism")
+    if fields.has("parallelism"):
+        first = next(iter(moved))
+        raise ValueError(
+            f"{fields.file}: {first} is where torchtitan before v0.1 kept it, and the file has "
+            "a [parallelism] table too: move it under [parallelism]"
+        )
+    for table, keys in old.items():
+        table.read.update(keys)
+    data = {key.split(".", 1)[1]: value for key, value in moved.items()}
+    if "data_parallel_degree" in data:  # the first name of the FSDP degree (mid 2024)
+        data["data_parallel_shard_degree"] = data.pop("data_parallel_degree")
+    notes.append(
+        f"{fields.file}: {', '.join(moved)}: read as [parallelism] (torchtitan before v0.1 kept "
+        "the degrees there)"
+    )
+    if experimental is not None:
+        notes.extend(experimental.left())
+    return _Fields(fields.file, data, "parallelism.", noise=fields.noise, ignored=fields.ignored)
 
 
 def _titan_preset(model: _Fields, notes: list[str]) -> str | None:
@@ -84,9 +144,11 @@ def _titan_compiled(compile_t: _Fields, training: _Fields) -> bool:
 
 
 def _titan_parallel(
-    par: _Fields, training: _Fields, num_layers: int | None, compiled: bool, notes: list[str]
-) -> tuple[dict[str, Any], int | None]:
-    """Degrees, the data-parallel kind (torchtitan's ParallelDims) and the pipeline split."""
+    par: _Fields, training: _Fields, num_layers: int | None, compiled: bool, notes: list[str],
+    world_size: int | None = None,
+) -> tuple[dict[str, Any], int | None]:  # fmt: skip
+    """Degrees, the data-parallel kind (torchtitan's ParallelDims) and the pipeline split; the
+    data-parallel degree when the file or the world size fixes it."""
     replicate = par.get("data_parallel_replicate_degree", int, 1)
     shard = par.get("data_parallel_shard_degree", int, -1)
     degrees = {
@@ -102,6 +164,9 @@ def _titan_parallel(
     dp = replicate * shard if shard > 0 else None
     if dp:
         parallel["dp"] = dp
+    elif world_size is not None:  # -1: left to the plan's resolve; the batch needs it now
+        shard = _titan_leftover(par.file, world_size, replicate * math.prod(degrees.values()))
+        dp = replicate * shard
     if degrees["tp"] > 1:  # torchtitan's TP plan shards norms over the sequence (SequenceParallel)
         parallel["sequence_parallel"] = True
     parallel.update(_titan_data_parallel(par, training, replicate, shard, degrees["cp"], notes))
@@ -124,6 +189,17 @@ def _titan_parallel(
             "context_parallel_rotate_method", CP_ROTATE_METHODS, "allgather"
         )
     return parallel, dp
+
+
+def _titan_leftover(file: str, world_size: int, others: int) -> int:
+    """``data_parallel_shard_degree = -1``: the ranks left by the other degrees (ParallelDims
+    ``dp_shard = world_size // (dp_replicate * cp * tp * pp)``, which must divide evenly)."""
+    if world_size % others:
+        raise ValueError(
+            f"{file}: data_parallel_shard_degree -1 on {world_size} GPUs: the other degrees "
+            f"(replicate x tp x pp x cp = {others}) do not divide the world size"
+        )
+    return world_size // others
 
 
 def _titan_data_parallel(
@@ -265,13 +341,12 @@ def _titan_training(
     if global_batch > 0 or dp:
         out["global_batch_size"] = global_batch if global_batch > 0 else local * (dp or 0)
     else:
-        notes.append(
-            training.note(
-                "global_batch_size",
-                "unset: torchtitan uses local_batch_size x the data-parallel degree, which "
-                "data_parallel_shard_degree -1 leaves to the world size: left out",
-            )
+        line = training.note(
+            "global_batch_size",
+            "unset: torchtitan uses local_batch_size x the data-parallel degree, which "
+            "data_parallel_shard_degree -1 leaves to the world size: left out",
         )
+        notes.append(training.ask(line, "training.global_batch_size"))
     precision = _titan_precision(training, model, notes)
     if precision:
         out["precision"] = precision

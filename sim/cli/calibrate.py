@@ -67,10 +67,8 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if not calibration.params:
         raise ValueError(f"nothing could be fitted: {'; '.join(notes)}")
-    print(
-        f"# commsim calibrate: {len(records)} records from {len(args.measured)} file(s), "
-        f"topology {args.topology}"
-    )
+    print(f"# commsim calibrate: {_used(calibration, len(records))}, from "
+          f"{len(args.measured)} file(s), topology {args.topology}")  # fmt: skip
     print("\n".join(describe(calibration)))
     for note in notes:
         print(f"# note: {note}")
@@ -83,6 +81,19 @@ def run(args: argparse.Namespace) -> int:
     if not target.is_stdout:
         print(f"# wrote {target.name}")
     return 0
+
+
+def _used(calibration: Calibration, num_read: int) -> str:
+    """``56 of 112 records used (56 in-place twins of out-of-place ones)``: what the fit used,
+    and why the rest were left out."""
+    used = sum(q.num_points for q in calibration.quality.values())
+    priced = int(calibration.fitted_from.get("num_records", num_read))
+    why = [
+        f"{num_read - priced} in-place twins of out-of-place ones" if num_read > priced else "",
+        f"{priced - used} in groups of too few sizes" if priced > used else "",
+    ]
+    reasons = ", ".join(w for w in why if w)
+    return f"{used} of {num_read} records used" + (f" ({reasons})" if reasons else "")
 
 
 def _note(line: str) -> None:

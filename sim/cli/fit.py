@@ -9,6 +9,14 @@ above the GPU's dense peak, or below ``MIN_GEMM_EFFICIENCY`` of it, is refused: 
 batch, recompute) or the measurement is wrong, not the GPU.
 
     commsim fit plan.yaml --step-time 12.3 --compute-calibration fitted.json
+
+With ``--trace`` the fit reads the user's own torch.profiler trace of the traced job's step
+instead (``sim.replay.trace_fit``): per-class efficiencies, launches and host cost, as a
+``commbench --step`` file gives them, and prints predicted against traced time per class and
+phase (``--plot`` draws them; a multi-rank trace also gets its NCCL kernels against the
+simulated collectives).
+
+    commsim fit plan.yaml --trace trace.json.gz --step-time 0.058 --compute-calibration fitted.json
 """
 
 from __future__ import annotations
@@ -21,9 +29,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from fileio.output import check_outputs
+from fileio.output import check_outputs, write_bytes
 from sim.inputs.calibrations import compute_calibration_for, load_calibrations
-from sim.inputs.plans import load_plan_file
+from sim.inputs.plans import add_set_argument, load_plan_file
 from sim.network.comm_model import FIDELITIES
 
 MIN_GEMM_EFFICIENCY = 0.15
@@ -38,12 +46,26 @@ MAX_SIMULATIONS = 40
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Define the ``commsim fit`` flags."""
     parser.add_argument("plan", type=Path, metavar="PLAN.yaml", help="the plan that was measured")
+    add_set_argument(parser)
     parser.add_argument(
         "--step-time",
         type=float,
-        required=True,
+        default=None,
         metavar="SECONDS",
-        help="measured seconds per optimizer step (steady state, not the first steps)",
+        help="measured seconds per optimizer step (steady state, not the first steps; unprofiled "
+        "with --trace, where it defaults to the profiled step's wall time)",
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        metavar="TRACE.json[.gz]",
+        help="fit to this torch.profiler trace of the plan's step (one rank's file)",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PLOT.png",
+        help="with --trace: plot predicted vs traced time per class and phase (png, svg, pdf)",
     )
     parser.add_argument(
         "--compute-calibration",
@@ -108,13 +130,21 @@ def run(args: argparse.Namespace) -> int:
     from vocab.compute_calibration import ComputeCalibration, save_compute_calibration
 
     measured = args.step_time
-    if not math.isfinite(measured) or measured <= 0:
+    if measured is not None and (not math.isfinite(measured) or measured <= 0):
         raise ValueError(f"--step-time must be a positive number of seconds, got {measured}")
+    if args.trace is not None:
+        return run_trace(args)
+    if measured is None or args.plot is not None:
+        raise ValueError(
+            "--step-time is required without --trace"
+            if measured is None
+            else "--plot needs --trace (it compares the trace with the prediction)"
+        )
     targets = check_outputs(
         {"--compute-calibration": (args.compute_calibration, (".json",))},
         inputs=(args.plan, args.calibration, args.from_compute_calibration),
     )
-    plan = load_plan_file(args.plan)
+    plan = load_plan_file(args.plan, args.set)
     topology = plan_topology(plan)
     plan = resolve_plan(plan, topology.num_gpus)
     comm, source = load_calibrations(args.calibration, args.from_compute_calibration)
@@ -168,6 +198,63 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(_text(summary, args.compute_calibration))
+    return 0
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    """``commsim fit --trace``: fit to the trace, compare, print, write; returns 0."""
+    from sim.output.trace_fit_report import comparison_figure_bytes, fit_json, fit_text
+    from sim.replay.simulate import plan_topology, simulate_plan
+    from sim.replay.trace_compare import class_rows, collective_rows, phase_rows
+    from sim.replay.trace_fit import compute_slice, fit_trace
+    from vocab.compute_calibration import save_compute_calibration
+    from vocab.trace_summary import read_step
+
+    if args.from_compute_calibration is not None:
+        raise ValueError(
+            "--from-compute-calibration does not combine with --trace: the trace sets every "
+            "fitted compute parameter"
+        )
+    targets = check_outputs(
+        {
+            "--compute-calibration": (args.compute_calibration, (".json",)),
+            "--plot": (args.plot, (".png", ".svg", ".pdf")),
+        },
+        inputs=(args.plan, args.trace, args.calibration),
+    )
+    plan = load_plan_file(args.plan, args.set)
+    topology = plan_topology(plan)
+    gpu = topology.gpu_spec(0)
+    step = read_step(args.trace, device="cpu" if gpu.name == "cpu" else "gpu")
+    fit = fit_trace(step, plan, gpu, world_size=topology.num_gpus, step_time_s=args.step_time,
+                    source_plan=args.plan.name)  # fmt: skip
+    if not fit.gemms.matches:
+        _warn(
+            f"only {fit.gemms.num_matched} of {fit.gemms.num_shaped} traced GEMMs have one of "
+            f"the plan's GEMM shapes: the trace is of another model or batch than {args.plan.name}"
+        )
+    comm, _ = load_calibrations(args.calibration, None)
+    result = simulate_plan(plan, topology=topology, comm_calibration=comm,
+                           compute_calibration=fit.calibration, fidelity=args.fidelity)  # fmt: skip
+    rows = {
+        "classes": class_rows(step, compute_slice(plan, topology.num_gpus), gpu, fit.calibration),
+        "phases": phase_rows(step, result, fit.step_time_s),
+        "collectives": collective_rows(step, result)
+        if topology.num_gpus > 1 or step.collectives
+        else [],
+    }
+    if (target := targets.get("--compute-calibration")) is not None:
+        save_compute_calibration(fit.calibration, target)
+    if (plot := targets.get("--plot")) is not None:
+        title = f"{Path(step.source).name} vs {args.plan.name}"
+        data = comparison_figure_bytes(rows["classes"], rows["phases"], title=title,
+                                       image_format=plot.format)  # fmt: skip
+        write_bytes(plot, data)
+    if args.json:
+        print(json.dumps(fit_json(fit, **rows), indent=2))
+    else:
+        written = str(args.compute_calibration) if args.compute_calibration else None
+        print(fit_text(fit, **rows, written=written))
     return 0
 
 

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("sim.cli.fit", "fit the compute speed to one measured step of a plan"),
     "search": ("sim.cli.search", "simulate every valid layout of a model on a cluster, ranked"),
     "validate": ("sim.cli.validate", "simulate published training runs and report the error"),
+    "presets": ("sim.cli.presets", "list the model, server, fabric, GPU and CPU presets"),
 }
 
 
@@ -58,9 +59,32 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+DESCRIPTION = (
+    "Simulate GPU training steps and collectives before renting the GPUs: step time, MFU, "
+    "memory and a timeline of a parallel plan on a cluster, calibrated from measured "
+    "collectives (commbench, nccl-tests)."
+)
+"""What ``commsim --help`` says the tool is for."""
+EPILOG = """examples:
+  commsim presets                                     models, servers, fabrics, GPUs, CPUs
+  commsim plan examples/llama3-8b-ddp-8xh100.yaml     one step of a plan file
+  commsim plan --model llama3-8b --cluster dgx-h100:2 --global-batch 64 --set parallel.tp=2
+  commsim plan --model config.json --deepspeed ds_config.json --cluster dgx-h100:4
+  commsim search --model llama3-70b --cluster dgx-h100:32 --global-batch 512
+  commsim calibrate run.json --topology dgx-h100 -o calibration.json
+
+'commsim COMMAND --help' describes a command; docs/ has the details."""
+"""The examples under ``commsim --help``."""
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """The parser, with only the sub-command named in ``argv`` imported."""
-    parser = _Parser(prog="commsim", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="commsim",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     wanted = next((a for a in argv if not a.startswith("-")), None)
@@ -86,7 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (ValueError, OSError, yaml.YAMLError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, FileNotFoundError):
+        if isinstance(exc, FileNotFoundError) and exc.filename is not None:
+            message = f"{shorten_path(exc.filename)}: file not found"  # not "[Errno 2] ..."
+        elif isinstance(exc, OSError) and exc.strerror:
             # an unreadable input or output path: say which and why, without the errno prefix
             message = f"{shorten_path(exc.filename)}: {exc.strerror}"
         if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:

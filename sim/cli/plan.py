@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
 def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, Topology]:
     """Resolve the plan on its cluster and replay one step with the requested calibrations."""
     from schedules.resolve import resolve_plan
+    from schedules.stacks import stack_warning
     from sim.replay.simulate import plan_topology, simulate_plan
 
     comm_calibration, compute_source = load_calibrations(args.calibration, args.compute_calibration)
@@ -127,6 +128,8 @@ def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, To
             )
         _warn(f"--calibration {args.calibration}: {note}")
     topology = plan_topology(plan)
+    if (assumption := stack_warning(plan)) is not None:
+        _warn(assumption)
     compute_calibration = compute_calibration_for(compute_source, topology.gpu_spec(0), warn=_warn)
     plan = resolve_plan(plan, topology.num_gpus)
     result = simulate_plan(

@@ -29,7 +29,7 @@ import yaml
 
 from fileio.output import check_outputs, write_bytes
 from sim.inputs.calibrations import compute_calibration_for, load_calibrations
-from sim.inputs.plans import load_plan_file
+from sim.inputs.plans import add_set_argument, apply_sets, load_plan_file
 
 if TYPE_CHECKING:
     from schedules.plan import Plan
@@ -93,6 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", type=Path, metavar="OUT.csv", help="write every row")
     parser.add_argument("--best-plan", type=Path, metavar="BEST.yaml", help="write the best plan")
     parser.add_argument("--plot", type=Path, metavar="PLOT.png", help="throughput vs memory")
+    add_set_argument(parser)
 
 
 def _space(args: argparse.Namespace) -> SearchSpace:
@@ -131,7 +132,7 @@ def _space(args: argparse.Namespace) -> SearchSpace:
 def run(args: argparse.Namespace) -> int:
     """Enumerate, screen, simulate, report; returns 0 (2 when no layout is left)."""
     from schedules.plan import plan_to_dict
-    from sim.output.progress import progress_bar
+    from sim.output.progress import LOG_EVERY, progress_bar
     from sim.replay.simulate import plan_topology
     from sim.search.run import pareto_front, simulate_layouts
     from sim.search.space import candidate_layouts, screen
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             f"{len(screened.plans)} layouts to simulate exceed --max-layouts {args.max_layouts}: "
             "narrow the space (--tp, --pp, --data-parallel, --micro-batch) or raise the limit"
         )
-    bar = progress_bar(len(screened.plans), "simulating", unit="layout")
+    bar = progress_bar(len(screened.plans), "simulating", unit="layout", log_every=LOG_EVERY)
     rows = simulate_layouts(
         screened.plans, jobs=args.jobs, comm=comm, compute=compute, on_done=lambda _: bar.update(1)
     )
@@ -179,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens is not None:
         print(_cost_line(ranked[0], args.tokens, args.price, topology.num_gpus))
     best = next(p for p in screened.plans if p.name == ranked[0].name)
-    files = _files(targets, ranked, pareto_front(rows), plan_to_dict(best))
+    title = f"{plan.model.name} on {topology.num_gpus:,} x {gpu.name} ({_cluster_name(plan)})"
+    plot = (title, gpu.hbm_bytes / 2**30, space.headroom)
+    files = _files(targets, ranked, pareto_front(rows), plan_to_dict(best), plot)
     for target, data in files:
         write_bytes(target, data)
     return 0
@@ -201,7 +204,7 @@ def _base_plan(args: argparse.Namespace) -> Plan:
         if given:
             named = ", ".join("--" + f.replace("_", "-") for f in given)
             raise ValueError(f"{named}: give either a PLAN.yaml or these flags, not both")
-        return load_plan_file(args.plan)
+        return load_plan_file(args.plan, args.set)
     missing = [f for f in ("model", "cluster", "global_batch") if getattr(args, f) is None]
     if missing:
         flags = ", ".join("--" + m.replace("_", "-") for m in missing)
@@ -220,7 +223,9 @@ def _base_plan(args: argparse.Namespace) -> Plan:
         cluster["fabric"] = args.fabric
     training = {"micro_batch_size": 1, "global_batch_size": args.global_batch,
                 "precision": args.precision}  # fmt: skip
-    return load_plan({"model": model, "cluster": cluster, "training": training})
+    return load_plan(
+        apply_sets({"model": model, "cluster": cluster, "training": training}, args.set)
+    )
 
 
 def _cost_line(best: Any, tokens: float, price: float | None, num_gpus: int) -> str:
@@ -252,9 +257,19 @@ def _table(rows: list[Any], tried: int, rejected: Any, simulated: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cluster_name(plan: Plan) -> str:
+    """``4 x dgx-h100, ib-ndr`` (or the cluster file's name) for the plot's title."""
+    cluster = plan.cluster
+    if cluster.file is not None:
+        return Path(cluster.file).name
+    node = cluster.node if isinstance(cluster.node, str) else "custom node"
+    return f"{cluster.num_nodes} x {node}" + (f", {cluster.fabric}" if cluster.fabric else "")
+
+
 def _files(
-    targets: dict[str, Any], ranked: list[Any], front: list[Any], best: dict[str, Any]
-) -> list[tuple[Any, bytes]]:
+    targets: dict[str, Any], ranked: list[Any], front: list[Any], best: dict[str, Any],
+    plot: tuple[str, float, float],
+) -> list[tuple[Any, bytes]]:  # fmt: skip
     files = []
     if (target := targets.get("--json")) is not None:
         document = {"schema": "commsim-search/1", "rows": [r.to_json() for r in ranked],
@@ -271,5 +286,9 @@ def _files(
     if (target := targets.get("--plot")) is not None:
         from sim.output.pareto import pareto_figure_bytes
 
-        files.append((target, pareto_figure_bytes(ranked, front, target.format)))
+        title, hbm_gib, headroom = plot
+        figure = pareto_figure_bytes(
+            ranked, front, target.format, title=title, hbm_gib=hbm_gib, headroom=headroom
+        )
+        files.append((target, figure))
     return files

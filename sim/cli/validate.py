@@ -28,6 +28,7 @@ from sim.output.progress import PhaseBars
 from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
 from sim.validation.runner import ValidationReport, run_validation
 from sim.validation.steps import STEPS_PATH, load_steps, step_summary, validate_steps
+from sim.validation.traces import TRACES_PATH, load_trace_cases, trace_summary, validate_traces
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -82,6 +83,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="validate on real single-GPU steps instead (commbench --step files; default: "
         "the shipped H100 steps): defaults, and each file's calibration on the others",
     )
+    parser.add_argument(
+        "--traces",
+        type=Path,
+        nargs="?",
+        const=TRACES_PATH,
+        metavar="DIR",
+        help="validate on profiler traces instead (DIR/index.json: trace, plan, unprofiled step "
+        "time; default: the shipped H100 traces): each trace's fit on every step",
+    )
 
 
 def _id_list(text: str | None) -> tuple[str, ...]:
@@ -92,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the validation; print the table; write the JSON and plot if asked."""
     if args.steps is not None:
         return run_steps(args)
+    if args.traces is not None:
+        return run_traces(args)
     if args.leave_one_source_out:
         return run_loso(args)
     if not Path(args.cases).is_file():
@@ -215,6 +227,48 @@ def run_steps(args: argparse.Namespace) -> int:
             f"  {key:<10} {int(figures['num']):>3} predictions  MAPE {figures['mape']:6.1%}  "
             f"max |error| {figures['max_abs_error']:6.1%}"
         )
+    print("\n".join(lines))
+    return 0
+
+
+def run_traces(args: argparse.Namespace) -> int:
+    """``--traces``: every traced job on defaults, and with each trace's fit."""
+    if not Path(args.traces).is_dir():
+        raise FileNotFoundError(f"--traces: folder not found: {args.traces}")
+    targets = check_outputs({"--json": (args.json, (".json",))}, inputs=(args.traces,))
+    predictions = validate_traces(load_trace_cases(Path(args.traces)))
+    summary = trace_summary(predictions)
+    if (json_target := targets.get("--json")) is not None:
+        document = {
+            "schema": "commsim-trace-validation/1",
+            "traces": str(args.traces),
+            "summary": summary,
+            "predictions": [
+                {
+                    "case": p.case,
+                    "calibrated_on": p.calibrated_on,
+                    "measured_step_time_s": p.measured_s,
+                    "predicted_step_time_s": p.predicted_s,
+                    "error": p.error,
+                }
+                for p in predictions
+            ],
+            "env": environment(),
+        }
+        write_bytes(json_target, (json.dumps(document, indent=2) + "\n").encode())
+    lines = [f"commsim validate --traces {args.traces}: {len(predictions)} predictions"]
+    lines.append(f"{'step':<28} {'fitted on trace':<28} {'measured s':>10} {'predicted s':>11} "
+                 f"{'error':>7}")  # fmt: skip
+    lines += [
+        f"{p.case:<28} {p.calibrated_on or '(defaults)':<28} {p.measured_s:>10.4f} "
+        f"{p.predicted_s:>11.4f} {p.error:>+7.1%}"
+        for p in predictions
+    ]
+    lines += [
+        f"  {key:<12} {int(figures['num']):>3} predictions  MAPE {figures['mape']:6.1%}  "
+        f"max |error| {figures['max_abs_error']:6.1%}"
+        for key, figures in summary.items()
+    ]
     print("\n".join(lines))
     return 0
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fileio.strict import load_yaml, read_input
+from fileio.strict import did_you_mean, load_yaml, read_input, shorten
 
 if TYPE_CHECKING:
     from schedules.plan import Plan
@@ -39,11 +39,68 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--nodes", type=int, help="number of nodes")
     group.add_argument("--fabric", help="inter-node fabric preset, e.g. ib-ndr")
     group.add_argument("--export-plan", type=Path, metavar="OUT.yaml", help="write the plan used")
+    batch = parser.add_argument_group("training batch (over the plan and the imports)")
+    batch.add_argument("--global-batch", type=int, metavar="B", help="training.global_batch_size")
+    batch.add_argument("--micro-batch", type=int, metavar="b", help="training.micro_batch_size")
+    batch.add_argument("--seq-len", type=int, metavar="S", help="model.seq_len")
+    add_set_argument(parser)
+
+
+def add_set_argument(parser: argparse.ArgumentParser) -> None:
+    """``--set SECTION.KEY=VALUE`` (repeatable): a plan key over everything else."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        metavar="SECTION.KEY=VALUE",
+        help="set a plan key, e.g. --set parallel.tp=4 (repeatable; values are YAML scalars)",
+    )
+
+
+def parse_sets(sets: list[str] | None) -> dict[str, Any]:
+    """``--set`` arguments as plan sections: ``parallel.tp=4`` is ``{"parallel": {"tp": 4}}``,
+    the value read as a YAML scalar (``4``, ``true``, ``null``, ``fp8``, ``[4, 4]``); ``name=x``
+    and ``description=x`` set the plan's top-level strings. Unknown sections and keys are
+    ValueErrors with the nearest valid name."""
+    from schedules.plan import plan_key_names
+
+    out: dict[str, Any] = {}
+    keys = plan_key_names()
+    for item in sets or ():
+        target, sep, text = item.partition("=")
+        target = target.strip()
+        if not sep or not target:
+            raise ValueError(
+                f"--set {shorten(item)}: expected SECTION.KEY=VALUE, e.g. parallel.tp=4"
+            )
+        if target not in keys:
+            section = target.rpartition(".")[0]
+            near = [k for k in keys if k.startswith(f"{section}.")] if section else []
+            raise ValueError(
+                f"--set {shorten(target)}: not a plan key{did_you_mean(target, near or keys)}"
+            )
+        try:
+            value = load_yaml(text, name=f"--set {target}") if text.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--set {target}: {yaml_error_line(exc)}") from None
+        if isinstance(value, dict):
+            raise ValueError(f"--set {target}: expected a scalar or a list, got {shorten(text)}")
+        section, _, key = target.rpartition(".")
+        if section:
+            out.setdefault(section, {})[key] = value
+        else:
+            out[key] = value  # name, description
+    return out
+
+
+def apply_sets(raw: dict[str, Any], sets: list[str] | None) -> dict[str, Any]:
+    """The plan mapping ``raw`` with the ``--set`` keys laid over it."""
+    return _lay(raw, parse_sets(sets))
 
 
 def wants_assembly(args: argparse.Namespace) -> bool:
     """Whether the plan comes (partly) from flags or an ``import:`` section, not the file alone."""
-    names = (*IMPORT_FLAGS, "cluster", "nodes", "fabric", "export_plan")
+    names = (*IMPORT_FLAGS, "cluster", "nodes", "fabric", "export_plan", *OVERRIDE_FLAGS)
     if any(getattr(args, n, None) is not None for n in names):
         return True
     if args.plan is None or not args.plan.is_file():
@@ -55,14 +112,20 @@ def wants_assembly(args: argparse.Namespace) -> bool:
     return isinstance(raw, dict) and "import" in raw
 
 
-def load_plan_file(path: Path) -> Plan:
-    """``schedules.plan.load_plan`` on a file, with YAML syntax errors turned into one line."""
+def load_plan_file(path: Path, sets: list[str] | None = None) -> Plan:
+    """``schedules.plan.load_plan`` on a file, with YAML syntax errors turned into one line;
+    ``sets`` (``--set SECTION.KEY=VALUE``) are laid over the file's keys."""
     from schedules.plan import load_plan
 
     if not path.is_file():
         raise FileNotFoundError(f"plan file not found: {path}")
     try:
-        return load_plan(path)
+        if not sets:
+            return load_plan(path)
+        raw, base_dir = _base(path)
+        raw = apply_sets(raw, sets)
+        _anchor_cluster_file(raw, base_dir)
+        return load_plan(raw)
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: malformed YAML: {yaml_error_line(exc)}") from exc
 
@@ -76,8 +139,10 @@ def yaml_error_line(exc: yaml.YAMLError) -> str:
 
 
 def assemble_plan(args: argparse.Namespace, *, warn: Callable[[str], None]) -> Any:
-    """The plan of the file and flags; each importer warning goes to ``warn`` before the plan
-    is checked."""
+    """The plan of the imports, the file and the flags, later winning key by key: the configs
+    the plan imports (in the order model, Megatron, torchtitan, DeepSpeed), then the plan file's
+    own keys, then the flags (cluster, batch, ``--set``). Each import's warnings go to ``warn``
+    as one line, leaving out what the plan or the flags give themselves."""
     from schedules.importers import (
         from_deepspeed_config,
         from_megatron_args,
@@ -90,30 +155,117 @@ def assemble_plan(args: argparse.Namespace, *, warn: Callable[[str], None]) -> A
     base, base_dir = _base(args.plan)
     sources = _referenced(base.pop("import", None), base_dir)
     sources.update({k: getattr(args, k) for k in IMPORT_FLAGS if getattr(args, k, None)})
-    base = _cluster_flags(base, args)
-    imported = []
+    flags = _flag_sections(args, warn)
     model = sources.get("model")
-    if model is not None:
-        if Path(model).suffix == ".json":
-            imported.append(model_from_hf_config(_existing(Path(model), "model")))
-        else:
-            base = {**base, "model": str(model)}
+    if model is not None and Path(model).suffix != ".json":  # a preset replaces the model
+        base = {**base, "model": {"preset": str(model)}}
+    top = _lay(base, flags)
+    world = _world_size(top)
+    imported = []
+    if model is not None and Path(model).suffix == ".json":
+        imported.append(model_from_hf_config(_existing(Path(model), "model")))
     if sources.get("megatron") is not None:
         imported.append(from_megatron_args(_existing(Path(sources["megatron"]), "megatron")))
     if sources.get("torchtitan") is not None:
-        imported.append(from_torchtitan_toml(_existing(Path(sources["torchtitan"]), "torchtitan")))
+        toml = _existing(Path(sources["torchtitan"]), "torchtitan")
+        imported.append(from_torchtitan_toml(toml, world_size=world))
     if sources.get("deepspeed") is not None:
-        world = _world_size(base)
         ds_config = _existing(Path(sources["deepspeed"]), "deepspeed")
         imported.append(from_deepspeed_config(ds_config, world_size=world))
-    raw, warnings = merge_sections(base, *imported)
-    for line in warnings:
-        warn(line)
-    if base_dir:
-        cluster = raw.get("cluster")
-        if isinstance(cluster, dict) and isinstance(cluster.get("file"), str):
-            cluster["file"] = str(Path(base_dir) / cluster["file"])
-    return load_plan(raw)
+    merged, warnings = merge_sections({}, *imported)
+    given = _given_keys(top)
+    for item in imported:
+        if (line := item.summary(given)) is not None:
+            warn(line)
+    for line in warnings[sum(len(item.warnings) for item in imported) :]:
+        warn(line)  # a later import replacing an earlier one's value
+    raw = _lay(merged, top)
+    _anchor_cluster_file(raw, base_dir)
+    return load_plan(_complete_training(raw, warn))
+
+
+OVERRIDE_FLAGS = ("global_batch", "micro_batch", "seq_len", "set")
+"""Flags of ``add_import_arguments`` that set plan keys over the file and the imports."""
+
+
+def _flag_sections(args: argparse.Namespace, warn: Callable[[str], None]) -> dict[str, Any]:
+    """The plan keys the flags set: the cluster flags, ``--global-batch``, ``--micro-batch``,
+    ``--seq-len``, then ``--set`` over them."""
+    out: dict[str, Any] = {}
+    cluster = _cluster_flags({}, args).get("cluster")
+    if cluster:
+        out["cluster"] = cluster
+    batch = {"global_batch_size": getattr(args, "global_batch", None),
+             "micro_batch_size": getattr(args, "micro_batch", None)}  # fmt: skip
+    training = {k: v for k, v in batch.items() if v is not None}
+    if training:
+        out["training"] = training
+    if getattr(args, "seq_len", None) is not None:
+        out["model"] = {"seq_len": args.seq_len}
+    return _lay(out, parse_sets(getattr(args, "set", None)))
+
+
+def _complete_training(raw: dict[str, Any], warn: Callable[[str], None]) -> dict[str, Any]:
+    """A batch the flags can give: the missing section names them, a global batch without a
+    micro-batch size runs micro-batches of 1 (said in a warning)."""
+    training = raw.get("training")
+    if training is None:
+        raise ValueError(
+            "missing section 'training' in plan: give --global-batch B (and --micro-batch b), "
+            "or a training: section"
+        )
+    needs_micro = isinstance(training, dict) and "micro_batch_size" not in training
+    if needs_micro and "global_batch_size" in training:
+        warn("training.micro_batch_size not given: micro-batches of 1 (--micro-batch b)")
+        return {**raw, "training": {**training, "micro_batch_size": 1}}
+    return raw
+
+
+def _lay(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
+    """``upper`` over ``lower``, section by section and key by key (a ``model: <preset>``
+    string is the mapping ``{"preset": ...}``); a ``cluster.node`` drops the lower ``file``."""
+    from schedules.plan import flatten_parallel
+
+    out = dict(lower)
+    for name, value in upper.items():
+        below = out.get(name)
+        if name == "parallel" and isinstance(value, dict) and isinstance(below, dict):
+            below, value = flatten_parallel(below), flatten_parallel(value)
+        if isinstance(below, str) and name == "model":
+            below = {"preset": below}
+        if isinstance(value, str) and name == "model":
+            value = {"preset": value}
+        if isinstance(below, dict) and isinstance(value, dict):
+            below = dict(below)
+            if name == "cluster" and "node" in value:
+                below.pop("file", None)
+            out[name] = {**below, **value}
+        else:
+            out[name] = value
+    return out
+
+
+def _given_keys(raw: dict[str, Any]) -> set[str]:
+    """``section.key`` of every key the plan file and the flags give (a model preset gives
+    every key of its shape)."""
+    from schedules.model_presets import MODEL_PRESETS
+
+    given: set[str] = set()
+    for section, keys in raw.items():
+        if not isinstance(keys, dict):
+            continue
+        given.update(f"{section}.{key}" for key in keys)
+        preset = keys.get("preset") if section == "model" else None
+        if isinstance(preset, str) and preset in MODEL_PRESETS:
+            given.update(f"model.{key}" for key in MODEL_PRESETS[preset][0])
+    return given
+
+
+def _anchor_cluster_file(raw: dict[str, Any], base_dir: str) -> None:
+    """A cluster file named in the plan is relative to the plan's folder."""
+    cluster = raw.get("cluster")
+    if base_dir and isinstance(cluster, dict) and isinstance(cluster.get("file"), str):
+        cluster["file"] = str(Path(base_dir) / cluster["file"])
 
 
 def imported_files(args: argparse.Namespace) -> list[Path]:

@@ -3,9 +3,16 @@
 One representative rank per pipeline stage (at most ``MAX_RANKS``, evenly spaced stages when
 there are more) gets a compute lane and a thin lane per communication stream it used (tp, dp,
 pp, ...). Forward, backward, weight-gradient, recompute, embedding/head, FSDP copy-out and
-optimizer work and each stream's communication have their own colour, named in the legend; time is
-in milliseconds. Matplotlib's object API with the Agg canvas is used, so no display and no global
-pyplot state are involved.
+optimizer work and each stream's communication have their own colour, named in the legend with
+what the stream carries (``LANE_MEANINGS``); time is in milliseconds.
+
+The step is drawn in ``COLUMNS`` time columns, about one pixel each. A lane whose spans are all
+wider than a column draws them as bars; a lane with narrower ones (512 recomputes of 1 ms in a
+27 s step) draws, in each column, the share of the column each category fills, stacked from the
+lane's foot: a column that is 2% recompute is 2% purple, not a painted-over backward. A lane
+whose spans add up to less than a column is not drawn, and the legend lists it with its time.
+Matplotlib's object API with the Agg canvas is used, so no display and no global pyplot state
+are involved.
 
     png = figure_bytes(timeline_figure(result.spans, ranks=[0, 8], rank_titles=titles), "png")
 """
@@ -17,6 +24,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -53,6 +61,33 @@ COMM_COLORS = {
 
 OTHER_COMM_COLOR = "#7f7f7f"
 """Colour of communication on streams not in ``COMM_COLORS``."""
+
+LANE_MEANINGS = {
+    "tp": "tensor-parallel collectives",
+    "sp": "sequence-parallel collectives",
+    "cp": "context-parallel K/V exchange",
+    "ep": "expert-parallel token all-to-all",
+    "etp": "expert tensor-parallel collectives",
+    "edp": "expert data-parallel gradients",
+    "tpep": "token exchange over TP x EP",
+    "pp": "pipeline sends and receives",
+    "dp": "data-parallel gradients and parameter gathers",
+    "dpcp": "gradients over DP x CP",
+    "dp_shard": "HSDP shard-group collectives",
+    "dp_replicate": "HSDP replica all-reduce",
+    "hsdp": "HSDP replica all-reduce",
+    "embd": "tied-embedding gradient all-reduce (first and last stage)",
+    "mp": "gradient-norm all-reduce over TP x PP (Megatron's model-parallel group)",
+    "world": "gradient-norm all-reduce over every rank",
+    "h2d": "offload copies to the GPU",
+    "d2h": "offload copies to the host",
+    "nvme": "NVMe swaps of offloaded state",
+    "host": "kernel launches and framework loops",
+}
+"""What each communication lane carries, said in the legend (``mp comm`` is not self-evident)."""
+
+COLUMNS = 1500
+"""Time columns of a lane: about one pixel each at the figure's width and 150 dpi."""
 
 _PASS_LABEL = re.compile(r"(?P<kind>Bi|B|W|F)\d+(\.c\d+)?")
 """A pipeline pass label as ``schedules.pipeline.Pass`` writes it: ``F3``, ``Bi3``, ``B3.c1``."""
@@ -137,19 +172,24 @@ def timeline_figure(
     for span in spans:
         if span.rank in wanted and span_category(span) is not None:
             by_lane[(span.rank, "compute" if _on_compute_lane(span) else span.stream)].append(span)
-    lanes = _lane_order(by_lane, ranks)
+    end_ms = max((s.end_s for v in by_lane.values() for s in v), default=0.0) * 1e3
+    column_ms = end_ms / COLUMNS
+    hidden = _under_a_column(by_lane, column_ms)
+    lanes = [lane for lane in _lane_order(by_lane, ranks) if lane not in hidden]
     fig = Figure(figsize=(14, 1.2 + 0.32 * len(lanes)), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     categories: set[str] = set()
     num_compute_spans = sum(len(v) for k, v in by_lane.items() if k[1] == "compute")
-    end_ms = max((s.end_s for v in by_lane.values() for s in v), default=0.0) * 1e3
     for y, lane in enumerate(lanes):
         compute = lane[1] == "compute"
         if compute and y > 0:
             ax.axhline(y - 0.5, color="0.5", linewidth=0.8)
-        thin_ms = _THIN_FRACTION * end_ms
-        categories |= _draw_lane(ax, y, by_lane[lane], compute=compute, thin_ms=thin_ms)
+        if any(0 < s.duration_s * 1e3 < column_ms for s in by_lane[lane]):
+            categories |= _draw_shares(ax, y, by_lane[lane], compute=compute, end_ms=end_ms)
+        else:
+            thin_ms = _THIN_FRACTION * end_ms
+            categories |= _draw_lane(ax, y, by_lane[lane], compute=compute, thin_ms=thin_ms)
         if compute and num_compute_spans <= _MAX_LABELLED_SPANS:
             _label_spans(ax, y, by_lane[lane], min_width_ms=_LABEL_MIN_FRACTION * end_ms)
     titles = rank_titles or {}
@@ -159,9 +199,93 @@ def timeline_figure(
     ax.set_xlim(left=0.0)
     ax.grid(axis="x", linewidth=0.3, alpha=0.6)
     ax.set_title(title or "Simulated step timeline", fontsize=10)
-    handles = [Patch(color=category_color(c), label=c) for c in _legend_order(categories)]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    handles = [
+        Patch(color=category_color(c), label=legend_label(c)) for c in _legend_order(categories)
+    ]
+    if hidden:
+        handles.append(Patch(color="none", label=_hidden_note(hidden)))
+    # Below the plot, so the lanes keep the figure's width (a column a pixel).
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     return fig
+
+
+def legend_label(category: str) -> str:
+    """A category as the legend names it: a communication lane with what it carries."""
+    stream = category.removesuffix(" comm")
+    meaning = LANE_MEANINGS.get(stream) if stream != category else None
+    return f"{category}: {meaning}" if meaning else category
+
+
+def column_shares(
+    spans: Iterable[Span], *, end_ms: float, num_columns: int = COLUMNS
+) -> dict[str, np.ndarray]:
+    """Per category, the share of each of ``num_columns`` equal columns of [0, ``end_ms``]
+    that its spans cover (0 to 1; overlapping spans of one category are capped at 1).
+
+    The time a category has covered by t is the sum over its spans of the part before t:
+    ``sum(t - start for start < t) - sum(t - end for end < t)``, read at the column edges from
+    sorted starts and ends, so a lane of 100k spans costs two sorts.
+    """
+    edges_ms = np.linspace(0.0, end_ms, num_columns + 1)
+    by_category: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for span in spans:
+        by_category[str(span_category(span))].append((span.start_s * 1e3, span.end_s * 1e3))
+    shares = {}
+    for category, ranges in by_category.items():
+        starts, ends = (np.sort(np.array(side)) for side in zip(*ranges, strict=True))
+        covered = _covered_before(edges_ms, starts) - _covered_before(edges_ms, ends)
+        width_ms = end_ms / num_columns if end_ms > 0 else 1.0
+        shares[category] = np.clip(np.diff(covered) / width_ms, 0.0, 1.0)
+    return shares
+
+
+def _covered_before(edges: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """``sum(max(0, edge - p) for p in points)`` at every edge (``points`` sorted)."""
+    count = np.searchsorted(points, edges, side="left")
+    prefix = np.concatenate(([0.0], np.cumsum(points)))
+    return count * edges - prefix[count]
+
+
+def _draw_shares(ax: Axes, y: int, spans: list[Span], *, compute: bool, end_ms: float) -> set[str]:
+    """Draw a crowded lane column by column: each category's share of the column, stacked
+    from the lane's foot in legend order (shares summing past 1 are scaled down to fit)."""
+    height = _COMPUTE_HEIGHT if compute else _COMM_HEIGHT
+    shares = column_shares(spans, end_ms=end_ms)
+    order = _legend_order(set(shares))
+    total = np.maximum(sum(shares.values()), 1.0)
+    edges_ms = np.linspace(0.0, end_ms, COLUMNS + 1)
+    foot = y + height / 2  # the y axis points down: the foot of a lane is its larger y
+    below = np.zeros(COLUMNS)
+    for category in order:
+        share = shares[category] / total
+        low, high = foot - height * below, foot - height * (below + share)
+        ax.fill_between(
+            edges_ms, np.append(low, low[-1]), np.append(high, high[-1]), step="post",
+            color=category_color(category), linewidth=0, zorder=2.0,
+        )  # fmt: skip
+        below = below + share
+    return set(shares)
+
+
+def _under_a_column(
+    by_lane: Mapping[tuple[int, str], list[Span]], column_ms: float
+) -> dict[tuple[int, str], float]:
+    """Communication lanes whose spans add up to less than one column: lane -> their ms."""
+    hidden = {}
+    for lane, spans in by_lane.items():
+        busy_ms = sum(s.duration_s for s in spans) * 1e3
+        if lane[1] != "compute" and busy_ms < column_ms:
+            hidden[lane] = busy_ms
+    return hidden
+
+
+def _hidden_note(hidden: Mapping[tuple[int, str], float]) -> str:
+    """The legend's line for the lanes left out, each stream once with its longest time."""
+    longest: dict[str, float] = {}
+    for (_, stream), busy_ms in hidden.items():
+        longest[stream] = max(longest.get(stream, 0.0), busy_ms)
+    named = ", ".join(f"{stream} comm ({ms:.2g} ms)" for stream, ms in longest.items())
+    return f"not drawn, under a pixel: {named}"
 
 
 def figure_bytes(fig: Figure, image_format: str = "png") -> bytes:

@@ -24,14 +24,16 @@ default in-step slowdown was fitted on (``sim.compute.compute_model.DEFAULT_IN_S
 compile and eager runs are torchtitan's (FSDP2 and TP on H100 and H200), all held out."""
 
 
-def compute_basis(compute: ComputeModel, stack: str) -> str:
-    """The compute figures' basis, in one line."""
+def compute_basis(compute: ComputeModel, stack: str, source: str = "") -> str:
+    """The compute figures' basis, in one line; ``source`` says why the plan runs ``stack``
+    when the plan does not say it (``schedules.stacks.stack_source``)."""
     calibration = compute.calibration
     overlap = f"overlap slowdown {compute.overlap_slowdown:.1%}"
+    named = f"{stack} kernel stack ({source})" if source else f"{stack} kernel stack"
     fitted = calibration.time_scale != 1.0 or calibration.in_step_slowdown is not None
     if calibration.kernels or calibration.efficiency or fitted:
         origin = calibration.fitted_on or calibration.device or "a calibration file"
-        return f"calibrated ({origin}); {stack} kernel stack, {overlap}"
+        return f"calibrated ({origin}); {named}, {overlap}"
     measured = VALIDATED_ERROR.get(stack)
     error = (
         f"uncalibrated predictions of this stack were off by {measured[0]:.1%} (MAPE) on "
@@ -44,7 +46,7 @@ def compute_basis(compute: ComputeModel, stack: str) -> str:
         f"{compute.gpu.name} peak x default efficiencies, in-step slowdown "
         f"{compute.in_step_slowdown:.0%}"
     )
-    return f"defaults ({spec}, {stack} kernel stack, {overlap}); {error}"
+    return f"defaults ({spec}, {named}, {overlap}); {error}"
 
 
 def network_basis(comm_calibration: Any) -> str:

@@ -350,6 +350,7 @@ def _span(rank: int, action: Action, record: _Record) -> Span:
             end_s=record.end_s,
             size_bytes=action.size_bytes * action.repeat,
             group=action.group,
+            op=action.op,
         )
     return Span(
         rank=rank,

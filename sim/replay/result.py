@@ -38,6 +38,8 @@ class Span:
     """Bytes moved (communication spans), else 0."""
     group: str | None = None
     """Process-group name for communication spans."""
+    op: str = ""
+    """torch.distributed op of a collective span (``all_reduce``), else ''."""
 
     @property
     def duration_s(self) -> float:

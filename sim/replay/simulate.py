@@ -25,6 +25,7 @@ from schedules.moe import load_factor
 from schedules.params import active_params, total_params
 from schedules.plan import Plan, num_microbatches
 from schedules.resolve import resolve_plan
+from schedules.stacks import stack_source
 from schedules.step import describe_step
 from sim.compute.compute_model import ComputeModel
 from sim.network.calibration import Calibration
@@ -119,7 +120,7 @@ def simulate_plan(
         fits_in_memory=fits,
         breakdown=breakdown,
         basis={
-            "compute": compute_basis(compute, stack),
+            "compute": compute_basis(compute, stack, stack_source(plan)),
             "network": network_basis(comm_calibration),
             "stack": stack,
         },

@@ -79,6 +79,20 @@ def test_an_op_the_backend_cannot_run_is_skipped_with_a_note(commbench):
     assert {r.op for r in read_results(run.output)} == {"broadcast"}
 
 
+def test_nothing_measured_is_an_error_not_an_empty_success(commbench):
+    """Every op skipped (gloo averages no integers): exit 4 and one line naming why; on main
+    this exited 0 with an empty results file."""
+    run = commbench(["--ops", "all_reduce", "--nprocs", "2", "-d", "int32", "-o", "avg", *SMALL])
+    assert run.returncode == 4, run.stderr
+    assert (
+        run.stderr.strip()
+        .splitlines()[-1]
+        .startswith("commbench: error: nothing was measured: backend gloo cannot run all_reduce (")
+    )
+    assert run.stderr.strip().endswith("with -d int32 -o avg")
+    assert "exited with code" not in run.stderr  # not reported as a crashed rank
+
+
 def test_corrupted_results_are_counted_and_fail_the_run(commbench):
     run = commbench(
         ["--ops", "all_reduce,send_recv", "--nprocs", "2", *SMALL],

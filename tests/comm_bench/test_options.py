@@ -95,3 +95,30 @@ def test_root_must_be_a_rank_for_rooted_ops():
     validate_for_world(parse_options(["--ops", "all_reduce", "-r", "9"]), 4)
     with pytest.raises(ValueError, match="-r 4 is not a rank of a 4-rank world"):
         validate_for_world(parse_options(["--ops", "broadcast", "-r", "4"]), 4)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "dtype"),
+    [("bf16", "bfloat16"), ("BF16", "bfloat16"), ("torch.bfloat16", "bfloat16"),
+     ("half", "float16"), ("fp16", "float16"), ("float", "float32"), ("fp32", "float32"),
+     ("double", "float64"), ("char", "int8"), ("int", "int32"), ("bfloat16", "bfloat16")],
+)  # fmt: skip
+def test_nccl_tests_dtype_spellings_and_aliases(spelling: str, dtype: str) -> None:
+    assert parse_options(["-d", spelling]).dtype == dtype
+
+
+def test_a_dtype_typo_gets_the_nearest_names() -> None:
+    with pytest.raises(ValueError) as error:
+        parse_options(["-d", "bfloat"])
+    assert str(error.value).startswith(
+        "unknown dtype 'bfloat' for -d (did you mean 'float' or 'bfloat16'?); valid: bf16, "
+    )
+
+
+def test_a_world_where_no_op_can_run_is_refused_before_spawning() -> None:
+    with pytest.raises(ValueError) as error:
+        validate_for_world(parse_options(["--ops", "send_recv"]), 1)
+    assert str(error.value) == (
+        "nothing to measure: send_recv needs 2 ranks, the world has 1 (--nprocs 2)"
+    )
+    validate_for_world(parse_options(["--ops", "send_recv,all_reduce"]), 1)  # all_reduce runs

@@ -66,6 +66,19 @@ def test_a_step_is_timed_profiled_and_written(tmp_path: Path, capsys) -> None:
     assert (measured.training.global_batch_size, measured.parallel.recompute) == (4, "selective")
 
 
+def test_trace_out_writes_the_profiled_steps_trace(tmp_path: Path) -> None:
+    from vocab.trace_summary import read_step
+
+    trace = tmp_path / "trace.json.gz"
+    argv = ["--step", str(_plan(tmp_path)), "--layers", "2", "--microbatches", "2", "--steps",
+            "1", "--warmup", "0", "--device", "cpu", "--trace-out", str(trace)]  # fmt: skip
+    assert cli.main(argv) == 0
+    step = read_step(trace, device="cpu")  # a CPU trace: its ATen operators are the work
+    assert step.marker == "optimizer steps" and step.phases_s["backward"] > 0
+    assert step.gemm_shapes  # shapes recorded
+    assert cli.main([*argv[:-2], "--no-profile", "--trace-out", str(trace)]) == 2
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -88,6 +101,22 @@ def test_bad_flags_are_one_line_and_write_nothing(
 def test_a_missing_plan_is_one_line(tmp_path: Path, capsys) -> None:
     assert cli.main(["--step", str(tmp_path / "absent.yaml"), "--device", "cpu"]) == 2
     assert "plan file not found" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_steps_trace_reads_back_as_its_profile(tmp_path: Path) -> None:
+    from vocab.trace_summary import read_step
+
+    out, trace = tmp_path / "step.json", tmp_path / "trace.json"
+    argv = ["--step", str(_plan(tmp_path)), "--device", "cuda", "--microbatches", "2", "-o",
+            str(out), "--trace-out", str(trace)]  # fmt: skip
+    assert cli.main(argv) == 0
+    profile = json.loads(out.read_text())["profile"]
+    step = read_step(trace)
+    assert step.num_kernels == profile["num_kernels"]
+    # the trace writes microseconds with 3 decimals: a nanosecond off per kernel at most
+    traced = sum(step.classes_s.values())
+    assert traced == pytest.approx(sum(profile["classes_s"].values()), abs=1e-9 * step.num_kernels)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

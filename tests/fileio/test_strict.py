@@ -65,7 +65,7 @@ def test_echoed_values_are_capped() -> None:
     assert shorten("x" * 3_000_000) == "'" + "x" * 59 + "... (3,000,000 characters)"
     assert shorten(list(range(300_000))) == "[0, 1, 2, 3, ...]"
     assert shorten(7) == "7"
-    assert cap_line("y" * 1000) == "y" * MAX_ERROR_CHARS + "... (1,000 characters)"
+    assert cap_line("y" * 9000) == "y" * MAX_ERROR_CHARS + "... (9,000 characters)"
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ def _resolved(raw: dict[str, Any], world_size: int) -> Any:
 # --- Hugging Face ----------------------------------------------------------------------------
 
 LLAMA3_8B_MODEL = {
-    "name": "LlamaForCausalLM",
+    "name": "Meta-Llama-3-8B",  # the folder of config.json, as downloaded from the Hub
     "num_layers": 32,
     "hidden_size": 4096,
     "num_heads": 32,
@@ -73,11 +73,10 @@ def test_llama3_8b_config_json() -> None:
     assert imported.warnings == (
         f"{file}: model.seq_len=8192 is max_position_embeddings, the longest context the model "
         "supports; training usually runs shorter sequences: override model.seq_len",
-        f"{file}: torch_dtype is the checkpoint's dtype, not the training precision (ignored)",
-        *_ignored(
-            file, "bos_token_id", "eos_token_id", "initializer_range", "pretraining_tp",
-            "rms_norm_eps", "rope_scaling", "rope_theta", "transformers_version", "use_cache",
-        ),
+    )
+    assert imported.ignored == (
+        "bos_token_id", "eos_token_id", "initializer_range", "pretraining_tp", "rms_norm_eps",
+        "rope_scaling", "rope_theta", "torch_dtype", "transformers_version", "use_cache",
     )  # fmt: skip
     preset = resolve_model_preset("llama3-8b")
     assert all(imported.sections["model"][k] == preset[k] for k in (*SHAPE_KEYS, "vocab_size"))
@@ -158,18 +157,16 @@ def test_gpt2_config_json(tmp_path: Path) -> None:
     }  # fmt: skip
     imported = model_from_hf_config(_write(tmp_path, "config.json", config))
     assert imported.sections["model"] == {
-        "name": "GPT2LMHeadModel", "num_layers": 12, "hidden_size": 768, "num_heads": 12,
+        "name": tmp_path.name, "num_layers": 12, "hidden_size": 768, "num_heads": 12,
         "num_kv_heads": 12, "ffn_hidden_size": 3072, "vocab_size": 50257, "seq_len": 1024,
         "mlp_activation": "gelu", "norm": "layernorm", "position_embedding": "learned",
         "tied_embeddings": True, "linear_bias": True, "dropout": True,
     }  # fmt: skip
-    assert imported.warnings[1:] == tuple(
-        _ignored(
-            "config.json", "bos_token_id", "eos_token_id", "initializer_range",
-            "layer_norm_epsilon", "summary_activation", "summary_first_dropout",
-            "summary_proj_to_labels", "summary_type", "summary_use_proj",
-            "task_specific_params",
-        )
+    assert imported.warnings[1:] == ()
+    assert imported.ignored == (
+        "bos_token_id", "eos_token_id", "initializer_range", "layer_norm_epsilon",
+        "summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
+        "summary_use_proj", "task_specific_params",
     )  # fmt: skip
 
 
@@ -193,7 +190,7 @@ def test_gpt_neox_warns_about_its_parallel_residual(tmp_path: Path) -> None:
         False,
     )
     assert imported.warnings[0].startswith("config.json: use_parallel_residual (attention and MLP")
-    assert imported.warnings[-1] == "config.json: rotary_pct is not modelled (ignored)"
+    assert imported.ignored == ("rotary_pct",)  # partial rotary: the same kernels
 
 
 @pytest.mark.parametrize(
@@ -233,6 +230,9 @@ def test_zero3_ds_config_with_autos() -> None:
             "data_parallel": "zero3",
             "zero_overlap_comm": True,
             "zero_max_live_parameters": 1_000_000_000,
+            "offload_optimizer": "cpu",
+            "offload_param": "cpu",
+            "offload_pin_memory": True,
         }
     }
     file = "ds_config_zero3.json"
@@ -244,14 +244,7 @@ def test_zero3_ds_config_with_autos() -> None:
         "hidden_size^2): left out, set parallel.zero_prefetch_bucket_elems",
         f"{file}: zero_optimization.stage3_param_persistence_threshold is 'auto' ({hf} 10 "
         "hidden_size): left out, set parallel.zero_param_persistence_threshold",
-        f"{file}: zero_optimization.offload_optimizer (CPU/NVMe offload) is not modelled "
-        "(ignored)",
-        f"{file}: zero_optimization.offload_param (CPU/NVMe offload) is not modelled (ignored)",
-        *_ignored(
-            file, "zero_optimization.contiguous_gradients", "zero_optimization.sub_group_size",
-            "zero_optimization.stage3_max_reuse_distance",
-            "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-        ),
+        *_ignored(file, "zero_optimization.stage3_max_reuse_distance"),
         f"{file}: train_batch_size is 'auto' ({hf} it from its arguments): left out, set "
         "training.global_batch_size",
         f"{file}: train_micro_batch_size_per_gpu is 'auto' ({hf} it from its arguments): left "
@@ -260,11 +253,13 @@ def test_zero3_ds_config_with_autos() -> None:
         "set training.global_batch_size",
         f"{file}: bf16.enabled is 'auto' ({hf} it from --bf16): left out, set training.precision",
         f"{file}: fp16.enabled is 'auto' ({hf} it from --fp16): left out, set training.precision",
-        *_ignored(
-            file, "fp16.loss_scale", "fp16.loss_scale_window", "fp16.initial_scale_power",
-            "fp16.hysteresis", "fp16.min_loss_scale", "optimizer", "scheduler",
-            "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-        ),
+    )  # fmt: skip
+    assert imported.ignored == (
+        "zero_optimization.contiguous_gradients",
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save", "fp16.loss_scale",
+        "fp16.loss_scale_window", "fp16.initial_scale_power", "fp16.hysteresis",
+        "fp16.min_loss_scale", "optimizer", "scheduler", "gradient_clipping", "steps_per_print",
+        "wall_clock_breakdown",
     )  # fmt: skip
 
 
@@ -349,6 +344,150 @@ def test_deepspeed_stages_and_knobs(tmp_path: Path) -> None:
     )
 
 
+def test_deepspeed_offload_reaches_the_plan_keys(tmp_path: Path) -> None:
+    """offload_optimizer / offload_param map to the plan's offload keys (on main: dropped)."""
+
+    def zero(stage: int, **keys: Any) -> Imported:
+        config = {"train_batch_size": 8, "bf16": {"enabled": True},
+                  "zero_optimization": {"stage": stage, **keys}}  # fmt: skip
+        return from_deepspeed_config(_write(tmp_path, "ds.json", config))
+
+    nvme = zero(
+        3,
+        offload_optimizer={"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True,
+                           "buffer_count": 4, "pipeline_read": True, "pipeline_write": True,
+                           "fast_init": False},
+        offload_param={"device": "cpu", "pin_memory": True, "buffer_count": 5},
+        sub_group_size=1e9,
+    )  # fmt: skip
+    assert nvme.sections["parallel"] == {
+        "data_parallel": "zero3", "offload_optimizer": "nvme", "offload_pipeline_read": True,
+        "offload_pipeline_write": True, "offload_param": "cpu", "offload_pin_memory": True,
+    }  # fmt: skip
+    assert nvme.warnings[-1].startswith("ds.json: training.micro_batch_size = ")
+    assert len(nvme.warnings) == 1  # the knobs at DeepSpeed's defaults say nothing
+    odd = zero(
+        2,
+        offload_optimizer={"device": "cpu", "pin_memory": False, "buffer_count": 8,
+                           "pipeline_read": True, "ratio": 0.5},
+        offload_param={"device": "cpu", "pin_memory": True},
+        sub_group_size=1e8,
+    )  # fmt: skip
+    assert odd.sections["parallel"] == {
+        "data_parallel": "zero2", "offload_optimizer": "cpu", "offload_pin_memory": False,
+    }  # fmt: skip
+    assert odd.warnings[:4] == (
+        "ds.json: zero_optimization.offload_optimizer.buffer_count 8 is priced as DeepSpeed's "
+        "default 4 (not a plan key)",
+        "ds.json: zero_optimization.offload_optimizer.ratio 0.5 (partial offload, ZeRO++) is not "
+        "modelled: priced as the whole optimizer offloaded",
+        "ds.json: zero_optimization.offload_optimizer.pipeline_read needs device nvme (ignored)",
+        "ds.json: zero_optimization.offload_param is read only at stage 3 (ignored)",
+    )
+    assert (
+        "ds.json: zero_optimization.sub_group_size 1e+08 is priced as DeepSpeed's default "
+        "1e+09 (not a plan key)" in odd.warnings
+    )
+    legacy = zero(2, cpu_offload=True, cpu_offload_use_pin_memory=True)
+    assert legacy.sections["parallel"] == {
+        "data_parallel": "zero2", "offload_optimizer": "cpu", "offload_pin_memory": True,
+    }  # fmt: skip
+    plan = load_plan(
+        merge_sections({"model": "llama3-8b", "cluster": {"node": "dgx-h100"},
+                        "training": {"micro_batch_size": 1}}, nvme)[0]
+    )  # fmt: skip
+    assert (plan.parallel.offload_optimizer, plan.parallel.offload_param) == ("nvme", "cpu")
+
+
+def test_deepspeed_auto_accumulation_is_quiet_when_the_batch_is_fixed(tmp_path: Path) -> None:
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+              "gradient_accumulation_steps": "auto", "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 1}}  # fmt: skip
+    fixed = from_deepspeed_config(_write(tmp_path, "ds.json", config), world_size=32)
+    assert fixed.sections["training"] == {
+        "micro_batch_size": 1, "global_batch_size": 64, "precision": "bf16",
+    }  # fmt: skip
+    assert fixed.warnings == ()
+    open_batch = {**config, "train_micro_batch_size_per_gpu": "auto"}
+    left = from_deepspeed_config(_write(tmp_path, "ds.json", open_batch), world_size=32)
+    assert left.warnings[-1].startswith("ds.json: gradient_accumulation_steps is 'auto'")
+
+
+def test_importer_warnings_summarised_in_one_line() -> None:
+    """Notes that change the result first, the 'auto' values with the plan keys to set, the
+    keys not modelled, the noise counted; a line asking for a key the plan gives is left out."""
+    ds = from_deepspeed_config(FIXTURES / "ds_config_zero3.json")
+    assert ds.summary() == (
+        "ds_config_zero3.json: zero_optimization.reduce_bucket_size, "
+        "zero_optimization.stage3_prefetch_bucket_size, "
+        "zero_optimization.stage3_param_persistence_threshold, train_batch_size, "
+        "train_micro_batch_size_per_gpu, gradient_accumulation_steps, bf16.enabled, "
+        "fp16.enabled 'auto' (the Hugging Face Trainer fills them in): set "
+        "parallel.zero_bucket_elems, parallel.zero_prefetch_bucket_elems, "
+        "parallel.zero_param_persistence_threshold, training.global_batch_size, "
+        "training.micro_batch_size, training.precision; not modelled (ignored): "
+        "zero_optimization.stage3_max_reuse_distance; 12 keys ignored that change nothing a "
+        "step costs"
+    )
+    given = {"training.precision", "training.global_batch_size", "training.micro_batch_size"}
+    assert "train_batch_size" not in str(ds.summary(given))
+    megatron = from_megatron_args(FIXTURES / "train_llama3_70b.sh")
+    assert megatron.summary({"model.vocab_size"}) == (
+        "train_llama3_70b.sh: 11 keys ignored that change nothing a step costs"
+    )
+    assert "give model.vocab_size" in str(megatron.summary())
+    assert Imported(sections={}, warnings=()).summary() is None
+
+
+def test_torchtitan_minus_one_shard_degree_from_the_world_size(tmp_path: Path) -> None:
+    """torchtitan's ParallelDims: the shard degree is what the other degrees leave."""
+    imported = from_torchtitan_toml(FIXTURES / "llama3_8b.toml", world_size=64)
+    assert imported.sections["training"]["global_batch_size"] == 64  # local 1 x dp 64
+    assert "dp" not in imported.sections["parallel"]  # resolve_plan derives it from the cluster
+    hsdp = """
+[training]
+local_batch_size = 2
+[parallelism]
+data_parallel_replicate_degree = 2
+tensor_parallel_degree = 4
+"""
+    path = _write(tmp_path, "t.toml", hsdp)
+    parallel = from_torchtitan_toml(path, world_size=64).sections["parallel"]
+    assert (parallel["data_parallel"], parallel["hsdp_shard_size"]) == ("hsdp", 8)
+    assert from_torchtitan_toml(path, world_size=64).sections["training"]["global_batch_size"] == 32
+    with pytest.raises(ValueError, match=r"^t.toml: data_parallel_shard_degree -1 on 12 GPUs"):
+        from_torchtitan_toml(path, world_size=12)
+
+
+def test_old_torchtitan_degrees_under_training_are_read_or_refused(tmp_path: Path) -> None:
+    old = """
+[model]
+flavor = "70B"
+[training]
+batch_size = 8
+data_parallel_degree = -1
+tensor_parallel_degree = 8
+[experimental]
+pipeline_parallel_degree = 2
+"""
+    imported = from_torchtitan_toml(_write(tmp_path, "t.toml", old), world_size=64)
+    parallel = imported.sections["parallel"]
+    assert (parallel["tp"], parallel["pp"], parallel["data_parallel"]) == (8, 2, "fsdp2")
+    assert imported.sections["training"]["global_batch_size"] == 32  # 8 x (64 / 16)
+    assert imported.warnings[0] == (
+        "t.toml: training.data_parallel_degree, training.tensor_parallel_degree, "
+        "experimental.pipeline_parallel_degree: read as [parallelism] (torchtitan before v0.1 "
+        "kept the degrees there)"
+    )
+    both = old + "[parallelism]\ntensor_parallel_degree = 8\n"
+    with pytest.raises(ValueError) as error:
+        from_torchtitan_toml(_write(tmp_path, "t.toml", both))
+    assert str(error.value) == (
+        "t.toml: training.data_parallel_degree is where torchtitan before v0.1 kept it, and the "
+        "file has a [parallelism] table too: move it under [parallelism]"
+    )
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
@@ -403,11 +542,11 @@ def test_llama3_70b_megatron_launch_script() -> None:
     assert imported.warnings == (
         f"{file}: no --vocab-size: the vocabulary comes from the tokenizer "
         "('meta-llama/Meta-Llama-3-70B'): give model.vocab_size",
-        *_ignored(
-            file, "--rotary-base", "--lr", "--min-lr", "--lr-decay-style", "--train-iters",
-            "--tokenizer-type", "--tokenizer-model", "--data-path", "--save", "--load",
-            "--log-interval",
-        ),
+    )
+    assert imported.ignored == (
+        "--rotary-base", "--lr", "--min-lr", "--lr-decay-style", "--train-iters",
+        "--tokenizer-type", "--tokenizer-model", "--data-path", "--save", "--load",
+        "--log-interval",
     )  # fmt: skip
 
 
@@ -527,11 +666,11 @@ def test_torchtitan_llama3_8b_toml() -> None:
         f"{file}: training.global_batch_size unset: torchtitan uses local_batch_size x the "
         "data-parallel degree, which data_parallel_shard_degree -1 leaves to the world size: "
         "left out",
-        *_ignored(
-            file, "model.hf_assets_path", "training.max_norm", "training.steps",
-            "training.dataset", "job", "profiling", "metrics", "optimizer", "lr_scheduler",
-            "checkpoint", "quantize", "validation",
-        ),
+        *_ignored(file, "quantize"),  # its float8 table, with no float8 converter: not read
+    )
+    assert imported.ignored == (
+        "model.hf_assets_path", "training.max_norm", "training.steps", "training.dataset", "job",
+        "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "validation",
     )  # fmt: skip
 
 
@@ -716,7 +855,7 @@ def test_hf_model_and_torchtitan_sequence_length_merge() -> None:
     base = {"cluster": {"node": "dgx-a100", "num_nodes": 8}, "training": {"global_batch_size": 64}}
     raw, warnings = merge_sections(base, model, titan)
     plan = _resolved(raw, 64)
-    assert (plan.model.name, plan.model.seq_len) == ("LlamaForCausalLM", 8192)
+    assert (plan.model.name, plan.model.seq_len) == ("Meta-Llama-3-8B", 8192)
     assert warnings == (*model.warnings, *titan.warnings)  # the same seq_len: nothing replaced
 
 

@@ -39,7 +39,8 @@ def test_unknown_name_lists_the_valid_ones() -> None:
     with pytest.raises(ValueError) as error:
         ParallelConfig(schedule="dualpipe")
     assert str(error.value) == (
-        "parallel.schedule='dualpipe' is not one of 1f1b, interleaved, gpipe, zb-h1"
+        "parallel.schedule='dualpipe' is not one of 1f1b, interleaved, gpipe, zb-h1 (did you "
+        "mean 'gpipe'?)"
     )
 
 

@@ -309,7 +309,7 @@ def test_framework_knobs_can_be_written_as_groups() -> None:
         }
     )
     assert nested == flat
-    with pytest.raises(ValueError, match=r"'parallel\.zero\.bucket' .*valid keys of parallel\.zero"):
+    with pytest.raises(ValueError, match=r"'parallel\.zero\.bucket' .*keys of parallel\.zero"):
         load_plan({**base, "parallel": {"zero": {"bucket": 1}}})
-    with pytest.raises(ValueError, match="parallel.ddp.bucket_mb and parallel.ddp_bucket_mb"):
+    with pytest.raises(ValueError, match=r"parallel\.ddp\.bucket_mb and parallel\.ddp_bucket_mb"):
         load_plan({**base, "parallel": {"ddp": {"bucket_mb": 5}, "ddp_bucket_mb": 5}})

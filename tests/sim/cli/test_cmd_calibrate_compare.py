@@ -100,3 +100,17 @@ def test_compare_titles_read_naturally(
     out = capsys.readouterr().out
     assert "((" not in out and "not matching" not in out
     assert "# time MAPE all_reduce (ring), 8 ranks / 1 node(s):" in out
+
+
+def test_calibrate_header_counts_the_records_it_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """112 records read, 56 fitted (the out-of-place ones; their in-place twins are left out):
+    on main the header said 112 records."""
+    measured = Path(refdata.ROOT).parent / "results" / "localhost" / "commbench_gloo_4ranks.json"
+    argv = ["calibrate", str(measured), "--topology", "localhost", "-o", str(tmp_path / "c.json")]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "# commsim calibrate: 56 of 112 records used (56 in-place twins of out-of-place ones), "
+        "from 1 file(s), topology localhost"
+    )

@@ -35,7 +35,10 @@ def test_search_ranks_every_valid_layout_and_writes_the_best_plan(
              "--plot", out["png"]]  # fmt: skip
     argv = ["search", str(plan), *SPACE, "--top", "3", *map(str, files)]
     assert main(argv) == 0
-    text = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    text = captured.out.splitlines()
+    progress = captured.err.splitlines()  # not a terminal: a line per 10% of the simulations
+    assert len(progress) == 10 and progress[-1].startswith("simulating: 100% (10/10 layouts, ")
     # 2 tp x 2 pp x 3 kinds x 2 recompute = 24 tried; ZeRO-3 under PP is refused (2 x 2); every
     # layout fits without recompute, so its full-recompute twin is dominated (10)
     assert text[0] == (

@@ -1,4 +1,4 @@
-"""Progress bars: drawn with an ETA on a terminal, silent anywhere else."""
+"""Progress bars: drawn with an ETA on a terminal, a line per tenth in a log when asked."""
 
 from __future__ import annotations
 
@@ -60,4 +60,24 @@ def test_phase_bars_write_notes_above_the_bar_only_on_a_terminal() -> None:
     bars.start("simulating", 1)
     bars.advance("case_a: 1.000 s predicted (0.01 s wall)")
     bars.close()
-    assert piped.getvalue() == ""
+    assert piped.getvalue() == "simulating: 100% (1/1 sims, 0 s)\n"  # the progress, no notes
+    quiet = io.StringIO()
+    bars = PhaseBars(stream=quiet, enabled=False)
+    bars.start("simulating", 1)
+    bars.advance("case_a")
+    assert quiet.getvalue() == ""
+
+
+def test_a_log_gets_one_line_per_tenth_of_a_long_run() -> None:
+    """Not a terminal (``search > log``): a line per 10% with the count and the time so far,
+    never more than ten, and nothing where the command did not ask for lines."""
+    piped = io.StringIO()
+    bar = progress_bar(222, "simulating", unit="layout", stream=piped, log_every=0.1)
+    for _ in range(222):
+        bar.update(1)
+    bar.close()
+    lines = piped.getvalue().splitlines()
+    assert len(lines) == 10
+    assert lines[0] == "simulating: 10% (23/222 layouts, 0 s)"
+    assert lines[2] == "simulating: 30% (67/222 layouts, 0 s)"
+    assert lines[-1] == "simulating: 100% (222/222 layouts, 0 s)"

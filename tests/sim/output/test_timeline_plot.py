@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import matplotlib.image
 import numpy as np
 
 from sim.output.timeline import (
+    COLUMNS,
     COMPUTE_COLORS,
     category_color,
+    column_shares,
     compute_category,
     figure_bytes,
+    legend_label,
     representative_ranks,
     span_category,
     timeline_figure,
@@ -127,11 +131,13 @@ def _recompute_spans() -> list[Span]:
     ]
 
 
+def _legend(fig: Any) -> list[str]:
+    (legend_box,) = fig.legends  # below the plot, so the lanes keep the figure's width
+    return [t.get_text() for t in legend_box.get_texts()]
+
+
 def test_recompute_and_embedding_head_have_their_own_legend_entries() -> None:
-    ax = timeline_figure(_recompute_spans(), ranks=[0]).axes[0]
-    legend_box = ax.get_legend()
-    assert legend_box is not None
-    legend = [t.get_text() for t in legend_box.get_texts()]
+    legend = _legend(timeline_figure(_recompute_spans(), ranks=[0]))
     assert legend == [
         "forward",
         "backward",
@@ -141,14 +147,82 @@ def test_recompute_and_embedding_head_have_their_own_legend_entries() -> None:
     ]
 
 
-def test_thin_recompute_is_drawn_wider_than_its_duration() -> None:
-    """A 20 us recompute in a 100 ms step is under a pixel: it gets an outline of its colour."""
-    png = figure_bytes(timeline_figure(_recompute_spans(), ranks=[0]), "png")
-    image = (matplotlib.image.imread(io.BytesIO(png))[..., :3] * 255).astype(int)
-    plot_area = image[:, : image.shape[1] * 3 // 4]  # the legend, with its swatch, is right of it
-    recompute_rgb = np.array([0x81, 0x72, 0xB3])
-    columns = np.where(np.all(np.abs(plot_area - recompute_rgb) < 3, axis=-1).any(axis=0))[0]
-    assert len(columns) >= 2
+def _rgb_pixels(fig: Any, rgb: tuple[int, int, int]) -> np.ndarray:
+    """Where ``rgb`` is (within antialiasing) inside the plot's axes: a boolean image."""
+    image = matplotlib.image.imread(io.BytesIO(figure_bytes(fig, "png")))[..., :3] * 255
+    box = fig.axes[0].get_window_extent()  # from the bottom left, at the figure's dpi
+    x0, y0, x1, y1 = (round(v * 150 / fig.dpi) for v in (box.x0, box.y0, box.x1, box.y1))
+    height = image.shape[0]  # saved at 150 dpi (figure_bytes)
+    inside = image[height - y1 + 1 : height - y0 - 1, x0 + 1 : x1 - 1]  # inside the frame
+    return np.all(np.abs(inside.astype(int) - np.array(rgb)) < 3, axis=-1)
+
+
+RECOMPUTE_RGB = (0x81, 0x72, 0xB3)
+BACKWARD_RGB = (0xDD, 0x84, 0x52)
+
+
+def test_thin_recompute_shows_its_share_of_a_column() -> None:
+    """A 20 us recompute in a 100 ms step is under a pixel (a column is 67 us): its column is
+    drawn 30% recompute (20 of 67 us), the rest the backward beside it. Still visible."""
+    recompute = _rgb_pixels(timeline_figure(_recompute_spans(), ranks=[0]), RECOMPUTE_RGB)
+    assert recompute.any()
+    assert recompute.any(axis=0).sum() <= 2  # one column, a pixel or two wide
+
+
+def _crowded_spans(num_microbatches: int = 512) -> list[Span]:
+    """The issue's interleaved schedule in small: 512 backwards of 52 ms, each after a 1 ms
+    recompute (2% of the compute), back to back."""
+    spans, t = [], 0.0
+    for mb in range(num_microbatches):
+        spans.append(_span(0, "compute", f"B{mb} recompute", "compute", t, t + 0.001))
+        spans.append(_span(0, "compute", f"B{mb} bwd", "compute", t + 0.001, t + 0.053))
+        spans.append(_span(0, "mp", "AR grad norm", "collective", t, t + 1e-6))
+        t += 0.053
+    return spans
+
+
+def test_column_shares_are_the_time_each_category_fills() -> None:
+    spans = [
+        _span(0, "compute", "F0 fwd", "compute", 0.000, 0.0015),  # 0 to 1.5 ms
+        _span(0, "compute", "B0 recompute", "compute", 0.0015, 0.002),  # 1.5 to 2 ms
+        _span(0, "compute", "B0 bwd", "compute", 0.002, 0.004),  # 2 to 4 ms
+    ]
+    shares = column_shares(spans, end_ms=4.0, num_columns=4)  # columns of 1 ms
+    assert shares["forward"].tolist() == [1.0, 0.5, 0.0, 0.0]
+    assert shares["recompute"].tolist() == [0.0, 0.5, 0.0, 0.0]
+    assert shares["backward"].tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_a_crowded_lane_shows_its_recompute_share_not_a_painted_over_backward() -> None:
+    """On main every 1 ms recompute was drawn two pixels wide over its 52 ms backward: the lane
+    was mostly purple. Now the purple is about the recompute's 2% of the lane."""
+    spans = _crowded_spans()
+    shares = column_shares(spans, end_ms=512 * 53.0)
+    assert abs(shares["recompute"].mean() - 1 / 53) < 1e-3
+    fig = timeline_figure(spans, ranks=[0])
+    recompute = _rgb_pixels(fig, RECOMPUTE_RGB).sum()
+    backward = _rgb_pixels(fig, BACKWARD_RGB).sum()
+    assert 0 < recompute < 0.05 * (recompute + backward)
+
+
+def test_lanes_under_a_pixel_are_left_out_and_named() -> None:
+    """The grad-norm all-reduce (512 x 1 us in a 27 s step) is no lane; the legend says so, and
+    says what each drawn communication lane carries."""
+    spans = _crowded_spans()
+    spans.append(_span(0, "tp", "AG F0", "collective", 0.0, 2.0))
+    fig = timeline_figure(spans, ranks=[0])
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["rank 0", "tp comm"]
+    assert _legend(fig) == [
+        "backward",
+        "recompute",
+        "tp comm: tensor-parallel collectives",
+        "not drawn, under a pixel: mp comm (0.51 ms)",
+    ]
+    assert legend_label("mp comm") == (
+        "mp comm: gradient-norm all-reduce over TP x PP (Megatron's model-parallel group)"
+    )
+    assert COLUMNS >= 1000
 
 
 def test_representative_ranks_one_per_stage_sampled_evenly() -> None:
@@ -174,10 +248,14 @@ def test_timeline_lanes_and_legend() -> None:
         "pp comm",
         "dp comm",
     ]
-    legend_box = ax.get_legend()
-    assert legend_box is not None
-    legend = [t.get_text() for t in legend_box.get_texts()]
-    assert legend == ["forward", "backward", "optimizer", "tp comm", "pp comm", "dp comm"]
+    assert _legend(fig) == [
+        "forward",
+        "backward",
+        "optimizer",
+        "tp comm: tensor-parallel collectives",
+        "pp comm: pipeline sends and receives",
+        "dp comm: data-parallel gradients and parameter gathers",
+    ]
     assert ax.get_xlabel() == "time (ms)"
     assert ax.get_xlim()[1] >= 18.0  # the optimizer ends at 18 ms
 

@@ -1,0 +1,91 @@
+"""Fitting the compute model to a profiler trace: the measurement it builds, the GEMM match,
+the one-GPU slice of a data-parallel plan, and the comparison rows."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from schedules.plan import Plan, load_plan
+from schedules.resolve import resolve_plan
+from sim.replay.simulate import simulate_plan
+from sim.replay.trace_compare import class_rows, collective_rows, phase_rows
+from sim.replay.trace_fit import compute_slice, fit_trace, match_gemms
+from topologies.hardware import GPUS
+from vocab.trace_summary import CollectiveKernels, read_step
+
+TRACES = Path(__file__).resolve().parents[3] / "refdata" / "h100" / "traces"
+H100 = GPUS["h100-sxm"]
+
+
+@pytest.fixture(scope="module")
+def small() -> tuple:
+    step = read_step(TRACES / "trace_small-h1024-s1024-b4.json.gz")
+    return step, load_plan(TRACES / "plan_small-h1024-s1024-b4.yaml")
+
+
+def test_a_trace_becomes_a_step_measurement_and_a_calibration(small: tuple) -> None:
+    step, plan = small
+    fit = fit_trace(step, plan, H100, step_time_s=0.058, source_plan="small")
+    assert fit.measurement["microbatches"] == 4 and fit.measurement["timings_s"]["step"] == 0.058
+    assert fit.measurement["profile"]["num_kernels"] == step.num_kernels == 1776
+    assert fit.step_time_from == "--step-time"
+    assert "trace_small-h1024-s1024-b4.json.gz" in fit.calibration.fitted_on
+    assert fit.calibration.launches_per_kernel == pytest.approx(1776 / (153 * 4))
+    assert fit.placed_share == 1.0
+    assert (fit.gemms.num_matched, fit.gemms.num_shaped, fit.gemms.num_modelled) == (396, 396, 396)
+    # without a step time the profiled wall time is fitted, and said so
+    profiled = fit_trace(step, plan, H100)
+    assert profiled.step_time_s == step.wall_s and "profiled" in profiled.step_time_from
+
+
+def test_a_trace_of_another_model_matches_none_of_the_plans_gemms(small: tuple) -> None:
+    step, _ = small
+    other = resolve_plan(load_plan(TRACES / "plan_llama1b-s4096-b2.yaml"), 1)
+    match = match_gemms(step, other)
+    assert match.num_matched == 0 and match.rate == 0.0 and not match.matches
+
+
+def _on_eight_gpus(plan: Plan) -> Plan:
+    """The plan as DDP over a DGX H100, each rank still running 4 micro-batches."""
+    cluster = dataclasses.replace(plan.cluster, node="dgx-h100")
+    training = dataclasses.replace(plan.training, global_batch_size=128)
+    return dataclasses.replace(plan, cluster=cluster, training=training)
+
+
+def test_a_data_parallel_plan_is_fitted_on_its_one_gpu_slice(small: tuple) -> None:
+    _, plan = small
+    ddp = _on_eight_gpus(plan)
+    one = compute_slice(ddp, 8)
+    assert one.parallel.dp == 1 and one.training.global_batch_size == 16  # 4 micro-batches
+    tp = dataclasses.replace(ddp, parallel=dataclasses.replace(ddp.parallel, tp=2))
+    with pytest.raises(ValueError, match="tp=2"):
+        compute_slice(tp, 8)
+
+
+def test_the_comparison_rows_line_up_with_the_trace(small: tuple) -> None:
+    step, plan = small
+    fit = fit_trace(step, plan, H100, step_time_s=0.058)
+    classes = class_rows(step, resolve_plan(plan, 1), H100, fit.calibration)
+    by_name = {row.what: row for row in classes}
+    assert by_name["gemm"].predicted_s == pytest.approx(step.classes_s["gemm"])  # fitted
+    result = simulate_plan(plan, compute_calibration=fit.calibration)
+    phases = {row.what: row for row in phase_rows(step, result, 0.058)}
+    assert phases["step"].predicted_s == result.step_time_s and phases["step"].traced_s == 0.058
+    assert phases["optimizer"].predicted_s == pytest.approx(step.phases_s["optimizer"], rel=0.01)
+    assert collective_rows(step, result) == []
+
+
+def test_traced_collectives_sit_beside_the_simulated_ones(small: tuple) -> None:
+    step, plan = small
+    ddp = _on_eight_gpus(plan)
+    result = simulate_plan(ddp)
+    traced = dataclasses.replace(step, collectives={
+        "all_reduce": CollectiveKernels(count=3, time_s=0.002, size_bytes=1e8)})  # fmt: skip
+    (row,) = collective_rows(traced, result)
+    simulated = [s for s in result.spans if s.rank == 0 and s.kind == "collective"]
+    assert row.what == "all_reduce" and row.traced_count == 3
+    assert row.predicted_count == len(simulated) > 0
+    assert row.predicted_bytes == pytest.approx(sum(s.size_bytes for s in simulated))
