@@ -35,10 +35,11 @@ from schedules.stacks import kernel_stack
 
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward", "memory")
 """What prices a kernel: a GEMM curve, a fused-attention curve, or memory bandwidth alone."""
-MEMORY_CLASSES = ("elementwise", "loss", "copy")
+MEMORY_CLASSES = ("elementwise", "loss", "copy", "optimizer")
 """What a memory-bound kernel is in a profile (``vocab.kernel_classes``): norms, activations,
-residuals and the like; the loss over the logits; casts and copies. A step calibration fits
-each its own share of the memory bandwidth."""
+residuals and the like; the loss over the logits; casts and copies; the optimizer step. A step
+calibration fits each pass class its own share of the memory bandwidth (the optimizer: its
+bytes per parameter)."""
 ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
 """Fused attention backward FLOPs / forward FLOPs (5 matmuls instead of 2, FlashAttention)."""
 CROSS_ENTROPY_FORWARD_PASSES = 4

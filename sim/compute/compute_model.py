@@ -326,4 +326,4 @@ class ComputeModel:
         per_param = self.calibration.optimizer_bytes_per_param
         if per_param is None:
             per_param = ADAM_BYTES_PER_PARAM + grad_bytes_per_param
-        return self.kernel_time_s(memory("adam", num_params * per_param))
+        return self.kernel_time_s(memory("adam", num_params * per_param, "optimizer"))

@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from schedules.kernels import MEMORY_CLASSES
 from schedules.plan import Plan, num_microbatches
 from sim.compute.compute_model import ComputeModel
 from sim.replay.result import PlanResult
-from sim.replay.step_fit import modelled_classes_s
+from sim.replay.step_fit import PASS_CLASSES, modelled_classes_s
 from topologies.hardware import GPUSpec
 from vocab.compute_calibration import ComputeCalibration
 from vocab.trace_summary import TraceStep
@@ -83,7 +82,7 @@ def class_rows(
                     predicted_s=modelled["attention"]))  # fmt: skip
     rows += [
         Row(what=name, traced_s=traced[name], predicted_s=modelled[f"memory_{name}"])
-        for name in MEMORY_CLASSES
+        for name in PASS_CLASSES
     ]
     rows.append(Row(what="optimizer", traced_s=traced["optimizer"],
                     predicted_s=modelled["optimizer"]))  # fmt: skip
