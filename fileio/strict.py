@@ -40,6 +40,9 @@ ECHO_CHARS = 60
 MAX_INPUT_BYTES = 64 << 20
 """Largest input file read: plans, clusters and calibrations are kilobytes, measured results a
 few megabytes; ``/dev/zero`` or a runaway file is refused instead of read until memory runs out."""
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest configuration file read (a plan, a framework's config or launch script: kilobytes);
+a megabyte of YAML takes PyYAML seconds, so a bigger one is refused before it is parsed."""
 
 
 MAX_ERROR_CHARS = 1500

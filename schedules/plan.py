@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import did_you_mean, load_yaml, shorten
+from fileio.strict import MAX_CONFIG_BYTES, did_you_mean, load_yaml, read_input, shorten
 from schedules.model_presets import resolve_model_preset
 from schedules.pipeline_schedules import SCHEDULES as PIPELINE_SCHEDULES
 
@@ -608,7 +608,11 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
     if isinstance(value, str) and (int in options or float in options):
         with contextlib.suppress(ValueError):  # YAML reads 5e8 (no dot) and '4' as text
             number = float(value)
-            plain = str(int(number)) if number.is_integer() else repr(number)
+            plain = (
+                str(int(number))
+                if number.is_integer() and abs(number) < 1e16
+                else (f"{number:.1e}" if number.is_integer() else repr(number))
+            )  # YAML 1.1 reads 1e308 as text, 1.0e+308 as a number
             hint = f"; write it as a plain number: {plain}"
     raise ValueError(f"{key} must be {names}, {got}{hint}")
 
@@ -704,7 +708,8 @@ def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
     base_dir = ""
     if isinstance(source, str | Path):
         path = Path(source)
-        raw = load_yaml(path.read_text(encoding="utf-8"), name=str(path))
+        text = read_input(path, what="plan", max_bytes=MAX_CONFIG_BYTES)
+        raw = load_yaml(text, name=str(path))
         base_dir = str(path.resolve().parent)
     else:
         raw = source

@@ -137,6 +137,24 @@ def check_schedule(parallel: ParallelConfig, num_micro: int) -> None:
     pipeline_schedule(parallel.schedule).check(pp=p, vpp=v, num_micro=num_micro)
 
 
+MAX_LAYER_PASSES = 1 << 17
+"""Most micro-batch x layer passes one step may have (each a forward and a backward of one
+layer on its pipeline stage): 2x the largest published run (Megatron's 1T model: 512
+micro-batches x 128 layers = 65,536). Past it the step's description alone takes gigabytes."""
+
+
+def check_step_size(model: ModelConfig, num_micro: int) -> None:
+    """A step small enough to describe: at most ``MAX_LAYER_PASSES`` micro-batch x layer
+    passes, refused before anything is built."""
+    passes = num_micro * model.num_layers
+    if passes > MAX_LAYER_PASSES:
+        raise ValueError(
+            f"{num_micro:,} micro-batches x {model.num_layers:,} layers = {passes:,} layer passes "
+            f"per step; at most {MAX_LAYER_PASSES:,} are simulated (the largest published run "
+            "has 65,536): raise micro_batch_size or check the model"
+        )
+
+
 def check_knobs(parallel: ParallelConfig, dp: int) -> None:
     """The data-parallel kind's knobs and checks (``schedules.data_parallel``), tensor-parallel
     overlap and sequence parallelism, offload."""
@@ -173,6 +191,7 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
             f"micro_batch_size*dp = {training.micro_batch_size}*{dp} = {per_step}"
         )
     check_schedule(parallel, training.global_batch_size // per_step)
+    check_step_size(plan.model, training.global_batch_size // per_step)
     check_knobs(parallel, dp)
     check_experts(plan.model, parallel, dp)
     check_context_parallel(plan)

@@ -334,3 +334,129 @@ def test_both_commands_refuse_an_output_in_a_missing_folder(tmp_path: Path, caps
     run = _commbench(["--backend", "gloo", "--nprocs", "2", "--output", str(output)], {})
     assert (run.returncode, run.stderr) == (2, f"commbench: error: {expected}")
     assert not output.parent.exists()
+
+
+BUSBW_HEADER = "op,num_nodes,gpus_per_node,size_bytes,busbw_gbps\n"
+GOOD_ROWS = "all_reduce,1,8,2048,100\nall_reduce,1,8,4096,100\nall_reduce,1,8,8192,100\n"
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("all_reduce,1,8,-1024,100", "row 1: size_bytes='-1024' must be a whole number > 0"),
+        ("all_reduce,1,8,0,100", "row 1: size_bytes='0' must be a whole number > 0"),
+        ("all_reduce,1,8,inf,100", "row 1: size_bytes='inf' must be a whole number > 0"),
+        ("all_reduce,1,8,1024,inf", "row 1: busbw_gbps='inf' must be a finite number > 0"),
+        ("all_reduce,1,8,1024,nan", "row 1: busbw_gbps='nan' must be a finite number > 0"),
+        ("all_reduce,1,8,1024,0", "row 1: busbw_gbps='0' must be a finite number > 0"),
+        ("all_reduce,1,1,1024,100", "row 1: all_reduce on 1 GPU has no bus bandwidth"),
+        ("all_reduce,1,8,1024", "row 1: expected the 5 fields op, num_nodes, gpus_per_node"),
+        ("all_reduce,1,8,1024,100,7", "row 1: expected the 5 fields"),
+        ("all_reduce,1,8,1e35,100", "row 1: size_bytes=1e35 is over 1,125,899,906,842,624"),
+        ("all_reduce,1,8,x,100", "row 1: size_bytes='x' is not a number"),
+    ],
+)  # fmt: skip
+def test_busbw_tables_with_impossible_rows(
+    row: str, message: str, tmp_path: Path, capsys: Any
+) -> None:
+    """On main: ZeroDivisionError (a zero, negative or infinite size or time, one GPU) and
+    TypeError (a missing field) tracebacks, or nan MAPEs."""
+    table = tmp_path / "busbw.csv"
+    table.write_text(BUSBW_HEADER + row + "\n" + GOOD_ROWS)
+    assert main(["compare", str(table), "--topology", "dgx-h100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def _commbench_rows(tmp_path: Path) -> list[dict[str, Any]]:
+    from vocab.readers import read_results
+
+    records = read_results(ROOT / "results" / "localhost" / "commbench_gloo_4ranks.json")
+    return [r.to_dict() for r in records[:4]]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("size_bytes", 0, "size_bytes=0 must be in 1..1,125,899,906,842,624"),
+        ("time_us", 0.0, "time_us=0.0 must be > 0 and at most 3.6e+09 (an hour)"),
+        ("time_us", 1e300, "time_us=1e+300 must be > 0 and at most"),
+        ("root", 99, "root=99 is not a rank of a 4-rank world"),
+    ],
+)
+def test_measured_records_are_checked_for_what_physics_allows(
+    field: str, value: Any, message: str, tmp_path: Path, capsys: Any
+) -> None:
+    rows = _commbench_rows(tmp_path)
+    rows[1][field] = value
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"schema": "commbench/1", "results": rows}))
+    assert main(["compare", str(path), "--topology", "localhost"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_commbench_csv_with_a_garbled_flag_or_an_extra_field(tmp_path: Path, capsys: Any) -> None:
+    text = (ROOT / "results" / "localhost" / "commbench_gloo_4ranks.csv").read_text().splitlines()
+    header, first, rest = text[0], text[1], text[2:6]
+    flag = first.split(",").index("False") if "False" in first.split(",") else None
+    fields = first.split(",")
+    assert flag is not None
+    fields[flag] = "maybe"
+    busbw = header.split(",").index("busbw_gbps")
+    not_a_number = first.split(",")
+    not_a_number[busbw] = "nan"
+    for bad, message in ((",".join(fields), "in_place='maybe' must be true or false"),
+                         (first + ",7", "more fields than the header's"),
+                         (",".join(not_a_number), "busbw_gbps=nan must be finite")):  # fmt: skip
+        path = tmp_path / "run.csv"
+        path.write_text("\n".join([header, bad, *rest]) + "\n")
+        assert main(["compare", str(path), "--topology", "localhost"]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_a_log_where_no_rank_ran_is_refused(tmp_path: Path, capsys: Any) -> None:
+    log = (ROOT / "refdata" / "nccl" / "h100_8gpu_all_reduce_ring.txt").read_text()
+    path = tmp_path / "all_reduce.txt"
+    path.write_text("nranks 0\n" + log)
+    assert main(["compare", str(path), "--topology", "dgx-h100"]) == 2
+    assert "line 1: nranks 0: no rank ran" in capsys.readouterr().err
+
+
+def test_oversized_plans_are_refused_before_anything_is_built(tmp_path: Path, capsys: Any) -> None:
+    """A plan file of 700k keys took 85 s and a GB to refuse; pp 1024 x 1024 layers reached
+    5.6 GB: both are refused in about a second now."""
+    import time
+
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(yaml.safe_dump(BASE) + "".join(f"k{i}: {i}\n" for i in range(150_000)))
+    start = time.monotonic()
+    assert main(["plan", str(huge)]) == 2
+    assert "is larger than 1,048,576 bytes" in capsys.readouterr().err
+    raw = json.loads(json.dumps(BASE))
+    raw["model"]["num_layers"] = 1024
+    raw["cluster"]["num_nodes"] = 128
+    raw["parallel"] = {"pp": 1024}
+    raw["training"] = {"global_batch_size": 1024, "micro_batch_size": 1}
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(yaml.safe_dump(raw))
+    assert main(["plan", str(deep)]) == 2
+    assert "1,048,576 layer passes per step; at most 131,072" in capsys.readouterr().err
+    assert time.monotonic() - start < 10.0  # seconds on a loaded 2-core box, not minutes
+
+
+def test_nonsense_calibrations_and_sizes(tmp_path: Path, capsys: Any) -> None:
+    network = json.loads((ROOT / "results" / "localhost" / "calibration.json").read_text())
+    changes = (({"bogus": 1}, "unknown calibration key 'bogus'"),
+               ({"topology": [1]}, "calibration 'topology' must be a name"))  # fmt: skip
+    for change, message in changes:
+        path = tmp_path / "cal.json"
+        path.write_text(json.dumps({**network, **change}))
+        assert main(["collective", "--topology", "localhost", "--calibration", str(path)]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["collective", "--topology", "dgx-h100", "-b", "１K", "-e", "2K"]) == 2
+    assert "bad size '１K'" in capsys.readouterr().err
+    local = ROOT / "results" / "localhost" / "calibration.json"
+    argv = ["collective", "--topology", "dgx-h100", "--calibration", str(local)]
+    assert main([*argv, "-b", "1K", "-e", "1K"]) == 0
+    assert "fitted on another intra-node fabric ('localhost'" in capsys.readouterr().err

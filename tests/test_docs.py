@@ -55,3 +55,15 @@ def test_the_readme_python_example_runs() -> None:
     scope: dict[str, object] = {}
     exec(compile(block, "README.md", "exec"), scope)
     assert scope["best"] is not None and scope["front"]
+
+
+def test_the_readme_says_how_to_get_the_cpu_and_the_cuda_build_of_torch() -> None:
+    """The two install commands stay as they were; beside them, the CPU wheel index for a CPU
+    box and the CUDA build for a GPU box (on main: 'with the CPU build' for a command that
+    installs PyPI's CUDA build)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "pip install torch==2.13.0 && pip install -e . && commbench --ops all_gather" in text
+    assert "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest" in text
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in text
+    assert "**GPU box**: use the CUDA build" in text
+    assert "with the CPU build of PyTorch" not in text

@@ -361,6 +361,8 @@ def _split_sections(
         elif rank := _RANK_LINE.match(line):
             hosts[int(rank.group(1))] = rank.group(2)
         elif (count := _NRANKS.search(line)) and not line.startswith("#"):
+            if int(count.group(1)) < 1:
+                raise ValueError(f"{name} line {number}: nranks {count.group(1)}: no rank ran")
             nranks = max(nranks or 0, int(count.group(1)))
         elif not line.startswith("#") and _looks_like_row(tokens := line.split()):
             if problem := _row_problem(tokens):

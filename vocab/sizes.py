@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*([0-9]+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE | re.ASCII)
+"""ASCII digits only: ``\\d`` would take a full-width ``１K`` (which ``int`` reads as 1)."""
 
 
 def parse_size(text: str) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import read_input, shorten
+from fileio.strict import MAX_CONFIG_BYTES, read_input, shorten
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,7 +187,7 @@ def _read(
     path: Path, what: str, parse: Callable[[str, str], Any], noise: Collection[str] = ()
 ) -> _Fields:
     file = Path(path).name
-    text = read_input(path, what=what)
+    text = read_input(path, what=what, max_bytes=MAX_CONFIG_BYTES)
     try:
         data = parse(text, file)
     except ValueError as error:  # json.JSONDecodeError and tomllib.TOMLDecodeError included

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import read_input, shorten
+from fileio.strict import MAX_CONFIG_BYTES, read_input, shorten
 from schedules.importers.common import _KIND_NAMES, NOT_MODELLED, Imported
 from schedules.importers.shell import _megatron_words, _parse_flags
 
@@ -162,7 +162,9 @@ def from_megatron_args(path: Path) -> Imported:
     learned positions, GeLU, biases, tied embeddings, dropout 0.1, no overlapped grad reduce.
     ``model.name`` is the file's stem; the vocabulary comes from ``--vocab-size`` only."""
     file = Path(path).name
-    words, notes = _megatron_words(read_input(path, what="Megatron arguments"), file)
+    words, notes = _megatron_words(
+        read_input(path, what="Megatron arguments", max_bytes=MAX_CONFIG_BYTES), file
+    )
     values, parse_notes = _parse_flags(words, file)
     flags = _Flags(file, values)
     notes += parse_notes

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import simpy
 
 from fileio.output import Target, check_outputs, twin, write_text
+from sim.inputs.calibrations import node_mismatch
 from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import load_calibration
@@ -127,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.root < num_ranks:
         raise ValueError(f"-r {args.root}: root must be in 0..{num_ranks - 1}")
     calibration = None if args.calibration is None else load_calibration(args.calibration)
+    if calibration is not None and (note := node_mismatch(calibration, args.topology)):
+        print(f"commsim: warning: --calibration {args.calibration}: {note}", file=sys.stderr)
     model = CommModel(
         simpy.Environment(), topology, fidelity=args.fidelity, calibration=calibration,
         algo=args.algo,

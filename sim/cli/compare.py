@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from fileio.output import check_outputs, write_text
+from sim.inputs.calibrations import node_mismatch
 from sim.inputs.measured import add_reading_arguments, read_measured
 from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
@@ -67,6 +69,8 @@ def _calibration(
         raise ValueError("choose one of --holdout, --fit and --calibration")
     if args.calibration is not None:
         calibration = load_calibration(args.calibration)
+        if note := node_mismatch(calibration, args.topology):
+            print(f"commsim: warning: --calibration {args.calibration}: {note}", file=sys.stderr)
         return (
             calibration,
             _fitted_records(calibration, records, args.measured),

@@ -74,19 +74,25 @@ def compute_calibration_for(
 
 def calibration_mismatch(calibration: Calibration, plan: Plan) -> str | None:
     """A note when a network calibration was fitted on another node preset than the plan's."""
+    return node_mismatch(calibration, plan.cluster.node)
+
+
+def node_mismatch(calibration: Calibration, node: Any) -> str | None:
+    """A note when a network calibration was fitted on another node preset than ``node``
+    (a preset name; anything else, such as a cluster file or a mapping, is not compared)."""
     from topologies.presets import NODE_PRESETS
 
-    fitted_on, node = calibration.topology, plan.cluster.node
+    fitted_on = calibration.topology
     if fitted_on not in NODE_PRESETS or not isinstance(node, str) or node == fitted_on:
         return None
     if node in NODE_PRESETS and NODE_PRESETS[node].intra != NODE_PRESETS[fitted_on].intra:
         return (
             f"fitted on another intra-node fabric ({fitted_on!r}: "
-            f"{NODE_PRESETS[fitted_on].intra}) than this plan's {node!r} "
+            f"{NODE_PRESETS[fitted_on].intra}) than {node!r} "
             f"({NODE_PRESETS[node].intra}): its efficiencies would move data faster than the "
             "links allow"
         )
     return (
-        f"fitted on {fitted_on!r}, not on this plan's {node!r}; its latencies and "
+        f"fitted on {fitted_on!r}, not on {node!r}; its latencies and "
         "efficiencies are applied as they are"
     )

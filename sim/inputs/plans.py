@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fileio.strict import did_you_mean, load_yaml, read_input, shorten
+from fileio.strict import MAX_CONFIG_BYTES, did_you_mean, load_yaml, read_input, shorten
 
 if TYPE_CHECKING:
     from schedules.plan import Plan
@@ -106,7 +106,9 @@ def wants_assembly(args: argparse.Namespace) -> bool:
     if args.plan is None or not args.plan.is_file():
         return False
     try:
-        raw = load_yaml(read_input(args.plan, what="plan"), name=str(args.plan))
+        raw = load_yaml(
+            read_input(args.plan, what="plan", max_bytes=MAX_CONFIG_BYTES), name=str(args.plan)
+        )
     except (ValueError, yaml.YAMLError):
         return False  # the plan loader reports it
     return isinstance(raw, dict) and "import" in raw
@@ -274,7 +276,9 @@ def imported_files(args: argparse.Namespace) -> list[Path]:
     sources: dict[str, Any] = {}
     if args.plan is not None and args.plan.is_file():
         try:
-            raw = load_yaml(read_input(args.plan, what="plan"), name=str(args.plan))
+            raw = load_yaml(
+                read_input(args.plan, what="plan", max_bytes=MAX_CONFIG_BYTES), name=str(args.plan)
+            )
             if isinstance(raw, dict):
                 sources = _referenced(raw.get("import"), str(args.plan.resolve().parent))
         except (ValueError, yaml.YAMLError):
@@ -296,7 +300,7 @@ def export_plan_bytes(plan: Any) -> bytes:
 def _base(path: Path | None) -> tuple[dict[str, Any], str]:
     if path is None:
         return {}, ""
-    text = read_input(_existing(path, "plan"), what="plan")
+    text = read_input(_existing(path, "plan"), what="plan", max_bytes=MAX_CONFIG_BYTES)
     raw = load_yaml(text, name=str(path))
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a plan must be a mapping with sections model, cluster, ...")

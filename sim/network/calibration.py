@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fileio.output import Target, write_text
-from fileio.strict import load_json, read_input, shorten
+from fileio.strict import did_you_mean, load_json, read_input, shorten
 from sim.network.analytical import ALGORITHMS, CommParams
 from vocab.collectives import OPS
 
@@ -130,11 +130,22 @@ def key(op: str, algo: str, scope: str) -> str:
     return f"{op}/{algo}/{scope}"
 
 
+DOCUMENT_KEYS = ("schema", "topology", "fitted_from", "params")
+"""The keys of a calibration document (``Calibration.to_json``)."""
+
+
 def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
     """Parse a calibration document (ValueError naming what is wrong)."""
     if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA:
         found = doc.get("schema") if isinstance(doc, Mapping) else type(doc).__name__
         raise ValueError(f"calibration schema is {found!r}; expected {SCHEMA!r}")
+    unknown = sorted(str(k) for k in set(doc) - set(DOCUMENT_KEYS))
+    if unknown:
+        hint = did_you_mean(unknown[0], DOCUMENT_KEYS)
+        valid = ", ".join(DOCUMENT_KEYS)
+        raise ValueError(f"unknown calibration key {shorten(unknown[0])}{hint}; valid: {valid}")
+    if not isinstance(doc.get("topology", ""), str):
+        raise ValueError(f"calibration 'topology' must be a name, got {shorten(doc['topology'])}")
     entries = doc.get("params", {})
     if not isinstance(entries, Mapping):
         raise ValueError(f"calibration 'params' must map op/algo/scope to values, got {entries!r}")
