@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+from collections.abc import Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +28,13 @@ from sim.network.comm_model import FIDELITIES
 from sim.output.progress import PhaseBars
 from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
 from sim.validation.runner import ValidationReport, run_validation
-from sim.validation.steps import STEPS_PATH, load_steps, step_summary, validate_steps
+from sim.validation.steps import (
+    STEPS_PATH,
+    StepPrediction,
+    load_steps,
+    step_summary,
+    validate_steps,
+)
 from sim.validation.traces import TRACES_PATH, load_trace_cases, trace_summary, validate_traces
 
 if TYPE_CHECKING:
@@ -194,40 +201,11 @@ def run_steps(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--steps: folder not found: {args.steps}")
     targets = check_outputs({"--json": (args.json, (".json",))}, inputs=(args.steps,))
     predictions = validate_steps(load_steps(Path(args.steps)))
-    summary = step_summary(predictions)
-    if (json_target := targets.get("--json")) is not None:
-        document = {
-            "schema": "commsim-step-validation/1",
-            "steps": str(args.steps),
-            "summary": summary,
-            "predictions": [
-                {
-                    "case": p.case,
-                    "calibrated_on": p.calibrated_on,
-                    "measured_step_time_s": p.measured_s,
-                    "predicted_step_time_s": p.predicted_s,
-                    "error": p.error,
-                }
-                for p in predictions
-            ],
-            "env": environment(),
-        }
-        write_bytes(json_target, (json.dumps(document, indent=2) + "\n").encode())
-    lines = [f"commsim validate --steps {args.steps}: {len(predictions)} predictions"]
-    lines.append(
-        f"{'step':<42} {'calibrated on':<42} {'measured s':>10} {'predicted s':>11} {'error':>7}"
-    )
-    lines += [
-        f"{p.case:<42} {p.calibrated_on or '(defaults)':<42} {p.measured_s:>10.4f} "
-        f"{p.predicted_s:>11.4f} {p.error:>+7.1%}"
-        for p in predictions
-    ]
-    for key, figures in summary.items():
-        lines.append(
-            f"  {key:<10} {int(figures['num']):>3} predictions  MAPE {figures['mape']:6.1%}  "
-            f"max |error| {figures['max_abs_error']:6.1%}"
-        )
-    print("\n".join(lines))
+    _report_predictions(
+        f"--steps {args.steps}", predictions, step_summary(predictions),
+        schema="commsim-step-validation/1", source=("steps", str(args.steps)),
+        target=targets.get("--json"), columns=("step", "calibrated on", 42),
+    )  # fmt: skip
     return 0
 
 
@@ -237,11 +215,29 @@ def run_traces(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--traces: folder not found: {args.traces}")
     targets = check_outputs({"--json": (args.json, (".json",))}, inputs=(args.traces,))
     predictions = validate_traces(load_trace_cases(Path(args.traces)))
-    summary = trace_summary(predictions)
-    if (json_target := targets.get("--json")) is not None:
+    _report_predictions(
+        f"--traces {args.traces}", predictions, trace_summary(predictions),
+        schema="commsim-trace-validation/1", source=("traces", str(args.traces)),
+        target=targets.get("--json"), columns=("step", "fitted on trace", 28),
+    )  # fmt: skip
+    return 0
+
+
+def _report_predictions(
+    title: str,
+    predictions: Sequence[StepPrediction],
+    summary: dict[str, dict[str, float]],
+    *,
+    schema: str,
+    source: tuple[str, str],
+    target: Target | None,
+    columns: tuple[str, str, int],
+) -> None:
+    """Write the predictions' JSON (when asked) and print their table and summary."""
+    if target is not None:
         document = {
-            "schema": "commsim-trace-validation/1",
-            "traces": str(args.traces),
+            "schema": schema,
+            source[0]: source[1],
             "summary": summary,
             "predictions": [
                 {
@@ -255,12 +251,14 @@ def run_traces(args: argparse.Namespace) -> int:
             ],
             "env": environment(),
         }
-        write_bytes(json_target, (json.dumps(document, indent=2) + "\n").encode())
-    lines = [f"commsim validate --traces {args.traces}: {len(predictions)} predictions"]
-    lines.append(f"{'step':<28} {'fitted on trace':<28} {'measured s':>10} {'predicted s':>11} "
-                 f"{'error':>7}")  # fmt: skip
+        write_bytes(target, (json.dumps(document, indent=2) + "\n").encode())
+    case, calibrated, width = columns
+    lines = [f"commsim validate {title}: {len(predictions)} predictions"]
+    lines.append(
+        f"{case:<{width}} {calibrated:<{width}} {'measured s':>10} {'predicted s':>11} {'error':>7}"
+    )
     lines += [
-        f"{p.case:<28} {p.calibrated_on or '(defaults)':<28} {p.measured_s:>10.4f} "
+        f"{p.case:<{width}} {p.calibrated_on or '(defaults)':<{width}} {p.measured_s:>10.4f} "
         f"{p.predicted_s:>11.4f} {p.error:>+7.1%}"
         for p in predictions
     ]
@@ -270,7 +268,6 @@ def run_traces(args: argparse.Namespace) -> int:
         for key, figures in summary.items()
     ]
     print("\n".join(lines))
-    return 0
 
 
 def provenance(cases_path: Path, *, jobs: int) -> dict[str, object]:
