@@ -77,7 +77,7 @@ DEFAULT_IN_STEP_SLOWDOWN = 0.21
 """Kernels of a multi-GPU training job run this much longer than the isolated curves say.
 Every published multi-GPU run is slower than the kernel curves, from 8 GPUs to 3,072 and on
 every source (without it: 9-21% too fast per source, 17.9% MAPE over 61 runs), while single-GPU
-steps are not (a plain-PyTorch loop on one H100, ../shared/data/h100/traces: -3% to +5% without
+steps are not (a plain-PyTorch loop on one H100, refdata/h100/traces: -3% to +5% without
 it, +17% to +27% with it). Which mechanism it stands for (sustained clocks and power in
 multi-GPU servers, NCCL's resident kernels, jitter) is not separated yet; it applies to plans of
 more than one GPU only. Fitted (least squares in log step time, one factor) on the ten Megatron
@@ -93,13 +93,13 @@ calibration's ``overlap_slowdown`` replaces it."""
 DEFAULT_HOST_S_PER_LAUNCH = 27.6e-6
 """Host time per kernel launch of an eager PyTorch training step: 97.8 ms for 3,549 kernels in
 the most host-bound step measured on one H100 (``commbench --step``, an 8-layer h1024 model, 4
-micro-batches, 60% of the GPU idle; ../shared/data/h100, a gVisor sandbox, so above bare metal);
+micro-batches, 60% of the GPU idle; refdata/h100, a gVisor sandbox, so above bare metal);
 the same model compiled: 29.8 us per kernel (47.9 ms, 1,609 kernels)."""
 LAUNCHES_PER_KERNEL = {"eager": 2.61, "compile": 2.25, "megatron": 2.61}
 """Kernels a training loop launches per kernel of the modelled inventory (``schedules.kernels``
 lists the work, not every launch: casts, views made contiguous, fills, optimizer chunks), per
 stack. Counted in torch.profiler traces of a plain-PyTorch Llama-style loop on one H100
-(../shared/data/h100/traces, 4 micro-batches): eager 1,568 kernels for 612 modelled (h1024,
+(refdata/h100/traces, 4 micro-batches): eager 1,568 kernels for 612 modelled (h1024,
 8 layers) and 3,162 for 1,188 (h2048, 16 layers), 2.56 and 2.66; compiled 2,674 for 1,188,
 2.25. Megatron (Transformer Engine's fused kernels) is taken as eager: not measured."""
 ADAM_BYTES_PER_PARAM = 26.0
