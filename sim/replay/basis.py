@@ -42,10 +42,13 @@ def compute_basis(compute: ComputeModel, stack: str, source: str = "") -> str:
         else "no published runs of this stack validate these defaults: calibrate with "
         "commbench --step or commsim fit"
     )
-    spec = (
-        f"{compute.gpu.name} peak x default efficiencies, in-step slowdown "
-        f"{compute.in_step_slowdown:.0%}"
+    slowdown = (
+        f"in-step slowdown {compute.in_step_slowdown:.0%} (one factor for multi-GPU plans, "
+        "fitted on Narayanan et al. Table 1)"
+        if compute.in_step_slowdown
+        else "no in-step slowdown (one GPU)"
     )
+    spec = f"{compute.gpu.name} peak x default efficiencies, {slowdown}"
     return f"defaults ({spec}, {named}, {overlap}); {error}"
 
 
