@@ -192,13 +192,19 @@ def scale_precompute_bytes(
 
 
 def check_float8(plan: Plan) -> None:
-    """A float8 recipe needs a PyTorch stack; float8 all-gather needs FSDP2 to gather with."""
+    """A float8 recipe needs a PyTorch stack, a TE recipe the megatron stack; float8 all-gather
+    needs FSDP2 to gather with."""
     training = plan.training
     stack = kernel_stack(plan)
     if training.float8_recipe is not None and stack == "megatron":
         raise ValueError(
             f"training.float8_recipe={training.float8_recipe} is torchao's Float8Linear, which "
             f"the eager and compile stacks run; stack megatron (Transformer Engine) has its own"
+        )
+    if training.te_fp8_recipe is not None and stack != "megatron":
+        raise ValueError(
+            f"training.te_fp8_recipe={training.te_fp8_recipe} is Transformer Engine's, which "
+            f"stack megatron runs; stack {stack} runs torchao's float8_recipe"
         )
     parallel = plan.parallel
     gathers = data_parallel_kind(parallel).torch_fsdp and parallel.fsdp2

@@ -11,7 +11,8 @@ kernels: 2 norms and 2 residual adds (on T/t tokens with sequence parallelism, e
 embeddings on Q and K, the MLP activation. The backward of a weight GEMM (m, n, k) is an
 input-gradient GEMM (m, k, n) and a weight-gradient GEMM (k, n, m); elementwise backward moves
 twice the forward bytes. FP8 plans on the eager and compile stacks run torchao's
-``Float8Linear``: each weight GEMM with the float8 casts of its recipe (``schedules.float8``).
+``Float8Linear``: each weight GEMM with the float8 casts of its recipe (``schedules.float8``);
+on the megatron stack Transformer Engine's casts (``schedules.transformer_engine``).
 
     kernels = layer_kernels(plan); [k.name for k in kernels.forward]
 """
@@ -32,6 +33,7 @@ from schedules.float8 import (
 from schedules.params import layer_params_per_gpu
 from schedules.plan import Plan
 from schedules.stacks import kernel_stack
+from schedules.transformer_engine import te_cast_bytes, te_recipe
 
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward", "memory")
 """What prices a kernel: a GEMM curve, a fused-attention curve, or memory bandwidth alone."""
@@ -380,6 +382,10 @@ def weight_gemm_kernels(plan: Plan) -> Phases:
         linears = [_float8_linear(plan, name, shape) for name, shape in named]
         forward, dgrad, wgrad = ([k for phases in linears for k in phases[i]] for i in range(3))
         return tuple(forward), tuple(dgrad), tuple(wgrad)
+    if te_recipe(plan) is not None:
+        linears = [_te_linear(plan, name, shape) for name, shape in named]
+        forward, dgrad, wgrad = ([k for phases in linears for k in phases[i]] for i in range(3))
+        return tuple(forward), tuple(dgrad), tuple(wgrad)
     return (
         tuple(gemm(name, m, n, k, gemm_dtype) for name, (m, n, k) in named),
         tuple(gemm(f"{name}_dgrad", m, k, n, gemm_dtype) for name, (m, n, k) in named),
@@ -404,6 +410,23 @@ def _float8_linear(
         (*casts[0], gemm(label, m, n, k, "fp8", forward_backend(plan, stack))),
         (*casts[1], gemm(f"{label}_dgrad", m, k, n, "fp8")),
         (*casts[2], gemm(f"{label}_wgrad", k, n, m, wgrad_dtype(plan, stack))),
+    )
+
+
+def _te_linear(plan: Plan, name: str, shape: tuple[float, float, float]) -> Phases:
+    """One Transformer Engine linear ``name`` of forward shape (m, n, k): its FP8 casts and
+    transposes (one "copy" kernel per phase that has any) before its three FP8 GEMMs."""
+    m, n, k = shape
+    casts = [
+        (memory(f"{name}{suffix}_fp8_cast", size, "copy"),) if size else ()
+        for suffix, size in zip(
+            ("", "_dgrad", "_wgrad"), te_cast_bytes(plan, name, shape), strict=True
+        )
+    ]
+    return (
+        (*casts[0], gemm(name, m, n, k, "fp8")),
+        (*casts[1], gemm(f"{name}_dgrad", m, k, n, "fp8")),
+        (*casts[2], gemm(f"{name}_wgrad", k, n, m, "fp8")),
     )
 
 

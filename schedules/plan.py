@@ -44,6 +44,9 @@ ATTENTION_BACKENDS = ("cudnn", "flash2")
 """Which fused-attention kernel runs (``training.attention_backend``; priced in sim.compute)."""
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 """torchao's float8 training recipes (``Float8LinearRecipeName``; ``schedules.float8``)."""
+TE_FP8_RECIPES = ("delayed", "current")
+"""Transformer Engine's FP8 recipes on the megatron stack (``DelayedScaling``,
+``Float8CurrentScaling``; ``schedules.transformer_engine``)."""
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
 MOE_DISPATCHERS = ("alltoall", "allgather")
 CP_ROTATE_METHODS = ("allgather", "alltoall")
@@ -492,6 +495,10 @@ class TrainingConfig:
     """FSDP2 all-gathers the float8 linear weights in float8 (torchao's
     ``enable_fsdp_float8_all_gather`` with ``precompute_float8_dynamic_scale_for_fsdp``);
     tensorwise only."""
+    te_fp8_recipe: str | None = None
+    """Transformer Engine's FP8 recipe on the megatron stack: ``delayed`` (``DelayedScaling``) or
+    ``current`` (``Float8CurrentScaling``); unset means ``delayed`` for FP8 megatron plans
+    (``schedules.transformer_engine``). Needs ``precision: fp8``."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "training", ("micro_batch_size", "global_batch_size"))
@@ -505,8 +512,15 @@ class TrainingConfig:
         recipe = self.float8_recipe
         if recipe is not None:
             _check_choice("training.float8_recipe", recipe, FLOAT8_RECIPES)
-        if (recipe is not None or self.float8_all_gather) and self.precision != "fp8":
-            key = "float8_recipe" if recipe is not None else "float8_all_gather"
+        if self.te_fp8_recipe is not None:
+            _check_choice("training.te_fp8_recipe", self.te_fp8_recipe, TE_FP8_RECIPES)
+        keys = {
+            "float8_recipe": recipe is not None,
+            "float8_all_gather": self.float8_all_gather,
+            "te_fp8_recipe": self.te_fp8_recipe is not None,
+        }
+        key = next((key for key, is_set in keys.items() if is_set), None)
+        if key is not None and self.precision != "fp8":
             raise ValueError(
                 f"training.{key} needs training.precision=fp8, got precision={self.precision}"
             )
@@ -595,6 +609,7 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         "training.stack": STACKS,
         "training.attention_backend": ATTENTION_BACKENDS,
         "training.float8_recipe": FLOAT8_RECIPES,
+        "training.te_fp8_recipe": TE_FP8_RECIPES,
     }
     got = f"got {shorten(value)} ({type(value).__name__})"
     nullable = " or null" if type(None) in options else ""

@@ -35,6 +35,7 @@ from schedules.moe import dispatch_bytes, expert_tokens, is_moe
 from schedules.plan import Plan
 from schedules.stages import recomputed_layers
 from schedules.step import StepDescription
+from schedules.transformer_engine import weight_cast_bytes_per_step
 from sim.compute.compute_model import ComputeModel, LayerTimes
 
 
@@ -377,15 +378,22 @@ def reduce_bytes_per_param(plan: Plan) -> float:
 
 def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -> float:
     """Adam over the parameters one GPU of ``stage`` updates (``StageDescription``), then the
-    float8 scale precompute where weights are all-gathered in float8 (``schedules.float8``)."""
+    float8 scale precompute where weights are all-gathered in float8 (``schedules.float8``), and
+    Transformer Engine's FP8 weight casts: made on a step's first micro-batch and reused, they
+    are charged here once per step (``schedules.transformer_engine``)."""
     desc = step.stages[stage]
     adam_s = compute.optimizer_step_s(
         desc.optimizer_params, grad_bytes_per_param=step.kind.grad_bytes_per_param
     )
+    num_layers = sum(chunk.num_layers for chunk in desc.chunks)
     precompute = scale_precompute_bytes(
         step.plan,
-        num_layers=sum(chunk.num_layers for chunk in desc.chunks),
+        num_layers=num_layers,
         params=desc.params,
         optimizer_params=desc.optimizer_params,
     )
-    return adam_s + compute.memory_time_s(precompute) if precompute else adam_s
+    weight_casts = weight_cast_bytes_per_step(step.plan, num_layers)
+    extra_s = compute.memory_time_s(precompute) if precompute else 0.0
+    if weight_casts:
+        extra_s += compute.memory_time_s(weight_casts, "copy")
+    return adam_s + extra_s

@@ -178,6 +178,17 @@ def parse_float8(text: Any) -> dict[str, Any]:
     return keys
 
 
+def parse_te_fp8(text: Any) -> dict[str, Any]:
+    """Transformer Engine's FP8 recipe from the precision wording, e.g. "FP8 current scaling
+    (Transformer Engine, fp8_cs) + BF16": the plan key, none where the wording names neither."""
+    t = str(text or "").lower().replace("-", "_")
+    if re.search(r"current[_ ]scaling|\bfp8_?cs\b", t):
+        return {"te_fp8_recipe": "current"}
+    if re.search(r"delayed[_ ]scaling", t):
+        return {"te_fp8_recipe": "delayed"}
+    return {}
+
+
 def parse_recompute(text: Any) -> tuple[str | None, str | None]:
     """(mode, problem): mode in none|selective|full, or a problem naming the unsupported wording."""
     t = str(text or "").strip().lower()
@@ -448,8 +459,9 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
         assumptions.append(f"recompute: {parallel['recompute']}")
     training["flash_attention"] = source_key(str(case["id"])) not in _PRE_FLASH_ATTENTION
     training["stack"] = parse_stack(case)
-    if training["precision"] == "fp8" and training["stack"] != "megatron":
-        training.update(parse_float8(parallel.get("precision")))
+    if training["precision"] == "fp8":
+        parse = parse_te_fp8 if training["stack"] == "megatron" else parse_float8
+        training.update(parse(parallel.get("precision")))
     training["attention_backend"] = parse_attention_backend(parallel.get("attention_backend"))
     measured = measured_step_time(case)
     if measured is None:

@@ -125,9 +125,13 @@ def test_rowwise_runs_the_cutlass_kernel_forward_and_gw_hp_keeps_wgrad_in_bf16()
     assert {k.dtype for k in gw_hp.backward_input if k.kind == "gemm"} == {"fp8"}
 
 
-def test_without_fp8_or_on_megatron_nothing_is_cast() -> None:
+def test_without_fp8_nothing_is_cast_and_megatron_casts_are_transformer_engines() -> None:
     assert cast_bytes_per_phase(tiny()) == (0, 0, 0)
-    assert cast_bytes_per_phase(tiny(precision="fp8", stack="megatron")) == (0, 0, 0)
+    # torchao's casts are elementwise kernels; Transformer Engine's (test_transformer_engine.py)
+    # are copies
+    layer = layer_kernels(tiny(precision="fp8", stack="megatron"))
+    megatron_casts = [k for k in layer.forward if k.name.endswith("_fp8_cast")]
+    assert megatron_casts and {k.memory_class for k in megatron_casts} == {"copy"}
 
 
 def test_op_recompute_recasts_the_rerun_linears() -> None:
