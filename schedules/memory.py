@@ -118,8 +118,9 @@ def moe_layer_extra_bytes(plan: Plan) -> float:
     return moe_activation_bytes(plan) - ACTIVATION_BYTES * tokens * dense_hidden
 
 
-def activation_bytes(plan: Plan, stage: int) -> float:
-    """Activations rank ``stage`` holds at its peak under the plan's schedule and recompute."""
+def _per_layer_bytes(plan: Plan, stage: int) -> float:
+    """What one layer of ``stage`` stores per micro-batch under the plan's recompute, its MoE
+    layers averaged in."""
     model, parallel, training = plan.model, plan.parallel, plan.training
     per_layer = layer_activation_bytes(
         model,
@@ -135,33 +136,30 @@ def activation_bytes(plan: Plan, stage: int) -> float:
     if num_moe:
         moe_layer = per_layer + moe_layer_extra_bytes(plan)
         per_layer = ((layers - num_moe) * per_layer + num_moe * moe_layer) / layers
+    return per_layer
+
+
+def activation_bytes(plan: Plan, stage: int) -> float:
+    """Activations rank ``stage`` holds at its peak under the plan's schedule and recompute."""
+    model, parallel, training = plan.model, plan.parallel, plan.training
+    per_layer = _per_layer_bytes(plan, stage)
     recomputed = 1.0
     if parallel.recompute_num_layers is not None:  # block recompute: the rest keep everything
         chunks = chunk_layers(parallel, model.num_layers)
         recomputed = recomputed_fraction(
             parallel, tuple(chunks[c * parallel.pp + stage] for c in range(parallel.vpp))
         )
-        plain = dataclasses.replace(
+        kept = dataclasses.replace(
             plan,
             parallel=dataclasses.replace(parallel, recompute="none", recompute_num_layers=None),
         )
-        kept = activation_bytes(plain, stage) - _head_bytes(plain, stage)
-        stored_plain = kept / stored_layer_activations(
-            parallel.schedule,
-            pp=parallel.pp,
-            vpp=parallel.vpp,
-            stage=stage,
-            num_micro=num_microbatches(plan),
-            stage_layers=layers,
-        )
-        per_layer = recomputed * per_layer + (1.0 - recomputed) * stored_plain
-    num_micro = num_microbatches(plan)
+        per_layer = recomputed * per_layer + (1.0 - recomputed) * _per_layer_bytes(kept, stage)
     stored = stored_layer_activations(
         parallel.schedule,
         pp=parallel.pp,
         vpp=parallel.vpp,
         stage=stage,
-        num_micro=num_micro,
+        num_micro=num_microbatches(plan),
         stage_layers=layers_per_stage(plan, stage),
     )
     total = stored * per_layer
@@ -175,7 +173,7 @@ def activation_bytes(plan: Plan, stage: int) -> float:
             sequence_parallel=parallel.sequence_parallel,
             recompute="none",
             flash_attention=training.flash_attention,
-        ) + (max(moe_layer_extra_bytes(plan), 0.0) if num_moe else 0.0)
+        ) + (max(moe_layer_extra_bytes(plan), 0.0) if stage_moe_layers(plan, stage) else 0.0)
     return total + _head_bytes(plan, stage)
 
 

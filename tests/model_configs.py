@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from schedules.plan import ModelConfig
 
 
@@ -35,3 +37,27 @@ LLAMA3_70B = ModelConfig(
     seq_len=8192,
 )
 """Llama 3 70B (GQA with 8 KV heads, SwiGLU 28672, vocabulary 128256)."""
+
+
+TINY_FP8_LAYER = {
+    "name": "tiny",
+    "num_layers": 2,
+    "hidden_size": 64,
+    "num_heads": 4,
+    "ffn_hidden_size": 128,
+    "vocab_size": 256,
+    "seq_len": 32,
+}
+"""The tiny layer whose FP8 cast bytes the float8 and Transformer Engine tests count by hand."""
+
+
+def fp8_cast_bytes_per_phase(plan: Any) -> tuple[float, float, float]:
+    """Bytes of a layer's ``*_fp8_cast`` kernels in forward, input backward, weight backward."""
+    from schedules.kernels import layer_kernels
+
+    layer = layer_kernels(plan)
+    phases = (layer.forward, layer.backward_input, layer.backward_weight)
+    fwd, bwd_in, bwd_w = (
+        sum(k.bytes for k in kernels if k.name.endswith("_fp8_cast")) for kernels in phases
+    )
+    return fwd, bwd_in, bwd_w

@@ -10,7 +10,7 @@ when its forwards end; point-to-point is blocking as in the 1F1B path.
 from __future__ import annotations
 
 from schedules.pipeline import Pass, RankOrder, check_pipeline_size
-from schedules.pipeline_schedules.spec import PipelineSchedule, check_one_chunk, require_one_chunk
+from schedules.pipeline_schedules.spec import single_chunk
 
 
 def gpipe(p: int, m: int) -> tuple[RankOrder, ...]:
@@ -32,22 +32,5 @@ def all_microbatches(num_micro: int) -> int:
     return num_micro
 
 
-def _orders(p: int, m: int, v: int, group_size: int | None) -> tuple[RankOrder, ...]:
-    require_one_chunk("gpipe", v)
-    return gpipe(p, m)
-
-
-def _check(*, pp: int, vpp: int, num_micro: int) -> None:
-    check_one_chunk("gpipe", vpp)
-
-
-GPIPE = PipelineSchedule(
-    name="gpipe",
-    orders=_orders,
-    in_flight_microbatches=in_flight_gpipe,
-    virtual_stages=False,
-    blocking_p2p=True,
-    check=_check,
-    head_microbatches=all_microbatches,
-)
+GPIPE = single_chunk("gpipe", gpipe, in_flight=in_flight_gpipe, head_microbatches=all_microbatches)
 """torch's GPipe."""

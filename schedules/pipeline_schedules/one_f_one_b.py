@@ -12,12 +12,7 @@ m)`` micro-batches, worst on rank 0.
 from __future__ import annotations
 
 from schedules.pipeline import Pass, RankOrder, check_pipeline_size
-from schedules.pipeline_schedules.spec import (
-    PipelineSchedule,
-    check_one_chunk,
-    one_microbatch,
-    require_one_chunk,
-)
+from schedules.pipeline_schedules.spec import one_microbatch, single_chunk
 
 
 def warmup_1f1b(p: int, r: int, m: int) -> int:
@@ -44,22 +39,7 @@ def in_flight_1f1b(*, pp: int, vpp: int, stage: int, num_micro: int) -> int:
     return min(pp - stage, num_micro)
 
 
-def _orders(p: int, m: int, v: int, group_size: int | None) -> tuple[RankOrder, ...]:
-    require_one_chunk("1f1b", v)
-    return one_f_one_b(p, m)
-
-
-def _check(*, pp: int, vpp: int, num_micro: int) -> None:
-    check_one_chunk("1f1b", vpp)
-
-
-ONE_F_ONE_B = PipelineSchedule(
-    name="1f1b",
-    orders=_orders,
-    in_flight_microbatches=in_flight_1f1b,
-    virtual_stages=False,
-    blocking_p2p=True,
-    check=_check,
-    head_microbatches=one_microbatch,
+ONE_F_ONE_B = single_chunk(
+    "1f1b", one_f_one_b, in_flight=in_flight_1f1b, head_microbatches=one_microbatch
 )
 """Megatron's non-interleaved 1F1B."""

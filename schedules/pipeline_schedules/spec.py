@@ -75,3 +75,31 @@ def check_one_chunk(schedule: str, vpp: int) -> None:
     """A plan with ``vpp > 1`` needs the interleaved schedule (``ValueError`` otherwise)."""
     if vpp > 1:
         raise ValueError(f"vpp={vpp} > 1 needs schedule 'interleaved', got schedule={schedule!r}")
+
+
+def single_chunk(
+    name: str,
+    build: Callable[[int, int], tuple[RankOrder, ...]],
+    *,
+    in_flight: InFlight,
+    head_microbatches: Callable[[int], int],
+) -> PipelineSchedule:
+    """A schedule of one model chunk per rank with blocking point-to-point: orders from
+    ``build(p, m)``; ``vpp > 1`` refused in the plan and in the orders."""
+
+    def orders(p: int, m: int, v: int, group_size: int | None) -> tuple[RankOrder, ...]:
+        require_one_chunk(name, v)
+        return build(p, m)
+
+    def check(*, pp: int, vpp: int, num_micro: int) -> None:
+        check_one_chunk(name, vpp)
+
+    return PipelineSchedule(
+        name=name,
+        orders=orders,
+        in_flight_microbatches=in_flight,
+        virtual_stages=False,
+        blocking_p2p=True,
+        check=check,
+        head_microbatches=head_microbatches,
+    )

@@ -14,12 +14,7 @@ from collections import deque
 
 from schedules.pipeline import Pass, RankOrder
 from schedules.pipeline_schedules.one_f_one_b import in_flight_1f1b, one_f_one_b
-from schedules.pipeline_schedules.spec import (
-    PipelineSchedule,
-    check_one_chunk,
-    one_microbatch,
-    require_one_chunk,
-)
+from schedules.pipeline_schedules.spec import one_microbatch, single_chunk
 
 
 def zb_h1(p: int, m: int) -> tuple[RankOrder, ...]:
@@ -48,22 +43,5 @@ def zb_h1(p: int, m: int) -> tuple[RankOrder, ...]:
     return tuple(orders)
 
 
-def _orders(p: int, m: int, v: int, group_size: int | None) -> tuple[RankOrder, ...]:
-    require_one_chunk("zb-h1", v)
-    return zb_h1(p, m)
-
-
-def _check(*, pp: int, vpp: int, num_micro: int) -> None:
-    check_one_chunk("zb-h1", vpp)
-
-
-ZB_H1 = PipelineSchedule(
-    name="zb-h1",
-    orders=_orders,
-    in_flight_microbatches=in_flight_1f1b,
-    virtual_stages=False,
-    blocking_p2p=True,
-    check=_check,
-    head_microbatches=one_microbatch,
-)
+ZB_H1 = single_chunk("zb-h1", zb_h1, in_flight=in_flight_1f1b, head_microbatches=one_microbatch)
 """Zero-bubble ZB-H1."""

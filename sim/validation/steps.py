@@ -96,10 +96,16 @@ def validate_steps(steps: Mapping[str, Mapping[str, Any]]) -> list[StepPredictio
 
 def step_summary(predictions: list[StepPrediction]) -> dict[str, dict[str, float]]:
     """MAPE, largest error and count of the defaults and of the cross-predictions."""
-    groups = {
-        "defaults": [p.error for p in predictions if not p.calibrated_on],
-        "transfer": [p.error for p in predictions if p.calibrated_on],
-    }
+    return error_figures(
+        {
+            "defaults": [p.error for p in predictions if not p.calibrated_on],
+            "transfer": [p.error for p in predictions if p.calibrated_on],
+        }
+    )
+
+
+def error_figures(groups: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per non-empty group of signed errors: how many, their MAPE and the largest one."""
     return {
         key: {
             "num": len(errors),

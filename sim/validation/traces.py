@@ -21,7 +21,7 @@ from fileio.strict import read_input
 from schedules.plan import Plan, load_plan
 from sim.replay.simulate import plan_topology, simulate_plan
 from sim.replay.trace_fit import TraceFit, fit_trace
-from sim.validation.steps import StepPrediction
+from sim.validation.steps import StepPrediction, error_figures
 from vocab.trace_summary import read_step
 
 TRACES_PATH = Path(__file__).resolve().parents[2] / "refdata" / "h100" / "traces"
@@ -115,12 +115,4 @@ def trace_summary(predictions: list[StepPrediction]) -> dict[str, dict[str, floa
             p.error for p in predictions if p.calibrated_on and p.calibrated_on != p.case
         ],
     }
-    return {
-        key: {
-            "num": len(errors),
-            "mape": sum(abs(e) for e in errors) / len(errors),
-            "max_abs_error": max(abs(e) for e in errors),
-        }
-        for key, errors in groups.items()
-        if errors
-    }
+    return error_figures(groups)

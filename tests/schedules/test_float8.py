@@ -17,10 +17,11 @@ import pytest
 
 from schedules.float8 import layer_gather_bytes, scale_precompute_bytes
 from schedules.importers import from_torchtitan_toml
-from schedules.kernels import Kernel, layer_kernels
+from schedules.kernels import layer_kernels
 from schedules.params import layer_params_per_gpu
 from schedules.plan import Plan, load_plan
 from schedules.resolve import resolve_plan
+from tests.model_configs import TINY_FP8_LAYER, fp8_cast_bytes_per_phase
 
 X, W, G = 10_240, 40_960, 18_432
 
@@ -28,15 +29,7 @@ X, W, G = 10_240, 40_960, 18_432
 def tiny(parallel: dict[str, Any] | None = None, **training: Any) -> Plan:
     """The tiny layer under FSDP2 (no autocast weight casts) with these training keys."""
     raw = {
-        "model": {
-            "name": "tiny",
-            "num_layers": 2,
-            "hidden_size": 64,
-            "num_heads": 4,
-            "ffn_hidden_size": 128,
-            "vocab_size": 256,
-            "seq_len": 32,
-        },
+        "model": TINY_FP8_LAYER,
         "cluster": {"node": "dgx-h100"},
         "parallel": {"data_parallel": "fsdp2"} | (parallel or {}),
         "training": {"micro_batch_size": 1, "global_batch_size": 8, "stack": "compile"} | training,
@@ -44,13 +37,7 @@ def tiny(parallel: dict[str, Any] | None = None, **training: Any) -> Plan:
     return load_plan(raw)
 
 
-def casts(kernels: tuple[Kernel, ...]) -> float:
-    return sum(k.bytes for k in kernels if k.name.endswith("_fp8_cast"))
-
-
-def cast_bytes_per_phase(plan: Plan) -> tuple[float, float, float]:
-    layer = layer_kernels(plan)
-    return casts(layer.forward), casts(layer.backward_input), casts(layer.backward_weight)
+cast_bytes_per_phase = fp8_cast_bytes_per_phase
 
 
 @pytest.mark.parametrize(
@@ -151,7 +138,9 @@ def test_op_recompute_recasts_the_rerun_linears() -> None:
         "k_recompute_fp8_cast", "k_recompute", "proj_recompute_fp8_cast", "proj_recompute",
         "fc1_up_recompute_fp8_cast", "fc1_up_recompute", "elementwise",
     ]  # fmt: skip
-    assert casts(recompute) == 3 * 4 * 32 * 64 + 5 * 64 * (64 + 64 + 128)
+    assert sum(
+        k.bytes for k in recompute if k.name.endswith("_fp8_cast")
+    ) == 3 * 4 * 32 * 64 + 5 * 64 * (64 + 64 + 128)
 
 
 def test_float8_all_gather_halves_the_linear_weights_on_the_wire() -> None:

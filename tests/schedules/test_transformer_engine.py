@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from schedules.kernels import Kernel, layer_kernels
+from schedules.kernels import layer_kernels
 from schedules.plan import Plan, load_plan
 from schedules.resolve import resolve_plan
 from schedules.transformer_engine import te_cast_bytes, weight_cast_bytes_per_step
+from tests.model_configs import TINY_FP8_LAYER, fp8_cast_bytes_per_phase
 
 XN, XL, G, W = 4_096, 6_144, 18_432, 40_960
 SP_XL, SP_GC, SP_GR = 3_072, 7_168, 4_096
@@ -30,15 +31,7 @@ SP_XL, SP_GC, SP_GR = 3_072, 7_168, 4_096
 def tiny(parallel: dict[str, Any] | None = None, **training: Any) -> Plan:
     """The tiny layer on the megatron stack with these parallel and training keys."""
     raw = {
-        "model": {
-            "name": "tiny",
-            "num_layers": 2,
-            "hidden_size": 64,
-            "num_heads": 4,
-            "ffn_hidden_size": 128,
-            "vocab_size": 256,
-            "seq_len": 32,
-        },
+        "model": TINY_FP8_LAYER,
         "cluster": {"node": "dgx-h100"},
         "parallel": {"data_parallel": "distributed_optimizer"} | (parallel or {}),
         "training": {"micro_batch_size": 1, "global_batch_size": 8, "stack": "megatron"} | training,
@@ -46,13 +39,7 @@ def tiny(parallel: dict[str, Any] | None = None, **training: Any) -> Plan:
     return load_plan(raw)
 
 
-def casts(kernels: tuple[Kernel, ...]) -> float:
-    return sum(k.bytes for k in kernels if k.name.endswith("_fp8_cast"))
-
-
-def cast_bytes_per_phase(plan: Plan) -> tuple[float, float, float]:
-    layer = layer_kernels(plan)
-    return casts(layer.forward), casts(layer.backward_input), casts(layer.backward_weight)
+cast_bytes_per_phase = fp8_cast_bytes_per_phase
 
 
 SP = {"tp": 2, "sequence_parallel": True}
