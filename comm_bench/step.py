@@ -227,11 +227,7 @@ def profile_step(
     classes = dict.fromkeys(CLASSES, 0.0)
     if device.type == "cuda":
         # GPU-side annotations (the optimizer's ``Optimizer.step#...``) span kernels: not work
-        kernels = [
-            e
-            for e in prof.events()
-            if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)
-        ]
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and not _annotation(e)]
         intervals = [(e.time_range.start / 1e6, e.time_range.end / 1e6) for e in kernels]
         for event, (start, end) in zip(kernels, intervals, strict=True):
             classes[classify(event.name)] += end - start
@@ -250,6 +246,18 @@ def profile_step(
         "wall_s": wall_s,
         "num_kernels": count,
     }
+
+
+GPU_ANNOTATIONS = ("Optimizer.", "ProfilerStep#")
+"""Names of GPU-side ranges the profiler records around kernels (``Optimizer.step#AdamW.step``):
+torch 2.11 lists them as CUDA events without ``is_user_annotation`` set."""
+
+
+def _annotation(event: Any) -> bool:
+    """Whether a CUDA profiler event is a range around kernels rather than a kernel."""
+    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith(
+        GPU_ANNOTATIONS
+    )
 
 
 def chrome_trace_bytes(prof: Any, *, gzipped: bool) -> bytes:
@@ -309,6 +317,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     autocast=dtype == "bf16", device=device)  # fmt: skip
     for _ in range(warmup):
         step(None)
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
     clock = _Clock(device)
     for _ in range(steps):
         step(clock)
@@ -329,12 +340,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "timings_s": timings,
         "steps": steps,
     }
+    if kind == "cuda":
+        result["memory"] = peak_memory(device)
     if not args.no_profile:
         result["profile"] = profile_step(step, device, trace_target)
     if target is not None:
         write_text(target, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(summary(result), end="")
     return result
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """Peak bytes of the timed steps: live tensors (``max_memory_allocated``) and what the
+    caching allocator held from the device (``max_memory_reserved``: what "will it fit" is about),
+    with the allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``)."""
+    import os
+
+    return {
+        "max_allocated_bytes": float(torch.cuda.max_memory_allocated(device)),
+        "max_reserved_bytes": float(torch.cuda.max_memory_reserved(device)),
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+    }
 
 
 def wants_compile(stack: str | None, flag: bool | None) -> bool:
@@ -358,6 +384,12 @@ def summary(result: dict[str, Any]) -> str:
     for name in ("forward", "backward", "optimizer", "step"):
         if name in timings:
             lines.append(f"  {name:<12} {timings[name] * 1e3:>12.3f}")
+    memory = result.get("memory")
+    if memory:
+        lines.append(
+            f"# peak memory: {memory['max_allocated_bytes'] / 2**30:.2f} GiB allocated, "
+            f"{memory['max_reserved_bytes'] / 2**30:.2f} GiB reserved by the caching allocator"
+        )
     profile = result.get("profile")
     if profile:
         lines.append(f"# profiled step: {profile['num_kernels']} kernels, by class")

@@ -72,6 +72,8 @@ class Kernel:
     GEMM's (``schedules.float8.ROWWISE_GEMM_BACKEND``; "" for the library default)."""
     memory_class: str = "elementwise"
     """For a ``memory`` kernel, one of ``MEMORY_CLASSES``."""
+    head_dim: float = 0.0
+    """For an attention kernel, the head dimension (its kernels tile it: ``sim.compute``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KERNEL_KINDS:
@@ -139,6 +141,7 @@ def attention(
         dims=(seq_q, seq_kv),
         bytes=io_bytes,
         backend=backend,
+        head_dim=head_dim,
     )
 
 
@@ -468,12 +471,28 @@ def embedding_kernels(plan: Plan) -> PieceKernels:
     )
 
 
+MEGATRON_VOCAB_DIVISOR = 128
+"""Megatron-LM pads the vocabulary to a multiple of ``--make-vocab-size-divisible-by``
+(default 128) times the tensor-parallel size (``_vocab_size_with_padding`` in
+``megatron/training/tokenizer``), so its head GEMMs are aligned whatever the tokenizer's size."""
+
+
+def head_vocab_per_gpu(plan: Plan) -> float:
+    """Vocabulary columns of the LM head on one GPU: ``vocab_size / tp``, padded as Megatron
+    pads it on the ``megatron`` stack."""
+    vocab, tp = plan.model.vocab_size, plan.parallel.tp
+    if kernel_stack(plan) == "megatron":
+        multiple = MEGATRON_VOCAB_DIVISOR * tp
+        vocab = -(-vocab // multiple) * multiple
+    return vocab / tp
+
+
 def head_kernels(plan: Plan) -> PieceKernels:
     """Final norm, LM head (T x V/t x h, kept in 16-bit as Megatron does) and cross-entropy."""
     model, parallel = plan.model, plan.parallel
     _, dtype = dtypes(plan)
     tokens, h = _tokens(plan), model.hidden_size
-    vocab = model.vocab_size / parallel.tp
+    vocab = head_vocab_per_gpu(plan)
     norm_tokens = tokens / parallel.tp if parallel.sequence_parallel else tokens
     norm_bytes = 2 * 2 * ACTIVATION_BYTES * norm_tokens * h
     logits_bytes = 4.0 * tokens * vocab

@@ -29,6 +29,7 @@ GEMM with row-wise float8 scales (``schedules.float8``) runs at ``ROWWISE_SCALED
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ from schedules.kernels import (
     Kernel,
     PieceKernels,
     attention,
+    element_bytes,
     embedding_kernels,
     gemm,
     head_kernels,
@@ -102,6 +104,30 @@ stack. Counted in torch.profiler traces of a plain-PyTorch Llama-style loop on o
 (refdata/h100/traces, 4 micro-batches): eager 1,568 kernels for 612 modelled (h1024,
 8 layers) and 3,162 for 1,188 (h2048, 16 layers), 2.56 and 2.66; compiled 2,674 for 1,188,
 2.25. Megatron (Transformer Engine's fused kernels) is taken as eager: not measured."""
+GEMM_ALIGNED_BYTES = 16
+"""Tensor-core GEMM kernels load operands in 16-byte vectors: every dimension should be a
+multiple of 16 bytes (8 bf16 elements; NVIDIA, Matrix Multiplication Background User's Guide,
+"Tensor Core Requirements"). cuBLAS runs other shapes on slower kernels."""
+UNALIGNED_GEMM = {4: 0.35, 2: 0.18}
+"""Rate of a GEMM whose least-aligned dimension is a multiple of only 4 (or 8) bytes, or of only
+2 bytes (an odd bf16 count), relative to the aligned shape. Measured on one H200 (torch 2.11,
+CUDA 13.0, ``tools/kernel_probe.py``, results/mechanisms): bf16 language-model-head GEMMs of
+4096 tokens x 2560 hidden, vocabulary 50304 / 50258 / 50257, mean over the forward,
+input-gradient and weight-gradient layouts: 727 / 252 / 126 TFLOP/s; 8192 x 4096 with vocabulary
+32000 / 32001: 709 / 129. GPT-2's 50257 is why nanoGPT pads its vocabulary to 50304."""
+ATTENTION_HEAD_DIM_TILE = 32
+"""Fused attention runs the head dimension padded to a multiple of 32 (FlashAttention-2's
+``flash_api.cpp`` rounds ``head_size`` up to a multiple of 32 and dispatches the kernel compiled
+for it): a head dimension of 80 costs what 96 does. Measured on one H200 (causal, batch 2,
+sequence 2048, width 2560): FlashAttention-2 at 80 ran 0.262 / 0.808 ms forward / backward
+where 96 with the same FLOPs would take 0.267 / 0.816 ms (results/mechanisms)."""
+HOPPER_ATTENTION_HEAD_DIM = {64: (0.715, 0.79), 96: (0.825, 0.885), 128: (1.0, 1.0)}
+"""Rate of Hopper's fused attention (cuDNN; FlashAttention-3 is built the same way: warp-group
+MMAs over the head dimension, softmax per score) at a padded head dimension, forward and
+backward, relative to 128 (linear in between, the 64 value below, 1 above). Measured with
+cuDNN on one H200 as above: 261 / 301 / 365 TFLOP/s forward and 251 / 281 / 318 backward at
+64 / 96 / 128. FlashAttention-2 on Hopper does not shrink so (1.03 / 1.05 forward at 64 / 96)
+and gets only the padding."""
 ADAM_BYTES_PER_PARAM = 26.0
 """Fused Adam traffic per parameter besides the gradient: read and write fp32 master, m, v
 (24 bytes) and write the bf16 copy (2 bytes)."""
@@ -118,6 +144,45 @@ def default_efficiency(gpu: GPUSpec, kind: str, dtype: str) -> float:
         "memory": memory,
     }
     return table[kind]
+
+
+def gemm_alignment(dims: Iterable[float], dtype: str) -> float:
+    """Rate factor of a GEMM with these (m, n, k) in ``dtype``: 1 when every dimension is a
+    multiple of ``GEMM_ALIGNED_BYTES``, else ``UNALIGNED_GEMM`` of its least-aligned one. A
+    fractional dimension is an average count (tokens per expert), and a dimension of 1 makes a
+    matrix-vector product (memory-bound, no tensor-core tiles): neither is judged."""
+    worst = GEMM_ALIGNED_BYTES
+    for dim in dims:
+        if dim <= 1 or not float(dim).is_integer():
+            continue
+        size = int(dim) * element_bytes(dtype)
+        worst = min(worst, size & -size)  # the largest power of two dividing it
+    if worst >= GEMM_ALIGNED_BYTES:
+        return 1.0
+    return UNALIGNED_GEMM[4] if worst >= 4 else UNALIGNED_GEMM[2]
+
+
+def attention_head_dim_factor(head_dim: float, kind: str, backend: str, family: str) -> float:
+    """Rate factor of fused attention at ``head_dim``: the useful share of the padded head
+    dimension (``ATTENTION_HEAD_DIM_TILE``), times Hopper's fused kernels' rate at that padded
+    size (``HOPPER_ATTENTION_HEAD_DIM``; not FlashAttention-2's)."""
+    if head_dim <= 0:
+        return 1.0
+    tile = ATTENTION_HEAD_DIM_TILE
+    padded = -(-head_dim // tile) * tile
+    factor = head_dim / padded
+    if family == "hopper" and backend != "flash2":
+        column = 1 if kind == "attention_backward" else 0
+        points = sorted(HOPPER_ATTENTION_HEAD_DIM.items())
+        if padded <= points[0][0]:
+            factor *= points[0][1][column]
+        elif padded < points[-1][0]:
+            for (d0, r0), (d1, r1) in itertools.pairwise(points):
+                if d0 <= padded <= d1:
+                    weight = (padded - d0) / (d1 - d0)
+                    factor *= r0[column] + weight * (r1[column] - r0[column])
+                    break
+    return factor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,6 +317,12 @@ class ComputeModel:
             return self.memory_time_s(kernel.bytes, kernel.memory_class)
         fit = self.kernel_fit(kernel.kind, kernel.dtype, kernel.backend)
         scale = self.time_factor
+        if kernel.kind == "gemm":
+            scale /= gemm_alignment(kernel.dims, kernel.dtype)
+        else:
+            scale /= attention_head_dim_factor(
+                kernel.head_dim, kernel.kind, kernel.backend, self.gpu.family
+            )
         compute_s = fit.time_s(kernel.flops, kernel.dims) * scale
         return max(compute_s, fit.latency_s * scale + self.memory_time_s(kernel.bytes))
 

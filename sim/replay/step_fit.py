@@ -166,6 +166,18 @@ def _busy_classes(classes: Mapping[str, Any], busy_s: Any) -> dict[str, float]:
     return {key: float(value) * scale for key, value in classes.items()}
 
 
+def _without_annotation(classes: Mapping[str, float], timings: Any) -> dict[str, float]:
+    """The profile's classes with the optimizer's kernel time at most the optimizer phase's
+    measured time: torch 2.11's profiler lists the GPU-side ``Optimizer.step#...`` annotation as
+    a CUDA event beside the kernels it spans, which files written before ``commbench --step``
+    dropped it count twice (kernels inside a phase cannot take longer than the phase)."""
+    out = dict(classes)
+    phase = timings.get("optimizer") if isinstance(timings, Mapping) else None
+    if isinstance(phase, int | float) and not isinstance(phase, bool) and phase > 0:
+        out["optimizer"] = min(out.get("optimizer", 0.0), float(phase))
+    return out
+
+
 def _replayed_step_s(plan: Any, calibration: ComputeCalibration) -> float:
     from sim.replay.simulate import simulate_plan
 
@@ -207,6 +219,9 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
             "profile.classes_s must be a mapping"
         )
     microbatches = int(microbatches)
+    measured = _without_annotation(
+        {key: float(value) for key, value in measured.items()}, measurement["timings_s"]
+    )
     measured = _busy_classes(measured, profile.get("busy_s"))
     dtype = "bf16" if measurement.get("dtype", "bf16") == "bf16" else "fp32"
     efficiency = _class_efficiencies(plan, gpu, microbatches, measured, dtype)

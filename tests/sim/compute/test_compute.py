@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from schedules.flops import layer_flops
 from schedules.kernels import (
     elementwise_forward_bytes,
+    head_vocab_per_gpu,
     kernel_stack,
     layer_kernels,
     weight_cast_bytes,
@@ -25,7 +26,10 @@ from sim.compute.compute_model import (
     DEFAULT_IN_STEP_SLOWDOWN,
     FLASH2_ON_HOPPER,
     ROWWISE_SCALED_MM,
+    UNALIGNED_GEMM,
     ComputeModel,
+    attention_head_dim_factor,
+    gemm_alignment,
 )
 from tests.model_configs import LLAMA3_70B
 from topologies.hardware import GPUS
@@ -83,13 +87,14 @@ def test_skinny_gemm_is_memory_bound() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    m=st.integers(1, 16384),
-    n=st.integers(1, 16384),
-    k=st.integers(1, 16384),
-    grow=st.integers(1, 4096),
+    m=st.integers(1, 2048).map(lambda x: 8 * x),
+    n=st.integers(1, 2048).map(lambda x: 8 * x),
+    k=st.integers(1, 2048).map(lambda x: 8 * x),
+    grow=st.integers(1, 512).map(lambda x: 8 * x),
     axis=st.integers(0, 2),
 )
 def test_gemm_time_grows_and_never_beats_peak(m: int, n: int, k: int, grow: int, axis: int) -> None:
+    """Among aligned shapes (multiples of 8 bf16 elements) a bigger GEMM never takes less."""
     model = ComputeModel(H100)
     time_s = model.gemm_time_s(m, n, k)
     assert 2 * m * n * k / time_s <= H100.peak_flops_per_s["bf16"]
@@ -174,13 +179,53 @@ def test_eager_attention_is_slower_than_fused() -> None:
 def test_head_embedding_and_optimizer_times() -> None:
     model = ComputeModel(H100, ISOLATED)
     head = model.head_times(plan(tp=4))
-    lm_gemm = model.gemm_time_s(8192, 128256 / 4, 8192)
+    assert head_vocab_per_gpu(plan(tp=4)) == 128512 / 4  # Megatron's padding: 251 x 512
+    lm_gemm = model.gemm_time_s(8192, 128512 / 4, 8192)
     assert head.forward_s > lm_gemm
-    assert head.backward_weight_s == pytest.approx(model.gemm_time_s(8192, 128256 / 4, 8192))
+    assert head.backward_weight_s == pytest.approx(model.gemm_time_s(8192, 128512 / 4, 8192))
     embedding = model.embedding_times(plan(tp=4))
     assert embedding.forward_s == pytest.approx(2 * 2 * 8192 * 8192 / (3.35e12 * 0.8))
     step = model.optimizer_step_s(1e9, grad_bytes_per_param=4)
     assert step == pytest.approx(1e9 * 30 / (3.35e12 * 0.8))
+
+
+def test_unaligned_gemms_run_at_the_measured_fraction() -> None:
+    """A vocabulary of 50257 (odd) or 50258 (even, not a multiple of 8) runs the head GEMM at
+    the measured 0.18 / 0.35 of 50304's rate; a vector (m = 1) and fp8 multiples of 16 are fine."""
+    model = ComputeModel(H100, ISOLATED)
+    rate = lambda n: 2 * 4096 * n * 2560 / model.gemm_time_s(4096, n, 2560)  # noqa: E731
+    aligned = rate(50304)
+    assert rate(50257) / aligned == pytest.approx(0.18, rel=2e-3)
+    assert rate(50258) / aligned == pytest.approx(0.35, rel=2e-3)
+    assert gemm_alignment((1, 8192, 8192), "bf16") == 1.0
+    assert gemm_alignment((4096, 4104, 4096), "fp8") == UNALIGNED_GEMM[4]  # 8 bytes: below 16
+    assert gemm_alignment((4096, 4112, 4096), "fp8") == 1.0
+    assert gemm_alignment((4096.5, 4096, 4096), "bf16") == 1.0  # an average count: not judged
+
+
+def test_attention_pads_the_head_dimension() -> None:
+    """Head dimension 80 runs as 96 (80/96 of its rate), times Hopper's fused kernels' measured
+    rate at 96 (0.825 forward, 0.885 backward of 128's); FlashAttention-2 only pads."""
+    assert attention_head_dim_factor(80, "attention_forward", "cudnn", "hopper") == pytest.approx(
+        80 / 96 * 0.825
+    )
+    assert attention_head_dim_factor(80, "attention_backward", "cudnn", "hopper") == pytest.approx(
+        80 / 96 * 0.885
+    )
+    assert attention_head_dim_factor(112, "attention_forward", "cudnn", "hopper") == pytest.approx(
+        112 / 128
+    )
+    assert attention_head_dim_factor(80, "attention_forward", "flash2", "hopper") == pytest.approx(
+        80 / 96
+    )
+    assert attention_head_dim_factor(64, "attention_forward", "cudnn", "ampere") == 1.0
+    assert attention_head_dim_factor(128, "attention_backward", "cudnn", "hopper") == 1.0
+
+
+def test_megatron_pads_the_vocabulary() -> None:
+    """Megatron pads the vocabulary to a multiple of 128 x tp; other stacks keep it."""
+    assert head_vocab_per_gpu(plan(tp=8, stack="megatron")) == 129024 / 8
+    assert head_vocab_per_gpu(plan(tp=8, stack="eager")) == 128256 / 8
 
 
 def test_every_kernel_runs_the_in_step_slowdown_longer_by_default() -> None:

@@ -1,0 +1,184 @@
+"""Measure on one GPU the kernel effects the compute model prices as mechanisms.
+
+Each part times real kernels with CUDA events and writes what it saw to one JSON file:
+
+- ``gemm_alignment``: bf16 GEMMs of a language-model head (tokens x hidden x vocab) in the three
+  layouts a linear layer runs (forward, input gradient, weight gradient), with the vocabulary a
+  multiple of 64, of 2 only, and odd; the rate of each.
+- ``attention_head_dim``: causal fused attention (torch SDPA, flash and cuDNN backends) at one
+  width and sequence length with head dimensions 64, 80, 96 and 128, forward and backward.
+- ``fused_adamw``: ``torch.optim.AdamW(fused=True)`` over fp32 parameters shaped like a model's,
+  as bytes per second (28 bytes per parameter: read parameter, gradient and two moments, write
+  parameter and moments).
+- ``sustained``: one 8192^3 bf16 GEMM back to back for ``--sustained-s`` seconds, rate per second,
+  with the SM clock, power and temperature ``nvidia-smi`` reports each second.
+
+    python tools/kernel_probe.py --output probe.json [--sustained-s 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def timed_ms(fn: Callable[[], Any], *, iters: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def gemm_alignment() -> list[dict[str, Any]]:
+    """Head GEMMs (tokens 4096, hidden 2560) at vocabularies 50304, 50258, 50257 and 32000/32001."""
+    rows = []
+    for tokens, hidden, vocab in (
+        (4096, 2560, 50304), (4096, 2560, 50258), (4096, 2560, 50257),
+        (8192, 4096, 32000), (8192, 4096, 32001),
+    ):  # fmt: skip
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16)
+        flops = 2.0 * tokens * hidden * vocab
+        for layout, fn in (
+            ("forward", lambda x=x, w=w: x @ w.t()),
+            ("input_grad", lambda dy=dy, w=w: dy @ w),
+            ("weight_grad", lambda dy=dy, x=x: dy.t() @ x),
+        ):
+            ms = timed_ms(fn)
+            rows.append({"tokens": tokens, "hidden": hidden, "vocab": vocab, "layout": layout,
+                         "ms": ms, "tflops": flops / ms / 1e9})  # fmt: skip
+        del x, w, dy
+    return rows
+
+
+def attention_head_dim() -> list[dict[str, Any]]:
+    """Causal SDPA at width 2560, sequence 2048, batch 2, per head dimension and backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rows = []
+    batch, seq, width = 2, 2048, 2560
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        for head_dim in (64, 80, 96, 128):
+            heads = width // head_dim
+            shape = (batch, heads, seq, head_dim)
+            q, k, v = (
+                torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(3)
+            )
+            flops = 4.0 * batch * heads * seq * seq * head_dim / 2  # causal: half the square
+            try:
+                with sdpa_kernel(backend):
+                    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    grad = torch.randn_like(out)
+                    fwd = timed_ms(lambda q=q, k=k, v=v: sdpa(q, k, v, is_causal=True))
+                    both = timed_ms(
+                        lambda q=q, k=k, v=v, g=grad: torch.autograd.grad(
+                            sdpa(q, k, v, is_causal=True), (q, k, v), g
+                        )
+                    )
+            except RuntimeError as error:
+                failed = {"backend": backend.name, "head_dim": head_dim, "error": str(error)[:200]}
+                rows.append(failed)
+                continue
+            rows.append({"backend": backend.name, "head_dim": head_dim, "heads": heads,
+                         "forward_ms": fwd, "backward_ms": both - fwd,
+                         "forward_tflops": flops / fwd / 1e9,
+                         "backward_tflops": 2.5 * flops / (both - fwd) / 1e9})  # fmt: skip
+    return rows
+
+
+def _llama_shapes(hidden: int, ffn: int, kv: int, layers: int, vocab: int) -> list[tuple[int, ...]]:
+    per_layer = [(hidden,), (hidden + 2 * kv, hidden), (hidden, hidden), (hidden,),
+                 (2 * ffn, hidden), (hidden, ffn)]  # fmt: skip
+    return [(vocab, hidden)] + per_layer * layers + [(hidden,), (vocab, hidden)]
+
+
+def fused_adamw() -> list[dict[str, Any]]:
+    """Fused and foreach AdamW over fp32 parameters of a 1B and a 0.2B Llama-style model."""
+    rows = []
+    for name, shapes in (
+        ("llama-h2048-l16-v128256", _llama_shapes(2048, 8192, 512, 16, 128256)),
+        ("llama-h1024-l8-v32000", _llama_shapes(1024, 4096, 1024, 8, 32000)),
+    ):
+        params = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        count = sum(p.numel() for p in params)
+        for impl in ("fused", "foreach"):
+            opt = torch.optim.AdamW(params, lr=1e-4, **{impl: True})
+            ms = timed_ms(opt.step, iters=10)
+            rows.append({"model": name, "impl": impl, "params": count, "tensors": len(params),
+                         "ms": ms, "gb_per_s_at_28_bytes": 28.0 * count / ms / 1e6})  # fmt: skip
+            del opt
+        del params
+    return rows
+
+
+def sustained(seconds: float) -> dict[str, Any]:
+    """An 8192^3 bf16 GEMM back to back: rate per second, clocks, power and temperature."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    smi = subprocess.Popen(
+        ["nvidia-smi", "--format=csv,noheader", "-lms", "1000",
+         "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    rates = []
+    begin = time.perf_counter()
+    while time.perf_counter() - begin < seconds:
+        count, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 1.0:
+            for _ in range(10):
+                a @ b
+            torch.cuda.synchronize()
+            count += 10
+        rates.append(2.0 * n**3 * count / (time.perf_counter() - t0) / 1e12)
+    smi.terminate()
+    samples = smi.communicate(timeout=10)[0].strip().splitlines()
+    return {"tflops_per_second": rates, "nvidia_smi": samples}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--sustained-s", type=float, default=40.0)
+    args = parser.parse_args()
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    for name, part in (
+        ("gemm_alignment", gemm_alignment),
+        ("attention_head_dim", attention_head_dim),
+        ("fused_adamw", fused_adamw),
+        ("sustained", lambda: sustained(args.sustained_s)),
+    ):
+        t0 = time.perf_counter()
+        result[name] = part()
+        print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        with open(args.output, "w") as handle:
+            json.dump(result, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
