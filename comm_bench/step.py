@@ -350,7 +350,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def peak_memory(device: torch.device) -> dict[str, float]:
+def peak_memory(device: torch.device) -> dict[str, Any]:
     """Peak bytes of the timed steps: live tensors (``max_memory_allocated``) and what the
     caching allocator held from the device (``max_memory_reserved``: what "will it fit" is about),
     with the allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``)."""
