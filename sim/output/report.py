@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from schedules.memory import ALLOCATOR_RESERVE
 from schedules.params import active_params, total_params
 from sim.output.offload_report import offload_lines
 from sim.replay.result import PlanResult
@@ -138,11 +139,19 @@ def headline_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec) -> list[str]
 def memory_lines(result: PlanResult, *, hbm_bytes: float) -> list[str]:
     """Memory per GPU by component in GiB, then the total against HBM and the verdict."""
     hbm_gib = hbm_bytes / GIB_BYTES
-    components = {k: v for k, v in result.memory_gib.items() if k != "total"}
+    components = {k: v for k, v in result.memory_gib.items() if k not in ("total", "reserved")}
     total_gib = result.memory_gib.get("total", sum(components.values()))
     lines = ["Memory per GPU (GiB, worst pipeline stage)"]
     lines += [_row(f"  {name}", f"{gib:8.2f}") for name, gib in components.items()]
-    lines.append(_row("  total", f"{total_gib:8.2f} of {hbm_gib:.2f} GiB HBM"))
+    lines.append(_row("  total (live)", f"{total_gib:8.2f}"))
+    reserved_gib = result.memory_gib.get("reserved", total_gib)
+    lines.append(
+        _row(
+            "  reserved",
+            f"{reserved_gib:8.2f} of {hbm_gib:.2f} GiB HBM (caching allocator "
+            f"+{ALLOCATOR_RESERVE:.0%}, measured)",
+        )
+    )
     lines.append(_row("  verdict", fit_verdict(result, hbm_bytes=hbm_bytes)))
     return lines
 
@@ -150,7 +159,7 @@ def memory_lines(result: PlanResult, *, hbm_bytes: float) -> list[str]:
 def fit_verdict(result: PlanResult, *, hbm_bytes: float) -> str:
     """``fits (N GiB free)`` or a loud ``DOES NOT FIT`` with the total and the HBM size."""
     hbm_gib = hbm_bytes / GIB_BYTES
-    total_gib = result.memory_gib.get("total", float("nan"))
+    total_gib = result.memory_gib.get("reserved", result.memory_gib.get("total", float("nan")))
     if result.fits_in_memory:
         return f"fits ({hbm_gib - total_gib:.2f} GiB free)"
     over = f", {total_gib - hbm_gib:.2f} GiB over" if total_gib > hbm_gib else ""

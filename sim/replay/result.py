@@ -83,7 +83,8 @@ class PlanResult:
     memory_gib: dict[str, float]
     """Peak memory per GPU by component (GiB = 2**30 B), with a ``total`` entry."""
     fits_in_memory: bool
-    """Whether ``memory_gib['total']`` fits in the GPU's HBM."""
+    """Whether ``memory_gib['reserved']`` (the live peak plus the caching allocator's reserve)
+    fits in the GPU's HBM."""
     breakdown: Breakdown
     """Compute, exposed communication per group and bubble on the critical rank."""
     num_gpus: int = 0

@@ -21,6 +21,7 @@ import simpy
 from schedules.arithmetic import model_flops_per_step
 from schedules.flops import hardware_flops_per_step
 from schedules.kernels import kernel_stack
+from schedules.memory import reserved_bytes
 from schedules.moe import load_factor
 from schedules.params import active_params, total_params
 from schedules.plan import Plan, num_microbatches
@@ -107,7 +108,8 @@ def simulate_plan(
     peak = _peak_flops_per_s(plan, topology)
     hardware = hardware_flops_per_step(plan) / step_s / topology.num_gpus
     breakdown = breakdown_of(timeline)
-    fits = memory["total"] <= gpu.hbm_bytes
+    memory = {**memory, "reserved": reserved_bytes(memory["total"])}
+    fits = memory["reserved"] <= gpu.hbm_bytes
     stack = kernel_stack(plan)
     return PlanResult(
         step_time_s=step_s,

@@ -291,7 +291,7 @@ def simulate_case(
         step_time_s=result.step_time_s,
         simulated_ranks=result.num_simulated_ranks,
         breakdown=breakdown,
-        memory_gib=result.memory_gib.get("total"),
+        memory_gib=result.memory_gib.get("reserved", result.memory_gib.get("total")),
     )
 
 

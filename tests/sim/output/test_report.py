@@ -112,8 +112,13 @@ def test_memory_section_lists_components_and_fit() -> None:
     lines = memory_lines(_result(), hbm_bytes=80 * GIB_BYTES)
     assert lines[1].split() == ["parameters", "3.50"]
     assert lines[3].split() == ["optimizer", "7.00"]
-    assert "12.25 of 80.00 GiB HBM" in lines[4]
-    assert "fits (67.75 GiB free)" in lines[5]
+    assert lines[4].split() == ["total", "(live)", "12.25"]
+    assert "12.25 of 80.00 GiB HBM" in lines[5]  # a result without a reserve: the live peak
+    assert "fits (67.75 GiB free)" in lines[6]
+    reserved = _result(memory_gib={"parameters": 10.0, "total": 10.0, "reserved": 10.6})
+    text = "\n".join(memory_lines(reserved, hbm_bytes=80 * GIB_BYTES))
+    assert "10.60 of 80.00 GiB HBM (caching allocator +6%, measured)" in text
+    assert "fits (69.40 GiB free)" in text
 
 
 def test_plan_that_does_not_fit_is_reported_clearly() -> None:
