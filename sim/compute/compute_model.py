@@ -29,9 +29,10 @@ GEMM with row-wise float8 scales (``schedules.float8``) runs at ``ROWWISE_SCALED
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy
 
 from schedules.float8 import ROWWISE_GEMM_BACKEND
 from schedules.kernels import (
@@ -173,15 +174,9 @@ def attention_head_dim_factor(head_dim: float, kind: str, backend: str, family: 
     factor = head_dim / padded
     if family == "hopper" and backend != "flash2":
         column = 1 if kind == "attention_backward" else 0
-        points = sorted(HOPPER_ATTENTION_HEAD_DIM.items())
-        if padded <= points[0][0]:
-            factor *= points[0][1][column]
-        elif padded < points[-1][0]:
-            for (d0, r0), (d1, r1) in itertools.pairwise(points):
-                if d0 <= padded <= d1:
-                    weight = (padded - d0) / (d1 - d0)
-                    factor *= r0[column] + weight * (r1[column] - r0[column])
-                    break
+        sizes = sorted(HOPPER_ATTENTION_HEAD_DIM)
+        rates = [HOPPER_ATTENTION_HEAD_DIM[size][column] for size in sizes]
+        factor *= float(numpy.interp(padded, sizes, rates))  # held flat beyond both ends
     return factor
 
 
