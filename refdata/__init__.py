@@ -15,5 +15,7 @@ ROOT = Path(__file__).resolve().parent
 """This folder, wherever the package is installed."""
 NCCL_DIR = ROOT / "nccl"
 """Published nccl-tests results (``*.txt`` raw logs, ``*.csv`` busbw curves)."""
+COLLECTIVES_DIR = ROOT / "collectives"
+"""Public nccl-tests results of many clusters (``<cluster>/cluster.json`` and its files)."""
 CASES_PATH = ROOT / "validation" / "cases.json"
 """Published training runs (``commsim validate``'s default cases file)."""

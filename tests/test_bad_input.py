@@ -66,8 +66,9 @@ def test_a_bogus_default_fabric_is_named(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(raw))
     assert main(["plan", str(path)]) == 2
-    assert "default_fabric 'bogus'; valid: azure-ndr, efa-p5, gcp-a3-mega, ib-hdr" in (
-        capsys.readouterr().err
+    assert (
+        "default_fabric 'bogus'; valid: azure-ndr, efa-p4d, efa-p5, gcp-a3-high, gcp-a3-mega"
+        in (capsys.readouterr().err)
     )
 
 

@@ -174,6 +174,31 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         "today'), region tuner on > 2 nodes. AWS does not publish switch radix or wiring: a "
         "non-blocking fat tree of radix-64 switches is assumed",
     ),
+    "efa-p4d": FabricSpec(
+        name="efa-p4d",
+        link="efa-p4d",
+        radix=64,
+        rail_optimized=False,
+        transport="ofi",
+        plugin_latency_s=75e-6,
+        source="AWS EFA on p4d/p4de through aws-ofi-nccl (aws/aws-ofi-nccl 2daf7d3, "
+        "src/platform-aws.cpp: p4d.24xlarge and p4de.24xlarge latency 75 us, send-recv "
+        "protocol, no tuner model: NCCL's own tuner and NET latencies), no CollNet. AWS does "
+        "not publish switch radix or wiring: a non-blocking fat tree of radix-64 switches is "
+        "assumed",
+    ),
+    "gcp-a3-high": FabricSpec(
+        name="gcp-a3-high",
+        link="gcp-200g",
+        radix=64,
+        rail_optimized=False,
+        transport="tcpx",
+        source="GCP A3 High GPUDirect-TCPX: 4 x 200 Gbps GPU NICs per VM (1,000 Gbps with the "
+        "host NIC; cloud.google.com/compute/docs/gpus/gpu-network-bandwidth); the TCPX plugin "
+        "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc). Google "
+        "does not publish switch radix or wiring: a non-blocking fat tree of radix-64 switches "
+        "is assumed",
+    ),
     "gcp-a3-mega": FabricSpec(
         name="gcp-a3-mega",
         link="gcp-200g",

@@ -340,6 +340,16 @@ LINKS: dict[str, LinkSpec] = {
         "num_rails 4, src/tuner/nccl_ofi_model.cpp); effective as NDR's measured 47/50; "
         + _NCCL_LAT,
     ),
+    "efa-p4d": _link(
+        "efa-p4d",
+        12.5,
+        11.75,
+        0.35,
+        kind="network",
+        source="AWS p4d/p4de: 4 EFA network cards, 400 Gbps per instance (docs.aws.amazon.com "
+        "AWSEC2/latest/UserGuide/efa-acc-inst-types.html), i.e. 100 Gb/s per card, one card per "
+        "PCIe switch shared by 2 GPUs; effective as NDR's measured 47/50; " + _NCCL_LAT,
+    ),
     "gcp-200g": _link(
         "gcp-200g",
         25.0,

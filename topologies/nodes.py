@@ -259,6 +259,53 @@ NODE_PRESETS: dict[str, NodeSpec] = {
         "(docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html) as 8 ports of "
         "4 x 100 Gb/s, AMD EPYC 7R13 hosts (docs.aws.amazon.com/ec2/latest/instancetypes/ac.html)",
     ),
+    "p4d-a100": NodeSpec(
+        name="p4d-a100",
+        gpu="a100-sxm-40gb",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink3",
+        nvswitch="nvswitch-gen2",
+        pcie="pcie-gen4",
+        nic="efa-p4d",
+        nics_per_node=4,
+        cpu_link="upi",
+        default_fabric="efa-p4d",
+        source="AWS p4d.24xlarge: 8 A100 SXM4 40 GB with NVSwitch (NVLink 3), 4 EFA cards at "
+        "400 Gbps in all (docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), "
+        "2nd Gen Intel Xeon hosts (docs.aws.amazon.com/ec2/latest/instancetypes/ac.html)",
+    ),
+    "p4de-a100": NodeSpec(
+        name="p4de-a100",
+        gpu="a100-sxm-80gb",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink3",
+        nvswitch="nvswitch-gen2",
+        pcie="pcie-gen4",
+        nic="efa-p4d",
+        nics_per_node=4,
+        cpu_link="upi",
+        default_fabric="efa-p4d",
+        source="AWS p4de.24xlarge: as p4d.24xlarge with A100 SXM4 80 GB "
+        "(docs.aws.amazon.com/ec2/latest/instancetypes/ac.html)",
+    ),
+    "a3-high-h100": NodeSpec(
+        name="a3-high-h100",
+        gpu="h100-sxm",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink4",
+        nvswitch="nvswitch-gen3",
+        pcie="pcie-gen5",
+        nic="gcp-200g",
+        nics_per_node=4,
+        cpu_link="upi",
+        default_fabric="gcp-a3-high",
+        source="GCP a3-highgpu-8g: 8 H100 SXM with NVSwitch and NVLink 4, 4 GPU NICs of "
+        "200 Gbps (1,000 Gbps with the host NIC; cloud.google.com/compute/docs/gpus/"
+        "gpu-network-bandwidth), GPUDirect-TCPX, 4th Gen Intel Xeon hosts",
+    ),
     "a3-mega-h100": NodeSpec(
         name="a3-mega-h100",
         gpu="h100-sxm",

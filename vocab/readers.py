@@ -93,14 +93,17 @@ class _Section:
     """The rows, sizes increasing."""
 
 
-def read_results(path: str | Path, *, op: str | None = None) -> list[Record]:
+def read_results(
+    path: str | Path, *, op: str | None = None, world: int | None = None
+) -> list[Record]:
     """Every record in ``path`` (any supported format; ValueError naming the file otherwise),
     each checked for what a measurement allows (``records.physics_problem``).
 
     ``op`` names the collective of an nccl-tests log that does not say it (no ``Collective test
-    starting`` line, and a file name that names no op)."""
+    starting`` line, and a file name that names no op); ``world`` the ranks of a log that neither
+    lists them nor says ``nranks`` (a pasted table)."""
     path = Path(path)
-    records = _read_any(path, op)
+    records = _read_any(path, op, world)
     for index, record in enumerate(records):
         problem = physics_problem(record)
         if problem is not None:
@@ -109,7 +112,7 @@ def read_results(path: str | Path, *, op: str | None = None) -> list[Record]:
     return records
 
 
-def _read_any(path: Path, op: str | None) -> list[Record]:
+def _read_any(path: Path, op: str | None, world: int | None = None) -> list[Record]:
     """The records of ``path`` in whichever format it is."""
     text = read_input(path, what="measured results")
     stripped = text.lstrip()
@@ -121,7 +124,7 @@ def _read_any(path: Path, op: str | None) -> list[Record]:
         return _read_commbench_csv(text, path)
     if header == BUSBW_COLUMNS:
         return parse_busbw_csv(text, name=str(path))
-    records = parse_nccl_tests_text(text, name=path.name, op=op)
+    records = parse_nccl_tests_text(text, name=path.name, op=op, world=world)
     if not records:
         has_rows = any(_is_row(line.split()) for line in text.splitlines())
         if (
@@ -309,7 +312,25 @@ def _looks_like_row(tokens: list[str]) -> bool:
 
 
 def _is_row(tokens: list[str]) -> bool:
-    return _looks_like_row(tokens) and len(tokens) in ROW_LENGTHS
+    return _looks_like_row(tokens) and len(_with_root(tokens)) in ROW_LENGTHS
+
+
+OLD_ROW_LENGTH = 12
+"""Fields of a row of nccl-tests before 2.10: no root column, and an ``error`` column (the
+largest error, a float) where ``#wrong`` is now."""
+
+
+def _old_error(token: str) -> bool:
+    """An ``error`` cell of a pre-2.10 row: ``%e``-printed (``5e-07``) or ``N/A``."""
+    return token == "N/A" or re.fullmatch(r"-?\d(\.\d+)?e[-+]\d+", token) is not None
+
+
+def _with_root(tokens: list[str]) -> list[str]:
+    """A pre-2.10 row (12 fields, a time where the root is) with the root column (-1) added;
+    its error columns then read as unchecked (no ``#wrong`` count)."""
+    if len(tokens) == OLD_ROW_LENGTH and all(_old_error(tokens[i]) for i in (7, 11)):
+        return [*tokens[:4], "-1", *tokens[4:]]
+    return tokens
 
 
 def _row_problem(tokens: list[str]) -> str | None:
@@ -364,7 +385,7 @@ def _split_sections(
             if int(count.group(1)) < 1:
                 raise ValueError(f"{name} line {number}: nranks {count.group(1)}: no rank ran")
             nranks = max(nranks or 0, int(count.group(1)))
-        elif not line.startswith("#") and _looks_like_row(tokens := line.split()):
+        elif not line.startswith("#") and _looks_like_row(tokens := _with_root(line.split())):
             if problem := _row_problem(tokens):
                 raise ValueError(f"{name} line {number}: {problem}: {' '.join(tokens)}")
             size = int(tokens[0])
@@ -492,10 +513,14 @@ def _row_records(
     return records
 
 
-def parse_nccl_tests_text(text: str, *, name: str = "", op: str | None = None) -> list[Record]:
-    """Records of an nccl-tests (or commbench stdout) text log; ``name`` supplies file hints and
-    ``op`` the collective where neither the log nor the name says it."""
+def parse_nccl_tests_text(
+    text: str, *, name: str = "", op: str | None = None, world: int | None = None
+) -> list[Record]:
+    """Records of an nccl-tests (or commbench stdout) text log; ``name`` supplies file hints,
+    ``op`` the collective and ``world`` the ranks where neither the log nor the name says them."""
     file_op, file_algo, file_world = _file_hints(name) if name else (None, None, None)
+    if world is not None:
+        file_world = world
     if op is not None:
         file_op = canonical_op(op)
     source = "measured" if "# commbench " in text else "nccl-tests"

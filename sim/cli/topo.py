@@ -222,6 +222,28 @@ def _fabric_lines(fabric: dict[str, Any]) -> list[str]:
     ]
 
 
+def _check_lines(checks: dict[str, Any]) -> list[str]:
+    """The presets against public nccl-tests results, or "unvalidated" where none is shipped."""
+    lines = [
+        "checked against public nccl-tests results (uncalibrated busbw error, sizes >= 1 MiB; "
+        "commsim validate --collectives):"
+    ]
+    named = [("server", checks["server"], checks["node"])]
+    if checks["fabric"] is not None:
+        named.append(("fabric", checks["fabric"], checks["fabric_checks"]))
+    for kind, name, found in named:
+        if not found:
+            lines.append(f"  {kind} {name}: unvalidated (no public measurement shipped)")
+        for check in found:
+            nodes = ",".join(map(str, check["nodes"]))
+            lines.append(
+                f"  {kind} {name}: {check['busbw_mape_pct']:.1f}% MAPE "
+                f"({check['mean_busbw_error_pct']:+.1f}% mean) over {check['num_points']} points "
+                f"at {nodes} node(s) of {check['cluster']} ({check['sources'][0]})"
+            )
+    return lines
+
+
 def render(summary: dict[str, Any]) -> str:
     """The human-readable summary."""
     gpu = summary["gpu"]
@@ -264,6 +286,8 @@ def render(summary: dict[str, Any]) -> str:
             f"oversubscription: {ratios or 'none (one switch)'} (leaf ports {down} down / {up} up)",
             *_fabric_lines(fabric),
         ]
+    if (checks := summary.get("checked_against")) is not None:
+        lines += _check_lines(checks)
     lines.append("hops between GPUs (rank pair: links on the path, latency):")
     for label, hop in summary["hops"].items():
         path = "-".join(hop["links"])
@@ -281,6 +305,13 @@ def run(args: argparse.Namespace) -> int:
     targets = check_outputs({"--draw": (args.draw, DRAWING_FORMATS)}, inputs=inputs)
     topology = cluster_from_mapping(_mapping(args), where=where)
     summary = summarize(topology)
+    if args.cluster in NODE_PRESETS:
+        from sim.validation.collectives import preset_checks
+
+        fabric = summary.get("fabric", {}).get("name")
+        summary["checked_against"] = {
+            "server": args.cluster, "fabric": fabric, **preset_checks(args.cluster, fabric)
+        }  # fmt: skip
     print(json.dumps(summary, indent=2) if args.json else render(summary))
     if (drawing := targets.get("--draw")) is not None:
         from topologies.draw import draw_topology

@@ -23,7 +23,8 @@ from io import BytesIO
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fileio.output import Target, check_outputs, write_bytes
+from fileio.output import Target, check_outputs, write_bytes, write_text
+from refdata import COLLECTIVES_DIR
 from sim.network.comm_model import FIDELITIES
 from sim.output.progress import PhaseBars
 from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
@@ -91,6 +92,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the shipped H100 steps): defaults, and each file's calibration on the others",
     )
     parser.add_argument(
+        "--collectives",
+        type=Path,
+        nargs="?",
+        const=COLLECTIVES_DIR,
+        metavar="DIR",
+        help="validate the network model on public nccl-tests results instead (DIR/<cluster>/"
+        "cluster.json; default: the shipped clusters): uncalibrated, and leave-one-cluster-out",
+    )
+    parser.add_argument(
         "--traces",
         type=Path,
         nargs="?",
@@ -111,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         return run_steps(args)
     if args.traces is not None:
         return run_traces(args)
+    if args.collectives is not None:
+        return run_collectives(args)
     if args.leave_one_source_out:
         return run_loso(args)
     if not Path(args.cases).is_file():
@@ -192,6 +204,34 @@ def run_loso(args: argparse.Namespace) -> int:
     lines.append("  (the 'all' row's MAPE is over every case, each with its held-out slowdown)")
     lines += [f"FAILED {case_id}: {message}" for case_id, message in report.failed]
     print("\n".join(lines))
+    return 0
+
+
+def run_collectives(args: argparse.Namespace) -> int:
+    """``--collectives``: every shipped cluster uncalibrated and fitted on the others."""
+    from sim.validation.collective_report import format_summary, plot_bytes
+    from sim.validation.collectives import (
+        dumps,
+        load_clusters,
+        report_json,
+        validate_collectives,
+    )
+
+    folder = Path(args.collectives)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--collectives: folder not found: {folder}")
+    targets = check_outputs(
+        {"--json": (args.json, (".json",)), "--plot": (args.plot, (".png", ".svg", ".pdf"))},
+        inputs=(folder,),
+    )
+    clusters = load_clusters(folder)
+    results = validate_collectives(clusters)
+    document = report_json(results, clusters)
+    if (target := targets.get("--json")) is not None:
+        write_text(target, dumps(document))
+    if (target := targets.get("--plot")) is not None:
+        write_bytes(target, plot_bytes(results, target.format))
+    print("\n".join(format_summary(document, results)))
     return 0
 
 

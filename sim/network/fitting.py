@@ -206,8 +206,16 @@ def _fit_protocols(
     coef: np.ndarray | None = None
     err = math.inf
     for _ in range(_MAX_ROUNDS):
-        extra = [table[rows, choice]] if np.any(table[rows, choice] > 0) else [None]
-        coef, err = _solve(times, fixed[rows, choice], x[rows, choice], steps, extra[0])
+        chosen_table = table[rows, choice]
+        table_or_none = chosen_table if np.any(chosen_table > 0) else None
+        # One protocol latency for every sample: its scale and a base latency cannot be told
+        # apart, so NCCL's table stands as it is and the machine's extra is the base latency
+        # (a split that carries over to the algorithm's other step counts and protocols, and
+        # to other algorithms through ``Calibration.lookup``'s fallback).
+        if table_or_none is not None and np.ptp(chosen_table) <= 1e-6 * chosen_table.max():
+            coef, err = _solve(times, fixed[rows, choice] + chosen_table, x[rows, choice], steps)
+        else:
+            coef, err = _solve(times, fixed[rows, choice], x[rows, choice], steps, table_or_none)
         if coef is None:
             return None, math.inf
         again = np.argmin(fixed + coef[2] * table + coef[1] * x, axis=1)
@@ -236,12 +244,16 @@ def _solve(
     keep = [
         k
         for k in range(4)
-        if k < 2 or (k == 2 and table is not None) or (k == 3 and steps is not None)
-    ]
+        if k < 2 or (k == 2 and table is not None)
+        or (k == 3 and steps is not None)
+    ]  # fmt: skip
     weight = 1.0 / times
     target = times - fixed
     pinned = 0.0  # 1/eff fixed at 1 once the free fit says the links run faster than their rate
     while True:
+        if not keep:  # every free coefficient dropped: only the pinned efficiency is left
+            sol = np.zeros(0)
+            break
         a = np.stack([columns[k] for k in keep], axis=1) * weight[:, None]
         sol, *_ = np.linalg.lstsq(a, (target - pinned * x) * weight, rcond=None)
         values = dict(zip(keep, sol, strict=True))
@@ -281,7 +293,7 @@ def fit_calibration(
     the protocol NCCL's tuner gives its algorithm.
     """
     samples = make_samples(records, topology_for, assumed_algo)
-    calibration, notes = _fit_groups(samples, topology_name, min_points)
+    calibration, notes = fit_groups(samples, topology_name, min_points)
     provenance = {
         "sources": list(sources),
         "num_records": len(samples),
@@ -302,7 +314,7 @@ def _key(sample: Sample) -> str:
     return key(sample.record.op, sample.algo, sample.scope)
 
 
-def _fit_groups(
+def fit_groups(
     samples: Sequence[Sample], topology_name: str, min_points: int
 ) -> tuple[Calibration, list[str]]:
     """Fit each (op, algo, scope) group of ``samples`` that has enough distinct sizes."""
@@ -317,5 +329,8 @@ def _fit_groups(
         if len({s.record.size_bytes for s in members}) < min_points:
             notes.append(f"{group_key}: only {len(members)} point(s), not fitted")
             continue
-        params[group_key], quality[group_key] = fit_params(members)
+        try:
+            params[group_key], quality[group_key] = fit_params(members)
+        except ValueError as error:  # e.g. times that fall with size: nothing to fit
+            notes.append(f"{group_key}: not fitted ({error})")
     return Calibration(params=params, quality=quality, topology=topology_name), notes

@@ -150,6 +150,27 @@ MAX_NVLS_ARITY = 32
 NVLS_CHANNELS_SM90 = 16
 """``NVLS_NCHANNELS_SM90``: CTAs NVLS runs with on Hopper (transport/nvls.cc)."""
 
+NVLS_CHUNK_BYTES = 128 * 1024
+"""``NCCL_NVLS_CHUNKSIZE`` default (transport/nvls.cc): the largest NVLS chunk."""
+NVLSTREE_MAX_CHUNK_BYTES_4_NODES = 64 * 1024
+"""``nvlsTreeMaxChunkSize`` on 4 or more nodes (``ncclNvlsTuning``; the NVLS chunk below)."""
+NVLS_CHUNK_STEPS = ((64, 65536), (8, 32768), (2, 16384))
+"""NVLS chunk shrinking (enqueue.cc ``calcCollChunking``): below ``k x ops x chunk`` bytes a
+chunk above ``c`` becomes ``c`` (ops = channels x heads), in this order."""
+NVLSTREE_CHUNK_STEPS = ((32, 262144), (16, 131072), (4, 65536), (1, 32768))
+"""NVLSTree chunk shrinking, as ``NVLS_CHUNK_STEPS``."""
+
+
+def shrunk_chunk(
+    size_bytes: float, ops: int, chunk: int, steps: tuple[tuple[int, int], ...]
+) -> int:
+    """The chunk NCCL moves ``size_bytes`` in: ``chunk`` shrunk by ``steps`` (enqueue.cc)."""
+    for times, smaller in steps:
+        if size_bytes < times * ops * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
 THREADS = {"ll": 512, "ll128": 640, "simple": 512}
 """Threads per channel of Ring/Tree (``NCCL_LL_MAX_NTHREADS``, ``NCCL_LL128_MAX_NTHREADS``,
 ``NCCL_SIMPLE_MAX_NTHREADS``)."""

@@ -47,6 +47,16 @@ _TOPOLOGY_HOP_US = {"nvlink": 0.6, "pci": 1.0, "net": 2.7}
 """What the topology's hop latencies already hold per step (Ring/LL hwLat)."""
 
 
+NVLS_CHUNK_OVERHEAD_BYTES = 16.3 * 1024
+"""The fixed cost of one NVLS chunk, as bytes of the chunk's own transfer: each chunk an NVLS
+channel reduces or multicasts costs ``1 + c / chunk`` of its bytes' time. NCCL shrinks the chunk
+from 128 KiB to 64, 32 and 16 KiB below 1 GiB, 64 MiB and 8 MiB on 8 H100s (16 channels x 8
+heads), which is why NVLS all_reduce reaches its rate only from 1 GiB. Fitted (with a latency
+and a rate) on the one-node NVLS all_reduce of refdata/nccl/h100_8gpu_all_reduce_nvls.txt
+(16.3 KiB, 1 MiB - 8 GiB); the same fit on three other clusters' tables gives 15.8 (Azure ND
+H100 v5), 16.8 (AWS p5) and 18.2 KiB (Azure ND H200 v5) (``commsim validate --collectives``)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Protocol:
     """One protocol's cost on one (op, algorithm, hardware): NCCL's tuning constants."""
@@ -77,6 +87,13 @@ class Protocol:
     """busbw one launched channel carries at most: its graph channel's speed x the factor."""
     tree_correction: bool = False
     """Whether NCCL's ``treeCorrectionFactor`` scales the bandwidth by size."""
+    chunk_ops: int = 0
+    """NVLS / NVLSTree: concurrent chunk operations (channels x heads) NCCL shrinks the chunk
+    against (0: the algorithm's chunk does not change with size here)."""
+    max_chunk_bytes: int = 0
+    """NVLS / NVLSTree: the chunk before shrinking (``nvlsChunkSize``, ``nvlsTreeMaxChunkSize``)."""
+    chunk_steps: tuple[tuple[int, int], ...] = ()
+    """NVLS / NVLSTree: NCCL's shrinking rule (``nccl_tables.NVLS_CHUNK_STEPS``)."""
 
     def latency_s(self, intra_steps: int, inter_steps: int, size_bytes: float = 0.0) -> float:
         """The protocol's own latency for a collective of these steps."""
@@ -104,7 +121,23 @@ class Protocol:
         )
         if self.tree_correction:
             steady /= T.tree_correction(self.name, size_bytes)
+        steady *= self.chunk_factor(size_bytes)
         return steady * (1.0 + self.chunk_bytes / size_bytes) if size_bytes > 0 else steady
+
+    def chunk(self, size_bytes: float) -> int:
+        """NVLS / NVLSTree: the chunk NCCL moves ``size_bytes`` in (0 elsewhere)."""
+        if not self.chunk_ops:
+            return 0
+        return T.shrunk_chunk(size_bytes, self.chunk_ops, self.max_chunk_bytes, self.chunk_steps)
+
+    def chunk_factor(self, size_bytes: float) -> float:
+        """NVLS / NVLSTree: the per-chunk cost at this size's chunk, relative to the default
+        128 KiB chunk the NVLS rates are quoted at (``NVLS_CHUNK_OVERHEAD_BYTES``)."""
+        chunk = self.chunk(size_bytes)
+        if not chunk:
+            return 1.0
+        c = NVLS_CHUNK_OVERHEAD_BYTES
+        return (1.0 + c / chunk) / (1.0 + c / T.NVLS_CHUNK_BYTES)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -140,6 +173,7 @@ def _protocol(name: str, op: str, algo: str, hw: Hardware) -> Protocol:
     plateau = table == "ring" and op == "all_reduce" and name == "simple" and multi
     channels = comm_channels(hw)
     factor = _factor(name, table, hw)
+    ops, largest, steps = _nvls_chunking(table, hw)
     return Protocol(
         name=name,
         bandwidth_factor=factor,
@@ -149,12 +183,27 @@ def _protocol(name: str, op: str, algo: str, hw: Hardware) -> Protocol:
         inter_step_latency_s=max(inter - _TOPOLOGY_HOP_US["net"], 0.0) * US,
         latency_scale=T.RING_PLATEAU[0 if hw.arch == "volta" else 1] if plateau else 1.0,
         plateau_min_bytes=64.0 * channels * hw.num_ranks,
-        chunk_bytes=T.BUFFER_BYTES[name] / T.NCCL_STEPS,
+        chunk_bytes=0.0 if table in ("nvls", "nvlstree") else T.BUFFER_BYTES[name] / T.NCCL_STEPS,
         channel_bytes=_channel_bytes(name, table, hw.num_ranks),
         num_channels=channels,
         channel_bandwidth_bytes_per_s=_channel_gbps(table, hw) * factor * GBPS,
         tree_correction=table == "tree" and op == "all_reduce",
-    )
+        chunk_ops=ops, max_chunk_bytes=largest, chunk_steps=steps,
+    )  # fmt: skip
+
+
+def _nvls_chunking(table: str, hw: Hardware) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """(concurrent ops, largest chunk, shrinking rule) of NVLS / NVLSTree; zeros for other
+    algorithms and for NVLS across nodes (its chunk depends on the SHARP bandwidth; not
+    modelled)."""
+    ops = T.NVLS_CHANNELS_SM90 * hw.ranks_per_node
+    if table == "nvls" and hw.num_nodes == 1:
+        return ops, T.NVLS_CHUNK_BYTES, T.NVLS_CHUNK_STEPS
+    if table == "nvlstree":
+        few = hw.num_nodes < 4
+        largest = T.NVLS_CHUNK_BYTES if few else T.NVLSTREE_MAX_CHUNK_BYTES_4_NODES
+        return ops, largest, T.NVLSTREE_CHUNK_STEPS
+    return 0, 0, ()
 
 
 def _channel_gbps(table: str, hw: Hardware) -> float:

@@ -101,7 +101,8 @@ def test_bad_oversubscription_and_empty():
 
 def test_presets():
     assert set(FABRIC_PRESETS) == {
-        "ib-ndr", "ib-hdr", "roce-400g", "ib-ndr-sharp", "efa-p5", "gcp-a3-mega", "azure-ndr",
+        "ib-ndr", "ib-hdr", "roce-400g", "ib-ndr-sharp", "efa-p5", "efa-p4d", "gcp-a3-mega",
+        "gcp-a3-high", "azure-ndr",
     }  # fmt: skip
     assert FABRIC_PRESETS["ib-ndr"].radix == 64
     assert [name for name, spec in FABRIC_PRESETS.items() if spec.sharp] == ["ib-ndr-sharp"]

@@ -63,7 +63,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "unknown key 'num_nodse'" in err
     assert main(["topo", "dgx-h100", "--fabric", "myrinet"]) == 2
     assert (
-        "error: unknown cluster.fabric preset 'myrinet'; valid: azure-ndr, efa-p5"
+        "error: unknown cluster.fabric preset 'myrinet'; valid: azure-ndr, efa-p4d, efa-p5"
         in capsys.readouterr().err
     )
     assert main(["topo", "missing.yaml"]) == 2

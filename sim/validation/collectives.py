@@ -1,0 +1,383 @@
+"""Collectives on clusters the model was not fitted on: public nccl-tests results, leave one out.
+
+``refdata/collectives/<cluster>/cluster.json`` describes one cluster (its server and fabric
+presets, the source of every file) and lists its measurement files (nccl-tests logs or busbw
+tables, each with its node count). Each cluster is predicted twice:
+
+- **uncalibrated**: the presets and NCCL's own tuning tables, nothing fitted;
+- **leave-one-cluster-out**: the network model's parameters (latencies, efficiency, protocol
+  scale per op, algorithm and scope; ``sim.network.fitting``) fitted on every OTHER cluster's
+  measurements pooled, each priced on its own topology, then the cluster is predicted.
+
+Errors are on bus bandwidth (simulated / measured - 1), scored on sizes >= 1 MiB, per cluster,
+op, node count and size band. The fabric presets' checks (``commsim topo``) come from the
+uncalibrated rows of the clusters that use them.
+
+    clusters = load_clusters(COLLECTIVES_DIR); report = validate_collectives(clusters)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fileio.strict import did_you_mean, load_json, read_input
+from refdata import COLLECTIVES_DIR
+from sim.network.calibration import Calibration
+from sim.network.compare import SIZE_BANDS, Point, compare_records, size_band
+from sim.network.fitting import TopologyFactory, fit_groups, make_samples
+from topologies.presets import FABRIC_PRESETS, NODE_PRESETS, build_cluster
+from topologies.topology import Topology
+from vocab.collectives import canonical_op
+from vocab.readers import read_results
+from vocab.records import Record
+
+MIN_SCORED_BYTES = 1 << 20
+"""Sizes scored: 1 MiB and up (below, launch and protocol latencies that nccl-tests' loop hides
+or not depending on its flags)."""
+
+MODES = ("uncalibrated", "leave-one-cluster-out")
+"""How each cluster is predicted."""
+
+_FILE_KEYS = {"file", "op", "nodes", "gpus_per_node", "algo", "dtype", "source", "notes"}
+_CLUSTER_KEYS = {"cluster", "description", "gpu", "server", "fabric", "files", "notes"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredFile:
+    """One measurement file of a cluster and what its source says about the run."""
+
+    path: Path
+    """The file (nccl-tests log or busbw CSV)."""
+    op: str
+    """Collective."""
+    nodes: int | None
+    """Servers the run spanned (None: a busbw table that states it per row)."""
+    gpus_per_node: int
+    """GPUs per server that took part."""
+    algo: str
+    """``auto`` or the algorithm the run forced (``NCCL_ALGO``)."""
+    source: str
+    """Where the numbers were published."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """One cluster's published measurements."""
+
+    name: str
+    """Folder name."""
+    description: str
+    """The machine, as its source describes it."""
+    server: str
+    """Node preset it is simulated with."""
+    fabric: str | None
+    """Fabric preset between its servers (None: single-node only)."""
+    files: tuple[MeasuredFile, ...]
+    """Its measurement files."""
+
+    def topology_for(self) -> TopologyFactory:
+        """(num_nodes, ranks_per_node) -> this cluster's topology of that many servers."""
+        cache: dict[tuple[int, int], Topology] = {}
+
+        def build(num_nodes: int, ranks_per_node: int) -> Topology:
+            found = cache.get((num_nodes, ranks_per_node))
+            if found is None:
+                fabric = self.fabric if num_nodes > 1 else None
+                found = build_cluster(self.server, num_nodes, fabric)
+                cache[(num_nodes, ranks_per_node)] = found
+            return found
+
+        return build
+
+    def records(self) -> list[Record]:
+        """Every out-of-place record of every file, with the node count its source states."""
+        found: list[Record] = []
+        for entry in self.files:
+            with warnings.catch_warnings():
+                # The logs' extra blocks (another op appended, a 1-rank run) are skipped or
+                # relabelled by the reader, which says so; the shipped files are curated.
+                warnings.simplefilter("ignore")
+                world = entry.nodes * entry.gpus_per_node if entry.nodes else None
+                records = read_results(entry.path, op=entry.op, world=world)
+            for record in records:
+                nodes = entry.nodes or record.num_nodes
+                if nodes > 1 and self.fabric is None:
+                    raise ValueError(f"{entry.path}: {nodes} nodes but the cluster has no fabric")
+                if record.world_size != nodes * entry.gpus_per_node:
+                    raise ValueError(
+                        f"{entry.path}: {record.world_size} ranks in the file, but cluster.json "
+                        f"says {nodes} node(s) x {entry.gpus_per_node} GPUs"
+                    )
+            algo = None if entry.algo == "auto" else entry.algo
+            chosen = [r for r in records if not r.in_place] or records
+            found += [
+                dataclasses.replace(r, num_nodes=entry.nodes or r.num_nodes, algo=algo or r.algo)
+                for r in chosen
+            ]
+        return found
+
+
+def load_clusters(root: Path = COLLECTIVES_DIR) -> list[Cluster]:
+    """Every ``<root>/*/cluster.json``, checked (presets, keys, files present), by name."""
+    clusters = [_cluster(path) for path in sorted(root.glob("*/cluster.json"))]
+    if not clusters:
+        raise ValueError(f"{root}: no <cluster>/cluster.json found")
+    return clusters
+
+
+def _cluster(path: Path) -> Cluster:
+    doc = load_json(read_input(path, what="cluster description"), name=str(path))
+    where = str(path)
+    if not isinstance(doc, dict) or (extra := set(doc) - _CLUSTER_KEYS):
+        raise ValueError(f"{where}: unknown key(s) {sorted(extra) if doc else doc!r}")
+    server, fabric = doc.get("server"), doc.get("fabric")
+    if server not in NODE_PRESETS:
+        raise ValueError(f"{where}: server {server!r}{did_you_mean(str(server), NODE_PRESETS)}")
+    if fabric is not None and fabric not in FABRIC_PRESETS:
+        raise ValueError(f"{where}: fabric {fabric!r}{did_you_mean(str(fabric), FABRIC_PRESETS)}")
+    files = []
+    for index, entry in enumerate(doc.get("files") or []):
+        at = f"{where}: files[{index}]"
+        if not isinstance(entry, dict) or (extra := set(entry) - _FILE_KEYS):
+            raise ValueError(f"{at}: unknown key(s) {sorted(extra) if entry else entry!r}")
+        nodes, per_node = entry.get("nodes"), entry.get("gpus_per_node")
+        if nodes is not None and (not isinstance(nodes, int) or nodes < 1):
+            raise ValueError(f"{at}: nodes must be an integer >= 1 (or absent), got {nodes!r}")
+        if not isinstance(per_node, int) or per_node < 1:
+            raise ValueError(f"{at}: gpus_per_node must be an integer >= 1, got {per_node!r}")
+        if nodes is not None and nodes > 1 and fabric is None:
+            raise ValueError(f"{at}: {nodes} nodes but the cluster has no fabric")
+        file_path = (path.parent / str(entry.get("file"))).resolve()
+        if not file_path.is_file():
+            raise ValueError(f"{at}: file {entry.get('file')!r} not found")
+        if not str(entry.get("source", "")).strip():
+            raise ValueError(f"{at}: no source")
+        files.append(
+            MeasuredFile(
+                path=file_path, op=canonical_op(str(entry.get("op"))), nodes=nodes,
+                gpus_per_node=per_node, algo=str(entry.get("algo", "auto")).lower(),
+                source=str(entry["source"]),
+            )
+        )  # fmt: skip
+    if not files:
+        raise ValueError(f"{where}: no files")
+    return Cluster(
+        name=path.parent.name,
+        description=str(doc.get("description", "")),
+        server=str(server),
+        fabric=fabric,
+        files=tuple(files),
+    )
+
+
+def fit_on(clusters: Iterable[Cluster]) -> Calibration:
+    """The network model's parameters fitted on these clusters' records pooled, each record
+    priced on its own cluster's topology."""
+    samples = []
+    for cluster in clusters:
+        samples += make_samples(cluster.records(), cluster.topology_for())
+    calibration, _notes = fit_groups(samples, "pooled clusters", min_points=3)
+    return calibration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterPoints:
+    """One cluster predicted one way."""
+
+    cluster: str
+    """Cluster name."""
+    mode: str
+    """One of ``MODES``."""
+    points: tuple[Point, ...]
+    """Every record next to its simulation."""
+
+    def scored(self) -> list[Point]:
+        """Points of sizes >= ``MIN_SCORED_BYTES``."""
+        return [p for p in self.points if p.size_bytes >= MIN_SCORED_BYTES]
+
+
+def busbw_mape(points: Sequence[Point]) -> float | None:
+    """Mean |simulated / measured busbw - 1| in percent (None: no points)."""
+    if not points:
+        return None
+    return sum(abs(p.busbw_error_pct) for p in points) / len(points)
+
+
+def validate_collectives(clusters: Sequence[Cluster]) -> list[ClusterPoints]:
+    """Each cluster uncalibrated and fitted on all the others."""
+    results = []
+    for cluster in clusters:
+        records, factory = cluster.records(), cluster.topology_for()
+        results.append(
+            ClusterPoints(
+                cluster=cluster.name, mode="uncalibrated",
+                points=tuple(compare_records(records, factory, None)),
+            )
+        )  # fmt: skip
+        others = [c for c in clusters if c.name != cluster.name]
+        calibration = fit_on(others) if others else None
+        results.append(
+            ClusterPoints(
+                cluster=cluster.name, mode="leave-one-cluster-out",
+                points=tuple(compare_records(records, factory, calibration)),
+            )
+        )  # fmt: skip
+    return results
+
+
+def breakdown(points: Sequence[Point]) -> list[dict[str, Any]]:
+    """busbw MAPE and mean signed error per (op, nodes, size band), in a stable order."""
+    groups: dict[tuple[str, int, str], list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.op, p.num_nodes, size_band(p.size_bytes)), []).append(p)
+    order = [name for name, _ in SIZE_BANDS]
+    return [
+        {
+            "op": op,
+            "num_nodes": nodes,
+            "band": band,
+            "num_points": len(ps),
+            "busbw_mape_pct": busbw_mape(ps),
+            "mean_busbw_error_pct": sum(p.busbw_error_pct for p in ps) / len(ps),
+        }
+        for (op, nodes, band), ps in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.index(kv[0][2]))
+        )
+    ]
+
+
+def summary(results: Sequence[ClusterPoints], clusters: Sequence[Cluster]) -> dict[str, Any]:
+    """Per mode: busbw MAPE over every scored point, per cluster, and per fabric preset."""
+    described = {c.name: c for c in clusters}
+    out: dict[str, Any] = {"min_size_bytes": MIN_SCORED_BYTES, "modes": {}}
+    for mode in MODES:
+        rows = [r for r in results if r.mode == mode]
+        every = [p for r in rows for p in r.scored()]
+        per_cluster: dict[str, dict[str, Any]] = {
+            r.cluster: {
+                "server": described[r.cluster].server,
+                "fabric": described[r.cluster].fabric,
+                "num_points": len(r.scored()),
+                "busbw_mape_pct": busbw_mape(r.scored()),
+                "mean_busbw_error_pct": (
+                    sum(p.busbw_error_pct for p in r.scored()) / len(r.scored())
+                    if r.scored()
+                    else None
+                ),
+                "bands": breakdown(r.scored()),
+            }
+            for r in rows
+        }
+        worst = max(
+            (c for c in per_cluster.items() if c[1]["busbw_mape_pct"] is not None),
+            key=lambda c: c[1]["busbw_mape_pct"],
+            default=None,
+        )
+        out["modes"][mode] = {
+            "num_points": len(every),
+            "busbw_mape_pct": busbw_mape(every),
+            "worst_cluster": worst[0] if worst else None,
+            "clusters": per_cluster,
+        }
+    return out
+
+
+def fabric_checks(results: Sequence[ClusterPoints], clusters: Sequence[Cluster]) -> dict[str, Any]:
+    """Per fabric preset: the clusters on it and the uncalibrated busbw MAPE across servers
+    (>= 1 MiB, multi-node points only)."""
+    checks: dict[str, Any] = {}
+    for cluster in clusters:
+        row = next(r for r in results if r.cluster == cluster.name and r.mode == MODES[0])
+        across = [p for p in row.scored() if p.num_nodes > 1]
+        if cluster.fabric is not None and across:
+            checks.setdefault(cluster.fabric, []).append(_check(cluster, across, across=True))
+    return checks
+
+
+def report_json(results: Sequence[ClusterPoints], clusters: Sequence[Cluster]) -> dict[str, Any]:
+    """The whole validation as JSON: summary, fabric checks and every point."""
+    return {
+        "schema": "commsim-collective-validation/1",
+        "summary": summary(results, clusters),
+        "fabric_checks": fabric_checks(results, clusters),
+        "clusters": {
+            c.name: {
+                "description": c.description,
+                "server": c.server,
+                "fabric": c.fabric,
+                "nodes": sorted(
+                    {p.num_nodes for r in results if r.cluster == c.name for p in r.points}
+                ),
+                "files": [
+                    {
+                        "file": f.path.name,
+                        "op": f.op,
+                        "nodes": f.nodes,
+                        "gpus_per_node": f.gpus_per_node,
+                        "algo": f.algo,
+                        "source": f.source,
+                    }
+                    for f in c.files
+                ],
+            }
+            for c in clusters
+        },
+        "points": [
+            {"cluster": r.cluster, "mode": r.mode, **dataclasses.asdict(p)}
+            for r in results
+            for p in r.points
+        ],
+    }
+
+
+def dumps(document: dict[str, Any]) -> str:
+    """The JSON text written by ``commsim validate --collectives --json``."""
+    return json.dumps(document, indent=1) + "\n"
+
+
+def _check(cluster: Cluster, points: Sequence[Point], *, across: bool) -> dict[str, Any]:
+    """One cluster's uncalibrated busbw error on the points within (or across) servers."""
+    sources = sorted({f.source for f in cluster.files if (f.nodes != 1) == across})
+    return {
+        "cluster": cluster.name,
+        "description": cluster.description,
+        "nodes": sorted({p.num_nodes for p in points}),
+        "num_points": len(points),
+        "busbw_mape_pct": busbw_mape(points),
+        "mean_busbw_error_pct": sum(p.busbw_error_pct for p in points) / len(points),
+        "sources": sources,
+    }
+
+
+def preset_checks(server: str, fabric: str | None, root: Path = COLLECTIVES_DIR) -> dict[str, Any]:
+    """How the uncalibrated presets compare with the shipped public measurements: ``node`` from
+    single-server points of clusters on ``server``, ``fabric_checks`` from multi-server points of
+    clusters on ``fabric`` (sizes >= 1 MiB). Empty lists: nothing public to check against."""
+    out: dict[str, Any] = {"node": [], "fabric_checks": []}
+    if not root.is_dir():
+        return out
+    for cluster in load_clusters(root):
+        on_node, on_fabric = (
+            cluster.server == server,
+            fabric is not None and cluster.fabric == fabric,
+        )
+        if not (on_node or on_fabric):
+            continue
+        points = [
+            p
+            for p in compare_records(cluster.records(), cluster.topology_for(), None)
+            if p.size_bytes >= MIN_SCORED_BYTES
+        ]
+        inside = [p for p in points if p.num_nodes == 1]
+        across = [p for p in points if p.num_nodes > 1]
+        if on_node and inside:
+            out["node"].append(_check(cluster, inside, across=False))
+        if on_fabric and across:
+            out["fabric_checks"].append(_check(cluster, across, across=True))
+    return out

@@ -1,0 +1,168 @@
+"""Collectives validated on public nccl-tests results, uncalibrated and leave-one-cluster-out."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from refdata import COLLECTIVES_DIR
+from sim.network.compare import compare_records
+from sim.validation.collectives import (
+    MODES,
+    busbw_mape,
+    fabric_checks,
+    load_clusters,
+    preset_checks,
+    report_json,
+    validate_collectives,
+)
+from vocab.records import Record
+
+ROOT = Path(__file__).resolve().parents[3]
+STORED = ROOT / "results" / "validation" / "collectives.json"
+SIZES = [1 << k for k in range(20, 31, 2)]  # 1 MiB .. 1 GiB
+
+
+def _cluster(folder: Path, name: str, rows: list[tuple[str, int, int, int, float]], **kw) -> None:
+    """A cluster folder with one busbw table (op, nodes, gpus per node, size, busbw)."""
+    path = folder / name
+    path.mkdir(parents=True)
+    lines = ["op,num_nodes,gpus_per_node,size_bytes,busbw_gbps"]
+    lines += [f"{op},{n},{g},{size},{busbw:.6f}" for op, n, g, size, busbw in rows]
+    (path / "table.csv").write_text("\n".join(lines) + "\n")
+    doc = {
+        "cluster": name, "description": "synthetic", "gpu": "h100-sxm",
+        "server": kw.get("server", "dgx-h100"), "fabric": kw.get("fabric"),
+        "files": [{"file": "table.csv", "op": "all_reduce", "gpus_per_node": 8,
+                   "source": "https://example.org/table", **kw.get("file", {})}],
+    }  # fmt: skip
+    (path / "cluster.json").write_text(json.dumps(doc))
+
+
+def _model_busbw(nodes: int, fabric: str | None, efficiency: float = 1.0) -> list[float]:
+    """The model's all_reduce busbw on ``nodes`` DGX H100 servers, per size: uncalibrated, or
+    with every link at ``efficiency`` of its rate (latencies unchanged)."""
+    from dataclasses import replace
+
+    from sim.network.analytical import ALGORITHMS
+    from sim.network.calibration import DEFAULT_PARAMS, Calibration, key
+    from topologies.presets import build_cluster
+
+    records = [
+        Record(
+            op="all_reduce",
+            size_bytes=s,
+            count=s // 4,
+            dtype="float32",
+            world_size=8 * nodes,
+            num_nodes=nodes,
+            in_place=False,
+            time_us=1000.0,
+            algbw_gbps=1.0,
+            busbw_gbps=1.0,
+        )
+        for s in SIZES
+    ]
+    topology = build_cluster("dgx-h100", nodes, fabric if nodes > 1 else None)
+    calibration = Calibration(
+        params={
+            key("all_reduce", algo, scope): replace(DEFAULT_PARAMS[algo], efficiency_max=efficiency)
+            for algo in ALGORITHMS
+            for scope in ("intra", "inter")
+        }
+    )
+    points = compare_records(records, lambda _n, _g: topology, calibration)
+    return [p.simulated_busbw_gbps for p in points]
+
+
+def test_a_cluster_measured_as_the_model_predicts_scores_zero_uncalibrated(tmp_path) -> None:
+    busbw = _model_busbw(1, None)
+    _cluster(tmp_path, "a", [("all_reduce", 1, 8, s, b) for s, b in zip(SIZES, busbw, strict=True)])
+    results = validate_collectives(load_clusters(tmp_path))
+    raw = next(r for r in results if r.mode == "uncalibrated")
+    assert len(raw.scored()) == len(SIZES)
+    assert busbw_mape(raw.scored()) == pytest.approx(0.0, abs=1e-3)
+
+
+def test_leave_one_cluster_out_carries_a_machine_efficiency_to_the_held_out_cluster(
+    tmp_path,
+) -> None:
+    """Two nodes whose links both run at 80% of their rate: uncalibrated, each is predicted
+    fast, by 1/0.8 - 1 = +25% where bandwidth dominates (1 GiB); fitted on the other one, each
+    is predicted within a percent."""
+    busbw = _model_busbw(1, None, efficiency=0.8)
+    for name in ("a", "b"):
+        rows = [("all_reduce", 1, 8, s, b) for s, b in zip(SIZES, busbw, strict=True)]
+        _cluster(tmp_path, name, rows)
+    results = validate_collectives(load_clusters(tmp_path))
+    for r in results:
+        errors = [p.busbw_error_pct for p in r.scored()]
+        if r.mode == "uncalibrated":
+            assert errors[-1] == pytest.approx(25.0, abs=0.5)
+            assert all(0 < e <= 25.0 + 1e-6 for e in errors)
+        else:
+            assert busbw_mape(r.scored()) < 1.0, (r.cluster, errors)
+
+
+def test_the_fabric_check_scores_only_points_across_servers(tmp_path) -> None:
+    one, two = _model_busbw(1, None), _model_busbw(2, "ib-ndr")
+    rows = [("all_reduce", 1, 8, s, b) for s, b in zip(SIZES, one, strict=True)]
+    rows += [("all_reduce", 2, 8, s, b / 1.1) for s, b in zip(SIZES, two, strict=True)]
+    _cluster(tmp_path, "ib", rows, fabric="ib-ndr")
+    clusters = load_clusters(tmp_path)
+    results = validate_collectives(clusters)
+    checks = fabric_checks(results, clusters)
+    assert list(checks) == ["ib-ndr"]
+    (check,) = checks["ib-ndr"]
+    assert check["nodes"] == [2] and check["num_points"] == len(SIZES)
+    assert check["mean_busbw_error_pct"] == pytest.approx(10.0, abs=1e-3)
+    document = report_json(results, clusters)
+    assert document["clusters"]["ib"]["nodes"] == [1, 2]
+    assert set(document["summary"]["modes"]) == set(MODES)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"server": "dgx-h1000"}, "server 'dgx-h1000'"),
+        ({"fabric": "ib-xdr"}, "fabric 'ib-xdr'"),
+        ({"file": {"file": "missing.csv"}}, "file 'missing.csv' not found"),
+        ({"file": {"source": " "}}, "no source"),
+        ({"file": {"gpus_per_node": 4}}, "says 1 node(s) x 4 GPUs"),
+        ({"file": {"colour": "red"}}, "unknown key(s) ['colour']"),
+    ],
+)
+def test_a_bad_cluster_description_names_the_problem(tmp_path, change, message) -> None:
+    _cluster(tmp_path, "bad", [("all_reduce", 1, 8, 1 << 20, 100.0)], **change)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        for cluster in load_clusters(tmp_path):
+            cluster.records()
+
+
+def test_every_shipped_cluster_loads_with_its_sources() -> None:
+    clusters = load_clusters(COLLECTIVES_DIR)
+    assert len(clusters) >= 2
+    for cluster in clusters:
+        records = cluster.records()
+        assert records, cluster.name
+        assert all(f.source.startswith("https://") for f in cluster.files), cluster.name
+
+
+def test_the_stored_collective_figures_are_what_the_code_computes() -> None:
+    stored = json.loads(STORED.read_text())["summary"]["modes"]
+    clusters = load_clusters(COLLECTIVES_DIR)
+    now = report_json(validate_collectives(clusters), clusters)["summary"]["modes"]
+    for mode in MODES:
+        assert now[mode]["num_points"] == stored[mode]["num_points"], mode
+        assert now[mode]["busbw_mape_pct"] == pytest.approx(stored[mode]["busbw_mape_pct"]), mode
+
+
+def test_a_preset_says_what_it_was_checked_against_or_that_it_was_not() -> None:
+    checks = preset_checks("a3-mega-h100", "gcp-a3-mega")
+    assert checks["fabric_checks"]
+    assert all(c["busbw_mape_pct"] >= 0 for c in checks["fabric_checks"])
+    unchecked = preset_checks("localhost", None)
+    assert unchecked == {"node": [], "fabric_checks": []}
