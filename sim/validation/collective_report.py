@@ -22,7 +22,7 @@ def format_summary(document: dict[str, Any], results: list[ClusterPoints]) -> li
     lines = [
         f"commsim validate --collectives: {len(document['clusters'])} clusters, busbw error "
         "(simulated / measured - 1) on sizes >= 1 MiB",
-        f"  {'cluster':<26} {'server':<13} {'fabric':<13} {'nodes':<9} {'points':>6} "
+        f"  {'cluster':<26} {'server':<13} {'fabric':<13} {'nodes':<14} {'points':>6} "
         f"{'uncalibrated':>13} {'leave-one-out':>14}",
     ]
     for name, described in document["clusters"].items():
@@ -30,7 +30,7 @@ def format_summary(document: dict[str, Any], results: list[ClusterPoints]) -> li
         nodes = described["nodes"]
         lines.append(
             f"  {name:<26} {described['server']:<13} {described['fabric'] or '-':<13} "
-            f"{','.join(map(str, nodes)):<9} {a['num_points']:>6} "
+            f"{','.join(map(str, nodes)):<14} {a['num_points']:>6} "
             f"{_cell(a):>13} {_cell(b):>14}"
         )
     lines.append(

@@ -7,7 +7,9 @@ tables, each with its node count). Each cluster is predicted twice:
 - **uncalibrated**: the presets and NCCL's own tuning tables, nothing fitted;
 - **leave-one-cluster-out**: the network model's parameters (latencies, efficiency, protocol
   scale per op, algorithm and scope; ``sim.network.fitting``) fitted on every OTHER cluster's
-  measurements pooled, each priced on its own topology, then the cluster is predicted.
+  measurements pooled, each priced on its own topology (across servers: the other clusters on
+  the same transport, InfiniBand / RoCE, EFA or TCPX, where there are some), then the cluster
+  is predicted.
 
 Errors are on bus bandwidth (simulated / measured - 1), scored on sizes >= 1 MiB, per cluster,
 op, node count and size band. The fabric presets' checks (``commsim topo``) come from the
@@ -21,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,12 +178,29 @@ def _cluster(path: Path) -> Cluster:
     )
 
 
-def fit_on(clusters: Iterable[Cluster]) -> Calibration:
+def transport(cluster: Cluster) -> str | None:
+    """How NCCL reaches the cluster's NICs (``ib``, ``ofi``, ``tcpx``; None: one server)."""
+    return None if cluster.fabric is None else FABRIC_PRESETS[cluster.fabric].transport
+
+
+def fit_on(clusters: Sequence[Cluster], *, like: Cluster | None = None) -> Calibration:
     """The network model's parameters fitted on these clusters' records pooled, each record
-    priced on its own cluster's topology."""
-    samples = []
-    for cluster in clusters:
-        samples += make_samples(cluster.records(), cluster.topology_for())
+    priced on its own cluster's topology.
+
+    With ``like``, the parameters across servers come from the clusters on the same transport
+    as ``like`` (a user calibrates an InfiniBand cluster on InfiniBand measurements), or from all
+    of them when none is; those within a server from all of them."""
+    priced = [(c, make_samples(c.records(), c.topology_for())) for c in clusters]
+    samples = [s for _, found in priced for s in found]
+    if like is not None and transport(like) is not None:
+        same = [
+            s
+            for c, found in priced
+            for s in found
+            if s.scope == "intra" or transport(c) == transport(like)
+        ]
+        if any(s.scope == "inter" for s in same):
+            samples = same
     calibration, _notes = fit_groups(samples, "pooled clusters", min_points=3)
     return calibration
 
@@ -221,7 +240,7 @@ def validate_collectives(clusters: Sequence[Cluster]) -> list[ClusterPoints]:
             )
         )  # fmt: skip
         others = [c for c in clusters if c.name != cluster.name]
-        calibration = fit_on(others) if others else None
+        calibration = fit_on(others, like=cluster) if others else None
         results.append(
             ClusterPoints(
                 cluster=cluster.name, mode="leave-one-cluster-out",
