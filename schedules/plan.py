@@ -23,6 +23,7 @@ from typing import Any
 from fileio.strict import MAX_CONFIG_BYTES, did_you_mean, load_yaml, read_input, shorten
 from schedules.model_presets import resolve_model_preset
 from schedules.pipeline_schedules import SCHEDULES as PIPELINE_SCHEDULES
+from schedules.whatif import WhatIf, parse_whatif
 
 MLP_ACTIVATIONS = {"gelu": False, "relu": False, "swiglu": True, "geglu": True}
 """Known MLP activations and whether each is gated (three matrices instead of two)."""
@@ -547,6 +548,8 @@ class Plan:
     """Optional label."""
     description: str = ""
     """Optional free text."""
+    whatif: WhatIf = field(default_factory=WhatIf)
+    """What the cluster does wrong in this step (``schedules.whatif``; empty: nothing)."""
     base_dir: str = field(default="", compare=False)
     """Directory of the plan file (for relative cluster files); not a YAML key."""
 
@@ -730,7 +733,7 @@ def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
         raw = source
     if not isinstance(raw, Mapping):
         raise ValueError(f"a plan must be a mapping with sections {', '.join(_SECTIONS)}")
-    allowed = (*_SECTIONS, *_TOP_LEVEL_SCALARS)
+    allowed = (*_SECTIONS, *_TOP_LEVEL_SCALARS, "whatif")
     unknown = sorted(set(raw) - set(allowed), key=str)
     if unknown:
         raise ValueError(
@@ -744,7 +747,8 @@ def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
     _check_mlp_keys(raw.get("model"))
     sections = {s: _build_section(cls, s, raw.get(s, {})) for s, cls in _SECTIONS.items()}
     scalars = {k: _convert(k, raw[k], str) for k in _TOP_LEVEL_SCALARS if k in raw}
-    return Plan(**sections, **scalars, base_dir=base_dir)
+    whatif = parse_whatif(raw.get("whatif"))
+    return Plan(**sections, **scalars, whatif=whatif, base_dir=base_dir)
 
 
 def plan_key_names() -> tuple[str, ...]:
@@ -763,6 +767,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as a mapping that ``load_plan`` reads back to an equal plan."""
     out: dict[str, Any] = {s: dataclasses.asdict(getattr(plan, s)) for s in _SECTIONS}
     out.update({k: getattr(plan, k) for k in _TOP_LEVEL_SCALARS if getattr(plan, k)})
+    if plan.whatif:
+        out["whatif"] = plan.whatif.to_dict()
     return out
 
 

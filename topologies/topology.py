@@ -65,6 +65,9 @@ class Topology:
         self.num_nodes = num_nodes
         self.node = node
         self.fabric = fabric
+        self.uniform = node is not None
+        """Whether every server is built alike (a what-if that degrades one NIC clears it):
+        queries may then look at one server for all."""
         gpus = [n for n, kind in graph.nodes(data="kind") if kind == "gpu"]
         gpus.sort(key=lambda n: (graph.nodes[n]["node_index"], graph.nodes[n]["local_index"]))
         self.gpus: tuple[str, ...] = tuple(gpus)

@@ -11,6 +11,7 @@ atomically afterwards, so a run that fails leaves no file behind, half-written o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -30,12 +31,15 @@ from sim.network.comm_model import FIDELITIES
 from sim.output.report import format_duration, format_report, pipeline_stage, rank_title
 from sim.output.timeline import figure_bytes, representative_ranks, timeline_figure
 from sim.output.trace import chrome_trace, trace_json
+from sim.output.whatif_report import culprit_titles, whatif_lines
 from sim.replay.result import PlanResult
 
 if TYPE_CHECKING:
     from schedules.plan import Plan
     from topologies.topology import Topology
 
+MAX_CULPRIT_LANES = 4
+"""Singled-out ranks a what-if's timeline adds to the representative ranks."""
 IMAGE_FORMATS = ("png", "svg", "pdf")
 """File types ``--timeline`` can write, chosen by the file's suffix."""
 
@@ -77,6 +81,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="simulate every rank instead of one per symmetric set",
     )
+    parser.add_argument(
+        "--whatif",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a what-if on top of the plan's whatif: section, repeatable: slow_gpu=RANK:0.2, "
+        "slow_node=NODE:0.1, nic=RANK:0.5, nic=RANK:down, second_job=NODES:0.3 (nodes 0-3 or "
+        "0,2); the report compares the step with the plan without them (docs/whatif.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give a PLAN.yaml, or build one with --model, --cluster and the importers")
     else:
         plan = load_plan_file(args.plan)
+    if args.whatif:
+        from schedules.whatif import parse_flags
+
+        plan = dataclasses.replace(plan, whatif=parse_flags(args.whatif, plan.whatif))
     result, plan, topology = simulate(plan, args)
     files = render_files(result, plan, targets)
     if (export := targets.get("--export-plan")) is not None:
@@ -110,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2, allow_nan=False))
     else:
         print(format_report(result, plan, gpu=topology.gpu_spec(0), fidelity=args.fidelity), end="")
+        if lines := whatif_lines(result):
+            print("\n" + "\n".join(lines))
     return 0
 
 
@@ -132,14 +151,16 @@ def simulate(plan: Plan, args: argparse.Namespace) -> tuple[PlanResult, Plan, To
         _warn(assumption)
     compute_calibration = compute_calibration_for(compute_source, topology.gpu_spec(0), warn=_warn)
     plan = resolve_plan(plan, topology.num_gpus)
-    result = simulate_plan(
-        plan,
-        topology=topology,
-        comm_calibration=comm_calibration,
-        compute_calibration=compute_calibration,
-        fidelity=args.fidelity,
-        fold=not args.no_fold,
-    )
+    options = {
+        "topology": topology, "comm_calibration": comm_calibration,
+        "compute_calibration": compute_calibration, "fidelity": args.fidelity,
+        "fold": not args.no_fold,
+    }  # fmt: skip
+    result = simulate_plan(plan, **options)
+    if plan.whatif:
+        from sim.replay.simulate import compare_whatif
+
+        result.extra["whatif"]["compared"] = compare_whatif(plan, result, **options)
     return result, plan, topology
 
 
@@ -151,11 +172,13 @@ def render_files(
     if (output := targets.get("--output")) is not None:
         document = json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
         files.append((output, document.encode()))
-    titles = rank_titles(result, plan)
+    titles = culprit_titles(result, rank_titles(result, plan))
     if (trace := targets.get("--trace")) is not None:
         files.append((trace, trace_json(chrome_trace(result.spans, rank_titles=titles)).encode()))
     if (timeline := targets.get("--timeline")) is not None:
         ranks = representative_ranks(result.spans, lambda r: pipeline_stage(r, plan))
+        culprits = result.extra.get("whatif", {}).get("culprits", [])
+        ranks += [r for r in culprits if r in titles and r not in ranks][:MAX_CULPRIT_LANES]
         fig = timeline_figure(
             result.spans, ranks=ranks, rank_titles=titles, title=plot_title(result, plan)
         )

@@ -90,7 +90,7 @@ def placement_of(topology: Topology, ranks: Sequence[int]) -> GroupPlacement:
     for members in nodes:
         if len(members) < 2:
             continue
-        if topology.node is not None:  # identical servers: one look per pattern of local GPUs
+        if topology.uniform:  # identical servers: one look per pattern of local GPUs
             pattern = tuple(topology.local_index(r) for r in members)
             if pattern in seen:
                 continue
@@ -106,7 +106,7 @@ def placement_of(topology: Topology, ranks: Sequence[int]) -> GroupPlacement:
     bisection = math.inf
     if len(nodes) > 1:
         probes = ranks  # identical servers: one rank per local GPU position is enough
-        if topology.node is not None:
+        if topology.uniform:
             probes = list({topology.local_index(r): r for r in ranks}.values())
         net_bw = min(
             topology.injection_bandwidth_bytes_per_s(r, "network", effective=True) for r in probes

@@ -15,6 +15,8 @@ replicas' concurrent traffic is what folding leaves out.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
+
 from schedules.layout import Layout
 
 
@@ -39,3 +41,40 @@ def simulated_ranks(layout: Layout, *, fold: bool) -> tuple[int, ...]:
 def folded_away(layout: Layout) -> int:
     """How many ranks folding leaves unsimulated."""
     return layout.world_size - len(representative_ranks(layout))
+
+
+def class_ranks(layout: Layout, signatures: Mapping[int, Hashable]) -> tuple[int, ...]:
+    """One rank per class of ranks that a what-if cannot tell apart.
+
+    ``signatures`` says how the what-if treats a rank (ranks not in it are treated alike). Two
+    tp ranks are interchangeable when, at every pipeline, cp and dp rank, the ranks with them
+    are treated alike (their columns of the signature grid match), and likewise two dp ranks;
+    a class is a pipeline rank, a cp rank, a set of interchangeable tp ranks and one of dp
+    ranks, simulated by its lowest tp and dp ranks. Every TP, DP, DPxCP, TPxPP and world group
+    of a simulated rank then holds exactly the simulated ranks of the classes it meets, so the
+    members that are not simulated behave as the simulated ones of their class (under the
+    analytical network model, which times a collective on its full group). The expert and HSDP
+    groups are slices of the dp axis that these classes do not follow: ``whatif_ranks``
+    simulates every rank there.
+    """
+
+    def sign(t: int, d: int, p: int, c: int) -> Hashable:
+        return signatures.get(layout.rank(tp=t, cp=c, dp=d, pp=p))
+
+    outer = [(p, c) for p in range(layout.pp) for c in range(layout.cp)]
+    columns: dict[tuple[Hashable, ...], int] = {}
+    for t in range(layout.tp):
+        key = tuple(sign(t, d, p, c) for p, c in outer for d in range(layout.dp))
+        columns.setdefault(key, t)
+    rows: dict[tuple[Hashable, ...], int] = {}
+    for d in range(layout.dp):
+        key = tuple(sign(t, d, p, c) for p, c in outer for t in range(layout.tp))
+        rows.setdefault(key, d)
+    return tuple(
+        sorted(
+            layout.rank(tp=t, cp=c, dp=d, pp=p)
+            for p, c in outer
+            for t in columns.values()
+            for d in rows.values()
+        )
+    )

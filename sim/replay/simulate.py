@@ -13,6 +13,7 @@ optimizer, and the remaining idle time as the pipeline bubble.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ from schedules.params import active_params, total_params
 from schedules.plan import Plan, num_microbatches
 from schedules.resolve import resolve_plan
 from schedules.stacks import stack_source
-from schedules.step import describe_step
+from schedules.step import StepDescription, describe_step
+from schedules.whatif import WhatIf
 from sim.compute.compute_model import ComputeModel
 from sim.network.calibration import Calibration
 from sim.network.comm_model import CommModel
@@ -36,6 +38,15 @@ from sim.replay.engine import ClosedFormRunner, Timeline
 from sim.replay.offload import offload_replay, offload_summary
 from sim.replay.result import Breakdown, PlanResult
 from sim.replay.step_replay import replay_plan
+from sim.replay.whatif import (
+    check_whatif,
+    culprits,
+    degraded_topology,
+    signatures,
+    slowdowns,
+    special_ranks,
+    whatif_ranks,
+)
 from topologies.config import load_cluster
 from topologies.topology import Topology
 from vocab.compute_calibration import ComputeCalibration
@@ -89,17 +100,27 @@ def simulate_plan(
     fidelity: str = "analytical",
     fold: bool = True,
 ) -> PlanResult:
-    """Simulate one steady-state training step of ``plan`` (resolved here on its cluster)."""
+    """Simulate one steady-state training step of ``plan`` (resolved here on its cluster),
+    with its what-ifs (``plan.whatif``) applied."""
     topology = plan_topology(plan) if topology is None else topology
     plan = resolve_plan(plan, topology.num_gpus)
     step = describe_step(plan, gpus_per_node=topology.gpus_per_node)
+    whatif = plan.whatif
+    check_whatif(whatif, topology)
+    plain, topology = topology, degraded_topology(topology, whatif)
+    signed = signatures(whatif, plain, topology)
+    special = special_ranks(signed, plain)
     gpu = topology.gpu_spec(0)
     env = simpy.Environment()
     comm = CommModel(env, topology, fidelity=fidelity, calibration=comm_calibration)
     compute = ComputeModel(gpu, compute_calibration, distributed=topology.num_gpus > 1)
     runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
     host = offload_replay(plan, topology, calibration=compute_calibration)
-    timeline = replay_plan(step, env=env, comm=runner, compute=compute, fold=fold, host=host)
+    ranks = whatif_ranks(step.layout, signed, fold=fold, by_classes=follows_axes(step))
+    timeline = replay_plan(
+        step, env=env, comm=runner, compute=compute, fold=fold, host=host, ranks=ranks,
+        slowdowns=slowdowns(whatif, topology),
+    )  # fmt: skip
     step_s = timeline.step_time_s
     flops, definition = model_flops_per_step(plan)
     tflops_per_gpu = flops / step_s / topology.num_gpus / 1e12
@@ -139,8 +160,76 @@ def simulate_plan(
             "fidelity": fidelity,
             "folded": fold,
             **moe_summary(plan),
+            **(
+                {"whatif": whatif_summary(whatif, special, timeline, culprits(whatif, topology))}
+                if whatif
+                else {}
+            ),
         },
     )
+
+
+def follows_axes(step: StepDescription) -> bool:
+    """Whether every process group of the step is a whole tp, cp, dp or pp axis (or a product
+    of them), so that a what-if's classes can fold its ranks (``folding.class_ranks``): not with
+    expert parallelism or HSDP's shard groups, which slice the dp axis."""
+    par = step.plan.parallel
+    hsdp = step.kind.gathers_units and step.replica_group_size // par.cp < par.dp
+    return par.ep <= 1 and not hsdp
+
+
+def whatif_summary(
+    whatif: WhatIf, special: set[int], timeline: Timeline, culprits: list[int]
+) -> dict[str, Any]:
+    """The what-if for the JSON result: its changes, the ranks it singles out (``culprits``
+    first: the slowed GPUs and those behind a changed NIC), and where the step went on the
+    simulated ranks (culprits, then the other singled-out ones, then the rest; at most
+    ``MAX_WHATIF_RANKS``)."""
+    first = {r: i for i, r in enumerate(culprits)}
+    simulated = sorted(
+        timeline.ranks, key=lambda r: (r not in first, first.get(r, 0), r not in special, r)
+    )
+    return {
+        **whatif.to_dict(),
+        "changes": whatif.describe(),
+        "culprits": culprits,
+        "singled_out_ranks": sorted(special),
+        "ranks": {
+            str(r): {"singled_out": r in special, **dataclasses.asdict(breakdown_of(timeline, r))}
+            for r in simulated[:MAX_WHATIF_RANKS]
+        },
+    }
+
+
+MAX_WHATIF_RANKS = 64
+"""Most ranks whose breakdown a what-if result lists."""
+
+
+def compare_whatif(plan: Plan, result: PlanResult, **options: Any) -> dict[str, Any]:
+    """The step without ``plan``'s what-ifs (same options as ``simulate_plan``) and what changed:
+    the step time, and per listed rank the change of its compute and of its waits per group
+    against the rank of the plain step (all ranks of which are alike)."""
+    baseline = simulate_plan(dataclasses.replace(plan, whatif=WhatIf()), **options)
+    base = baseline.breakdown
+    ranks = {}
+    for rank, row in result.extra["whatif"]["ranks"].items():
+        groups = sorted(set(row["exposed_comm_s"]) | set(base.exposed_comm_s))
+        ranks[rank] = {
+            "singled_out": row["singled_out"],
+            "compute_s": row["compute_s"] + row["optimizer_s"] - base.compute_s - base.optimizer_s,
+            "waits_s": {
+                g: row["exposed_comm_s"].get(g, 0.0) - base.exposed_comm_s.get(g, 0.0)
+                for g in groups
+            },
+            "bubble_s": row["bubble_s"] - base.bubble_s,
+            "host_s": row["host_s"] - base.host_s,
+        }
+    return {
+        "without_step_time_s": baseline.step_time_s,
+        "delta_s": result.step_time_s - baseline.step_time_s,
+        "delta_pct": (result.step_time_s / baseline.step_time_s - 1.0) * 100.0,
+        "changes_by_rank": ranks,
+    }
 
 
 def moe_summary(plan: Plan) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from sim.replay.folding import simulated_ranks
 from sim.replay.fsdp_ranks import fsdp2_programs, fsdp_groups, fsdp_programs, fsdp_stages
 from sim.replay.offload import HostCopyRunner, OffloadReplay
 from sim.replay.recipes import StepCosts, layer_recipes, optimizer_time_s, pass_extras, step_costs
+from sim.replay.whatif import slowed_programs
 from sim.replay.zero3_ranks import zero3_programs
 
 
@@ -115,11 +116,15 @@ def pipeline_programs(
 
 
 def build_programs(
-    step: StepDescription, compute: ComputeModel, *, fold: bool = True
+    step: StepDescription,
+    compute: ComputeModel,
+    *,
+    fold: bool = True,
+    ranks: tuple[int, ...] | None = None,
 ) -> list[Program]:
-    """Programs of the simulated ranks of a described step."""
+    """Programs of the simulated ranks of a described step (``ranks``: these instead)."""
     costs = step_costs(step.plan, compute)
-    ranks = simulated_ranks(step.layout, fold=fold)
+    ranks = simulated_ranks(step.layout, fold=fold) if ranks is None else ranks
     par = step.plan.parallel
     program = step.kind.program if par.pp == 1 else "pipeline"
     if program == "zero3":
@@ -138,10 +143,16 @@ def replay_plan(
     compute: ComputeModel,
     fold: bool = True,
     host: OffloadReplay | None = None,
+    ranks: tuple[int, ...] | None = None,
+    slowdowns: dict[int, float] | None = None,
 ) -> Timeline:
     """Simulate one steady-state step of a described plan; ``comm`` must be bound to ``env``.
-    ``host`` times an offloading plan's CPU step and host copies (``sim.replay.offload``)."""
-    programs = build_programs(step, compute, fold=fold)
+    ``host`` times an offloading plan's CPU step and host copies (``sim.replay.offload``);
+    ``ranks`` are simulated instead of the folding's, and ``slowdowns`` stretch the kernels of
+    some ranks (``sim.replay.whatif``)."""
+    programs = build_programs(step, compute, fold=fold, ranks=ranks)
+    if slowdowns:
+        programs = slowed_programs(programs, slowdowns)
     if host is not None:
         programs, comm = host.apply(programs), HostCopyRunner(env, comm, host.rates)
     return Engine(env, comm, programs, overlap_slowdown=compute.overlap_slowdown).run()

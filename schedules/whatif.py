@@ -1,0 +1,244 @@
+"""What-ifs of a plan: a slow GPU or server, a NIC at a fraction of its rate or down, a second job.
+
+A plan's optional ``whatif:`` section (or ``commsim plan --whatif KEY=VALUE``, repeatable) asks
+how the step changes when the cluster is not perfect::
+
+    whatif:
+      slow_gpus:  [{rank: 5, slowdown: 0.2}]      # rank 5's kernels take 1.2x as long
+      slow_nodes: [{node: 3, slowdown: 0.1}]      # every GPU of server 3 (0-based) 1.1x
+      nics:       [{rank: 17, fraction: 0.5}]     # the NIC rank 17 sends through at half rate;
+                                                  # fraction 0: down (its GPUs use a peer's NIC)
+      second_job: [{nodes: [0, 1], share: 0.3}]   # another job's traffic takes 30% of these
+                                                  # servers' NIC bandwidth, both directions
+
+On the command line: ``--whatif slow_gpu=5:0.2``, ``slow_node=3:0.1``, ``nic=17:0.5``,
+``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``). How each is simulated:
+``sim.replay.whatif``. Values are checked here; ranks and nodes against the cluster there.
+
+    whatif = parse_whatif({"slow_gpus": [{"rank": 5, "slowdown": 0.2}]})
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fileio.strict import did_you_mean, shorten
+
+MAX_SLOWDOWN = 100.0
+"""Largest slowdown accepted (101x the kernel time): beyond it the what-if is a dead GPU."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowGpu:
+    """One GPU whose kernels run ``1 + slowdown`` times as long (thermal, power, a bad part)."""
+
+    rank: int
+    slowdown: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowNode:
+    """Every GPU of one server ``1 + slowdown`` times as slow."""
+
+    node: int
+    slowdown: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Nic:
+    """The NIC ``rank`` sends through, at ``fraction`` of its rate (0: down)."""
+
+    rank: int
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecondJob:
+    """Another job whose traffic takes ``share`` of the NIC bandwidth of ``nodes``."""
+
+    nodes: tuple[int, ...]
+    share: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WhatIf:
+    """Everything a plan asks to change; empty: the cluster as built."""
+
+    slow_gpus: tuple[SlowGpu, ...] = ()
+    slow_nodes: tuple[SlowNode, ...] = ()
+    nics: tuple[Nic, ...] = ()
+    second_job: tuple[SecondJob, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.slow_gpus or self.slow_nodes or self.nics or self.second_job)
+
+    def describe(self) -> list[str]:
+        """One line per change, as the report prints it."""
+        lines = [f"GPU rank {g.rank} {g.slowdown:.0%} slower" for g in self.slow_gpus]
+        lines += [f"server {n.node} {n.slowdown:.0%} slower" for n in self.slow_nodes]
+        lines += [
+            f"NIC of rank {n.rank} down (its GPUs send through a peer's NIC)"
+            if n.fraction == 0
+            else f"NIC of rank {n.rank} at {n.fraction:.0%} of its rate"
+            for n in self.nics
+        ]
+        lines += [
+            f"a second job takes {j.share:.0%} of the NICs of server(s) {_ranges(j.nodes)}"
+            for j in self.second_job
+        ]
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as ``parse_whatif`` reads it back."""
+        out: dict[str, Any] = {}
+        if self.slow_gpus:
+            out["slow_gpus"] = [{"rank": g.rank, "slowdown": g.slowdown} for g in self.slow_gpus]
+        if self.slow_nodes:
+            out["slow_nodes"] = [{"node": n.node, "slowdown": n.slowdown} for n in self.slow_nodes]
+        if self.nics:
+            out["nics"] = [{"rank": n.rank, "fraction": n.fraction} for n in self.nics]
+        if self.second_job:
+            out["second_job"] = [
+                {"nodes": list(j.nodes), "share": j.share} for j in self.second_job
+            ]
+        return out
+
+
+_ENTRY_KEYS = {
+    "slow_gpus": ("rank", "slowdown"),
+    "slow_nodes": ("node", "slowdown"),
+    "nics": ("rank", "fraction"),
+    "second_job": ("nodes", "share"),
+}
+
+
+def parse_whatif(raw: Any) -> WhatIf:
+    """The ``whatif:`` section; ValueError naming the key and value of the first problem."""
+    if raw is None:
+        return WhatIf()
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"plan section 'whatif' must be a mapping, got {shorten(raw)}")
+    found: dict[str, list[Any]] = {}
+    for key, entries in raw.items():
+        if key not in _ENTRY_KEYS:
+            raise ValueError(
+                f"unknown key {shorten('whatif.' + str(key))} in plan"
+                f"{did_you_mean(str(key), _ENTRY_KEYS)}; "
+                f"valid keys: {', '.join(_ENTRY_KEYS)}"
+            )
+        if not isinstance(entries, list):
+            raise ValueError(f"whatif.{key} must be a list of mappings, got {shorten(entries)}")
+        found[key] = [_entry(f"whatif.{key}[{i}]", key, e) for i, e in enumerate(entries)]
+    return WhatIf(**{k: tuple(v) for k, v in found.items()})
+
+
+def _entry(where: str, key: str, raw: Any) -> Any:
+    fields = _ENTRY_KEYS[key]
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where} must be a mapping with keys {', '.join(fields)}")
+    unknown = [k for k in raw if k not in fields]
+    missing = [k for k in fields if k not in raw]
+    if unknown or missing:
+        what = f"unknown key {shorten(unknown[0])}" if unknown else f"missing key {missing[0]}"
+        raise ValueError(f"{where}: {what}; keys: {', '.join(fields)}")
+    if key == "slow_gpus":
+        return SlowGpu(rank=_index(where, "rank", raw["rank"]), slowdown=_slowdown(where, raw))
+    if key == "slow_nodes":
+        return SlowNode(node=_index(where, "node", raw["node"]), slowdown=_slowdown(where, raw))
+    if key == "nics":
+        fraction = _number(where, "fraction", raw["fraction"])
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"{where}.fraction must be in [0, 1] (0: down), got {fraction:g}")
+        return Nic(rank=_index(where, "rank", raw["rank"]), fraction=fraction)
+    nodes = raw["nodes"]
+    if not isinstance(nodes, list) or not nodes:
+        raise ValueError(f"{where}.nodes must be a non-empty list of server indices")
+    share = _number(where, "share", raw["share"])
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"{where}.share must be in (0, 1), got {share:g}")
+    indices = tuple(sorted({_index(where, "nodes", n) for n in nodes}))
+    return SecondJob(nodes=indices, share=share)
+
+
+def _index(where: str, name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{where}.{name} must be an integer >= 0, got {shorten(value)}")
+    return value
+
+
+def _number(where: str, name: str, value: Any) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{where}.{name} must be a finite number, got {shorten(value)}")
+    return float(value)
+
+
+def _slowdown(where: str, raw: Mapping[str, Any]) -> float:
+    slowdown = _number(where, "slowdown", raw["slowdown"])
+    if not 0.0 < slowdown <= MAX_SLOWDOWN:
+        raise ValueError(
+            f"{where}.slowdown must be in (0, {MAX_SLOWDOWN:g}] (0.2: 20% slower), got {slowdown:g}"
+        )
+    return slowdown
+
+
+_FLAGS = {
+    "slow_gpu": "slow_gpus",
+    "slow_node": "slow_nodes",
+    "nic": "nics",
+    "second_job": "second_job",
+}
+
+
+def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
+    """``--whatif KEY=VALUE`` flags added to ``base`` (the plan's section)."""
+    whatif = base or WhatIf()
+    for text in texts:
+        key, sep, value = text.partition("=")
+        key = key.strip()
+        if not sep or key not in _FLAGS:
+            raise ValueError(
+                f"--whatif {shorten(text)}: expected KEY=VALUE with KEY one of "
+                f"{', '.join(_FLAGS)}{did_you_mean(key, _FLAGS)} (e.g. slow_gpu=5:0.2)"
+            )
+        target, _, amount = value.partition(":")
+        if not target or not amount:
+            raise ValueError(f"--whatif {shorten(text)}: expected {key}=WHO:AMOUNT")
+        where = f"--whatif {shorten(text)}"
+        section = _FLAGS[key]
+        try:
+            if key == "second_job":
+                raw: dict[str, Any] = {"nodes": _nodes(target), "share": float(amount)}
+            elif key == "nic":
+                fraction = 0.0 if amount.strip() == "down" else float(amount)
+                raw = {"rank": int(target), "fraction": fraction}
+            else:
+                name = "rank" if key == "slow_gpu" else "node"
+                raw = {name: int(target), "slowdown": float(amount)}
+        except ValueError:
+            raise ValueError(f"{where}: {target!r} and {amount!r} must be numbers") from None
+        entry = _entry(where, section, raw)
+        whatif = replace(whatif, **{section: (*getattr(whatif, section), entry)})
+    return whatif
+
+
+def _ranges(values: tuple[int, ...]) -> str:
+    """``0-3, 7`` for (0, 1, 2, 3, 7)."""
+    runs: list[list[int]] = []
+    for v in sorted(values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _nodes(text: str) -> list[int]:
+    """``0-3`` or ``0,2,5``."""
+    nodes: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.partition("-")
+        nodes += list(range(int(low), int(high) + 1)) if dash else [int(low)]
+    return nodes

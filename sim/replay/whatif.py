@@ -1,0 +1,190 @@
+"""What-ifs on the replay: slower GPUs, a degraded or failed NIC, a second job on the NICs.
+
+``schedules.whatif`` says what changes; here it is applied:
+
+- **slow GPU / server**: the rank's compute-stream kernels take ``1 + slowdown`` times as long
+  (host launches unchanged); a GPU on a slow server that is also slow itself takes both factors;
+- **NIC at a fraction**: every network link of that NIC, both directions, keeps ``fraction`` of
+  its bandwidth; the collectives of every group with a GPU behind it run at that GPU's rate
+  (ring and tree channels move at their slowest member's network rate: ``placement_of`` takes
+  the minimum over the group);
+- **NIC down**: NCCL leaves the NIC out when it builds its graphs and the GPUs behind it send
+  through the NIC of the next GPU of the same server (PXN over NVLink, ``NCCL_PXN_DISABLE=0``
+  is NCCL's default on NVSwitch servers), which then carries two GPUs' traffic;
+- **second job**: another job's traffic holds ``share`` of every NIC link of those servers, both
+  directions, for the whole step (its own collectives at a steady rate).
+
+Ranks stay identical unless a what-if singles some out; ``whatif_ranks`` then simulates one
+rank per class of ranks the what-if cannot tell apart (``sim.replay.folding``).
+
+    topology = degraded_topology(topology, whatif); factors = slowdowns(whatif, topology)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Mapping, Sequence
+
+import networkx as nx
+
+from schedules.actions import Compute, Program
+from schedules.layout import Layout
+from schedules.whatif import WhatIf
+from sim.replay.folding import class_ranks, simulated_ranks
+from topologies.topology import Topology
+
+_BANDWIDTHS = ("bandwidth_bytes_per_s", "effective_bandwidth_bytes_per_s")
+
+
+def check_whatif(whatif: WhatIf, topology: Topology) -> None:
+    """ValueError naming the first rank or server the cluster does not have, or a NIC what-if
+    on GPUs without a NIC."""
+    for rank in [g.rank for g in whatif.slow_gpus] + [n.rank for n in whatif.nics]:
+        if not 0 <= rank < topology.num_gpus:
+            raise ValueError(
+                f"whatif rank {rank}: the cluster has ranks 0..{topology.num_gpus - 1}"
+            )
+    nodes = [n.node for n in whatif.slow_nodes] + [n for j in whatif.second_job for n in j.nodes]
+    for node in nodes:
+        if not 0 <= node < topology.num_nodes:
+            raise ValueError(
+                f"whatif server {node}: the cluster has servers 0..{topology.num_nodes - 1}"
+            )
+    for nic in whatif.nics:
+        if topology.graph.nodes[topology.gpus[nic.rank]].get("nic") is None:
+            raise ValueError(f"whatif nic of rank {nic.rank}: that GPU has no NIC")
+
+
+def slowdowns(whatif: WhatIf, topology: Topology) -> dict[int, float]:
+    """Kernel-time multiplier per slowed rank."""
+    factors: dict[int, float] = {}
+    for node in whatif.slow_nodes:
+        for rank in range(topology.num_gpus):
+            if topology.node_index(rank) == node.node:
+                factors[rank] = factors.get(rank, 1.0) * (1.0 + node.slowdown)
+    for gpu in whatif.slow_gpus:
+        factors[gpu.rank] = factors.get(gpu.rank, 1.0) * (1.0 + gpu.slowdown)
+    return factors
+
+
+def slowed_programs(programs: Sequence[Program], factors: dict[int, float]) -> list[Program]:
+    """``programs`` with each slowed rank's compute-stream kernels stretched."""
+    out = []
+    for program in programs:
+        factor = factors.get(program.rank)
+        if factor is None:
+            out.append(program)
+            continue
+        actions = tuple(
+            dataclasses.replace(a, duration_s=a.duration_s * factor)
+            if isinstance(a, Compute) and a.stream == "compute"
+            else a
+            for a in program.actions
+        )
+        out.append(dataclasses.replace(program, actions=actions))
+    return out
+
+
+def _nic(topology: Topology, rank: int) -> str:
+    nic: str = topology.graph.nodes[topology.gpus[rank]]["nic"]
+    return nic
+
+
+def _scale_nic(graph: nx.DiGraph, nic: str, keep: float) -> None:
+    """Every network link into and out of ``nic`` keeps ``keep`` of its bandwidth."""
+    for u, v, data in (*graph.out_edges(nic, data=True), *graph.in_edges(nic, data=True)):
+        if data["kind"] == "network":
+            for attr in _BANDWIDTHS:
+                graph.edges[u, v][attr] = data[attr] * keep
+
+
+def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
+    """A copy of ``topology`` with the NIC what-ifs applied (``topology`` itself when none)."""
+    if not whatif.nics and not whatif.second_job:
+        return topology
+    graph = topology.graph.copy()
+    for job in whatif.second_job:
+        nics = {
+            _nic(topology, r)
+            for r in range(topology.num_gpus)
+            if topology.node_index(r) in job.nodes
+        }
+        for nic in nics:
+            _scale_nic(graph, nic, 1.0 - job.share)
+    for entry in whatif.nics:
+        nic = _nic(topology, entry.rank)
+        if entry.fraction > 0:
+            _scale_nic(graph, nic, entry.fraction)
+            continue
+        for rank in range(topology.num_gpus):  # down: its GPUs move to the next GPU's NIC
+            if graph.nodes[topology.gpus[rank]].get("nic") == nic:
+                graph.nodes[topology.gpus[rank]]["nic"] = _peer_nic(topology, rank, nic)
+    degraded = Topology(
+        graph,
+        name=f"{topology.name} (what-if)",
+        num_nodes=topology.num_nodes,
+        node=topology.node,
+        fabric=topology.fabric,
+    )
+    everywhere = all(len(j.nodes) == topology.num_nodes for j in whatif.second_job)
+    degraded.uniform = topology.uniform and everywhere and not whatif.nics
+    return degraded
+
+
+def _peer_nic(topology: Topology, rank: int, failed: str) -> str:
+    """The NIC of the next GPU of ``rank``'s server whose NIC is not ``failed``."""
+    per_node = topology.gpus_per_node
+    first = topology.node_index(rank) * per_node
+    local = topology.local_index(rank)
+    for step in range(1, per_node):
+        peer = first + (local + step) % per_node
+        nic = topology.graph.nodes[topology.gpus[peer]].get("nic")
+        if nic is not None and nic != failed:
+            return str(nic)
+    raise ValueError(f"whatif nic of rank {rank} down: its server has no other NIC")
+
+
+def signatures(whatif: WhatIf, topology: Topology, degraded: Topology) -> dict[int, Hashable]:
+    """How the what-if treats each rank it changes: (kernel-time factor, the rank's network
+    rate relative to the plain cluster's). Ranks it leaves alone are not listed."""
+    factors = slowdowns(whatif, topology)
+    out: dict[int, Hashable] = {}
+    changed_network = degraded is not topology
+    for rank in range(topology.num_gpus):
+        ratio = 1.0
+        if changed_network:
+            plain = topology.injection_bandwidth_bytes_per_s(rank, "network")
+            now = degraded.injection_bandwidth_bytes_per_s(rank, "network")
+            ratio = round(now / plain, 9) if plain > 0 else 1.0
+        factor = factors.get(rank, 1.0)
+        if factor != 1.0 or ratio != 1.0:
+            out[rank] = (factor, ratio)
+    return out
+
+
+def special_ranks(signed: Mapping[int, Hashable], topology: Topology) -> set[int]:
+    """The ranks a what-if singles out: those it changes, unless it changes every rank alike
+    (a second job on every server)."""
+    if len(signed) == topology.num_gpus and len(set(signed.values())) == 1:
+        return set()
+    return set(signed)
+
+
+def whatif_ranks(
+    layout: Layout, signed: Mapping[int, Hashable], *, fold: bool, by_classes: bool
+) -> tuple[int, ...]:
+    """The ranks to simulate: the folding's when the what-if singles no rank out (or ``fold``
+    is off), one per class of ranks it cannot tell apart (``folding.class_ranks``) when
+    ``by_classes``, else every rank."""
+    if not signed or not fold:
+        return simulated_ranks(layout, fold=fold)
+    return class_ranks(layout, signed) if by_classes else tuple(range(layout.world_size))
+
+
+def culprits(whatif: WhatIf, topology: Topology) -> list[int]:
+    """The ranks a what-if acts on directly, in its order: slowed GPUs (a slow server's first
+    GPU), then the GPUs behind a changed NIC."""
+    found = [g.rank for g in whatif.slow_gpus]
+    found += [n.node * topology.gpus_per_node for n in whatif.slow_nodes]
+    found += [n.rank for n in whatif.nics]
+    return list(dict.fromkeys(found))

@@ -1,0 +1,169 @@
+"""What-ifs: a straggler, a degraded or failed NIC, a second job, against hand calculations."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from schedules.plan import load_plan
+from schedules.whatif import WhatIf, parse_flags, parse_whatif
+from sim.network.comm_model import CommModel
+from sim.replay.simulate import compare_whatif, plan_topology, simulate_plan
+from sim.replay.whatif import degraded_topology
+
+GPT_13B = {
+    "name": "gpt-13b", "num_layers": 40, "hidden_size": 5120, "num_heads": 40,
+    "ffn_hidden_size": 20480, "vocab_size": 51200, "seq_len": 2048, "gated_mlp": False,
+    "tied_embeddings": True, "position_embedding": "learned", "norm": "layernorm",
+    "linear_bias": True,
+}  # fmt: skip
+
+
+def _plan(nodes: int, *, tp: int, pp: int, global_batch: int, **whatif):
+    """GPT 13B on ``nodes`` DGX A100 (HDR), DDP: a plan of 8 x ``nodes`` GPUs."""
+    return load_plan(
+        {
+            "model": GPT_13B,
+            "cluster": {"node": "dgx-a100", "num_nodes": nodes, "fabric": "ib-hdr"},
+            "parallel": {"tp": tp, "pp": pp, "recompute": "full", "data_parallel": "ddp"},
+            "training": {
+                "micro_batch_size": 1,
+                "global_batch_size": global_batch,
+                "precision": "bf16",
+                "stack": "megatron",
+            },
+            **({"whatif": whatif} if whatif else {}),
+        }
+    )
+
+
+def _with(plan, *flags: str):
+    return dataclasses.replace(plan, whatif=parse_flags(flags))
+
+
+def test_a_straggler_delays_a_1024_gpu_step_by_its_extra_kernel_time() -> None:
+    """Compute-bound (4 micro-batches per rank): every rank waits in the DP all-reduces for the
+    straggler, so the step grows by its extra kernel time, slowdown x (its kernels, without the
+    overlap slowdown), less at most the DP tail the others no longer queue behind."""
+    plan = _plan(128, tp=8, pp=1, global_batch=4096)
+    base = simulate_plan(plan)
+    slow = simulate_plan(_with(plan, "slow_gpu=77:0.2"))
+    b = base.breakdown
+    kernels = b.compute_s - b.overlap_slowdown_s + b.optimizer_s
+    delta = slow.step_time_s - base.step_time_s
+    assert 0.2 * kernels - b.exposed_comm_s["dp"] <= delta <= 0.2 * kernels + 1e-9
+    assert delta > 0.9 * 0.2 * kernels
+    assert slow.num_simulated_ranks == 4  # the straggler's tp and dp classes, not 1,024 ranks
+    assert slow.extra["whatif"]["singled_out_ranks"] == [77]
+
+
+def test_a_nic_at_half_rate_stretches_its_groups_all_reduces_by_their_bandwidth_term() -> None:
+    """Communication-bound (one micro-batch): the step ends with the DP all-reduce queue of the
+    group of rank 77 (tp rank 5, one GPU per node), whose ring now moves at half the NIC rate.
+    Hand calculation: each bucket takes its latency plus twice its bandwidth term, so the queue
+    and the step grow by the sum of the closed-form differences, about the queue itself."""
+    plan = _plan(128, tp=8, pp=1, global_batch=1024)
+    half = _with(plan, "nic=77:0.5")
+    base, slow = simulate_plan(plan), simulate_plan(half)
+    group = tuple(range(5, 1024, 8))
+    buckets = [s.size_bytes for s in base.spans if s.rank == 0 and s.stream == "dp"]
+    topology = plan_topology(plan)
+    normal = CommModel(__import__("simpy").Environment(), topology)
+    degraded = CommModel(
+        __import__("simpy").Environment(), degraded_topology(topology, half.whatif)
+    )
+    before = sum(normal.estimate_s("all_reduce", group, b) for b in buckets)
+    after = sum(degraded.estimate_s("all_reduce", group, b) for b in buckets)
+    largest = max(buckets)
+    ratio = degraded.estimate_s("all_reduce", group, largest) / normal.estimate_s(
+        "all_reduce", group, largest
+    )
+    assert 1.8 < ratio <= 2.0  # bandwidth-bound: twice the time, less the latency's share
+    assert slow.step_time_s - base.step_time_s == pytest.approx(after - before, rel=0.01)
+
+
+def test_a_failed_nic_shares_a_peers_and_a_second_job_everywhere_halves_every_nic() -> None:
+    """A NIC down puts two GPUs on one NIC (half its rate each): the same step as the NIC at
+    half rate. A second job taking half of every NIC leaves every rank alike (folded as usual)
+    and halves every DP ring's rate: here, the same all-reduce queue growth as one slow NIC,
+    since every DP group already waited for its slowest member."""
+    plan = _plan(128, tp=8, pp=1, global_batch=1024)
+    half = simulate_plan(_with(plan, "nic=77:0.5"))
+    down = simulate_plan(_with(plan, "nic=77:down"))
+    everywhere = simulate_plan(_with(plan, "second_job=0-127:0.5"))
+    assert down.step_time_s == pytest.approx(half.step_time_s, rel=1e-6)
+    assert down.extra["whatif"]["singled_out_ranks"] == [77, 78]
+    assert everywhere.num_simulated_ranks == 1  # nothing singled out: one rank stands for all
+    assert everywhere.step_time_s == pytest.approx(half.step_time_s, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "flag", ["slow_gpu=5:0.3", "nic=9:0.25", "nic=9:down", "slow_node=1:0.1", "second_job=0-1:0.5"]
+)
+def test_folding_by_classes_gives_the_step_of_every_rank_simulated(flag: str) -> None:
+    plan = _with(_plan(4, tp=2, pp=2, global_batch=64), flag)
+    folded = simulate_plan(plan)
+    every = simulate_plan(plan, fold=False)
+    assert folded.num_simulated_ranks < every.num_simulated_ranks == 32
+    assert folded.step_time_s == pytest.approx(every.step_time_s, rel=1e-9)
+
+
+def test_the_comparison_says_who_waited_for_whom() -> None:
+    plan = _with(_plan(4, tp=8, pp=1, global_batch=128), "slow_gpu=3:0.5")
+    result = simulate_plan(plan)
+    compared = compare_whatif(plan, result)
+    rows = compared["changes_by_rank"]
+    assert rows["3"]["singled_out"] and rows["3"]["compute_s"] > 0
+    bystander = next(r for r, row in rows.items() if not row["singled_out"])
+    # rank 0 shares rank 3's TP group (tp ranks 0-7 on server 0): it waits there
+    assert max(rows[bystander]["waits_s"], key=rows[bystander]["waits_s"].get) == "tp"
+    assert compared["delta_s"] == pytest.approx(
+        result.step_time_s - compared["without_step_time_s"]
+    )
+    json.dumps(compared)
+
+
+def test_the_plan_section_and_the_flags_read_alike() -> None:
+    section = parse_whatif(
+        {
+            "slow_gpus": [{"rank": 5, "slowdown": 0.2}],
+            "nics": [{"rank": 17, "fraction": 0}],
+            "second_job": [{"nodes": [0, 1], "share": 0.3}],
+            "slow_nodes": [{"node": 3, "slowdown": 0.1}],
+        }
+    )
+    flags = parse_flags(["slow_gpu=5:0.2", "slow_node=3:0.1", "nic=17:down", "second_job=0-1:0.3"])
+    assert section == flags
+    assert parse_whatif(section.to_dict()) == section
+    assert not WhatIf() and section
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"slow_gpus": [{"rank": 5, "slowdown": -0.2}]}, "slowdown must be in (0, 100]"),
+        ({"slow_gpus": [{"rank": -1, "slowdown": 0.2}]}, "rank must be an integer >= 0"),
+        ({"nics": [{"rank": 1, "fraction": 1.5}]}, "fraction must be in [0, 1]"),
+        ({"second_job": [{"nodes": [], "share": 0.3}]}, "nodes must be a non-empty list"),
+        ({"second_job": [{"nodes": [0], "share": 1}]}, "share must be in (0, 1)"),
+        ({"stragglers": []}, "unknown key 'whatif.stragglers'"),
+        ({"nics": [{"rank": 1}]}, "missing key fraction"),
+    ],
+)
+def test_a_bad_whatif_names_the_key_and_value(raw, message) -> None:
+    with pytest.raises(ValueError, match=__import__("re").escape(message)):
+        parse_whatif(raw)
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("slow_gpu=5000:0.2", "whatif rank 5000: the cluster has ranks 0..31"),
+        ("slow_node=9:0.2", "whatif server 9: the cluster has servers 0..3"),
+    ],
+)
+def test_a_whatif_outside_the_cluster_is_refused(flag: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        simulate_plan(_with(_plan(4, tp=8, pp=1, global_batch=128), flag))
