@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("sim.cli.plan", "simulate one training step of a parallel plan"),
     "fit": ("sim.cli.fit", "fit the compute speed to one measured step of a plan"),
     "search": ("sim.cli.search", "simulate every valid layout of a model on a cluster, ranked"),
+    "sweep": ("sim.cli.sweep", "simulate plan files under what-if scenarios (stragglers, NICs)"),
     "validate": ("sim.cli.validate", "simulate published training runs and report the error"),
     "presets": ("sim.cli.presets", "list the model, server, fabric, GPU and CPU presets"),
 }

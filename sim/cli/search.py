@@ -30,6 +30,7 @@ import yaml
 from fileio.output import check_outputs, write_bytes
 from sim.inputs.calibrations import compute_calibration_for, load_calibrations
 from sim.inputs.plans import add_set_argument, apply_sets, load_plan_file
+from sim.inputs.workers import add_ray_argument
 
 if TYPE_CHECKING:
     from schedules.plan import Plan
@@ -86,6 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--top", type=int, default=10, help="rows printed")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
+    add_ray_argument(parser)
     parser.add_argument("--max-layouts", type=int, default=MAX_LAYOUTS)
     parser.add_argument("--calibration", type=Path, help="network calibration JSON")
     parser.add_argument("--compute-calibration", type=Path, help="compute calibration JSON")
@@ -172,8 +174,9 @@ def run(args: argparse.Namespace) -> int:
         )
     bar = progress_bar(len(screened.plans), "simulating", unit="layout", log_every=LOG_EVERY)
     rows = simulate_layouts(
-        screened.plans, jobs=args.jobs, comm=comm, compute=compute, on_done=lambda _: bar.update(1)
-    )
+        screened.plans, jobs=args.jobs, comm=comm, compute=compute,
+        on_done=lambda _: bar.update(1), ray_address=args.ray,
+    )  # fmt: skip
     bar.close()
     ranked = sorted(rows, key=lambda r: -r.tokens_per_s)
     print(_table(ranked[: args.top], len(layouts), screened.rejected, len(rows)), end="")

@@ -1,8 +1,9 @@
-"""Simulate the screened layouts in worker processes and rank them; the Pareto front.
+"""Simulate the screened layouts in worker processes or on Ray and rank them; the Pareto front.
 
 Each layout is one ``simulate_plan`` (analytical network, folded), run in a process pool of
-``jobs`` workers, results in completion order to a progress callback and returned in the
-screened order. ``pareto_front`` keeps the layouts no other beats on both throughput and memory.
+``jobs`` workers or as tasks on a Ray cluster (``run_calls``: the same top-level functions
+either way), results in completion order to a progress callback and returned in the screened
+order. ``pareto_front`` keeps the layouts no other beats on both throughput and memory.
 
     rows = simulate_layouts(screened.plans, jobs=2)
 """
@@ -75,23 +76,79 @@ def simulate_layouts(
     comm: Calibration | None = None,
     compute: ComputeCalibration | None = None,
     on_done: Callable[[Row], None] | None = None,
+    ray_address: str | None = None,
 ) -> list[Row]:
-    """Every plan simulated (in ``jobs`` processes when > 1), rows in the plans' order."""
+    """Every plan simulated (in ``jobs`` processes when > 1, or as tasks on a Ray cluster when
+    ``ray_address`` is given), rows in the plans' order."""
+    calls = [(simulate_one, (plan, comm, compute)) for plan in plans]
+    return run_calls(calls, jobs=jobs, on_done=on_done, ray_address=ray_address)
+
+
+def run_calls(
+    calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]],
+    *,
+    jobs: int = 1,
+    on_done: Callable[[Any], None] | None = None,
+    ray_address: str | None = None,
+) -> list[Any]:
+    """``function(*args)`` of every call, in order: in this process, in ``jobs`` worker
+    processes, or as Ray tasks (``ray_address``: ``local`` starts a Ray instance on this
+    machine, ``auto`` joins the one running here, ``ray://HOST:PORT`` a remote cluster); each
+    result goes to ``on_done`` as it completes."""
+    if ray_address is not None:
+        return _ray_calls(calls, ray_address, on_done)
     if jobs <= 1:
-        rows = []
-        for plan in plans:
-            rows.append(simulate_one(plan, comm, compute))
+        results = []
+        for function, args in calls:
+            results.append(function(*args))
             if on_done is not None:
-                on_done(rows[-1])
-        return rows
-    out: list[Row | None] = [None] * len(plans)
+                on_done(results[-1])
+        return results
+    out: list[Any] = [None] * len(calls)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(simulate_one, p, comm, compute): i for i, p in enumerate(plans)}
+        futures = {pool.submit(f, *args): i for i, (f, args) in enumerate(calls)}
         for future in as_completed(futures):
-            out[futures[future]] = row = future.result()
+            out[futures[future]] = result = future.result()
             if on_done is not None:
-                on_done(row)
-    return [row for row in out if row is not None]
+                on_done(result)
+    return out
+
+
+RAY_HINT = "pip install 'commbench[ray]' on this machine and on every node of the Ray cluster"
+"""What to do when Ray is missing."""
+
+
+def _ray_calls(
+    calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]],
+    address: str,
+    on_done: Callable[[Any], None] | None,
+) -> list[Any]:
+    """The calls as Ray tasks (the same top-level functions the process pool runs)."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(f"--ray needs Ray, which is not installed: {RAY_HINT}") from None
+    if not ray.is_initialized():
+        ray.init(
+            address=None if address == "local" else address,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    tasks: dict[Any, int] = {}
+    remotes: dict[Callable[..., Any], Any] = {}
+    for index, (function, args) in enumerate(calls):
+        remote = remotes.setdefault(function, ray.remote(function))
+        tasks[remote.remote(*args)] = index
+    out: list[Any] = [None] * len(calls)
+    pending = list(tasks)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        result = ray.get(done[0])
+        out[tasks[done[0]]] = result
+        if on_done is not None:
+            on_done(result)
+    return out
 
 
 def pareto_front(rows: Sequence[Row]) -> list[Row]:

@@ -1,0 +1,90 @@
+"""Where a search or a sweep runs: in this process, local worker processes, or Ray tasks."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+
+from schedules.plan import load_plan
+from sim.cli.main import main
+from sim.search.run import run_calls, simulate_layouts
+from sim.search.sweep import simulate_scenario, with_deltas
+
+PLAN = {
+    "name": "small",
+    "model": {
+        "name": "small", "num_layers": 4, "hidden_size": 1024, "num_heads": 16,
+        "ffn_hidden_size": 4096, "vocab_size": 32000, "seq_len": 1024,
+    },
+    "cluster": {"node": "dgx-h100", "num_nodes": 2, "fabric": "ib-ndr"},
+    "parallel": {"tp": 2, "pp": 1},
+    "training": {"micro_batch_size": 1, "global_batch_size": 64},
+}  # fmt: skip
+
+
+def _plans() -> list:
+    plan = load_plan(PLAN)
+    return [
+        dataclasses.replace(
+            plan, name=f"tp{tp}", parallel=dataclasses.replace(plan.parallel, tp=tp)
+        )
+        for tp in (1, 2, 4)
+    ]
+
+
+def test_worker_processes_give_the_rows_of_one_process() -> None:
+    plans = _plans()
+    assert simulate_layouts(plans, jobs=2) == simulate_layouts(plans, jobs=1)
+
+
+def test_a_sweep_row_compares_each_scenario_with_the_plan_as_planned() -> None:
+    plan = load_plan(PLAN)
+    rows = with_deltas(
+        run_calls(
+            [(simulate_scenario, (plan, flags)) for flags in ((), ("slow_gpu=3:0.5",))], jobs=1
+        )
+    )
+    planned, slow = rows
+    assert planned["scenario"] == "as planned" and planned["delta_pct"] == 0.0
+    assert slow["scenario"] == "slow_gpu=3:0.5" and slow["delta_pct"] > 0
+    assert slow["simulated_ranks"] > planned["simulated_ranks"] == 1
+
+
+def test_commsim_sweep_prints_every_plan_and_scenario(tmp_path, capsys) -> None:
+    import yaml
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(PLAN))
+    out = tmp_path / "rows.csv"
+    code = main(["sweep", str(path), "--whatif", "slow_gpu=3:0.5;nic=9:down", "--csv", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "as planned" in text and "slow_gpu=3:0.5; nic=9:down" in text
+    assert out.read_text().splitlines()[0].startswith("plan,scenario,step_time_s,delta_pct")
+
+
+def test_a_bad_scenario_is_refused_before_any_simulation(tmp_path, capsys) -> None:
+    import yaml
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(PLAN))
+    assert main(["sweep", str(path), "--whatif", "slow_gpu=3"]) == 2
+    assert "expected slow_gpu=WHO:AMOUNT" in capsys.readouterr().err
+
+
+def test_ray_missing_says_how_to_install_it(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ValueError, match=r"pip install 'commbench\[ray\]'"):
+        simulate_layouts(_plans()[:1], ray_address="local")
+
+
+def test_a_local_ray_instance_ranks_as_local_processes() -> None:
+    ray = pytest.importorskip("ray")
+    plans = _plans()
+    try:
+        rows = simulate_layouts(plans, ray_address="local")
+    finally:
+        ray.shutdown()
+    assert rows == simulate_layouts(plans, jobs=2)
