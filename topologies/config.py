@@ -174,7 +174,11 @@ def _spec_yaml(spec: Any, presets: Mapping[str, Any]) -> str | dict[str, Any]:
     """A preset's name when ``spec`` is one, else its fields."""
     if presets.get(spec.name) == spec:
         return str(spec.name)
-    return {key: value for key, value in dataclasses.asdict(spec).items() if value is not None}
+    return {
+        key: list(value) if isinstance(value, tuple) else value
+        for key, value in dataclasses.asdict(spec).items()
+        if value is not None
+    }
 
 
 def dump_cluster(topology: Topology) -> dict[str, Any]:

@@ -73,6 +73,9 @@ class FabricSpec:
     """Extra per-message latency of NCCL's Simple protocol on this transport."""
     tuner: str = "nccl"
     """Who picks NCCL's algorithm and protocol: ``nccl`` or a tuner plugin (``aws-ofi-p5``)."""
+    protocols: tuple[str, ...] = ()
+    """The protocols NCCL may use across this fabric when its net plugin restricts them
+    (``NCCL_PROTO``); empty: all."""
     source: str = ""
     """Where the figures come from."""
 
@@ -94,12 +97,23 @@ class FabricSpec:
             raise ValueError(
                 f"fabric.tiers={shorten(self.tiers)}; valid: 1, 2, 3 (or omit for auto)"
             )
+        protocols = self.protocols
+        if not isinstance(protocols, list | tuple) or any(
+            p not in NCCL_PROTOCOLS for p in protocols
+        ):
+            raise ValueError(
+                f"fabric.protocols={shorten(protocols)}; a list of {', '.join(NCCL_PROTOCOLS)} "
+                "(empty: all)"
+            )
+        object.__setattr__(self, "protocols", tuple(protocols))  # YAML gives a list
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+NCCL_PROTOCOLS = ("ll", "ll128", "simple")
+"""NCCL's protocols, as ``FabricSpec.protocols`` names them."""
 TRANSPORTS = ("ib", "ofi", "tcpx")
 """Values of ``FabricSpec.transport``."""
 TUNERS = ("nccl", "aws-ofi-p5")
@@ -181,9 +195,13 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         rail_optimized=False,
         transport="ofi",
         plugin_latency_s=75e-6,
+        protocols=("simple",),
         source="AWS EFA on p4d/p4de through aws-ofi-nccl (aws/aws-ofi-nccl 2daf7d3, "
         "src/platform-aws.cpp: p4d.24xlarge and p4de.24xlarge latency 75 us, send-recv "
-        "protocol, no tuner model: NCCL's own tuner and NET latencies), no CollNet. AWS does "
+        "protocol, no tuner model: NCCL's own tuner and NET latencies); the plugin sets "
+        "NCCL_PROTO=simple where EFA's send-recv cannot deliver 128-byte lines in order "
+        "(aws/aws-ofi-nccl#76: 'EFA doesn't support LL and LL128'; PR #850), as on p4d; no "
+        "CollNet. AWS does "
         "not publish switch radix or wiring: a non-blocking fat tree of radix-64 switches is "
         "assumed",
     ),

@@ -157,6 +157,7 @@ def _network_fields(topology: Topology, multi_node: bool) -> dict[str, Any]:
             sharp=fabric.sharp, plugin_latency_s=fabric.plugin_latency_s,
             net_step_latency_s=fabric.step_latency_s,
             net_simple_extra_s=fabric.simple_extra_latency_s, tuner=fabric.tuner,
+            simple_only=fabric.protocols == ("simple",),
         )  # fmt: skip
     return fields
 
