@@ -13,6 +13,8 @@ oversubscription ratio. One server needs no fabric; several without one use the 
 
 from __future__ import annotations
 
+import functools
+
 import networkx as nx
 
 from topologies.fabrics import FABRIC_PRESETS, FabricLayout, FabricSpec, fat_tree_graph
@@ -96,7 +98,15 @@ def cluster_topology(
             f"num_nodes={num_nodes:,} of {node.num_gpus} GPUs is {num_nodes * node.num_gpus:,} "
             f"GPUs; clusters of up to {MAX_GPUS:,} GPUs are built"
         )
-    fabric = _resolve_fabric(node, num_nodes, fabric)
+    return _built(node, num_nodes, _resolve_fabric(node, num_nodes, fabric), oversubscription)
+
+
+@functools.lru_cache(maxsize=32)
+def _built(
+    node: NodeSpec, num_nodes: int, fabric: FabricSpec | None, oversubscription: float
+) -> Topology:
+    """The cluster, built once per (checked) arguments: a topology is not changed after it is
+    built (a what-if works on a copy), so plans, searches and sweeps share it."""
     template = server_graph(node)
     graph = nx.DiGraph()
     for i in range(num_nodes):

@@ -23,15 +23,16 @@ import io
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from sim.output.trace import stream_ids
 from sim.replay.result import Span
+
+if TYPE_CHECKING:  # matplotlib loads when a figure is drawn, not for every plan
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 MAX_RANKS = 8
 """Most ranks drawn; more pipeline stages are sampled evenly (first and last included)."""
@@ -176,6 +177,10 @@ def timeline_figure(
     column_ms = end_ms / COLUMNS
     hidden = _under_a_column(by_lane, column_ms)
     lanes = [lane for lane in _lane_order(by_lane, ranks) if lane not in hidden]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
     fig = Figure(figsize=(14, 1.2 + 0.32 * len(lanes)), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()

@@ -154,6 +154,8 @@ class Engine:
         if len(self.programs) != len(programs):
             raise ValueError("two programs for the same rank")
         self._meetings: dict[Hashable, _Meeting] = {}
+        # the simulated members of each group's ranks (a group of 1,024 has 8 when folded)
+        self._members: dict[tuple[int, ...], list[int]] = {}
         self._states = {rank: self._state(p) for rank, p in sorted(self.programs.items())}
 
     def _state(self, program: Program) -> _State:
@@ -208,8 +210,12 @@ class Engine:
             record.issue_s = self.env.now
             if isinstance(action, Compute):
                 on_gpu = action.stream == "compute"
-                if on_gpu:
-                    yield from self._await_launch(rank, action, record)
+                if on_gpu:  # the host launches in program order, ahead of the GPU
+                    host_s = self._launched[rank]
+                    self._launched[rank] = host_s + action.launch_s
+                    if host_s > self.env.now:
+                        record.host_wait_s = host_s - self.env.now
+                        yield self.env.timeout(record.host_wait_s)
                 record.start_s = self.env.now
                 if action.duration_s > 0 and self.overlap_slowdown > 0 and on_gpu:
                     yield from self._compute(rank, action.duration_s)
@@ -233,17 +239,6 @@ class Engine:
             waiter = state.waiters.pop(index, None)
             if waiter is not None:
                 waiter.succeed()
-
-    def _await_launch(
-        self, rank: int, action: Compute, record: _Record
-    ) -> Generator[Any, Any, None]:
-        """The rank's host thread launches compute-stream work in program order, ahead of the
-        GPU; the GPU cannot start work its host has not reached yet."""
-        host_s = self._launched[rank]
-        self._launched[rank] = host_s + action.launch_s
-        if host_s > self.env.now:
-            record.host_wait_s = host_s - self.env.now
-            yield self.env.timeout(record.host_wait_s)
 
     def _compute(self, rank: int, duration_s: float) -> Generator[Any, Any, None]:
         """Run ``duration_s`` of work at the rate the rank's communication leaves it."""
@@ -277,7 +272,11 @@ class Engine:
 
     def _arrive(self, action: Action, key: Hashable, seq: int) -> _Meeting:
         if isinstance(action, Collective):
-            members = [r for r in action.ranks if r in self.programs]
+            members = self._members.get(action.ranks)
+            if members is None:
+                members = self._members[action.ranks] = [
+                    r for r in action.ranks if r in self.programs
+                ]
             meeting_key: Hashable = (key, seq)
         else:
             assert isinstance(action, Transfer)
