@@ -11,9 +11,13 @@ how the step changes when the cluster is not perfect::
       second_job: [{nodes: [0, 1], share: 0.3}]   # another job's traffic takes 30% of these
                                                   # servers' NIC bandwidth, both directions
 
+      moe_imbalance: 1.5                          # the busiest expert of every MoE layer
+                                                  # gets 1.5x the mean tokens
+
 On the command line: ``--whatif slow_gpu=5:0.2``, ``slow_node=3:0.1``, ``nic=17:0.5``,
-``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``). How each is simulated:
-``sim.replay.whatif``. Values are checked here; ranks and nodes against the cluster there.
+``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``), ``moe_imbalance=1.5``.
+How each is simulated: ``sim.replay.whatif``. Values are checked here; ranks and nodes against
+the cluster there.
 
     whatif = parse_whatif({"slow_gpus": [{"rank": 5, "slowdown": 0.2}]})
 """
@@ -71,9 +75,14 @@ class WhatIf:
     slow_nodes: tuple[SlowNode, ...] = ()
     nics: tuple[Nic, ...] = ()
     second_job: tuple[SecondJob, ...] = ()
+    moe_imbalance: float | None = None
+    """The busiest expert's tokens over the mean, in every MoE layer (replaces the model's)."""
 
     def __bool__(self) -> bool:
-        return bool(self.slow_gpus or self.slow_nodes or self.nics or self.second_job)
+        return bool(
+            self.slow_gpus or self.slow_nodes or self.nics or self.second_job
+            or self.moe_imbalance is not None
+        )  # fmt: skip
 
     def describe(self) -> list[str]:
         """One line per change, as the report prints it."""
@@ -89,6 +98,11 @@ class WhatIf:
             f"a second job takes {j.share:.0%} of the NICs of server(s) {_ranges(j.nodes)}"
             for j in self.second_job
         ]
+        if self.moe_imbalance is not None:
+            lines.append(
+                f"the busiest expert of every MoE layer gets {self.moe_imbalance:g}x the mean "
+                "tokens"
+            )
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,6 +118,8 @@ class WhatIf:
             out["second_job"] = [
                 {"nodes": list(j.nodes), "share": j.share} for j in self.second_job
             ]
+        if self.moe_imbalance is not None:
+            out["moe_imbalance"] = self.moe_imbalance
         return out
 
 
@@ -121,18 +137,28 @@ def parse_whatif(raw: Any) -> WhatIf:
         return WhatIf()
     if not isinstance(raw, Mapping):
         raise ValueError(f"plan section 'whatif' must be a mapping, got {shorten(raw)}")
-    found: dict[str, list[Any]] = {}
+    found: dict[str, Any] = {}
     for key, entries in raw.items():
+        if key == "moe_imbalance":
+            found[key] = _imbalance("whatif.moe_imbalance", entries)
+            continue
         if key not in _ENTRY_KEYS:
             raise ValueError(
                 f"unknown key {shorten('whatif.' + str(key))} in plan"
-                f"{did_you_mean(str(key), _ENTRY_KEYS)}; "
-                f"valid keys: {', '.join(_ENTRY_KEYS)}"
+                f"{did_you_mean(str(key), (*_ENTRY_KEYS, 'moe_imbalance'))}; "
+                f"valid keys: {', '.join(_ENTRY_KEYS)}, moe_imbalance"
             )
         if not isinstance(entries, list):
             raise ValueError(f"whatif.{key} must be a list of mappings, got {shorten(entries)}")
-        found[key] = [_entry(f"whatif.{key}[{i}]", key, e) for i, e in enumerate(entries)]
-    return WhatIf(**{k: tuple(v) for k, v in found.items()})
+        found[key] = tuple(_entry(f"whatif.{key}[{i}]", key, e) for i, e in enumerate(entries))
+    return WhatIf(**found)
+
+
+def _imbalance(where: str, value: Any) -> float:
+    imbalance = _number(where, "", value) if not isinstance(value, bool) else math.nan
+    if not imbalance >= 1.0:
+        raise ValueError(f"{where} must be a number >= 1 (1: balanced), got {shorten(value)}")
+    return imbalance
 
 
 def _entry(where: str, key: str, raw: Any) -> Any:
@@ -189,6 +215,7 @@ _FLAGS = {
     "slow_node": "slow_nodes",
     "nic": "nics",
     "second_job": "second_job",
+    "moe_imbalance": "moe_imbalance",
 }
 
 
@@ -203,6 +230,13 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
                 f"--whatif {shorten(text)}: expected KEY=VALUE with KEY one of "
                 f"{', '.join(_FLAGS)}{did_you_mean(key, _FLAGS)} (e.g. slow_gpu=5:0.2)"
             )
+        if key == "moe_imbalance":
+            try:
+                number: Any = float(value)
+            except ValueError:
+                number = value
+            whatif = replace(whatif, moe_imbalance=_imbalance(f"--whatif {shorten(text)}", number))
+            continue
         target, _, amount = value.partition(":")
         if not target or not amount:
             raise ValueError(f"--whatif {shorten(text)}: expected {key}=WHO:AMOUNT")
@@ -219,8 +253,8 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
                 raw = {name: int(target), "slowdown": float(amount)}
         except ValueError:
             raise ValueError(f"{where}: {target!r} and {amount!r} must be numbers") from None
-        entry = _entry(where, section, raw)
-        whatif = replace(whatif, **{section: (*getattr(whatif, section), entry)})
+        entries: tuple[Any, ...] = (*getattr(whatif, section), _entry(where, section, raw))
+        whatif = replace(whatif, **{section: entries})  # type: ignore[arg-type]
     return whatif
 
 

@@ -103,6 +103,7 @@ def simulate_plan(
     """Simulate one steady-state training step of ``plan`` (resolved here on its cluster),
     with its what-ifs (``plan.whatif``) applied."""
     topology = plan_topology(plan) if topology is None else topology
+    plan = with_imbalance(plan)
     plan = resolve_plan(plan, topology.num_gpus)
     step = describe_step(plan, gpus_per_node=topology.gpus_per_node)
     whatif = plan.whatif
@@ -167,6 +168,17 @@ def simulate_plan(
             ),
         },
     )
+
+
+def with_imbalance(plan: Plan) -> Plan:
+    """The plan with its what-if's MoE imbalance in the model (checked against the model)."""
+    imbalance = plan.whatif.moe_imbalance
+    if imbalance is None:
+        return plan
+    if not plan.model.num_experts:
+        raise ValueError("whatif moe_imbalance: the model has no experts (model.num_experts)")
+    model = dataclasses.replace(plan.model, moe_imbalance=imbalance)
+    return dataclasses.replace(plan, model=model)
 
 
 def follows_axes(step: StepDescription) -> bool:

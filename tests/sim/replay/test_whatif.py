@@ -125,6 +125,21 @@ def test_the_comparison_says_who_waited_for_whom() -> None:
     json.dumps(compared)
 
 
+def test_an_expert_imbalance_what_if_slows_an_moe_plan_as_the_models_own_imbalance() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    plan = load_plan(root / "examples" / "mixtral-8x7b-ep8-64xh100.yaml")
+    hot = simulate_plan(_with(plan, "moe_imbalance=2"))
+    same = simulate_plan(
+        dataclasses.replace(plan, model=dataclasses.replace(plan.model, moe_imbalance=2.0))
+    )
+    assert hot.step_time_s == pytest.approx(same.step_time_s, rel=1e-12)
+    assert hot.step_time_s > simulate_plan(plan).step_time_s
+    with pytest.raises(ValueError, match="the model has no experts"):
+        simulate_plan(_with(_plan(1, tp=8, pp=1, global_batch=64), "moe_imbalance=2"))
+
+
 def test_the_plan_section_and_the_flags_read_alike() -> None:
     section = parse_whatif(
         {
@@ -132,9 +147,18 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
             "nics": [{"rank": 17, "fraction": 0}],
             "second_job": [{"nodes": [0, 1], "share": 0.3}],
             "slow_nodes": [{"node": 3, "slowdown": 0.1}],
+            "moe_imbalance": 1.5,
         }
     )
-    flags = parse_flags(["slow_gpu=5:0.2", "slow_node=3:0.1", "nic=17:down", "second_job=0-1:0.3"])
+    flags = parse_flags(
+        [
+            "slow_gpu=5:0.2",
+            "slow_node=3:0.1",
+            "nic=17:down",
+            "second_job=0-1:0.3",
+            "moe_imbalance=1.5",
+        ]
+    )
     assert section == flags
     assert parse_whatif(section.to_dict()) == section
     assert not WhatIf() and section
@@ -150,6 +174,7 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
         ({"second_job": [{"nodes": [0], "share": 1}]}, "share must be in (0, 1)"),
         ({"stragglers": []}, "unknown key 'whatif.stragglers'"),
         ({"nics": [{"rank": 1}]}, "missing key fraction"),
+        ({"moe_imbalance": 0.5}, "whatif.moe_imbalance must be a number >= 1"),
     ],
 )
 def test_a_bad_whatif_names_the_key_and_value(raw, message) -> None:
