@@ -155,10 +155,10 @@ def parse_whatif(raw: Any) -> WhatIf:
 
 
 def _imbalance(where: str, value: Any) -> float:
-    imbalance = _number(where, "", value) if not isinstance(value, bool) else math.nan
-    if not imbalance >= 1.0:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 1.0:
         raise ValueError(f"{where} must be a number >= 1 (1: balanced), got {shorten(value)}")
-    return imbalance
+    return float(value)
 
 
 def _entry(where: str, key: str, raw: Any) -> Any:
@@ -251,7 +251,9 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
             else:
                 name = "rank" if key == "slow_gpu" else "node"
                 raw = {name: int(target), "slowdown": float(amount)}
-        except ValueError:
+        except ValueError as error:
+            if str(error).startswith("servers "):
+                raise ValueError(f"{where}: {error}") from None
             raise ValueError(f"{where}: {target!r} and {amount!r} must be numbers") from None
         entries: tuple[Any, ...] = (*getattr(whatif, section), _entry(where, section, raw))
         whatif = replace(whatif, **{section: entries})  # type: ignore[arg-type]
@@ -269,10 +271,21 @@ def _ranges(values: tuple[int, ...]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
+MAX_SERVERS = 1 << 16
+"""Most servers a ``second_job`` range may name (more than any cluster this project builds)."""
+
+
 def _nodes(text: str) -> list[int]:
-    """``0-3`` or ``0,2,5``."""
+    """``0-3`` or ``0,2,5``; ValueError for a reversed or oversized range."""
     nodes: list[int] = []
     for part in text.split(","):
         low, dash, high = part.partition("-")
-        nodes += list(range(int(low), int(high) + 1)) if dash else [int(low)]
+        if not dash:
+            nodes.append(int(low))
+            continue
+        first, last = int(low), int(high)
+        if last < first or last - first >= MAX_SERVERS:
+            raise ValueError(f"servers {part!r}: give FIRST-LAST with FIRST <= LAST, at most "
+                             f"{MAX_SERVERS:,} servers")  # fmt: skip
+        nodes += range(first, last + 1)
     return nodes

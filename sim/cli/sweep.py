@@ -14,6 +14,7 @@ import argparse
 import csv
 import io
 import json
+import sys
 from pathlib import Path
 
 from fileio.output import check_outputs, write_text
@@ -48,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.ray is not None and args.jobs > 1:
+        print(
+            "commsim: warning: --jobs is ignored with --ray (Ray places the tasks)", file=sys.stderr
+        )
     targets = check_outputs(
         {"--json": (args.json, (".json",)), "--csv": (args.csv, (".csv",))},
         inputs=tuple(args.plans),
@@ -57,7 +62,14 @@ def run(args: argparse.Namespace) -> int:
     for plan in plans:
         for flags in scenarios:
             parse_flags(flags, plan.whatif)  # a bad flag fails here, before any simulation
-    calls = [(simulate_scenario, (plan, flags)) for plan in plans for flags in scenarios]
+    labels = [plan.name or path.stem for plan, path in zip(plans, args.plans, strict=True)]
+    if len(set(labels)) < len(labels):  # two plans of one name: tell them apart by file
+        labels = [str(path) for path in args.plans]
+    calls = [
+        (simulate_scenario, (plan, flags, label))
+        for plan, label in zip(plans, labels, strict=True)
+        for flags in scenarios
+    ]
     rows = with_deltas(run_calls(calls, jobs=args.jobs, ray_address=args.ray))
     if (target := targets.get("--json")) is not None:
         write_text(target, json.dumps({"schema": "commsim-sweep/1", "rows": rows}, indent=1) + "\n")

@@ -228,6 +228,8 @@ def _check_lines(checks: dict[str, Any]) -> list[str]:
         "checked against public nccl-tests results (uncalibrated busbw error, sizes >= 1 MiB; "
         "commsim validate --collectives):"
     ]
+    if checks.get("oversubscribed"):
+        lines.append("  (measured on the preset fabric, not oversubscribed)")
     named = [("server", checks["server"], checks["node"])]
     if checks["fabric"] is not None:
         named.append(("fabric", checks["fabric"], checks["fabric_checks"]))
@@ -310,7 +312,8 @@ def run(args: argparse.Namespace) -> int:
 
         fabric = summary.get("fabric", {}).get("name")
         summary["checked_against"] = {
-            "server": args.cluster, "fabric": fabric, **preset_checks(args.cluster, fabric)
+            "server": args.cluster, "fabric": fabric, **preset_checks(args.cluster, fabric),
+            "oversubscribed": (args.oversubscription or 1.0) > 1.0,
         }  # fmt: skip
     print(json.dumps(summary, indent=2) if args.json else render(summary))
     if (drawing := targets.get("--draw")) is not None:

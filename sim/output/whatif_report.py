@@ -52,6 +52,8 @@ def whatif_lines(result: PlanResult) -> list[str]:
             parts.append(f"computes {_signed(row['compute_s'])}")
         waits = {g: w for g, w in row["waits_s"].items() if abs(w) > noise}
         parts += [f"waits {_signed(w)} on {g}" for g, w in sorted(waits.items(), key=_largest)]
+        if abs(row.get("optimizer_s", 0.0)) > noise:
+            parts.append(f"optimizer {_signed(row['optimizer_s'])} (with its waits)")
         for label in ("bubble", "host"):
             if abs(row[f"{label}_s"]) > noise:
                 parts.append(f"{label} {_signed(row[f'{label}_s'])}")

@@ -14,6 +14,7 @@ optimizer, and the remaining idle time as the pipeline bubble.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from sim.network.calibration import Calibration
 from sim.network.comm_model import CommModel
 from sim.replay.basis import bottleneck, compute_basis, network_basis
 from sim.replay.engine import ClosedFormRunner, Timeline
+from sim.replay.folding import representative_of
 from sim.replay.offload import offload_replay, offload_summary
 from sim.replay.result import Breakdown, PlanResult
 from sim.replay.step_replay import replay_plan
@@ -99,9 +101,11 @@ def simulate_plan(
     compute_calibration: ComputeCalibration | None = None,
     fidelity: str = "analytical",
     fold: bool = True,
+    rank_breakdowns: bool = False,
 ) -> PlanResult:
     """Simulate one steady-state training step of ``plan`` (resolved here on its cluster),
-    with its what-ifs (``plan.whatif``) applied."""
+    with its what-ifs (``plan.whatif``) applied; ``rank_breakdowns`` also keeps where the step
+    went on every simulated rank (``extra["rank_breakdowns"]``)."""
     topology = plan_topology(plan) if topology is None else topology
     plan = with_imbalance(plan)
     plan = resolve_plan(plan, topology.num_gpus)
@@ -162,8 +166,21 @@ def simulate_plan(
             "folded": fold,
             **moe_summary(plan),
             **(
-                {"whatif": whatif_summary(whatif, special, timeline, culprits(whatif, topology))}
+                {
+                    "whatif": whatif_summary(
+                        whatif,
+                        special,
+                        timeline,
+                        culprits(whatif, topology),
+                        like=lambda r: representative_of(step.layout, r) if fold else r,
+                    )
+                }
                 if whatif
+                else {}
+            ),
+            **(
+                {"rank_breakdowns": {str(r): _breakdown(timeline, r) for r in timeline.ranks}}
+                if rank_breakdowns
                 else {}
             ),
         },
@@ -177,6 +194,11 @@ def with_imbalance(plan: Plan) -> Plan:
         return plan
     if not plan.model.num_experts:
         raise ValueError("whatif moe_imbalance: the model has no experts (model.num_experts)")
+    if imbalance > plan.model.num_experts:
+        raise ValueError(
+            f"whatif moe_imbalance={imbalance:g}: at most the number of experts "
+            f"({plan.model.num_experts}: every token on one expert)"
+        )
     model = dataclasses.replace(plan.model, moe_imbalance=imbalance)
     return dataclasses.replace(plan, model=model)
 
@@ -190,13 +212,23 @@ def follows_axes(step: StepDescription) -> bool:
     return par.ep <= 1 and not hsdp
 
 
+def _breakdown(timeline: Timeline, rank: int) -> dict[str, Any]:
+    return dataclasses.asdict(breakdown_of(timeline, rank))
+
+
 def whatif_summary(
-    whatif: WhatIf, special: set[int], timeline: Timeline, culprits: list[int]
+    whatif: WhatIf,
+    special: set[int],
+    timeline: Timeline,
+    culprits: list[int],
+    *,
+    like: Callable[[int], int],
 ) -> dict[str, Any]:
     """The what-if for the JSON result: its changes, the ranks it singles out (``culprits``
     first: the slowed GPUs and those behind a changed NIC), and where the step went on the
     simulated ranks (culprits, then the other singled-out ones, then the rest; at most
-    ``MAX_WHATIF_RANKS``)."""
+    ``MAX_WHATIF_RANKS``), each with the rank of the plain step it compares with (``like``: its
+    representative there)."""
     first = {r: i for i, r in enumerate(culprits)}
     simulated = sorted(
         timeline.ranks, key=lambda r: (r not in first, first.get(r, 0), r not in special, r)
@@ -207,7 +239,7 @@ def whatif_summary(
         "culprits": culprits,
         "singled_out_ranks": sorted(special),
         "ranks": {
-            str(r): {"singled_out": r in special, **dataclasses.asdict(breakdown_of(timeline, r))}
+            str(r): {"singled_out": r in special, "like_rank": like(r), **_breakdown(timeline, r)}
             for r in simulated[:MAX_WHATIF_RANKS]
         },
     }
@@ -219,22 +251,27 @@ MAX_WHATIF_RANKS = 64
 
 def compare_whatif(plan: Plan, result: PlanResult, **options: Any) -> dict[str, Any]:
     """The step without ``plan``'s what-ifs (same options as ``simulate_plan``) and what changed:
-    the step time, and per listed rank the change of its compute and of its waits per group
-    against the rank of the plain step (all ranks of which are alike)."""
+    the step time, and per listed rank the change of its compute (kernels, with the overlap
+    slowdown), its optimizer (with the waits it includes) and its waits per group, against the
+    same rank of the plain step (its representative there when folded)."""
+    options = {**options, "rank_breakdowns": True}
     baseline = simulate_plan(dataclasses.replace(plan, whatif=WhatIf()), **options)
-    base = baseline.breakdown
+    plain = baseline.extra["rank_breakdowns"]
     ranks = {}
     for rank, row in result.extra["whatif"]["ranks"].items():
-        groups = sorted(set(row["exposed_comm_s"]) | set(base.exposed_comm_s))
+        base = plain[str(row["like_rank"])]
+        groups = sorted(set(row["exposed_comm_s"]) | set(base["exposed_comm_s"]))
         ranks[rank] = {
             "singled_out": row["singled_out"],
-            "compute_s": row["compute_s"] + row["optimizer_s"] - base.compute_s - base.optimizer_s,
+            "compared_with_rank": row["like_rank"],
+            "compute_s": row["compute_s"] - base["compute_s"],
+            "optimizer_s": row["optimizer_s"] - base["optimizer_s"],
             "waits_s": {
-                g: row["exposed_comm_s"].get(g, 0.0) - base.exposed_comm_s.get(g, 0.0)
+                g: row["exposed_comm_s"].get(g, 0.0) - base["exposed_comm_s"].get(g, 0.0)
                 for g in groups
             },
-            "bubble_s": row["bubble_s"] - base.bubble_s,
-            "host_s": row["host_s"] - base.host_s,
+            "bubble_s": row["bubble_s"] - base["bubble_s"],
+            "host_s": row["host_s"] - base["host_s"],
         }
     return {
         "without_step_time_s": baseline.step_time_s,

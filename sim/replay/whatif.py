@@ -50,6 +50,11 @@ def check_whatif(whatif: WhatIf, topology: Topology) -> None:
             raise ValueError(
                 f"whatif server {node}: the cluster has servers 0..{topology.num_nodes - 1}"
             )
+    if (whatif.nics or whatif.second_job) and topology.num_nodes == 1:
+        raise ValueError(
+            "whatif nics / second_job: this plan runs on one server, whose collectives never "
+            "cross a NIC"
+        )
     for nic in whatif.nics:
         if topology.graph.nodes[topology.gpus[nic.rank]].get("nic") is None:
             raise ValueError(f"whatif nic of rank {nic.rank}: that GPU has no NIC")
@@ -111,14 +116,13 @@ def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
         }
         for nic in nics:
             _scale_nic(graph, nic, 1.0 - job.share)
+    failed = {_nic(topology, n.rank) for n in whatif.nics if n.fraction == 0}
     for entry in whatif.nics:
-        nic = _nic(topology, entry.rank)
         if entry.fraction > 0:
-            _scale_nic(graph, nic, entry.fraction)
-            continue
-        for rank in range(topology.num_gpus):  # down: its GPUs move to the next GPU's NIC
-            if graph.nodes[topology.gpus[rank]].get("nic") == nic:
-                graph.nodes[topology.gpus[rank]]["nic"] = _peer_nic(topology, rank, nic)
+            _scale_nic(graph, _nic(topology, entry.rank), entry.fraction)
+    for rank in range(topology.num_gpus):  # down: its GPUs move to the next GPU's live NIC
+        if _nic(topology, rank) in failed:
+            graph.nodes[topology.gpus[rank]]["nic"] = _peer_nic(topology, rank, failed)
     degraded = Topology(
         graph,
         name=f"{topology.name} (what-if)",
@@ -131,17 +135,17 @@ def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
     return degraded
 
 
-def _peer_nic(topology: Topology, rank: int, failed: str) -> str:
-    """The NIC of the next GPU of ``rank``'s server whose NIC is not ``failed``."""
+def _peer_nic(topology: Topology, rank: int, failed: set[str]) -> str:
+    """The NIC of the next GPU of ``rank``'s server whose NIC has not ``failed``."""
     per_node = topology.gpus_per_node
     first = topology.node_index(rank) * per_node
     local = topology.local_index(rank)
     for step in range(1, per_node):
         peer = first + (local + step) % per_node
         nic = topology.graph.nodes[topology.gpus[peer]].get("nic")
-        if nic is not None and nic != failed:
+        if nic is not None and nic not in failed:
             return str(nic)
-    raise ValueError(f"whatif nic of rank {rank} down: its server has no other NIC")
+    raise ValueError(f"whatif nic of rank {rank} down: its server has no working NIC left")
 
 
 def signatures(whatif: WhatIf, topology: Topology, degraded: Topology) -> dict[int, Hashable]:

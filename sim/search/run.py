@@ -107,10 +107,14 @@ def run_calls(
     out: list[Any] = [None] * len(calls)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(f, *args): i for i, (f, args) in enumerate(calls)}
-        for future in as_completed(futures):
-            out[futures[future]] = result = future.result()
-            if on_done is not None:
-                on_done(result)
+        try:
+            for future in as_completed(futures):
+                out[futures[future]] = result = future.result()
+                if on_done is not None:
+                    on_done(result)
+        except BaseException:  # the first failure ends the run: the rest are not started
+            pool.shutdown(cancel_futures=True)
+            raise
     return out
 
 
@@ -144,7 +148,13 @@ def _ray_calls(
     pending = list(tasks)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
-        result = ray.get(done[0])
+        try:
+            result = ray.get(done[0])
+        except ray.exceptions.RayTaskError as error:  # the task's own error, not Ray's wrapper
+            for ref in pending:
+                ray.cancel(ref)
+            cause = error.cause if isinstance(error.cause, Exception) else error
+            raise cause from None
         out[tasks[done[0]]] = result
         if on_done is not None:
             on_done(result)

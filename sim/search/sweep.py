@@ -18,12 +18,13 @@ from schedules.whatif import parse_flags
 from sim.replay.simulate import simulate_plan
 
 
-def simulate_scenario(plan: Plan, flags: Sequence[str]) -> dict[str, Any]:
-    """One row of a sweep: the plan with ``flags`` applied, simulated (analytical, folded)."""
+def simulate_scenario(plan: Plan, flags: Sequence[str], label: str = "") -> dict[str, Any]:
+    """One row of a sweep: the plan with ``flags`` applied, simulated (analytical, folded);
+    ``label`` names the plan in the row (default: its name)."""
     scenario = dataclasses.replace(plan, whatif=parse_flags(flags, plan.whatif))
     result = simulate_plan(scenario)
     return {
-        "plan": plan.name,
+        "plan": label or plan.name,
         "scenario": "; ".join(flags) or "as planned",
         "step_time_s": result.step_time_s,
         "tokens_per_s": result.tokens_per_s,

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import did_you_mean, load_json, read_input
+from fileio.strict import did_you_mean, load_json, read_input, shorten
 from refdata import COLLECTIVES_DIR
 from sim.network.calibration import Calibration
 from sim.network.compare import SIZE_BANDS, Point, compare_records, size_band
-from sim.network.fitting import TopologyFactory, fit_groups, make_samples
+from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory, fit_groups, make_samples
 from topologies.presets import FABRIC_PRESETS, NODE_PRESETS, build_cluster
 from topologies.topology import Topology
 from vocab.collectives import canonical_op
@@ -105,8 +105,9 @@ class Cluster:
                 # The logs' extra blocks (another op appended, a 1-rank run) are skipped or
                 # relabelled by the reader, which says so; the shipped files are curated.
                 warnings.simplefilter("ignore")
-                world = entry.nodes * entry.gpus_per_node if entry.nodes else None
-                records = read_results(entry.path, op=entry.op, world=world)
+                # Only the op the file is listed for: a block of another op appended to a log
+                # (the reader relabels it) is another file's data.
+                records = [r for r in _read(entry) if r.op == entry.op]
             for record in records:
                 nodes = entry.nodes or record.num_nodes
                 if nodes > 1 and self.fabric is None:
@@ -125,6 +126,29 @@ class Cluster:
         return found
 
 
+def _read(entry: MeasuredFile) -> list[Record]:
+    """The file's records: read as it is (its Rank lines, nranks or bus factor give the ranks),
+    else with the ranks cluster.json gives (a pasted table); ValueError when neither reads, or
+    when the file has no row of the listed op."""
+    try:
+        records = read_results(entry.path, op=entry.op)
+    except ValueError:
+        records = []
+    if not [r for r in records if r.op == entry.op] and entry.nodes:
+        try:
+            records = read_results(entry.path, op=entry.op, world=entry.nodes * entry.gpus_per_node)
+        except ValueError:
+            records = []
+    if not [r for r in records if r.op == entry.op]:
+        found = ", ".join(sorted({r.op for r in records})) or "none read"
+        raise ValueError(
+            f"{entry.path}: no {entry.op} rows for {entry.nodes or 'the'} node(s) x "
+            f"{entry.gpus_per_node} GPUs (ops found: {found}); check op, nodes and gpus_per_node "
+            "in cluster.json"
+        )
+    return records
+
+
 def load_clusters(root: Path = COLLECTIVES_DIR) -> list[Cluster]:
     """Every ``<root>/*/cluster.json``, checked (presets, keys, files present), by name."""
     clusters = [_cluster(path) for path in sorted(root.glob("*/cluster.json"))]
@@ -134,25 +158,43 @@ def load_clusters(root: Path = COLLECTIVES_DIR) -> list[Cluster]:
 
 
 def _cluster(path: Path) -> Cluster:
-    doc = load_json(read_input(path, what="cluster description"), name=str(path))
     where = str(path)
-    if not isinstance(doc, dict) or (extra := set(doc) - _CLUSTER_KEYS):
-        raise ValueError(f"{where}: unknown key(s) {sorted(extra) if doc else doc!r}")
+    try:
+        doc = load_json(read_input(path, what="cluster description"), name=where)
+    except ValueError as error:
+        message = str(error)
+        raise ValueError(message if where in message else f"{where}: {message}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(
+            f"{where}: must be a JSON object with keys {', '.join(sorted(_CLUSTER_KEYS))}"
+        )
+    if extra := set(doc) - _CLUSTER_KEYS:
+        raise ValueError(f"{where}: unknown key(s) {sorted(extra)}")
     server, fabric = doc.get("server"), doc.get("fabric")
     if server not in NODE_PRESETS:
         raise ValueError(f"{where}: server {server!r}{did_you_mean(str(server), NODE_PRESETS)}")
     if fabric is not None and fabric not in FABRIC_PRESETS:
         raise ValueError(f"{where}: fabric {fabric!r}{did_you_mean(str(fabric), FABRIC_PRESETS)}")
+    entries = doc.get("files")
+    if not isinstance(entries, list):
+        raise ValueError(f"{where}: files must be a list of mappings, got {shorten(entries)}")
     files = []
-    for index, entry in enumerate(doc.get("files") or []):
+    for index, entry in enumerate(entries):
         at = f"{where}: files[{index}]"
-        if not isinstance(entry, dict) or (extra := set(entry) - _FILE_KEYS):
-            raise ValueError(f"{at}: unknown key(s) {sorted(extra) if entry else entry!r}")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{at} must be a mapping with keys {', '.join(sorted(_FILE_KEYS))}")
+        if extra := set(entry) - _FILE_KEYS:
+            raise ValueError(f"{at}: unknown key(s) {sorted(extra)}")
         nodes, per_node = entry.get("nodes"), entry.get("gpus_per_node")
-        if nodes is not None and (not isinstance(nodes, int) or nodes < 1):
+        if nodes is not None and (not _count(nodes)):
             raise ValueError(f"{at}: nodes must be an integer >= 1 (or absent), got {nodes!r}")
-        if not isinstance(per_node, int) or per_node < 1:
+        if not isinstance(per_node, int) or not _count(per_node):
             raise ValueError(f"{at}: gpus_per_node must be an integer >= 1, got {per_node!r}")
+        algo = str(entry.get("algo", "auto")).lower()
+        if algo != "auto" and algo not in NCCL_ALGO_NAMES:
+            raise ValueError(
+                f"{at}: algo {shorten(algo)}; valid: auto, {', '.join(sorted(NCCL_ALGO_NAMES))}"
+            )
         if nodes is not None and nodes > 1 and fabric is None:
             raise ValueError(f"{at}: {nodes} nodes but the cluster has no fabric")
         file_path = (path.parent / str(entry.get("file"))).resolve()
@@ -163,8 +205,7 @@ def _cluster(path: Path) -> Cluster:
         files.append(
             MeasuredFile(
                 path=file_path, op=canonical_op(str(entry.get("op"))), nodes=nodes,
-                gpus_per_node=per_node, algo=str(entry.get("algo", "auto")).lower(),
-                source=str(entry["source"]),
+                gpus_per_node=per_node, algo=algo, source=str(entry["source"]),
             )
         )  # fmt: skip
     if not files:
@@ -176,6 +217,10 @@ def _cluster(path: Path) -> Cluster:
         fabric=fabric,
         files=tuple(files),
     )
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def transport(cluster: Cluster) -> str | None:

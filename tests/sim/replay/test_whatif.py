@@ -110,6 +110,30 @@ def test_folding_by_classes_gives_the_step_of_every_rank_simulated(flag: str) ->
     assert folded.step_time_s == pytest.approx(every.step_time_s, rel=1e-9)
 
 
+def test_each_rank_is_compared_with_its_own_pipeline_stage() -> None:
+    """With pipeline stages the plain step's ranks differ: a what-if that changes nothing
+    (a NIC at its full rate) must report every rank unchanged, stage by stage."""
+    plan = _with(_plan(4, tp=2, pp=2, global_batch=64), "nic=9:1.0")
+    compared = compare_whatif(plan, simulate_plan(plan))
+    assert compared["delta_s"] == 0.0
+    for row in compared["changes_by_rank"].values():
+        assert row["compute_s"] == row["optimizer_s"] == row["bubble_s"] == 0.0
+        assert all(w == 0.0 for w in row["waits_s"].values())
+    slow = _with(_plan(4, tp=2, pp=2, global_batch=64), "slow_gpu=5:0.2")
+    rows = compare_whatif(slow, simulate_plan(slow))["changes_by_rank"]
+    assert rows["5"]["compute_s"] > 0  # its own kernels, against its own stage's rank
+
+
+def test_two_failed_nics_of_a_server_give_one_step_in_either_order() -> None:
+    plan = _plan(4, tp=2, pp=2, global_batch=64)
+    one = simulate_plan(_with(plan, "nic=2:down", "nic=1:down")).step_time_s
+    other = simulate_plan(_with(plan, "nic=1:down", "nic=2:down")).step_time_s
+    assert one == pytest.approx(other, rel=1e-12)
+    every = [f"nic={r}:down" for r in range(8, 16)]
+    with pytest.raises(ValueError, match="no working NIC left"):
+        simulate_plan(_with(plan, *every))
+
+
 def test_the_comparison_says_who_waited_for_whom() -> None:
     plan = _with(_plan(4, tp=8, pp=1, global_batch=128), "slow_gpu=3:0.5")
     result = simulate_plan(plan)
@@ -183,12 +207,28 @@ def test_a_bad_whatif_names_the_key_and_value(raw, message) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flag", "message"),
+    ("flag", "message", "nodes"),
     [
-        ("slow_gpu=5000:0.2", "whatif rank 5000: the cluster has ranks 0..31"),
-        ("slow_node=9:0.2", "whatif server 9: the cluster has servers 0..3"),
+        ("slow_gpu=5000:0.2", "whatif rank 5000: the cluster has ranks 0..31", 4),
+        ("slow_node=9:0.2", "whatif server 9: the cluster has servers 0..3", 4),
+        ("nic=3:down", "this plan runs on one server", 1),
+        ("second_job=0:0.5", "this plan runs on one server", 1),
     ],
 )
-def test_a_whatif_outside_the_cluster_is_refused(flag: str, message: str) -> None:
+def test_a_whatif_outside_the_cluster_is_refused(flag: str, message: str, nodes: int) -> None:
     with pytest.raises(ValueError, match=message):
-        simulate_plan(_with(_plan(4, tp=8, pp=1, global_batch=128), flag))
+        simulate_plan(_with(_plan(nodes, tp=8, pp=1, global_batch=128), flag))
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("second_job=5-2:0.3", "servers '5-2': give FIRST-LAST with FIRST <= LAST"),
+        ("second_job=0-99999999999:0.3", "at most 65,536 servers"),
+        ("moe_imbalance=abc", "must be a number >= 1 (1: balanced), got 'abc'"),
+        ("slow_gpu=3", "expected slow_gpu=WHO:AMOUNT"),
+    ],
+)
+def test_a_bad_whatif_flag_names_itself(flag: str, message: str) -> None:
+    with pytest.raises(ValueError, match=__import__("re").escape(message)):
+        parse_flags([flag])
