@@ -48,3 +48,18 @@ def test_bench_simulate_plan(benchmark: Any, raw: dict[str, Any]) -> None:
     result = benchmark.pedantic(simulate_plan, args=(plan,), rounds=1, iterations=1)
     assert result.num_simulated_ranks == raw["parallel"]["pp"]
     assert result.step_time_s > 0
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["slow_gpu=77:0.2", "nic=77:down", "second_job=0-63:0.3"],
+    ids=["straggler", "nic-down", "second-job-half"],
+)
+def test_bench_whatif_on_1024_gpus(benchmark: Any, flag: str) -> None:
+    """A what-if on the 1,024-GPU plan: the classes it folds to, not every rank."""
+    from schedules.whatif import parse_flags
+
+    plan = load_plan({**GPT3_175B, "whatif": parse_flags([flag]).to_dict()})
+    result = benchmark.pedantic(simulate_plan, args=(plan,), rounds=1, iterations=1)
+    assert result.num_simulated_ranks < 64
+    assert result.step_time_s > 0
