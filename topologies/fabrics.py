@@ -178,15 +178,17 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         rail_optimized=False,
         transport="ofi",
         plugin_latency_s=75e-6,
-        step_latency_s=20e-6,
+        step_latency_s=75e-6,
         simple_extra_latency_s=3e-6,
         tuner="aws-ofi-p5",
-        source="AWS EFA on p5 through aws-ofi-nccl (aws/aws-ofi-nccl 2daf7d3): plugin latency "
-        "75 us (src/platform-aws.cpp, p5/p5e), per-message network latency 20 us + 3 us "
-        "completion overhead for Simple (p5 net_lat, src/tuner/nccl_ofi_model.cpp; "
-        "TUNER_NET_COMP_OVERHEAD, include/nccl_ofi_param.h), no CollNet ('No CollNet on AWS "
-        "today'), region tuner on > 2 nodes. AWS does not publish switch radix or wiring: a "
-        "non-blocking fat tree of radix-64 switches is assumed",
+        source="AWS EFA on p5 through aws-ofi-nccl (aws/aws-ofi-nccl 2daf7d3): the internode "
+        "latency the plugin reports for p5/p5e, 75 us (src/platform-aws.cpp, 'Internode "
+        "latency set at'), is each inter-node step's latency, + 3 us completion overhead for "
+        "Simple (TUNER_NET_COMP_OVERHEAD, include/nccl_ofi_param.h); the plugin's own region "
+        "tuner models 20 us (net_lat, src/tuner/nccl_ofi_model.cpp), which the public p5 tables "
+        "at 2-32 nodes contradict (commsim validate --collectives: 29.3% with it, 18.0% with "
+        "75 us); no CollNet ('No CollNet on AWS today'), region tuner on > 2 nodes. AWS does not "
+        "publish switch radix or wiring: a non-blocking fat tree of radix-64 switches is assumed",
     ),
     "efa-p4d": FabricSpec(
         name="efa-p4d",
@@ -195,10 +197,12 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         rail_optimized=False,
         transport="ofi",
         plugin_latency_s=75e-6,
+        step_latency_s=75e-6,
         protocols=("simple",),
         source="AWS EFA on p4d/p4de through aws-ofi-nccl (aws/aws-ofi-nccl 2daf7d3, "
-        "src/platform-aws.cpp: p4d.24xlarge and p4de.24xlarge latency 75 us, send-recv "
-        "protocol, no tuner model: NCCL's own tuner and NET latencies); the plugin sets "
+        "src/platform-aws.cpp: p4d.24xlarge and p4de.24xlarge latency 75 us, each inter-node "
+        "step's latency as on p5; send-recv protocol, no tuner model: NCCL's own tuner); the "
+        "plugin sets "
         "NCCL_PROTO=simple where EFA's send-recv cannot deliver 128-byte lines in order "
         "(aws/aws-ofi-nccl#76: 'EFA doesn't support LL and LL128'; PR #850), as on p4d; no "
         "CollNet. AWS does "

@@ -106,9 +106,9 @@ def test_presets():
     }  # fmt: skip
     assert FABRIC_PRESETS["ib-ndr"].radix == 64
     assert [name for name, spec in FABRIC_PRESETS.items() if spec.sharp] == ["ib-ndr-sharp"]
-    efa = FABRIC_PRESETS["efa-p5"]  # aws-ofi-nccl: 75 us plugin latency, 20 (+3) us per message
+    efa = FABRIC_PRESETS["efa-p5"]  # aws-ofi-nccl: 75 us plugin latency, 75 (+3) us per message
     assert (efa.plugin_latency_s, efa.step_latency_s, efa.simple_extra_latency_s) == (
-        75e-6, 20e-6, 3e-6,
+        75e-6, 75e-6, 3e-6,
     )  # fmt: skip
     assert (efa.transport, efa.tuner) == ("ofi", "aws-ofi-p5")
     assert FABRIC_PRESETS["gcp-a3-mega"].transport == "tcpx"
