@@ -88,10 +88,13 @@ def fabric_lines() -> list[str]:
     ]
     for name, spec in FABRIC_PRESETS.items():
         link = LINKS[spec.link]
-        features = [f for f, on in (("rail-optimized", spec.rail_optimized),
-                                     ("SHARP", spec.sharp)) if on]  # fmt: skip
+        flags = (
+            ("rail-optimized", spec.rail_optimized), ("SHARP", spec.sharp),
+            ("Simple only", spec.protocols == ("simple",)),
+        )  # fmt: skip
+        features = [f for f, on in flags if on]
         lines.append(
-            f"  {name:<14} {spec.link:<12} {link.nominal_bandwidth_bytes_per_s / GBPS:>6.0f} "
+            f"  {name:<14} {spec.link:<12} {link.nominal_bandwidth_bytes_per_s / GBPS:>6.3g} "
             f"{spec.radix:>5} {spec.transport:<9} {', '.join(features) or '-'}"
         )
     lines.append("  (GB/s: nominal, per direction per port)")
