@@ -166,3 +166,28 @@ def test_a_preset_says_what_it_was_checked_against_or_that_it_was_not() -> None:
     assert all(c["busbw_mape_pct"] >= 0 for c in checks["fabric_checks"])
     unchecked = preset_checks("localhost", None)
     assert unchecked == {"node": [], "fabric_checks": []}
+
+
+def test_commsim_validate_collectives_prints_each_cluster_and_writes_json(tmp_path, capsys) -> None:
+    from sim.cli.main import main
+
+    busbw = _model_busbw(1, None)
+    _cluster(tmp_path, "a", [("all_reduce", 1, 8, s, b) for s, b in zip(SIZES, busbw, strict=True)])
+    out = tmp_path / "out.json"
+    assert main(["validate", "--collectives", str(tmp_path), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "commsim validate --collectives: 1 clusters" in text
+    assert text.count("\n  a ") == 1 and "0.0% +0" in text
+    document = json.loads(out.read_text())
+    assert document["schema"] == "commsim-collective-validation/1"
+    assert {p["mode"] for p in document["points"]} == set(MODES)
+
+
+def test_commsim_topo_says_unvalidated_where_no_public_table_is_shipped(capsys) -> None:
+    from sim.cli.main import main
+
+    assert main(["topo", "nd-h100-v5", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "fabric azure-ndr: unvalidated (no public measurement shipped)" in out
+    assert main(["topo", "p5-h100", "--nodes", "2"]) == 0
+    assert "fabric efa-p5: " in capsys.readouterr().out
