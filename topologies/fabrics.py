@@ -74,8 +74,11 @@ class FabricSpec:
     tuner: str = "nccl"
     """Who picks NCCL's algorithm and protocol: ``nccl`` or a tuner plugin (``aws-ofi-p5``)."""
     protocols: tuple[str, ...] = ()
-    """The protocols NCCL may use across this fabric when its net plugin restricts them
-    (``NCCL_PROTO``); empty: all."""
+    """The protocols NCCL may use across this fabric when its net plugin or its cloud's guide
+    restricts them (``NCCL_PROTO``); empty: all."""
+    algorithms: tuple[str, ...] = ()
+    """The algorithms NCCL may use across this fabric when its cloud's guide restricts them
+    (``NCCL_ALGO``; ring, tree, nvls, nvlstree, collnet_direct, collnet_chain); empty: all."""
     source: str = ""
     """Where the figures come from."""
 
@@ -106,12 +109,23 @@ class FabricSpec:
                 "(empty: all)"
             )
         object.__setattr__(self, "protocols", tuple(protocols))  # YAML gives a list
+        algorithms = self.algorithms
+        if not isinstance(algorithms, list | tuple) or any(
+            a not in NCCL_ALGORITHM_NAMES for a in algorithms
+        ):
+            raise ValueError(
+                f"fabric.algorithms={shorten(algorithms)}; a list of "
+                f"{', '.join(NCCL_ALGORITHM_NAMES)} (empty: all)"
+            )
+        object.__setattr__(self, "algorithms", tuple(algorithms))
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+NCCL_ALGORITHM_NAMES = ("ring", "tree", "nvls", "nvlstree", "collnet_direct", "collnet_chain")
+"""NCCL's algorithms, as ``FabricSpec.algorithms`` names them."""
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
 """NCCL's protocols, as ``FabricSpec.protocols`` names them."""
 TRANSPORTS = ("ib", "ofi", "tcpx")
@@ -215,11 +229,15 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         radix=64,
         rail_optimized=False,
         transport="tcpx",
+        protocols=("simple",),
+        algorithms=("ring",),
         source="GCP A3 High GPUDirect-TCPX: 4 x 200 Gbps GPU NICs per VM (1,000 Gbps with the "
         "host NIC; cloud.google.com/compute/docs/gpus/gpu-network-bandwidth); the TCPX plugin "
-        "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc). Google "
-        "does not publish switch radix or wiring: a non-blocking fat tree of radix-64 switches "
-        "is assumed",
+        "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc); Google's "
+        "GPUDirect-TCPX NCCL environment sets NCCL_ALGO=Ring and NCCL_PROTO=Simple "
+        "(cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx-autopilot"
+        "#environment-variables-nccl). Google does not publish switch radix or wiring: a "
+        "non-blocking fat tree of radix-64 switches is assumed",
     ),
     "gcp-a3-mega": FabricSpec(
         name="gcp-a3-mega",

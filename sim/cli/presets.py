@@ -91,6 +91,7 @@ def fabric_lines() -> list[str]:
         flags = (
             ("rail-optimized", spec.rail_optimized), ("SHARP", spec.sharp),
             ("Simple only", spec.protocols == ("simple",)),
+            (f"{'/'.join(spec.algorithms)} only", bool(spec.algorithms)),
         )  # fmt: skip
         features = [f for f, on in flags if on]
         lines.append(

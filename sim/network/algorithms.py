@@ -157,7 +157,7 @@ def _network_fields(topology: Topology, multi_node: bool) -> dict[str, Any]:
             sharp=fabric.sharp, plugin_latency_s=fabric.plugin_latency_s,
             net_step_latency_s=fabric.step_latency_s,
             net_simple_extra_s=fabric.simple_extra_latency_s, tuner=fabric.tuner,
-            simple_only=fabric.protocols == ("simple",),
+            net_protocols=fabric.protocols, net_algorithms=fabric.algorithms,
         )  # fmt: skip
     return fields
 
@@ -189,6 +189,8 @@ def choose(
         usable = [algo]
     else:
         usable = [a for a in available_algorithms(op, layout) if a in AUTO_ALGORITHMS]
+        if layout.net_algorithms and layout.num_nodes > 1:  # NCCL_ALGO across the fabric
+            usable = [a for a in usable if a in layout.net_algorithms or a not in NCCL_ALGORITHMS]
         if layout.backend == "gloo" or op not in MODELLED_OPS:
             if not usable:
                 raise ValueError(f"no algorithm can run {op} on this group")

@@ -79,8 +79,10 @@ class Hardware:
     """The fabric's own per-message latency (time model only; None: NCCL's NET hwLat)."""
     net_simple_extra_us: float = 0.0
     """Extra per-message latency of Simple on this fabric (time model only)."""
-    simple_only: bool = False
-    """``NCCL_PROTO=simple`` (a net plugin that cannot deliver LL / LL128 lines in order)."""
+    protocols: tuple[str, ...] = ()
+    """``NCCL_PROTO`` across the fabric (empty: every protocol)."""
+    algorithms: tuple[str, ...] = ()
+    """``NCCL_ALGO`` across the fabric (empty: every algorithm)."""
 
 
 def _speeds(arch: str, inter: bool) -> tuple[float, ...]:

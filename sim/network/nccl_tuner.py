@@ -194,7 +194,9 @@ def _enabled(op: str, algo: str, proto: str, hw: Hardware) -> bool:
         or (algo == "nvls" and op != "all_reduce" and hw.ranks_per_node > T.MAX_NVLS_ARITY)
     )
     # LL128 by default on Hopper+ up to PXN, else PXB, and only with NVLink inside the node.
-    if hw.simple_only and proto != "simple":
+    if (hw.protocols and proto not in hw.protocols) or (
+        hw.algorithms and algo not in hw.algorithms
+    ):
         return False
     return not disabled and not (proto == "ll128" and hw.intra_hw != "nvlink")
 

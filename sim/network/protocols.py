@@ -148,11 +148,11 @@ def protocols_for(op: str, algo: str, hw: Hardware) -> tuple[Protocol, ...]:
     PXN between GPU and NIC, NVB inside the node); ``hierarchical`` and ``direct`` (not in NCCL's
     model) use Ring's constants.
     """
-    names: tuple[str, ...] = (
-        ("simple",) if algo in SIMPLE_ONLY or hw.simple_only else PROTOCOL_NAMES
-    )
+    names: tuple[str, ...] = ("simple",) if algo in SIMPLE_ONLY else PROTOCOL_NAMES
     if hw.intra_hw != "nvlink":
         names = tuple(n for n in names if n != "ll128")
+    if hw.protocols:  # NCCL_PROTO across the fabric
+        names = tuple(n for n in names if n in hw.protocols) or ("simple",)
     return tuple(_protocol(name, op, algo, hw) for name in names)
 
 

@@ -102,8 +102,11 @@ class GroupPlacement:
     """Extra per-message latency of Simple on this fabric (completion handling)."""
     tuner: str = "nccl"
     """Who picks algorithm and protocol: ``nccl`` (its tuning model) or a plugin's tuner."""
-    simple_only: bool = False
-    """The fabric's net plugin sets ``NCCL_PROTO=simple`` (no LL / LL128 across its NICs)."""
+    net_protocols: tuple[str, ...] = ()
+    """Protocols NCCL may use across the fabric (``NCCL_PROTO`` its plugin or its cloud's
+    guide sets); empty: all."""
+    net_algorithms: tuple[str, ...] = ()
+    """Algorithms NCCL may pick across the fabric (``NCCL_ALGO``); empty: all."""
 
     def hardware(self) -> Hardware:
         """What NCCL's graph search and tuner see of this group (``sim/network/nccl_graph.py``)."""
@@ -116,7 +119,8 @@ class GroupPlacement:
             cpu_amd=self.cpu_amd, nvls=self.nvls, nvswitch=self.nvswitch or self.nvls,
             sharp=self.sharp, plugin_latency_us=self.plugin_latency_s * 1e6,
             net_step_latency_us=None if step is None else step * 1e6,
-            net_simple_extra_us=self.net_simple_extra_s * 1e6, simple_only=self.simple_only,
+            net_simple_extra_us=self.net_simple_extra_s * 1e6, protocols=self.net_protocols,
+            algorithms=self.net_algorithms,
         )  # fmt: skip
 
 
