@@ -126,3 +126,24 @@ def test_aws_region_tuner_picks_for_the_p5_points():
     assert choose("all_reduce", layout, 1 << 30, "ring") == ("ring", "ll128")
     two = placement_of(build_cluster("p5-h100", 2), range(16))
     assert choose("all_reduce", two, 1 << 30) == pick("all_reduce", two.hardware(), 1 << 30)
+
+
+@pytest.mark.parametrize(
+    ("node", "fabric", "algos", "protos"),
+    [
+        ("a3-high-h100", "gcp-a3-high", {"ring"}, {"simple"}),  # Google's TCPX environment
+        ("p4d-a100", "efa-p4d", None, {"simple"}),  # aws-ofi-nccl on EFA send-recv
+    ],
+)
+def test_a_fabric_that_restricts_nccl_algo_or_proto_is_obeyed(node, fabric, algos, protos) -> None:
+    from sim.network.algorithms import choose, placement_of
+    from topologies.presets import build_cluster
+
+    topology = build_cluster(node, 2, fabric)
+    layout = placement_of(topology, range(16))
+    for size in (1 << 10, 1 << 20, 1 << 26, 1 << 32):
+        algo, proto = choose("all_reduce", layout, size)
+        assert proto in protos, (size, proto)
+        assert algos is None or algo in algos, (size, algo)
+    one = placement_of(build_cluster(node, 1), range(8))  # within a server: NCCL's own choice
+    assert choose("all_reduce", one, 1 << 16)[1] != "simple"
