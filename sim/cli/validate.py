@@ -221,7 +221,10 @@ def run_collectives(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise FileNotFoundError(f"--collectives: folder not found: {folder}")
     targets = check_outputs(
-        {"--json": (args.json, (".json",)), "--plot": (args.plot, (".png", ".svg", ".pdf"))},
+        {
+            "--json": (args.json, (".json",)),
+            "--plot": (args.plot, tuple(f".{f}" for f in IMAGE_FORMATS)),
+        },
         inputs=(folder,),
     )
     clusters = load_clusters(folder)
