@@ -146,6 +146,11 @@ logits (2), their fp32 upcast (4) and the fp32 softmax kept for backward (4) = 1
 torchtitan's ``cross_entropy(pred.float())`` keeps ``pred`` while ``log_softmax`` writes). Eager
 backward is higher: the saved log-softmax output, the dense fp32 gradient from
 ``nll_loss_backward`` and the fp32 output of ``log_softmax_backward`` live together = 12."""
+COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT = 4
+"""The same peak when ``torch.compile`` fuses the loss (``schedules.stacks.loss_compiled``): the
+bf16 logits kept for the backward (2) and their bf16 gradient (2); the fp32 upcast and softmax
+live only in registers of the fused reductions
+(``schedules.kernels.COMPILED_CROSS_ENTROPY_BYTES``)."""
 
 
 def logits_bytes(

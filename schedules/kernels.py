@@ -30,9 +30,9 @@ from schedules.float8 import (
     forward_backend,
     wgrad_dtype,
 )
-from schedules.params import layer_params_per_gpu
-from schedules.plan import Plan
-from schedules.stacks import kernel_stack
+from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
+from schedules.plan import Plan, num_microbatches
+from schedules.stacks import kernel_stack, loss_compiled
 from schedules.transformer_engine import te_cast_bytes, te_recipe
 
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward", "memory")
@@ -49,6 +49,16 @@ CROSS_ENTROPY_FORWARD_PASSES = 4
 loss); approximate, from Megatron's ``vocab_parallel_cross_entropy``."""
 CROSS_ENTROPY_BACKWARD_PASSES = 2
 """fp32 passes over the logits in its backward (softmax minus one-hot, scaled)."""
+COMPILED_CROSS_ENTROPY_BYTES = (4, 4)
+"""Bytes per logit of the compiled cross-entropy, forward and backward: Inductor turns
+``cross_entropy(logits.float())`` into reductions over the bf16 logits that never write the fp32
+copy. Forward: an online-softmax reduction (``triton_red_fused__log_softmax__to_copy_..._
+prepare_softmax_online``) that reads the logits twice, max and sum; backward: one kernel reading
+the logits and writing their bf16 gradient
+(``..._log_softmax_backward_data_..._nll_loss_backward``).
+Measured in the compiled trace of refdata/h100/traces (Llama 1B, 8,192 tokens x 128,256 per
+micro-batch, one H100): 1.61 ms forward and 1.55 ms backward per micro-batch, 4.2 GB each at
+2.6-2.7 TB/s; the eager loss makes 4 + 2 fp32 passes (24 bytes per logit)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +209,35 @@ bf16 (read 4, write 2; autocast caches casts only within one forward), and every
 its bf16 weight gradient to fp32 (read 2, write 4) before accumulating it into ``.grad``."""
 
 
+GRAD_ACCUMULATE_ACCESSES = 3
+"""Weight gradients summed over micro-batches in a torch DDP step: from the second micro-batch
+on, autograd's ``AccumulateGrad`` adds each new gradient into ``.grad`` (read both, write one:
+three accesses of a gradient element, 12 bytes under autocast's fp32 gradients, 6 with
+``bf16_weights``); the first micro-batch's gradient becomes ``.grad`` without a kernel. The one
+``commbench --step`` shape measured at 1 and 4 micro-batches on one H100 (refdata/h100, Llama
+1B, 1.5 B parameters) adds 6.2 ms of elementwise kernels per extra micro-batch beyond the first's
+multiple; 18 GB at the default bandwidth is 6.7 ms."""
+
+
+def accumulated_fraction(plan: Plan) -> float:
+    """Share of a step's micro-batches whose weight gradients are added into ``.grad`` by a
+    separate kernel, (m - 1) / m, in torch DDP (and one-GPU) steps; 0 elsewhere (Megatron's
+    wgrad GEMMs accumulate into ``main_grad``, FSDP and ZeRO into their own shards) and on an
+    unresolved plan."""
+    if not torch_ddp_step(plan) or plan.parallel.dp <= 0:
+        return 0.0
+    micro = num_microbatches(plan)
+    return (micro - 1) / micro if micro > 1 else 0.0
+
+
+def grad_accumulate_kernels(plan: Plan, params: float) -> tuple[Kernel, ...]:
+    """The accumulation of ``params`` weight gradients per micro-batch, averaged over the step
+    (``accumulated_fraction``); none where there is nothing to add."""
+    per_param = GRAD_ACCUMULATE_ACCESSES * grad_bytes_per_element(plan)
+    size = per_param * params * accumulated_fraction(plan)
+    return (memory("grad_accumulate", size),) if size > 0 else ()
+
+
 def elementwise_forward_bytes(plan: Plan) -> float:
     """Bytes the memory-bound kernels of one layer's forward move on one GPU, per its stack."""
     model, parallel = plan.model, plan.parallel
@@ -221,12 +260,40 @@ def elementwise_forward_bytes(plan: Plan) -> float:
 def weight_cast_bytes(plan: Plan, layer_params: float) -> float:
     """Autocast's weight casts per micro-batch of one layer (0 where weights are kept in bf16:
     Megatron, DeepSpeed and FSDP, whose mixed precision casts the shard before gathering)."""
-    if (
-        kernel_stack(plan) == "megatron"
-        or not data_parallel_kind(plan.parallel).autocast_weight_casts
-    ):
+    return WEIGHT_CAST_BYTES_PER_PARAM * layer_params if autocast_weights(plan) else 0.0
+
+
+def autocast_weights(plan: Plan) -> bool:
+    """Whether the step runs under ``torch.autocast`` over fp32 weights: a torch DDP (or
+    one-GPU) step whose ``training.mixed_precision`` is not ``bf16_weights``."""
+    return torch_ddp_step(plan) and plan.training.mixed_precision != "bf16_weights"
+
+
+def torch_ddp_step(plan: Plan) -> bool:
+    """Whether the plan's weights live as a torch DDP (or one-GPU) loop keeps them, under
+    ``training.mixed_precision`` (not Megatron, FSDP or ZeRO, which keep their own)."""
+    return (
+        kernel_stack(plan) != "megatron" and data_parallel_kind(plan.parallel).autocast_weight_casts
+    )
+
+
+def grad_bytes_per_element(plan: Plan) -> int:
+    """Bytes of one weight-gradient element of a torch DDP step: fp32 under autocast, bf16 with
+    ``bf16_weights``."""
+    return 2 if plan.training.mixed_precision == "bf16_weights" else 4
+
+
+MASTER_COPY_BYTES_PER_PARAM = 12
+"""``bf16_weights``: before Adam the bf16 gradients are copied into the fp32 master gradients
+(read 2, write 4) and after it the fp32 master weights into the bf16 weights (read 4, write 2)."""
+
+
+def master_copy_bytes(plan: Plan, optimizer_params: float) -> float:
+    """The optimizer's copies between bf16 weights and fp32 master weights in a step (0 unless
+    a torch DDP step keeps ``bf16_weights``)."""
+    if not torch_ddp_step(plan) or plan.training.mixed_precision != "bf16_weights":
         return 0.0
-    return WEIGHT_CAST_BYTES_PER_PARAM * layer_params
+    return MASTER_COPY_BYTES_PER_PARAM * optimizer_params
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -455,19 +522,32 @@ def layer_kernels(plan: Plan) -> PieceKernels:
             memory("elementwise_backward", 2 * elementwise_bytes),
             *((memory("grad_cast", cast_bytes, "copy"),) if cast_bytes else ()),
         ),
-        backward_weight=gemms_wgrad,
+        backward_weight=(
+            *gemms_wgrad,
+            *grad_accumulate_kernels(plan, layer_params_per_gpu(plan.model, plan.parallel.tp)),
+        ),
         recompute=recompute,
     )
 
 
 def embedding_kernels(plan: Plan) -> PieceKernels:
-    """Word (and learned position) embedding: a row gather forward, a scatter-add backward."""
+    """Word (and learned position) embedding: a row gather forward, a scatter-add backward. In
+    a torch DDP step the backward writes the whole table's gradient (``embedding_dense_backward``
+    zero-fills V h / t rows before adding the tokens' rows) and accumulates it over micro-batches.
+    """
     tokens, h = _tokens(plan), plan.model.hidden_size
     passes = 2 + (3 if plan.model.position_embedding == "learned" else 0)
+    params = embedding_params_per_gpu(plan.model, plan.parallel.tp)
+    fill = grad_bytes_per_element(plan) * params if torch_ddp_step(plan) else 0.0
+    dense = (memory("embedding_grad_fill", fill, "copy"),) if fill else ()
     return PieceKernels(
         forward=(memory("embedding", passes * ACTIVATION_BYTES * tokens * h),),
         backward_input=(),
-        backward_weight=(memory("embedding_backward", 3 * ACTIVATION_BYTES * tokens * h),),
+        backward_weight=(
+            *dense,
+            memory("embedding_backward", 3 * ACTIVATION_BYTES * tokens * h),
+            *grad_accumulate_kernels(plan, params),
+        ),
     )
 
 
@@ -495,17 +575,28 @@ def head_kernels(plan: Plan) -> PieceKernels:
     vocab = head_vocab_per_gpu(plan)
     norm_tokens = tokens / parallel.tp if parallel.sequence_parallel else tokens
     norm_bytes = 2 * 2 * ACTIVATION_BYTES * norm_tokens * h
-    logits_bytes = 4.0 * tokens * vocab
+    forward_bytes, backward_bytes = (
+        COMPILED_CROSS_ENTROPY_BYTES
+        if loss_compiled(plan)
+        else (4.0 * CROSS_ENTROPY_FORWARD_PASSES, 4.0 * CROSS_ENTROPY_BACKWARD_PASSES)
+    )
+    logits = tokens * vocab
+    head_params = h * vocab
+    cast = weight_cast_bytes(plan, head_params) / 2
+    casts = (memory("lm_head_weight_cast", cast, "copy"),) if cast else ()
+    grad_casts = (memory("lm_head_grad_cast", cast, "copy"),) if cast else ()
+    accumulate = () if model.tied_embeddings else grad_accumulate_kernels(plan, head_params)
     return PieceKernels(
         forward=(
+            *casts,
             memory("final_norm", norm_bytes),
             gemm("lm_head", tokens, vocab, h, dtype),
-            memory("cross_entropy", CROSS_ENTROPY_FORWARD_PASSES * logits_bytes, "loss"),
+            memory("cross_entropy", forward_bytes * logits, "loss"),
         ),
         backward_input=(
             memory("final_norm_backward", 2 * norm_bytes),
             gemm("lm_head_dgrad", tokens, h, vocab, dtype),
-            memory("cross_entropy_backward", CROSS_ENTROPY_BACKWARD_PASSES * logits_bytes, "loss"),
+            memory("cross_entropy_backward", backward_bytes * logits, "loss"),
         ),
-        backward_weight=(gemm("lm_head_wgrad", h, vocab, tokens, dtype),),
+        backward_weight=(gemm("lm_head_wgrad", h, vocab, tokens, dtype), *grad_casts, *accumulate),
     )

@@ -38,6 +38,7 @@ import dataclasses
 
 from schedules.activations import (
     ACTIVATION_BYTES,
+    COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT,
     LOGITS_BYTES_PER_ELEMENT,
     head_activation_bytes,
     layer_activation_bytes,
@@ -59,6 +60,7 @@ from schedules.params import (
 )
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import Plan, num_microbatches
+from schedules.stacks import loss_compiled
 from schedules.stages import chunk_layers, recomputed_fraction
 
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -253,7 +255,9 @@ def stage_memory_bytes(
             plan.training.micro_batch_size,
             tp=parallel.tp,
             cp=parallel.cp,
-            per_element=LOGITS_BYTES_PER_ELEMENT[kernel_stack(plan)],
+            per_element=COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT
+            if loss_compiled(plan)
+            else LOGITS_BYTES_PER_ELEMENT[kernel_stack(plan)],
         )
         if is_last
         else 0.0,

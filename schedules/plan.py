@@ -50,12 +50,14 @@ TE_FP8_RECIPES = ("delayed", "current")
 ``Float8CurrentScaling``; ``schedules.transformer_engine``)."""
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
 MOE_DISPATCHERS = ("alltoall", "allgather")
+"""Megatron-Core's token dispatchers (``moe_token_dispatcher_type``)."""
 CP_ROTATE_METHODS = ("allgather", "alltoall")
 """How torch's context parallel passes K and V around (``context_parallel_rotate_method``)."""
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 """Where ``offload_optimizer`` / ``offload_param`` put their state (DeepSpeed's
 ``OffloadDeviceEnum``); the rest of the offload checks are ``schedules.offload.check_offload``."""
-"""Megatron-Core's token dispatchers (``moe_token_dispatcher_type``)."""
+MIXED_PRECISIONS = ("autocast", "bf16_weights")
+"""How a torch DDP (or one-GPU) step keeps its weights: ``training.mixed_precision``."""
 
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
@@ -500,6 +502,18 @@ class TrainingConfig:
     """Transformer Engine's FP8 recipe on the megatron stack: ``delayed`` (``DelayedScaling``) or
     ``current`` (``Float8CurrentScaling``); unset means ``delayed`` for FP8 megatron plans
     (``schedules.transformer_engine``). Needs ``precision: fp8``."""
+    mixed_precision: str | None = None
+    """How a torch DDP (or one-GPU) step keeps its weights for 16-bit training: ``autocast``
+    (fp32 weights and gradients; ``torch.autocast`` casts every weight to bf16 in each forward
+    and each weight gradient back: nanoGPT, the Hugging Face Trainer, ``commbench --step``) or
+    ``bf16_weights`` (bf16 weights and gradients; the optimizer keeps fp32 master weights, copies
+    the gradients in and the updated weights back). Unset: ``autocast``. Megatron, FSDP and ZeRO
+    have their own mixed precision (``parallel.data_parallel``)."""
+    compile_loss: bool | None = None
+    """Whether ``torch.compile`` also compiles the cross-entropy (Inductor fuses the fp32 upcast,
+    the log-softmax and its backward into reductions over the bf16 logits): unset means yes on
+    the ``compile`` stack (torchtitan's ``compile.components`` default, a model whose forward
+    returns the loss); false for a loop that compiles the model only. ``compile`` stack only."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "training", ("micro_batch_size", "global_batch_size"))
@@ -508,6 +522,12 @@ class TrainingConfig:
             _check_choice("training.stack", self.stack, STACKS)
         _check_choice("training.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         self._check_float8()
+        if self.mixed_precision is not None:
+            _check_choice("training.mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
+        if self.compile_loss is not None and self.stack != "compile":
+            raise ValueError(
+                f"training.compile_loss needs training.stack=compile, got stack={self.stack}"
+            )
 
     def _check_float8(self) -> None:
         recipe = self.float8_recipe
@@ -613,6 +633,7 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         "training.attention_backend": ATTENTION_BACKENDS,
         "training.float8_recipe": FLOAT8_RECIPES,
         "training.te_fp8_recipe": TE_FP8_RECIPES,
+        "training.mixed_precision": MIXED_PRECISIONS,
     }
     got = f"got {shorten(value)} ({type(value).__name__})"
     nullable = " or null" if type(None) in options else ""

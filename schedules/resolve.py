@@ -18,6 +18,7 @@ from schedules.data_parallel.registry import (
     kinds_where,
 )
 from schedules.float8 import check_float8
+from schedules.kernels import kernel_stack, torch_ddp_step
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import ModelConfig, ParallelConfig, Plan
 from schedules.stages import check_stage_split
@@ -176,6 +177,17 @@ def check_knobs(parallel: ParallelConfig, dp: int) -> None:
     check_offload(parallel)
 
 
+def check_mixed_precision(plan: Plan) -> None:
+    """``training.mixed_precision`` describes a torch DDP (or one-GPU) loop's weights only."""
+    choice = plan.training.mixed_precision
+    if choice is not None and not torch_ddp_step(plan):
+        raise ValueError(
+            f"training.mixed_precision={choice} describes a torch DDP loop's weights; "
+            f"data_parallel {plan.parallel.data_parallel} on stack {kernel_stack(plan)} keeps "
+            "its own"
+        )
+
+
 def resolve_plan(plan: Plan, world_size: int) -> Plan:
     """The plan with ``dp`` filled in, after checking every constraint against ``world_size``."""
     if world_size <= 0:
@@ -196,4 +208,5 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_experts(plan.model, parallel, dp)
     check_context_parallel(plan)
     check_float8(plan)
+    check_mixed_precision(plan)
     return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

@@ -79,3 +79,9 @@ def stack_warning(plan: Plan) -> str | None:
             "runs Megatron (fused kernels, Transformer Engine), or eager to silence this"
         )
     return None
+
+
+def loss_compiled(plan: Plan) -> bool:
+    """Whether ``torch.compile`` fuses the plan's cross-entropy: on the ``compile`` stack unless
+    ``training.compile_loss`` is false."""
+    return kernel_stack(plan) == "compile" and plan.training.compile_loss is not False

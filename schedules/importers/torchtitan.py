@@ -80,6 +80,8 @@ def from_torchtitan_toml(path: Path, *, world_size: int | None = None) -> Import
         parallel["recompute"] = recompute
     training = _titan_training(training_t, parallel_t, model_t, parallel["pp"], dp, notes)
     training["stack"] = "compile" if compiled else "eager"
+    if compiled and "loss" not in compile_t.get("components", list, ["model", "loss"]):
+        training["compile_loss"] = False  # [compile] components without "loss"
     if training.get("precision") == "fp8":
         sharded = parallel_t.get("data_parallel_shard_degree", int, -1) != 1
         training.update(_titan_float8(fields, model_t, sharded, notes))

@@ -29,6 +29,7 @@ GEMM with row-wise float8 scales (``schedules.float8``) runs at ``ROWWISE_SCALED
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ from schedules.kernels import (
     Kernel,
     PieceKernels,
     attention,
+    autocast_weights,
     element_bytes,
     embedding_kernels,
     gemm,
@@ -98,13 +100,46 @@ DEFAULT_HOST_S_PER_LAUNCH = 27.6e-6
 the most host-bound step measured on one H100 (``commbench --step``, an 8-layer h1024 model, 4
 micro-batches, 60% of the GPU idle; refdata/h100, a gVisor sandbox, so above bare metal);
 the same model compiled: 29.8 us per kernel (47.9 ms, 1,609 kernels)."""
-LAUNCHES_PER_KERNEL = {"eager": 2.61, "compile": 2.25, "megatron": 2.61}
+LAUNCHES_PER_KERNEL = {
+    "eager": 5.91,
+    "compile": 2.68,
+    "eager/bf16_weights": 3.21,
+    "compile/bf16_weights": 2.98,
+    "megatron": 2.61,
+}
 """Kernels a training loop launches per kernel of the modelled inventory (``schedules.kernels``
-lists the work, not every launch: casts, views made contiguous, fills, optimizer chunks), per
-stack. Counted in torch.profiler traces of a plain-PyTorch Llama-style loop on one H100
-(refdata/h100/traces, 4 micro-batches): eager 1,568 kernels for 612 modelled (h1024,
-8 layers) and 3,162 for 1,188 (h2048, 16 layers), 2.56 and 2.66; compiled 2,674 for 1,188,
-2.25. Megatron (Transformer Engine's fused kernels) is taken as eager: not measured."""
+lists the work, not every launch: casts, views made contiguous, fills, bias and rotary pieces),
+per loop (``launch_loop``): the stack, and how the loop keeps its weights. Counted on one H100
+against the inventory of this version, the fused optimizer's launches left out
+(``OPTIMIZER_ELEMENTS_PER_LAUNCH``):
+
+- ``eager`` / ``compile`` (autocast over fp32 weights; ``commbench --step``'s reference model):
+  each ``commbench --step`` profile's kernels over the modelled ones (refdata/h100): seven eager
+  files 5.33-6.52 (mean 5.91) and two compiled ones, 2.41 and 2.96 (mean 2.68);
+- ``/bf16_weights`` (bf16 weights with fp32 master weights, and FSDP or ZeRO, whose compute
+  weights are bf16 too): the torch.profiler traces of a separate plain-PyTorch loop
+  (refdata/h100/traces): eager 2.98 (h1024, 8 layers) and 3.44 (h2048, 16 layers), compiled 2.98;
+- ``megatron`` (Transformer Engine's fused kernels): not measured; the plain loop's first eager
+  count, against an earlier inventory.
+
+The spread within one loop (about +-10%) is the error a launch-bound step takes from this
+default; ``commbench --step`` or a trace of the user's loop replaces it with its own count."""
+OPTIMIZER_ELEMENTS_PER_LAUNCH = 65536 * 320
+"""Parameters one launch of the fused (or foreach) Adam kernel updates: PyTorch's
+``multi_tensor_apply`` cuts the tensor lists into chunks of ``kChunkSize`` = 65,536 elements
+and launches once ``depth_to_max_blocks`` = 320 chunks are queued (``MultiTensorApply.cuh``; one
+launch sooner past 36 tensors of four lists, which large layers never reach). The traces of
+refdata/h100/traces count 72 and 10 ``FusedOptimizerTensorListMetadata`` launches for 1.50 B and
+0.20 B parameters, as the ratio gives (71.5, 9.5). They hide behind their own kernels (0.2 ms
+of GPU time each against tens of microseconds of host time), so they are not charged to the
+host; they are left out of the per-kernel launch count (``LAUNCHES_PER_KERNEL``)."""
+
+
+def optimizer_launches(params: float) -> int:
+    """Fused Adam launches for ``params`` local parameters (``OPTIMIZER_ELEMENTS_PER_LAUNCH``)."""
+    return math.ceil(params / OPTIMIZER_ELEMENTS_PER_LAUNCH) if params > 0 else 0
+
+
 GEMM_ALIGNED_BYTES = 16
 """Tensor-core GEMM kernels load operands in 16-byte vectors: every dimension should be a
 multiple of 16 bytes (8 bf16 elements; NVIDIA, Matrix Multiplication Background User's Guide,
@@ -132,6 +167,16 @@ and gets only the padding."""
 ADAM_BYTES_PER_PARAM = 26.0
 """Fused Adam traffic per parameter besides the gradient: read and write fp32 master, m, v
 (24 bytes) and write the bf16 copy (2 bytes)."""
+
+
+def launch_loop(plan: Plan) -> str:
+    """Which ``LAUNCHES_PER_KERNEL`` entry a plan's loop takes: its stack, with
+    ``/bf16_weights`` on the PyTorch stacks where the compute weights are bf16 (torch DDP with
+    ``training.mixed_precision: bf16_weights``; FSDP and ZeRO)."""
+    stack = kernel_stack(plan)
+    if stack == "megatron" or autocast_weights(plan):
+        return stack
+    return f"{stack}/bf16_weights"
 
 
 def default_efficiency(gpu: GPUSpec, kind: str, dtype: str) -> float:
@@ -276,17 +321,18 @@ class ComputeModel:
         value = self.calibration.host_s_per_launch
         return DEFAULT_HOST_S_PER_LAUNCH if value is None else float(value)
 
-    def launches_per_kernel(self, stack: str) -> float:
-        """Launches per modelled kernel: calibrated, or the ``stack``'s default."""
+    def launches_per_kernel(self, loop: str) -> float:
+        """Launches per modelled kernel: calibrated, or the ``loop``'s default
+        (``launch_loop``)."""
         value = self.calibration.launches_per_kernel
         return (
-            LAUNCHES_PER_KERNEL.get(stack, LAUNCHES_PER_KERNEL["eager"]) if value is None else value
+            LAUNCHES_PER_KERNEL.get(loop, LAUNCHES_PER_KERNEL["eager"]) if value is None else value
         )
 
-    def launch_s(self, kernels: Iterable[Kernel], stack: str) -> float:
-        """Host time to launch ``kernels`` as the ``stack`` runs them."""
+    def launch_s(self, kernels: Iterable[Kernel], loop: str) -> float:
+        """Host time to launch ``kernels`` as the ``loop`` (``launch_loop``) runs them."""
         count = sum(1 for _ in kernels)
-        return count * self.launches_per_kernel(stack) * self.host_s_per_launch
+        return count * self.launches_per_kernel(loop) * self.host_s_per_launch
 
     @property
     def in_step_slowdown(self) -> float:
@@ -354,35 +400,35 @@ class ComputeModel:
         )
         return self.kernel_time_s(kernel)
 
-    def piece_times(self, kernels: PieceKernels, stack: str = "eager") -> LayerTimes:
+    def piece_times(self, kernels: PieceKernels, loop: str = "eager") -> LayerTimes:
         """Each phase of one piece of the model, priced, with the host time to launch it as
-        the ``stack`` runs it."""
+        the ``loop`` (``launch_loop``) runs it."""
         return LayerTimes(
             forward_s=self.price(kernels.forward),
             backward_input_s=self.price(kernels.backward_input),
             backward_weight_s=self.price(kernels.backward_weight),
             recompute_s=self.price(kernels.recompute),
-            forward_launch_s=self.launch_s(kernels.forward, stack),
-            backward_input_launch_s=self.launch_s(kernels.backward_input, stack),
-            backward_weight_launch_s=self.launch_s(kernels.backward_weight, stack),
-            recompute_launch_s=self.launch_s(kernels.recompute, stack),
+            forward_launch_s=self.launch_s(kernels.forward, loop),
+            backward_input_launch_s=self.launch_s(kernels.backward_input, loop),
+            backward_weight_launch_s=self.launch_s(kernels.backward_weight, loop),
+            recompute_launch_s=self.launch_s(kernels.recompute, loop),
         )
 
     def layer_times(self, plan: Plan) -> LayerTimes:
         """One transformer layer on one GPU for one micro-batch, sharded as the plan says."""
-        return self.piece_times(layer_kernels(plan), kernel_stack(plan))
+        return self.piece_times(layer_kernels(plan), launch_loop(plan))
 
     def moe_layer_times(self, plan: Plan) -> LayerTimes:
         """One MoE layer on the busiest GPU for one micro-batch (``schedules.moe_kernels``)."""
-        return self.piece_times(moe_layer_kernels(plan), kernel_stack(plan))
+        return self.piece_times(moe_layer_kernels(plan), launch_loop(plan))
 
     def embedding_times(self, plan: Plan) -> LayerTimes:
         """Input embedding of the first stage (memory-bound lookup, scatter-add backward)."""
-        return self.piece_times(embedding_kernels(plan), kernel_stack(plan))
+        return self.piece_times(embedding_kernels(plan), launch_loop(plan))
 
     def head_times(self, plan: Plan) -> LayerTimes:
         """Final norm, LM head GEMM and vocab-parallel cross-entropy of the last stage."""
-        return self.piece_times(head_kernels(plan), kernel_stack(plan))
+        return self.piece_times(head_kernels(plan), launch_loop(plan))
 
     def optimizer_step_s(self, num_params: float, *, grad_bytes_per_param: float = 2.0) -> float:
         """Fused Adam over ``num_params`` local parameters: memory-bound, 26 + grad bytes each

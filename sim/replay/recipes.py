@@ -30,7 +30,12 @@ from schedules.arithmetic import (
 from schedules.context_parallel import RingStep, RingWork, ring_attention, runs_torch_ring
 from schedules.data_parallel.registry import data_parallel_kind
 from schedules.float8 import scale_precompute_bytes
-from schedules.kernels import kernel_stack, ring_work_kernels, weight_gemm_shapes
+from schedules.kernels import (
+    kernel_stack,
+    master_copy_bytes,
+    ring_work_kernels,
+    weight_gemm_shapes,
+)
 from schedules.moe import dispatch_bytes, expert_tokens, is_moe
 from schedules.plan import Plan
 from schedules.stages import recomputed_layers
@@ -380,7 +385,8 @@ def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -
     """Adam over the parameters one GPU of ``stage`` updates (``StageDescription``), then the
     float8 scale precompute where weights are all-gathered in float8 (``schedules.float8``), and
     Transformer Engine's FP8 weight casts: made on a step's first micro-batch and reused, they
-    are charged here once per step (``schedules.transformer_engine``)."""
+    are charged here once per step (``schedules.transformer_engine``); with ``bf16_weights`` the
+    copies to and from the fp32 master weights (``schedules.kernels.master_copy_bytes``)."""
     desc = step.stages[stage]
     adam_s = compute.optimizer_step_s(
         desc.optimizer_params, grad_bytes_per_param=step.kind.grad_bytes_per_param
@@ -393,6 +399,7 @@ def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -
         optimizer_params=desc.optimizer_params,
     )
     weight_casts = weight_cast_bytes_per_step(step.plan, num_layers)
+    weight_casts += master_copy_bytes(step.plan, desc.optimizer_params)
     extra_s = compute.memory_time_s(precompute) if precompute else 0.0
     if weight_casts:
         extra_s += compute.memory_time_s(weight_casts, "copy")

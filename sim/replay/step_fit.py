@@ -31,10 +31,11 @@ from schedules.kernels import (
     embedding_kernels,
     head_kernels,
     layer_kernels,
+    master_copy_bytes,
 )
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
-from sim.compute.compute_model import ComputeModel, default_efficiency
+from sim.compute.compute_model import ComputeModel, default_efficiency, optimizer_launches
 from topologies.hardware import GPUSpec
 from vocab.compute_calibration import STEP_SCHEMA, TIME_SCALE_RANGE, ComputeCalibration
 
@@ -71,6 +72,10 @@ def modelled_classes_s(plan: Any, compute: ComputeModel, microbatches: int) -> d
     params = stage_params_per_gpu(plan, 0)
     grad = data_parallel_kind(plan.parallel).grad_bytes_per_param
     classes["optimizer"] += compute.optimizer_step_s(params, grad_bytes_per_param=grad)
+    # bf16_weights: the copies to and from the fp32 master weights are copy kernels in a profile
+    master_s = compute.memory_time_s(master_copy_bytes(plan, params), "copy")
+    classes["memory"] += master_s
+    classes["memory_copy"] += master_s
     return classes
 
 
@@ -229,7 +234,8 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
     num_kernels = profile.get("num_kernels")
     launches = None
     if isinstance(num_kernels, int) and not isinstance(num_kernels, bool) and num_kernels > 0:
-        launches = num_kernels / modelled_launch_count(plan, microbatches)
+        fused = optimizer_launches(stage_params_per_gpu(plan, 0))
+        launches = max(num_kernels - fused, 1) / modelled_launch_count(plan, microbatches)
     fitted = ComputeCalibration(
         gpu=gpu.name,
         device=str(measurement.get("device", "")),

@@ -272,6 +272,25 @@ def parse_stack(case: dict[str, Any]) -> str:
     return "compile" if "torch.compile" in str(parallel).lower() else "eager"
 
 
+TORCHTITAN_UNCOMPILED_LOSS = ("2024-12-18", "2025-04-02")
+"""Dates of the torchtitan commits between which ``training.compile`` compiled the model but not
+the loss: e8977b0 (2024-12-18, "turning off compile on loss function": "compiling loss function
+causes CUDA errors") and bbb1b61 (2025-04-02, ``build_cross_entropy_loss`` compiles it again)."""
+
+
+def parse_compile_loss(case: dict[str, Any]) -> bool | None:
+    """``False`` for a compiled torchtitan run at a commit that left the loss uncompiled (the
+    date in the source's ``versions``, ``TORCHTITAN_UNCOMPILED_LOSS``), else None (the stack's
+    default)."""
+    source = case.get("source") or {}
+    versions = str(source.get("versions", "")) if isinstance(source, dict) else ""
+    found = re.search(r"torchtitan [0-9a-f]+ \((\d{4}-\d{2}-\d{2})\)", versions)
+    if found is None:
+        return None
+    start, end = TORCHTITAN_UNCOMPILED_LOSS
+    return False if start <= found.group(1) < end else None
+
+
 def parse_attention_backend(text: Any) -> str:
     """``flash2`` where the case says FlashAttention-2 ran, else ``cudnn`` (the plan default)."""
     t = str(text or "").lower().replace(" ", "").replace("-", "")
@@ -459,6 +478,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
         assumptions.append(f"recompute: {parallel['recompute']}")
     training["flash_attention"] = source_key(str(case["id"])) not in _PRE_FLASH_ATTENTION
     training["stack"] = parse_stack(case)
+    if training["stack"] == "compile" and parse_compile_loss(case) is not None:
+        training["compile_loss"] = parse_compile_loss(case)
     if training["precision"] == "fp8":
         parse = parse_te_fp8 if training["stack"] == "megatron" else parse_float8
         training.update(parse(parallel.get("precision")))

@@ -875,3 +875,13 @@ context_parallel_rotate_method = "alltoall"
     default = toml.replace('context_parallel_rotate_method = "alltoall"\n', "")
     parallel = from_torchtitan_toml(_write(tmp_path, "d.toml", default)).sections["parallel"]
     assert parallel["cp_rotate_method"] == "allgather"
+
+
+def test_torchtitan_compile_components_without_the_loss(tmp_path: Path) -> None:
+    """``[compile] components = ["model"]`` compiles the layers and leaves the loss eager."""
+    toml = LLAMA3_70B_TOML.replace("enable = true", 'enable = true\ncomponents = ["model"]')
+    imported = from_torchtitan_toml(_write(tmp_path, "70b.toml", toml))
+    assert imported.sections["training"]["stack"] == "compile"
+    assert imported.sections["training"]["compile_loss"] is False
+    default = from_torchtitan_toml(_write(tmp_path, "default.toml", LLAMA3_70B_TOML))
+    assert "compile_loss" not in default.sections["training"]  # the stack's default: compiled

@@ -36,7 +36,9 @@ def _step(plan: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> float:
 def test_a_fitted_calibration_reproduces_the_measured_step(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    plan = _write_plan(tmp_path, TINY_PLAN)
+    # wide enough that the GPU, not the host's launches, sets the step (the scale is then unique)
+    wide = {**TINY_PLAN["model"], "hidden_size": 4096, "num_heads": 32, "ffn_hidden_size": 16384}
+    plan = _write_plan(tmp_path, {**TINY_PLAN, "model": {**wide, "seq_len": 2048}})
     slower = tmp_path / "slower.json"
     save_compute_calibration(ComputeCalibration(time_scale=1.3), slower)
     measured = _step(plan, capsys, "--compute-calibration", str(slower))

@@ -7,7 +7,7 @@ import pytest
 from schedules.arithmetic import stage_params_per_gpu
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
-from sim.compute.compute_model import ComputeModel, default_efficiency
+from sim.compute.compute_model import ComputeModel, default_efficiency, optimizer_launches
 from sim.replay.simulate import simulate_plan
 from sim.replay.step_fit import (
     calibration_from_step,
@@ -85,7 +85,10 @@ def test_a_launch_bound_step_fits_the_host_time_per_launch() -> None:
     gpu_only = _measurement(1, 1, 1, 0.0)
     busy = gpu_only["timings_s"]["step"]
     assert busy > 0
-    measurement = _measurement(1, 1, 1, busy * 2.0, num_kernels=5 * kernels)  # idle 2/3
+    # 5 launches per modelled kernel, plus fused Adam's launches (one per 320 x 65536 params)
+    fused = optimizer_launches(stage_params_per_gpu(plan, 0))
+    assert fused == -(-stage_params_per_gpu(plan, 0) // (320 * 65536))
+    measurement = _measurement(1, 1, 1, busy * 2.0, num_kernels=5 * kernels + fused)  # idle 2/3
     calibration = calibration_from_step(measurement, H100)
     assert calibration.launches_per_kernel == pytest.approx(5.0)
     host = calibration.host_s_per_launch

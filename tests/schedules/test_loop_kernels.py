@@ -1,0 +1,146 @@
+"""What a plain PyTorch loop adds around the layers: autocast's or the master weights' copies,
+gradient accumulation over micro-batches, the dense embedding gradient, the compiled loss, and
+the launches of the fused optimizer."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from schedules.activations import COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT
+from schedules.arithmetic import stage_params_per_gpu
+from schedules.kernels import (
+    accumulated_fraction,
+    embedding_kernels,
+    head_kernels,
+    layer_kernels,
+    master_copy_bytes,
+    weight_cast_bytes,
+)
+from schedules.memory import memory_per_gpu
+from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
+from schedules.plan import load_plan
+from schedules.resolve import resolve_plan
+from sim.cli.main import main
+from sim.compute.compute_model import launch_loop, optimizer_launches
+from sim.validation.cases import parse_compile_loss
+
+MODEL = {"name": "m", "num_layers": 4, "hidden_size": 1024, "num_heads": 16,
+         "ffn_hidden_size": 4096, "vocab_size": 32000, "seq_len": 1024}  # fmt: skip
+
+
+def _plan(micro: int = 4, parallel: dict[str, Any] | None = None, **training: Any) -> Any:
+    raw = {
+        "model": MODEL,
+        "cluster": {"node": {"base": "dgx-h100", "num_gpus": 1}, "num_nodes": 1},
+        "parallel": parallel or {},
+        "training": {"micro_batch_size": 2, "global_batch_size": 2 * micro, **training},
+    }
+    return resolve_plan(load_plan(raw), 1)
+
+
+def _named(kernels: Any, name: str) -> float:
+    return sum(k.bytes for k in kernels if k.name == name)
+
+
+def test_autocast_accumulates_fp32_gradients_after_the_first_micro_batch() -> None:
+    plan = _plan(micro=4)
+    assert accumulated_fraction(plan) == pytest.approx(3 / 4)
+    params = layer_params_per_gpu(plan.model, 1)
+    backward = layer_kernels(plan).backward_weight
+    # read .grad and the new gradient, write .grad: 3 x 4 bytes, on 3 of 4 micro-batches
+    assert _named(backward, "grad_accumulate") == pytest.approx(12 * params * 3 / 4)
+    assert _named(layer_kernels(_plan(micro=1)).backward_weight, "grad_accumulate") == 0.0
+
+
+def test_bf16_weights_drop_autocast_casts_and_copy_to_the_master_weights() -> None:
+    autocast, bf16 = _plan(), _plan(mixed_precision="bf16_weights")
+    params = layer_params_per_gpu(autocast.model, 1)
+    assert weight_cast_bytes(autocast, params) == 12 * params
+    assert weight_cast_bytes(bf16, params) == 0.0
+    assert _named(layer_kernels(bf16).backward_weight, "grad_accumulate") == pytest.approx(
+        6 * params * 3 / 4  # bf16 gradients: 3 x 2 bytes
+    )
+    total = stage_params_per_gpu(bf16, 0)
+    assert master_copy_bytes(bf16, total) == 12 * total  # 2 + 4 in, 4 + 2 back
+    assert master_copy_bytes(autocast, total) == 0.0
+    assert launch_loop(autocast) == "eager" and launch_loop(bf16) == "eager/bf16_weights"
+
+
+def test_the_dense_embedding_gradient_is_written_every_micro_batch() -> None:
+    plan = _plan()
+    table = embedding_params_per_gpu(plan.model, 1)
+    kernels = embedding_kernels(plan).backward_weight
+    assert _named(kernels, "embedding_grad_fill") == 4 * table  # fp32 under autocast
+    bf16 = embedding_kernels(_plan(mixed_precision="bf16_weights")).backward_weight
+    assert _named(bf16, "embedding_grad_fill") == 2 * table
+
+
+def test_the_lm_head_weight_is_cast_by_autocast() -> None:
+    plan = _plan()
+    head = head_kernels(plan)
+    vocab_h = MODEL["vocab_size"] * MODEL["hidden_size"]
+    assert _named(head.forward, "lm_head_weight_cast") == 6 * vocab_h  # read 4, write 2
+    assert _named(head.backward_weight, "lm_head_grad_cast") == 6 * vocab_h
+    assert _named(head.backward_weight, "grad_accumulate") == pytest.approx(12 * vocab_h * 3 / 4)
+
+
+def test_mixed_precision_belongs_to_torch_ddp_loops() -> None:
+    with pytest.raises(ValueError, match="mixed_precision=bf16_weights describes a torch DDP"):
+        _plan(parallel={"data_parallel": "fsdp"}, mixed_precision="bf16_weights")
+    with pytest.raises(
+        ValueError, match="mixed_precision='fp32' is not one of autocast, bf16_weights"
+    ):
+        _plan(mixed_precision="fp32")
+
+
+def test_a_compiled_loss_reads_the_bf16_logits_and_keeps_no_fp32_copy() -> None:
+    eager = _plan(stack="compile", compile_loss=False)
+    fused = _plan(stack="compile")
+    logits = 2 * MODEL["seq_len"] * MODEL["vocab_size"]
+    assert _named(head_kernels(eager).forward, "cross_entropy") == 16 * logits  # 4 fp32 passes
+    assert _named(head_kernels(fused).forward, "cross_entropy") == 4 * logits
+    assert _named(head_kernels(fused).backward_input, "cross_entropy_backward") == 4 * logits
+    eager_mem = memory_per_gpu(eager, hbm_bytes=80e9)["logits"]
+    fused_mem = memory_per_gpu(fused, hbm_bytes=80e9)["logits"]
+    assert fused_mem == COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT * logits == 4 * logits
+    assert eager_mem == 10 * logits
+    with pytest.raises(ValueError, match=r"compile_loss needs training\.stack=compile"):
+        _plan(stack="eager", compile_loss=True)
+
+
+def test_fused_adam_launches_once_per_320_chunks_of_65536() -> None:
+    assert optimizer_launches(0) == 0
+    assert optimizer_launches(320 * 65536) == 1
+    assert optimizer_launches(320 * 65536 + 1) == 2
+    assert optimizer_launches(1.498e9) == math.ceil(1.498e9 / 20971520) == 72  # traced: 72
+
+
+@pytest.mark.parametrize(
+    ("versions", "expected"),
+    [
+        ("torch 1963fc8 (2024-12-23), torchtitan 9dec370 (2024-12-26)", False),
+        ("torch 38410cf9 (2025-06-14), torchtitan 820504e", None),  # no date: the default
+        ("torchtitan e7c0cae (2025-06-13)", None),
+        ("torchtitan abc1234 (2024-11-30)", None),
+    ],
+)
+def test_torchtitan_left_the_loss_uncompiled_between_two_commits(
+    versions: str, expected: bool | None
+) -> None:
+    assert parse_compile_loss({"source": {"versions": versions}}) is expected
+
+
+def test_the_cli_refuses_compile_loss_off_the_compile_stack(tmp_path: Any, capsys: Any) -> None:
+    import yaml
+
+    path = tmp_path / "plan.yaml"
+    training = {"micro_batch_size": 1, "global_batch_size": 8, "compile_loss": True}
+    raw = {"model": MODEL, "cluster": {"node": "dgx-h100", "num_nodes": 1}, "training": training}
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "training.compile_loss needs training.stack=compile, got stack=None" in err
+    assert "Traceback" not in err
