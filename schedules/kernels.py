@@ -567,6 +567,48 @@ def head_vocab_per_gpu(plan: Plan) -> float:
     return vocab / tp
 
 
+TORCH_CROSS_ENTROPY_BYTES = (
+    (("logits_upcast", 6, "copy"), ("cross_entropy", 16, "loss")),
+    (
+        ("cross_entropy_grad_fill", 4, "copy"),
+        ("cross_entropy_backward", 16, "loss"),
+        ("logits_grad_cast", 6, "copy"),
+    ),
+)
+"""Bytes per logit of the PyTorch loss ``cross_entropy(logits.float(), labels)`` run eagerly
+(torchtitan, nanoGPT-style loops, ``commbench --step``), per kernel, forward then backward, with
+the profile class each falls in: the fp32 upcast (read 2, write 4); ``log_softmax`` over a row
+wider than 1,024 (``cunn_SoftMaxForward``: a max pass, a sum-of-exponentials pass and the output
+pass read the row three times and write it once, 16); ``nll_loss_backward`` zero-fills the
+dense fp32 gradient (4); ``log_softmax_backward`` (a sum pass over the gradient, then gradient
+and output read and the result written, 16); the cast back to the bf16 logits' gradient (read
+4, write 2). 48 in all where Megatron's vocab-parallel loss makes 24. On the H100 files of
+refdata/h100 the loss class (log-softmax and NLL kernels) takes 0.81-0.94 of the 32 bytes' time
+at the default bandwidth."""
+
+
+def cross_entropy_kernels(
+    plan: Plan, logits: float
+) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """(forward, backward) kernels of the loss over ``logits`` on one GPU: Megatron's
+    vocab-parallel cross-entropy, Inductor's fused one (``loss_compiled``) or PyTorch's eager one
+    (``TORCH_CROSS_ENTROPY_BYTES``)."""
+    if loss_compiled(plan):
+        fused_forward, fused_backward = COMPILED_CROSS_ENTROPY_BYTES
+        return (memory("cross_entropy", fused_forward * logits, "loss"),), (
+            memory("cross_entropy_backward", fused_backward * logits, "loss"),
+        )
+    if kernel_stack(plan) == "megatron":
+        return (memory("cross_entropy", 4.0 * CROSS_ENTROPY_FORWARD_PASSES * logits, "loss"),), (
+            memory("cross_entropy_backward", 4.0 * CROSS_ENTROPY_BACKWARD_PASSES * logits, "loss"),
+        )
+    forward, backward = (
+        tuple(memory(name, size * logits, kind) for name, size, kind in phase)
+        for phase in TORCH_CROSS_ENTROPY_BYTES
+    )
+    return forward, backward
+
+
 def head_kernels(plan: Plan) -> PieceKernels:
     """Final norm, LM head (T x V/t x h, kept in 16-bit as Megatron does) and cross-entropy."""
     model, parallel = plan.model, plan.parallel
@@ -575,12 +617,8 @@ def head_kernels(plan: Plan) -> PieceKernels:
     vocab = head_vocab_per_gpu(plan)
     norm_tokens = tokens / parallel.tp if parallel.sequence_parallel else tokens
     norm_bytes = 2 * 2 * ACTIVATION_BYTES * norm_tokens * h
-    forward_bytes, backward_bytes = (
-        COMPILED_CROSS_ENTROPY_BYTES
-        if loss_compiled(plan)
-        else (4.0 * CROSS_ENTROPY_FORWARD_PASSES, 4.0 * CROSS_ENTROPY_BACKWARD_PASSES)
-    )
     logits = tokens * vocab
+    loss_forward, loss_backward = cross_entropy_kernels(plan, logits)
     head_params = h * vocab
     cast = weight_cast_bytes(plan, head_params) / 2
     casts = (memory("lm_head_weight_cast", cast, "copy"),) if cast else ()
@@ -591,12 +629,12 @@ def head_kernels(plan: Plan) -> PieceKernels:
             *casts,
             memory("final_norm", norm_bytes),
             gemm("lm_head", tokens, vocab, h, dtype),
-            memory("cross_entropy", forward_bytes * logits, "loss"),
+            *loss_forward,
         ),
         backward_input=(
             memory("final_norm_backward", 2 * norm_bytes),
             gemm("lm_head_dgrad", tokens, h, vocab, dtype),
-            memory("cross_entropy_backward", backward_bytes * logits, "loss"),
+            *loss_backward,
         ),
         backward_weight=(gemm("lm_head_wgrad", h, vocab, tokens, dtype), *grad_casts, *accumulate),
     )

@@ -31,14 +31,17 @@ MODEL = {"name": "m", "num_layers": 4, "hidden_size": 1024, "num_heads": 16,
          "ffn_hidden_size": 4096, "vocab_size": 32000, "seq_len": 1024}  # fmt: skip
 
 
-def _plan(micro: int = 4, parallel: dict[str, Any] | None = None, **training: Any) -> Any:
-    raw = {
+def _raw(micro: int = 4, parallel: dict[str, Any] | None = None, **training: Any) -> Any:
+    return {
         "model": MODEL,
         "cluster": {"node": {"base": "dgx-h100", "num_gpus": 1}, "num_nodes": 1},
         "parallel": parallel or {},
         "training": {"micro_batch_size": 2, "global_batch_size": 2 * micro, **training},
     }
-    return resolve_plan(load_plan(raw), 1)
+
+
+def _plan(micro: int = 4, parallel: dict[str, Any] | None = None, **training: Any) -> Any:
+    return resolve_plan(load_plan(_raw(micro, parallel, **training)), 1)
 
 
 def _named(kernels: Any, name: str) -> float:
@@ -96,12 +99,32 @@ def test_mixed_precision_belongs_to_torch_ddp_loops() -> None:
         _plan(mixed_precision="fp32")
 
 
+def test_the_eager_torch_loss_upcasts_reads_three_times_and_casts_back() -> None:
+    logits = 2 * MODEL["seq_len"] * MODEL["vocab_size"]
+    head = head_kernels(_plan())
+    forward = {k.name: (k.bytes / logits, k.memory_class) for k in head.forward if k.bytes}
+    assert forward["logits_upcast"] == (6, "copy")  # read bf16, write fp32
+    assert forward["cross_entropy"] == (16, "loss")  # max, sum-exp, output: 3 reads + 1 write
+    backward = {k.name: (k.bytes / logits, k.memory_class) for k in head.backward_input}
+    assert backward["cross_entropy_grad_fill"] == (4, "copy")
+    assert backward["cross_entropy_backward"] == (16, "loss")
+    assert backward["logits_grad_cast"] == (6, "copy")
+    loss = ("logits_upcast", "cross_entropy", "cross_entropy_grad_fill",
+            "cross_entropy_backward", "logits_grad_cast")  # fmt: skip
+    assert sum({**forward, **backward}[name][0] for name in loss) == 48
+    megatron_raw = _raw(parallel={"data_parallel": "distributed_optimizer"})
+    megatron = head_kernels(resolve_plan(load_plan(megatron_raw), 1))
+    assert _named(megatron.forward, "cross_entropy") == 16 * logits  # 4 fp32 passes
+
+
 def test_a_compiled_loss_reads_the_bf16_logits_and_keeps_no_fp32_copy() -> None:
     eager = _plan(stack="compile", compile_loss=False)
     fused = _plan(stack="compile")
     logits = 2 * MODEL["seq_len"] * MODEL["vocab_size"]
-    assert _named(head_kernels(eager).forward, "cross_entropy") == 16 * logits  # 4 fp32 passes
+    assert _named(head_kernels(eager).forward, "cross_entropy") == 16 * logits  # torch's eager
+    assert _named(head_kernels(eager).forward, "logits_upcast") == 6 * logits
     assert _named(head_kernels(fused).forward, "cross_entropy") == 4 * logits
+    assert _named(head_kernels(fused).forward, "logits_upcast") == 0
     assert _named(head_kernels(fused).backward_input, "cross_entropy_backward") == 4 * logits
     eager_mem = memory_per_gpu(eager, hbm_bytes=80e9)["logits"]
     fused_mem = memory_per_gpu(fused, hbm_bytes=80e9)["logits"]
