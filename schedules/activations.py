@@ -146,6 +146,14 @@ logits (2), their fp32 upcast (4) and the fp32 softmax kept for backward (4) = 1
 torchtitan's ``cross_entropy(pred.float())`` keeps ``pred`` while ``log_softmax`` writes). Eager
 backward is higher: the saved log-softmax output, the dense fp32 gradient from
 ``nll_loss_backward`` and the fp32 output of ``log_softmax_backward`` live together = 12."""
+LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT = 16
+"""The same peak under torch's ``loss_parallel`` (torchtitan's default with tensor parallelism:
+vocabulary-sharded logits, an uncompiled loss), whose DTensor handlers spell the loss out in
+separate fp32 tensors (``torch/distributed/tensor/parallel/loss.py``). Forward,
+``_log_softmax``: the bf16 logits (2), their fp32 upcast (4), ``shifted = x - max`` (4) and
+``exp(shifted)`` or the result (4) together = 14. Backward, ``_nll_loss_and_log_softmax_backward``
+on the saved fp32 log-probabilities (4): ``grad_input = zeros_like(x)`` (4), ``exp(x)`` (4) and
+``grad_input + exp(x)`` (4) before the product replaces the exponential = 16."""
 COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT = 4
 """The same peak when ``torch.compile`` fuses the loss (``schedules.stacks.loss_compiled``): the
 bf16 logits kept for the backward (2) and their bf16 gradient (2); the fp32 upcast and softmax

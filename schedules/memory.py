@@ -40,6 +40,7 @@ from schedules.activations import (
     ACTIVATION_BYTES,
     COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT,
     LOGITS_BYTES_PER_ELEMENT,
+    LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT,
     head_activation_bytes,
     layer_activation_bytes,
     logits_bytes,
@@ -227,6 +228,19 @@ def fp8_weight_bytes(plan: Plan, stage: int) -> float:
     return layers * FP8_CACHE_BYTES_PER_PARAM
 
 
+def logits_bytes_per_element(plan: Plan) -> float:
+    """Peak bytes per logit of the plan's loss: Inductor's fused loss
+    (``COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT``), torch's ``loss_parallel`` on the PyTorch
+    stacks with tensor parallelism (``LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT``), else the
+    stack's (``LOGITS_BYTES_PER_ELEMENT``)."""
+    stack = kernel_stack(plan)
+    if loss_compiled(plan):
+        return COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT
+    if stack != "megatron" and plan.parallel.tp > 1:
+        return LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT
+    return LOGITS_BYTES_PER_ELEMENT[stack]
+
+
 def stage_memory_bytes(
     plan: Plan, stage: int, *, gpus_per_node: int | None = None
 ) -> dict[str, float]:
@@ -255,9 +269,7 @@ def stage_memory_bytes(
             plan.training.micro_batch_size,
             tp=parallel.tp,
             cp=parallel.cp,
-            per_element=COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT
-            if loss_compiled(plan)
-            else LOGITS_BYTES_PER_ELEMENT[kernel_stack(plan)],
+            per_element=logits_bytes_per_element(plan),
         )
         if is_last
         else 0.0,

@@ -167,3 +167,15 @@ def test_the_cli_refuses_compile_loss_off_the_compile_stack(tmp_path: Any, capsy
     err = capsys.readouterr().err
     assert "training.compile_loss needs training.stack=compile, got stack=None" in err
     assert "Traceback" not in err
+
+
+def test_loss_parallel_holds_its_fp32_intermediates() -> None:
+    """torch's loss_parallel (tensor parallel, uncompiled loss): 16 bytes per local logit at the
+    backward's peak (saved log-probabilities, zeros, exp, their sum: 4 fp32 tensors)."""
+    raw = _raw(parallel={"tp": 2, "data_parallel": "fsdp"}, stack="eager")
+    raw["cluster"] = {"node": {"base": "dgx-h100", "num_gpus": 2}, "num_nodes": 1}
+    plan = resolve_plan(load_plan(raw), 2)
+    local_logits = 2 * MODEL["seq_len"] * MODEL["vocab_size"] / 2
+    assert memory_per_gpu(plan, hbm_bytes=80e9)["logits"] == 16 * local_logits
+    one = resolve_plan(load_plan({**raw, "parallel": {"data_parallel": "fsdp"}}), 2)
+    assert memory_per_gpu(one, hbm_bytes=80e9)["logits"] == 12 * 2 * local_logits  # eager, tp 1
