@@ -203,9 +203,9 @@ class Engine:
         seq = 0
         for index in indices:
             action = actions[index]
-            pending = [self._waiter(state, d) for d in action.deps if not state.finished[d]]
-            if pending:
-                yield pending[0] if len(pending) == 1 else simpy.AllOf(self.env, pending)
+            for dep in action.deps:  # one at a time: the last one sets the start, as AllOf
+                if not state.finished[dep]:
+                    yield self._waiter(state, dep)
             record = state.records[index]
             record.issue_s = self.env.now
             if isinstance(action, Compute):
