@@ -228,15 +228,24 @@ def fp8_weight_bytes(plan: Plan, stage: int) -> float:
     return layers * FP8_CACHE_BYTES_PER_PARAM
 
 
+def vocab_sharded_loss(plan: Plan) -> bool:
+    """Whether each tensor-parallel rank computes the loss on its own slice of the vocabulary
+    (Megatron's vocab-parallel cross-entropy, torch's ``loss_parallel``); without it the logits
+    are gathered whole on every rank first."""
+    return kernel_stack(plan) == "megatron" or plan.training.loss_parallel
+
+
 def logits_bytes_per_element(plan: Plan) -> float:
     """Peak bytes per logit of the plan's loss: Inductor's fused loss
     (``COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT``), torch's ``loss_parallel`` on the PyTorch
-    stacks with tensor parallelism (``LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT``), else the
-    stack's (``LOGITS_BYTES_PER_ELEMENT``)."""
+    stacks with tensor parallelism unless ``training.loss_parallel`` is off
+    (``LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT``), else the stack's (``LOGITS_BYTES_PER_ELEMENT``).
+    Without ``loss_parallel`` every rank holds the whole vocabulary's logits
+    (``vocab_sharded_loss``)."""
     stack = kernel_stack(plan)
     if loss_compiled(plan):
         return COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT
-    if stack != "megatron" and plan.parallel.tp > 1:
+    if stack != "megatron" and plan.parallel.tp > 1 and plan.training.loss_parallel:
         return LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT
     return LOGITS_BYTES_PER_ELEMENT[stack]
 
@@ -267,7 +276,7 @@ def stage_memory_bytes(
         "logits": logits_bytes(
             plan.model,
             plan.training.micro_batch_size,
-            tp=parallel.tp,
+            tp=parallel.tp if vocab_sharded_loss(plan) else 1,
             cp=parallel.cp,
             per_element=logits_bytes_per_element(plan),
         )

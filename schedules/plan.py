@@ -509,6 +509,12 @@ class TrainingConfig:
     ``bf16_weights`` (bf16 weights and gradients; the optimizer keeps fp32 master weights, copies
     the gradients in and the updated weights back). Unset: ``autocast``. Megatron, FSDP and ZeRO
     have their own mixed precision (``parallel.data_parallel``)."""
+    loss_parallel: bool = True
+    """With tensor parallelism on the PyTorch stacks, the loss runs on vocabulary-sharded logits
+    under torch's ``loss_parallel`` (torchtitan's default), whose DTensor handlers hold 16 bytes
+    per local logit (``schedules.activations.LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT``); false
+    (torchtitan's ``disable_loss_parallel``) gathers the whole vocabulary's logits on every rank
+    first (``schedules.memory.vocab_sharded_loss``). The gather's time is not priced."""
     compile_loss: bool | None = None
     """Whether ``torch.compile`` also compiles the cross-entropy (Inductor fuses the fp32 upcast,
     the log-softmax and its backward into reductions over the bf16 logits): unset means yes on

@@ -80,6 +80,8 @@ def from_torchtitan_toml(path: Path, *, world_size: int | None = None) -> Import
         parallel["recompute"] = recompute
     training = _titan_training(training_t, parallel_t, model_t, parallel["pp"], dp, notes)
     training["stack"] = "compile" if compiled else "eager"
+    if parallel_t.get("disable_loss_parallel", bool, False) and parallel.get("tp", 1) > 1:
+        training["loss_parallel"] = False
     if compiled and "loss" not in compile_t.get("components", list, ["model", "loss"]):
         training["compile_loss"] = False  # [compile] components without "loss"
     if training.get("precision") == "fp8":

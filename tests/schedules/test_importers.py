@@ -885,3 +885,14 @@ def test_torchtitan_compile_components_without_the_loss(tmp_path: Path) -> None:
     assert imported.sections["training"]["compile_loss"] is False
     default = from_torchtitan_toml(_write(tmp_path, "default.toml", LLAMA3_70B_TOML))
     assert "compile_loss" not in default.sections["training"]  # the stack's default: compiled
+
+
+def test_torchtitan_disable_loss_parallel(tmp_path: Path) -> None:
+    """``disable_loss_parallel`` with tensor parallelism: the plan's loss is not vocab-sharded."""
+    toml = LLAMA3_70B_TOML.replace(
+        "tensor_parallel_degree = 8", "tensor_parallel_degree = 8\ndisable_loss_parallel = true"
+    )
+    imported = from_torchtitan_toml(_write(tmp_path, "70b.toml", toml))
+    assert imported.sections["training"]["loss_parallel"] is False
+    default = from_torchtitan_toml(_write(tmp_path, "default.toml", LLAMA3_70B_TOML))
+    assert "loss_parallel" not in default.sections["training"]

@@ -179,3 +179,11 @@ def test_loss_parallel_holds_its_fp32_intermediates() -> None:
     assert memory_per_gpu(plan, hbm_bytes=80e9)["logits"] == 16 * local_logits
     one = resolve_plan(load_plan({**raw, "parallel": {"data_parallel": "fsdp"}}), 2)
     assert memory_per_gpu(one, hbm_bytes=80e9)["logits"] == 12 * 2 * local_logits  # eager, tp 1
+
+
+def test_without_loss_parallel_every_rank_holds_the_whole_vocabulary() -> None:
+    raw = _raw(parallel={"tp": 2, "data_parallel": "fsdp"}, stack="eager", loss_parallel=False)
+    raw["cluster"] = {"node": {"base": "dgx-h100", "num_gpus": 2}, "num_nodes": 1}
+    plan = resolve_plan(load_plan(raw), 2)
+    logits = 2 * MODEL["seq_len"] * MODEL["vocab_size"]  # not divided by tp
+    assert memory_per_gpu(plan, hbm_bytes=80e9)["logits"] == 12 * logits  # the eager loss
