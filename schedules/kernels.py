@@ -58,7 +58,7 @@ the logits and writing their bf16 gradient
 (``..._log_softmax_backward_data_..._nll_loss_backward``).
 Measured in the compiled trace of refdata/h100/traces (Llama 1B, 8,192 tokens x 128,256 per
 micro-batch, one H100): 1.61 ms forward and 1.55 ms backward per micro-batch, 4.2 GB each at
-2.6-2.7 TB/s; the eager loss makes 4 + 2 fp32 passes (24 bytes per logit)."""
+2.6-2.7 TB/s; PyTorch's eager loss moves 48 bytes per logit (``TORCH_CROSS_ENTROPY_BYTES``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -582,9 +582,9 @@ wider than 1,024 (``cunn_SoftMaxForward``: a max pass, a sum-of-exponentials pas
 pass read the row three times and write it once, 16); ``nll_loss_backward`` zero-fills the
 dense fp32 gradient (4); ``log_softmax_backward`` (a sum pass over the gradient, then gradient
 and output read and the result written, 16); the cast back to the bf16 logits' gradient (read
-4, write 2). 48 in all where Megatron's vocab-parallel loss makes 24. On the H100 files of
-refdata/h100 the loss class (log-softmax and NLL kernels) takes 0.81-0.94 of the 32 bytes' time
-at the default bandwidth."""
+4, write 2). 48 in all where Megatron's vocab-parallel loss makes 24. On the seven eager H100
+files of refdata/h100 the loss class (log-softmax and NLL kernels) takes 0.89-0.91 of the 32
+bytes' time at the default bandwidth."""
 
 
 def cross_entropy_kernels(
