@@ -161,6 +161,24 @@ _DGX_HOST = (
     "(DGX datasheet / user guide)"
 )
 
+_P4D = NodeSpec(
+    name="p4d-a100",
+    gpu="a100-sxm-40gb",
+    num_gpus=8,
+    intra="nvswitch",
+    nvlink="nvlink3",
+    nvswitch="nvswitch-gen2",
+    pcie="pcie-gen4",
+    nic="efa-p4d",
+    nics_per_node=4,
+    cpu_link="upi",
+    default_fabric="efa-p4d",
+    source="AWS p4d.24xlarge: 8 A100 SXM4 40 GB with NVSwitch (NVLink 3), 4 EFA cards at "
+    "400 Gbps in all (docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), "
+    "2nd Gen Intel Xeon hosts (docs.aws.amazon.com/ec2/latest/instancetypes/ac.html)",
+)
+"""AWS p4d.24xlarge (p4de differs only in its GPUs' memory)."""
+
 NODE_PRESETS: dict[str, NodeSpec] = {
     "dgx-h100": NodeSpec(
         name="dgx-h100",
@@ -259,34 +277,11 @@ NODE_PRESETS: dict[str, NodeSpec] = {
         "(docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html) as 8 ports of "
         "4 x 100 Gb/s, AMD EPYC 7R13 hosts (docs.aws.amazon.com/ec2/latest/instancetypes/ac.html)",
     ),
-    "p4d-a100": NodeSpec(
-        name="p4d-a100",
-        gpu="a100-sxm-40gb",
-        num_gpus=8,
-        intra="nvswitch",
-        nvlink="nvlink3",
-        nvswitch="nvswitch-gen2",
-        pcie="pcie-gen4",
-        nic="efa-p4d",
-        nics_per_node=4,
-        cpu_link="upi",
-        default_fabric="efa-p4d",
-        source="AWS p4d.24xlarge: 8 A100 SXM4 40 GB with NVSwitch (NVLink 3), 4 EFA cards at "
-        "400 Gbps in all (docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), "
-        "2nd Gen Intel Xeon hosts (docs.aws.amazon.com/ec2/latest/instancetypes/ac.html)",
-    ),
-    "p4de-a100": NodeSpec(
+    "p4d-a100": _P4D,
+    "p4de-a100": replace(
+        _P4D,
         name="p4de-a100",
         gpu="a100-sxm-80gb",
-        num_gpus=8,
-        intra="nvswitch",
-        nvlink="nvlink3",
-        nvswitch="nvswitch-gen2",
-        pcie="pcie-gen4",
-        nic="efa-p4d",
-        nics_per_node=4,
-        cpu_link="upi",
-        default_fabric="efa-p4d",
         source="AWS p4de.24xlarge: as p4d.24xlarge with A100 SXM4 80 GB "
         "(docs.aws.amazon.com/ec2/latest/instancetypes/ac.html)",
     ),

@@ -398,9 +398,9 @@ def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -
         params=desc.params,
         optimizer_params=desc.optimizer_params,
     )
-    weight_casts = weight_cast_bytes_per_step(step.plan, num_layers)
-    weight_casts += master_copy_bytes(step.plan, desc.optimizer_params)
+    copies = weight_cast_bytes_per_step(step.plan, num_layers)
+    copies += master_copy_bytes(step.plan, desc.optimizer_params)
     extra_s = compute.memory_time_s(precompute) if precompute else 0.0
-    if weight_casts:
-        extra_s += compute.memory_time_s(weight_casts, "copy")
+    if copies:
+        extra_s += compute.memory_time_s(copies, "copy")
     return adam_s + extra_s

@@ -478,8 +478,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
         assumptions.append(f"recompute: {parallel['recompute']}")
     training["flash_attention"] = source_key(str(case["id"])) not in _PRE_FLASH_ATTENTION
     training["stack"] = parse_stack(case)
-    if training["stack"] == "compile" and parse_compile_loss(case) is not None:
-        training["compile_loss"] = parse_compile_loss(case)
+    if training["stack"] == "compile" and parse_compile_loss(case) is False:
+        training["compile_loss"] = False
     if training["precision"] == "fp8":
         parse = parse_te_fp8 if training["stack"] == "megatron" else parse_float8
         training.update(parse(parallel.get("precision")))
