@@ -137,13 +137,20 @@ def _check_cpu_work(
         )
 
 
-def measured_plan(plan: Plan, *, num_layers: int, microbatches: int) -> dict[str, Any]:
-    """The plan as measured: one device, the slice's layers, the step's batch."""
+def measured_plan(
+    plan: Plan, *, num_layers: int, microbatches: int, compiled: bool
+) -> dict[str, Any]:
+    """The plan as measured: one device, the slice's layers, the step's batch, and the loop that
+    ran: PyTorch's own autocast loop, compiled whole (loss included) or eager, whatever stack and
+    weights the plan names."""
     model = dataclasses.replace(plan.model, num_layers=num_layers)
     training = dataclasses.replace(
         plan.training,
         global_batch_size=plan.training.micro_batch_size * microbatches,
         precision="bf16",
+        stack="compile" if compiled else "eager",
+        compile_loss=None,
+        mixed_precision=None,
     )
     parallel = {"recompute": plan.parallel.recompute}
     as_dict = plan_to_dict(dataclasses.replace(plan, model=model, training=training))
@@ -336,7 +343,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model_layers": plan.model.num_layers,
         "measured_layers": layers,
         "microbatches": args.microbatches,
-        "plan": measured_plan(plan, num_layers=layers, microbatches=args.microbatches),
+        "plan": measured_plan(
+            plan, num_layers=layers, microbatches=args.microbatches, compiled=compiled
+        ),
         "timings_s": timings,
         "steps": steps,
     }

@@ -10,6 +10,10 @@ Each part times real kernels with CUDA events and writes what it saw to one JSON
 - ``fused_adamw``: ``torch.optim.AdamW(fused=True)`` over fp32 parameters shaped like a model's,
   as bytes per second (28 bytes per parameter: read parameter, gradient and two moments, write
   parameter and moments).
+- ``memory_kernels``: the memory-bound kernels of an autocast training step, each at a weight's
+  and an activation's size: the casts autocast runs (fp32 to bf16 and back), the fp32 + bf16
+  residual add, in-place fp32 accumulation, bf16 adds, zero fills, fp32 LayerNorm and bf16
+  RMSNorm forward, bf16 GeLU; bytes per second at the bytes the compute model counts.
 - ``sustained``: one 8192^3 bf16 GEMM back to back for ``--sustained-s`` seconds, rate per second,
   with the SM clock, power and temperature ``nvidia-smi`` reports each second.
 
@@ -132,6 +136,44 @@ def fused_adamw() -> list[dict[str, Any]]:
     return rows
 
 
+def _memory_rows(shape: tuple[int, ...]) -> list[dict[str, Any]]:
+    bf16, fp32 = torch.bfloat16, torch.float32
+    n = 1
+    for dim in shape:
+        n *= dim
+    x32 = torch.randn(shape, device="cuda", dtype=fp32)
+    y32 = torch.randn(shape, device="cuda", dtype=fp32)
+    x16 = torch.randn(shape, device="cuda", dtype=bf16)
+    y16 = torch.randn(shape, device="cuda", dtype=bf16)
+    layer_norm = torch.nn.LayerNorm(shape[-1], device="cuda")
+    rms_norm = torch.nn.RMSNorm(shape[-1], device="cuda", dtype=bf16)
+    cases: list[tuple[str, Callable[[], Any], int]] = [
+        ("cast fp32->bf16", lambda: x32.to(bf16), 6),
+        ("cast bf16->fp32", lambda: x16.to(fp32), 6),
+        ("add fp32+bf16->fp32", lambda: x32 + x16, 10),
+        ("add_ fp32 in place", lambda: x32.add_(y32), 12),
+        ("add bf16", lambda: x16 + y16, 6),
+        ("zero fill fp32", lambda: y32.zero_(), 4),
+        ("layer_norm fp32", lambda: layer_norm(x32), 8),
+        ("rms_norm bf16", lambda: rms_norm(x16), 4),
+        ("gelu bf16", lambda: torch.nn.functional.gelu(x16), 4),
+    ]
+    rows = []
+    for name, fn, per_element in cases:
+        with torch.no_grad():
+            ms = timed_ms(fn)
+        rows.append({"kernel": name, "shape": list(shape), "bytes_per_element": per_element,
+                     "ms": ms, "gb_per_s": per_element * n / ms / 1e6})  # fmt: skip
+    return rows
+
+
+def memory_kernels() -> list[dict[str, Any]]:
+    """Memory-bound kernels of an autocast step at a weight's size (2048 x 8192) and an
+    activation's (4 x 2048 x 2048 and 8 x 2048 x 4096), with the bytes each reads and writes."""
+    return [row for shape in ((2048, 8192), (4, 2048, 2048), (8, 2048, 4096))
+            for row in _memory_rows(shape)]  # fmt: skip
+
+
 def sustained(seconds: float) -> dict[str, Any]:
     """An 8192^3 bf16 GEMM back to back: rate per second, clocks, power and temperature."""
     n = 8192
@@ -157,11 +199,16 @@ def sustained(seconds: float) -> dict[str, Any]:
     return {"tflops_per_second": rates, "nvidia_smi": samples}
 
 
+PARTS = ("gemm_alignment", "attention_head_dim", "fused_adamw", "memory_kernels", "sustained")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True)
     parser.add_argument("--sustained-s", type=float, default=40.0)
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts to run")
     args = parser.parse_args()
+    wanted = args.parts.split(",")
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -171,8 +218,11 @@ def main() -> None:
         ("gemm_alignment", gemm_alignment),
         ("attention_head_dim", attention_head_dim),
         ("fused_adamw", fused_adamw),
+        ("memory_kernels", memory_kernels),
         ("sustained", lambda: sustained(args.sustained_s)),
     ):
+        if name not in wanted:
+            continue
         t0 = time.perf_counter()
         result[name] = part()
         print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)

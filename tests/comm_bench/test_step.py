@@ -192,3 +192,23 @@ def test_the_plan_stack_decides_compilation_unless_a_flag_does() -> None:
     assert wants_compile("compile", None) and not wants_compile("eager", None)
     assert not wants_compile(None, None)
     assert not wants_compile("compile", False) and wants_compile("eager", True)
+
+
+def test_the_measured_plan_names_the_loop_that_ran(tmp_path: Path) -> None:
+    """``--compile`` on an eager plan records ``stack: compile``; ``--no-compile`` on a compiled
+    plan (with its loss kept eager) records ``eager``; a Megatron plan measured here is PyTorch's
+    autocast loop, so its weights setting is dropped too."""
+    from comm_bench.step import measured_plan
+
+    eager = load_plan(_plan(tmp_path))
+    recorded = measured_plan(eager, num_layers=2, microbatches=3, compiled=True)
+    assert recorded["training"]["stack"] == "compile"
+    assert load_plan(recorded).training.global_batch_size == 6
+    compiled = load_plan({**PLAN, "training": {**PLAN["training"], "stack": "compile",
+                                               "compile_loss": False}})  # fmt: skip
+    recorded = measured_plan(compiled, num_layers=2, microbatches=1, compiled=False)
+    assert recorded["training"]["stack"] == "eager"
+    assert load_plan(recorded).training.compile_loss is None
+    bf16 = load_plan({**PLAN, "training": {**PLAN["training"], "mixed_precision": "bf16_weights"}})
+    recorded = measured_plan(bf16, num_layers=2, microbatches=1, compiled=False)
+    assert load_plan(recorded).training.mixed_precision is None
