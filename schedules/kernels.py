@@ -125,6 +125,27 @@ def gemm(name: str, m: float, n: float, k: float, dtype: str = "bf16", backend: 
     )
 
 
+INDUCTOR_GEMM_ALIGNMENT = {"bf16": 8, "fp16": 8, "fp32": 4}
+"""Elements a compiled GEMM's dimensions are padded to a multiple of. Inductor's ``pad_mm`` pass
+(``torch/_inductor/fx_passes/pad_mm.py``, on by default: ``config.shape_padding``) rewrites an
+``mm`` / ``addmm`` / ``bmm`` whose dimension is not a multiple of ``get_alignment_size`` (8 for
+16-bit types, 4 for fp32) to a zero-padded one when its benchmark finds that faster, which on
+Hopper it does for the odd vocabularies (measured: GPT-2's 50257 ran as 50264 in the compiled
+H100 steps of results/h100_heldout, its head GEMMs at the aligned rate)."""
+
+
+def compiled_gemm(plan: Plan, name: str, m: float, n: float, k: float, dtype: str) -> Kernel:
+    """``gemm`` as the plan's stack runs it: on ``compile`` each whole dimension padded to
+    ``INDUCTOR_GEMM_ALIGNMENT`` (a fractional average count is left alone)."""
+    multiple = INDUCTOR_GEMM_ALIGNMENT.get(dtype, 0)
+    if kernel_stack(plan) != "compile" or not multiple:
+        return gemm(name, m, n, k, dtype)
+    m, n, k = (
+        -(-dim // multiple) * multiple if float(dim).is_integer() else dim for dim in (m, n, k)
+    )
+    return gemm(name, m, n, k, dtype)
+
+
 def attention(
     *,
     batch: float,
@@ -191,18 +212,57 @@ def weight_gemm_shapes(plan: Plan) -> tuple[tuple[float, float, float], ...]:
 ELEMENTWISE_BYTES = {
     "megatron": {"rmsnorm": 4, "layernorm": 4, "rotary": 4, "gated": 6, "plain": 4, "residual": 6},
     "compile": {"rmsnorm": 4, "layernorm": 4, "rotary": 4, "gated": 6, "plain": 4, "residual": 6},
-    "eager": {"rmsnorm": 36, "layernorm": 4, "rotary": 20, "gated": 10, "plain": 4, "residual": 6},
+    "eager": {"rmsnorm": 4, "layernorm": 4, "rotary": 20, "gated": 10, "plain": 4, "residual": 6},
 }
 """Bytes moved per element of each memory-bound piece of a layer's forward (bf16 activations).
 
 ``megatron``: fused kernels (Transformer Engine / apex norms, fused rotary, fused bias-SwiGLU):
 read and write once (a gated activation reads 2 and writes 1 element per output). ``compile``:
-Inductor fuses each elementwise chain into one kernel, the same traffic. ``eager``, counted from
-the Hugging Face Llama modules (``LlamaRMSNorm``: ``to(float32)`` 2+4, ``pow`` 4+4, ``mean`` 4,
-``* rsqrt`` 4+4, ``to(input_dtype)`` 4+2, ``weight *`` 2+2 = 36; ``apply_rotary_pos_emb``:
-``q * cos`` 2+2, ``rotate_half`` neg 1+1 and cat 2+2, ``* sin`` 2+2, add 4+2 = 20; SwiGLU
-``act_fn(gate) * up``: silu 2+2, mul 4+2 = 10), whose ``nn.LayerNorm`` is one native kernel.
-Residual adds read two tensors and write one in every stack."""
+Inductor fuses each elementwise chain into one kernel, the same traffic. ``eager``: PyTorch's
+``nn.LayerNorm`` and ``nn.RMSNorm`` are one native kernel each (``_fused_rms_norm`` since torch
+2.8: ``vectorized_layer_norm_kernel`` in the plain loop's trace of refdata/h100/traces, 2.3 TB/s
+at 4 bytes per element; Hugging Face's unfused ``LlamaRMSNorm`` would move 36), and the rest is
+counted from the Hugging Face Llama modules (``apply_rotary_pos_emb``: ``q * cos`` 2+2,
+``rotate_half`` neg 1+1 and cat 2+2, ``* sin`` 2+2, add 4+2 = 20; SwiGLU ``act_fn(gate) * up``:
+silu 2+2, mul 4+2 = 10). Residual adds read two tensors and write one in every stack. Under
+autocast over fp32 weights the residual stream is fp32 (``FP32_RESIDUAL_BYTES``)."""
+UNFUSED_RMSNORM_BYTES = 36
+"""Bytes per element of an RMSNorm run as separate eager kernels (``training.fused_norm``
+false), counted from Hugging Face's ``LlamaRMSNorm`` (torch's composite ``rms_norm`` before its
+fused kernel does the same passes): ``to(float32)`` 2+4, ``pow`` 4+4, ``mean`` 4, ``* rsqrt``
+4+4, ``to(input_dtype)`` 4+2, ``weight *`` 2+2."""
+FP32_RESIDUAL_BYTES = {
+    "eager": {"norm": 8, "residual": 10, "cast": 6},
+    "compile": {"norm": 6, "residual": 6, "cast": 0},
+}
+"""Bytes per element of a norm, a residual add and the cast of the norm's output to bf16 where
+the residual stream is fp32: under ``torch.autocast`` over fp32 weights (``autocast_weights``)
+the embedding's output is fp32 (``embedding`` is not on autocast's cast lists) and stays so, since
+an fp32 stream plus a bf16 branch promotes to fp32 (``aten::add`` with float and bf16 inputs in
+the H100 traces of results/h100_heldout). ``eager``: the norm reads and writes fp32 (8:
+``native_layer_norm`` on float inputs, layer_norm is on autocast's fp32 list), the add reads 4 + 2
+and writes 4 (10), and the next GEMM's autocast casts the norm's output to bf16 (read 4, write 2:
+a copy kernel), whose backward casts the gradient back. ``compile``: Inductor fuses the add, the
+norm and the cast (``triton_red_fused__to_copy_add_native_layer_norm``): read the fp32 stream 4
+and the bf16 branch 2, write the fp32 stream 4 and the bf16 normed 2, 12 per norm and add pair
+where bf16 needs 10."""
+FP32_RESIDUAL_GRAD_CASTS = 2
+"""Casts per norm in the backward where the residual stream is fp32 and the casts are not fused
+(eager): the cast node's backward turns the norm output's bf16 gradient into fp32, and the
+residual add's backward casts the fp32 stream gradient to the bf16 branch's dtype (autograd
+returns each input's gradient in its dtype). The eager H100 trace of results/h100_heldout
+(Llama h1536) shows four fp32-to-bf16 and two bf16-to-fp32 activation-sized casts per layer:
+two forward, four backward."""
+EAGER_ATTENTION_LAYOUT_BYTES = 4
+"""Bytes per element of the attention output's layout copy in an eager layer: the heads-major
+output is made (tokens, hidden) contiguous again (``y.transpose(1, 2).contiguous()`` in
+nanoGPT, Hugging Face's attention modules and ``commbench --step``'s model; read 2, write 2),
+and its gradient is copied back the same way in the backward."""
+BIAS_GRAD_BYTES = 2
+"""Bytes per element of a biased linear's output gradient read again to sum it into the bias
+gradient (``aten::sum`` over the tokens of the bf16 gradient in the eager H100 traces, Inductor's
+``triton_red_fused_sum`` when compiled): a reduction pass over each biased output, per
+micro-batch."""
 WEIGHT_CAST_BYTES_PER_PARAM = 12
 """Autocast over fp32 weights (eager and compiled DDP steps): every forward casts each weight to
 bf16 (read 4, write 2; autocast caches casts only within one forward), and every backward casts
@@ -250,11 +310,54 @@ def elementwise_forward_bytes(plan: Plan) -> float:
     if model.position_embedding == "rope":
         rotary = per["rotary"] * tokens * (h + model.kv_size) / t
     activation = per["gated" if model.gated_mlp else "plain"] * tokens * model.ffn_hidden_size / t
+    if autocast_weights(plan):
+        fp32 = FP32_RESIDUAL_BYTES[kernel_stack(plan)]
+        norms = 2 * fp32["norm"] * norm_tokens * h
+        residuals = 2 * fp32["residual"] * norm_tokens * h
+    if unfused_norm(plan):
+        norms = 2 * UNFUSED_RMSNORM_BYTES * norm_tokens * h
     expand = 0.0
     if kernel_stack(plan) == "eager" and model.num_kv_heads < model.num_heads:
         # repeat_kv: K and V expanded to every query head (read kd, write h, each)
         expand = 2 * ACTIVATION_BYTES * tokens * (model.kv_size + h) / t
     return norms + residuals + rotary + activation + expand
+
+
+def unfused_norm(plan: Plan) -> bool:
+    """Whether the plan's RMSNorms run as separate eager kernels (``training.fused_norm``)."""
+    return (
+        kernel_stack(plan) == "eager"
+        and plan.model.norm == "rmsnorm"
+        and plan.training.fused_norm is False
+    )
+
+
+def norm_cast_bytes(plan: Plan) -> float:
+    """Bytes of one layer's casts of its two fp32 norm outputs to bf16 per micro-batch on one
+    GPU (``FP32_RESIDUAL_BYTES``; their gradients are cast back in the backward); 0 where the
+    residual stream is bf16 or the casts are fused."""
+    if not autocast_weights(plan):
+        return 0.0
+    parallel = plan.parallel
+    tokens = _tokens(plan) / parallel.tp if parallel.sequence_parallel else _tokens(plan)
+    return 2 * FP32_RESIDUAL_BYTES[kernel_stack(plan)]["cast"] * tokens * plan.model.hidden_size
+
+
+def attention_layout_bytes(plan: Plan) -> float:
+    """Bytes of one eager layer's attention-output layout copy per micro-batch on one GPU
+    (``EAGER_ATTENTION_LAYOUT_BYTES``; the same again in the backward); 0 on the fused stacks."""
+    if kernel_stack(plan) != "eager":
+        return 0.0
+    return EAGER_ATTENTION_LAYOUT_BYTES * _tokens(plan) * plan.model.hidden_size / plan.parallel.tp
+
+
+def bias_grad_kernels(plan: Plan) -> tuple[Kernel, ...]:
+    """The bias gradients of one layer's biased linears (QKV, projection, MLP up and down) per
+    micro-batch on one GPU: each output gradient read once more (``BIAS_GRAD_BYTES``)."""
+    if not plan.model.linear_bias:
+        return ()
+    outputs = sum(m * n for m, n, _ in weight_gemm_shapes(plan))
+    return (memory("bias_grad", BIAS_GRAD_BYTES * outputs),)
 
 
 def weight_cast_bytes(plan: Plan, layer_params: float) -> float:
@@ -457,9 +560,13 @@ def weight_gemm_kernels(plan: Plan) -> Phases:
         forward, dgrad, wgrad = ([k for phases in linears for k in phases[i]] for i in range(3))
         return tuple(forward), tuple(dgrad), tuple(wgrad)
     return (
-        tuple(gemm(name, m, n, k, gemm_dtype) for name, (m, n, k) in named),
-        tuple(gemm(f"{name}_dgrad", m, k, n, gemm_dtype) for name, (m, n, k) in named),
-        tuple(gemm(f"{name}_wgrad", k, n, m, gemm_dtype) for name, (m, n, k) in named),
+        tuple(compiled_gemm(plan, name, m, n, k, gemm_dtype) for name, (m, n, k) in named),
+        tuple(
+            compiled_gemm(plan, f"{name}_dgrad", m, k, n, gemm_dtype) for name, (m, n, k) in named
+        ),
+        tuple(
+            compiled_gemm(plan, f"{name}_wgrad", k, n, m, gemm_dtype) for name, (m, n, k) in named
+        ),
     )
 
 
@@ -507,11 +614,16 @@ def layer_kernels(plan: Plan) -> PieceKernels:
     elementwise_bytes = elementwise_forward_bytes(plan)
     cast_bytes = weight_cast_bytes(plan, layer_params_per_gpu(plan.model, plan.parallel.tp)) / 2
     casts = (memory("weight_cast", cast_bytes, "copy"),) if cast_bytes else ()
+    norm_casts = norm_cast_bytes(plan)
+    layout = attention_layout_bytes(plan)
+    layouts = (memory("attention_layout", layout, "copy"),) if layout else ()
     forward = (
         *casts,
         *gemms_forward,
         *core_forward,
+        *layouts,
         memory("elementwise", elementwise_bytes),
+        *((memory("norm_output_cast", norm_casts, "copy"),) if norm_casts else ()),
     )
     recompute = recompute_kernels(plan, forward, core_forward, elementwise_bytes)
     return PieceKernels(
@@ -519,11 +631,18 @@ def layer_kernels(plan: Plan) -> PieceKernels:
         backward_input=(
             *gemms_dgrad,
             *core_backward,
+            *layouts,
             memory("elementwise_backward", 2 * elementwise_bytes),
+            *(
+                (memory("norm_grad_cast", FP32_RESIDUAL_GRAD_CASTS * norm_casts, "copy"),)
+                if norm_casts
+                else ()
+            ),
             *((memory("grad_cast", cast_bytes, "copy"),) if cast_bytes else ()),
         ),
         backward_weight=(
             *gemms_wgrad,
+            *bias_grad_kernels(plan),
             *grad_accumulate_kernels(plan, layer_params_per_gpu(plan.model, plan.parallel.tp)),
         ),
         recompute=recompute,
@@ -628,13 +747,17 @@ def head_kernels(plan: Plan) -> PieceKernels:
         forward=(
             *casts,
             memory("final_norm", norm_bytes),
-            gemm("lm_head", tokens, vocab, h, dtype),
+            compiled_gemm(plan, "lm_head", tokens, vocab, h, dtype),
             *loss_forward,
         ),
         backward_input=(
             memory("final_norm_backward", 2 * norm_bytes),
-            gemm("lm_head_dgrad", tokens, h, vocab, dtype),
+            compiled_gemm(plan, "lm_head_dgrad", tokens, h, vocab, dtype),
             *loss_backward,
         ),
-        backward_weight=(gemm("lm_head_wgrad", h, vocab, tokens, dtype), *grad_casts, *accumulate),
+        backward_weight=(
+            compiled_gemm(plan, "lm_head_wgrad", h, vocab, tokens, dtype),
+            *grad_casts,
+            *accumulate,
+        ),
     )

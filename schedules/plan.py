@@ -521,6 +521,14 @@ class TrainingConfig:
     the ``compile`` stack (torchtitan's ``compile.components`` default, a model whose forward
     returns the loss); false for a loop that compiles the model only. ``compile`` stack only."""
 
+    fused_norm: bool | None = None
+    """Whether an eager step's RMSNorm is one kernel: unset means yes (PyTorch's
+    ``_fused_rms_norm`` behind ``nn.RMSNorm`` since pytorch/pytorch#153666, mid-2025); false for
+    an older torch or a hand-written norm (``x * rsqrt(x.pow(2).mean(-1))`` in fp32, as Hugging
+    Face's ``LlamaRMSNorm``), which runs as several elementwise kernels
+    (``schedules.kernels.UNFUSED_RMSNORM_BYTES``). The compiled and Megatron stacks fuse it
+    anyway."""
+
     def __post_init__(self) -> None:
         _check_positive(self, "training", ("micro_batch_size", "global_batch_size"))
         _check_choice("training.precision", self.precision, PRECISIONS)

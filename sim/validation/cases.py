@@ -291,6 +291,23 @@ def parse_compile_loss(case: dict[str, Any]) -> bool | None:
     return False if start <= found.group(1) < end else None
 
 
+FUSED_RMS_NORM_SINCE = "2025-07-09"
+"""No torch before this date ran ``nn.RMSNorm`` as one CUDA kernel: pytorch/pytorch#153666 (the
+fused RMSNorm) was still to land on 2025-07-09 (pytorch/pytorch#157345, "nn.rmsnorm is super
+slower than nn.layernorm", torch 2.6) and was in the nightlies by mid-August 2025."""
+
+
+def parse_fused_norm(case: dict[str, Any]) -> bool | None:
+    """``False`` for a run whose source dates its torch before ``FUSED_RMS_NORM_SINCE``, else
+    None (the plan default: fused)."""
+    source = case.get("source") or {}
+    versions = str(source.get("versions", "")) if isinstance(source, dict) else ""
+    found = re.search(r"torch [0-9a-z.+]+ \((\d{4}-\d{2}-\d{2})\)", versions)
+    if found is None:
+        return None
+    return False if found.group(1) < FUSED_RMS_NORM_SINCE else None
+
+
 def parse_attention_backend(text: Any) -> str:
     """``flash2`` where the case says FlashAttention-2 ran, else ``cudnn`` (the plan default)."""
     t = str(text or "").lower().replace(" ", "").replace("-", "")
@@ -480,6 +497,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
     training["stack"] = parse_stack(case)
     if training["stack"] == "compile" and parse_compile_loss(case) is False:
         training["compile_loss"] = False
+    if training["stack"] == "eager" and parse_fused_norm(case) is False:
+        training["fused_norm"] = False
     if training["precision"] == "fp8":
         parse = parse_te_fp8 if training["stack"] == "megatron" else parse_float8
         training.update(parse(parallel.get("precision")))

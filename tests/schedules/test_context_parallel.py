@@ -76,7 +76,7 @@ def test_forward_kernels_of_a_cp2_layer_in_order() -> None:
     assert names == [
         "qkv", "proj", "fc1", "fc2",
         "cp_kv_contiguous", "cp_kv_cat", "attention", "cp_first_cast",
-        "attention", "cp_merge", "cp_final_cast", "elementwise",
+        "attention", "cp_merge", "cp_final_cast", "attention_layout", "elementwise",
     ]  # fmt: skip
 
 

@@ -1,0 +1,115 @@
+"""Mechanisms read off the H100 steps of results/h100_heldout: Inductor's GEMM padding, the fp32
+residual stream under autocast, bias gradients, the eager attention layout copy and fused or
+unfused RMSNorm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schedules.kernels import (
+    BIAS_GRAD_BYTES,
+    EAGER_ATTENTION_LAYOUT_BYTES,
+    FP32_RESIDUAL_GRAD_CASTS,
+    UNFUSED_RMSNORM_BYTES,
+    attention_layout_bytes,
+    bias_grad_kernels,
+    elementwise_forward_bytes,
+    head_kernels,
+    layer_kernels,
+    norm_cast_bytes,
+)
+from schedules.plan import load_plan
+from schedules.resolve import resolve_plan
+from sim.validation.cases import parse_fused_norm
+
+TOKENS, H, F = 2 * 1024, 1024, 4096
+
+
+def _plan(model: dict[str, Any] | None = None, **training: Any) -> Any:
+    raw = {
+        "model": {"name": "m", "num_layers": 2, "hidden_size": H, "num_heads": 16,
+                  "ffn_hidden_size": F, "vocab_size": 50257, "seq_len": 1024,
+                  "norm": "layernorm", "gated_mlp": False, "position_embedding": "learned",
+                  **(model or {})},
+        "cluster": {"node": {"base": "dgx-h100", "num_gpus": 1}, "num_nodes": 1},
+        "training": {"micro_batch_size": 2, "global_batch_size": 2, **training},
+    }  # fmt: skip
+    return resolve_plan(load_plan(raw), 1)
+
+
+def _gemm(kernels: Any, name: str) -> tuple[float, ...]:
+    return next(k.dims for k in kernels if k.name == name)
+
+
+def test_compiled_head_gemms_pad_the_vocabulary_to_eight() -> None:
+    """50257 runs as 50264 under torch.compile (pad_mm), as 50257 eagerly."""
+    compiled = head_kernels(_plan(stack="compile"))
+    assert _gemm(compiled.forward, "lm_head") == (TOKENS, 50264, H)
+    assert _gemm(compiled.backward_input, "lm_head_dgrad") == (TOKENS, H, 50264)
+    assert _gemm(compiled.backward_weight, "lm_head_wgrad") == (H, 50264, TOKENS)
+    assert _gemm(head_kernels(_plan(stack="eager")).forward, "lm_head") == (TOKENS, 50257, H)
+
+
+def test_autocast_keeps_an_fp32_residual_stream() -> None:
+    """Eager autocast: two norms at 8 bytes, two adds at 10, GeLU at 4 per FFN element; with bf16
+    weights: 4 and 6. Two 6-byte casts forward; the backward casts twice as many."""
+    per_token = 2 * 8 * H + 2 * 10 * H + 4 * F
+    assert elementwise_forward_bytes(_plan()) == pytest.approx(TOKENS * per_token)
+    bf16 = _plan(mixed_precision="bf16_weights")
+    assert elementwise_forward_bytes(bf16) == pytest.approx(
+        TOKENS * (2 * 4 * H + 2 * 6 * H + 4 * F)
+    )
+    assert norm_cast_bytes(_plan()) == pytest.approx(2 * 6 * TOKENS * H)
+    assert norm_cast_bytes(bf16) == 0.0
+    layer = layer_kernels(_plan())
+    grad_casts = sum(k.bytes for k in layer.backward_input if k.name == "norm_grad_cast")
+    assert grad_casts == pytest.approx(FP32_RESIDUAL_GRAD_CASTS * 2 * 6 * TOKENS * H)
+    # compiled: the add, the norm and the cast fused: 6 + 6 per pair, no cast kernel
+    compiled = _plan(stack="compile")
+    assert elementwise_forward_bytes(compiled) == pytest.approx(
+        TOKENS * (2 * 6 * H + 2 * 6 * H + 4 * F)
+    )
+    assert norm_cast_bytes(compiled) == 0.0
+
+
+def test_biased_linears_reduce_their_output_gradients() -> None:
+    """2 bytes per output element of QKV (3h), projection (h), up (f) and down (h)."""
+    (kernel,) = bias_grad_kernels(_plan({"linear_bias": True}))
+    assert kernel.bytes == pytest.approx(BIAS_GRAD_BYTES * TOKENS * (3 * H + H + F + H))
+    assert bias_grad_kernels(_plan({"linear_bias": False})) == ()
+
+
+def test_eager_attention_copies_its_output_back_to_token_major() -> None:
+    assert attention_layout_bytes(_plan()) == EAGER_ATTENTION_LAYOUT_BYTES * TOKENS * H
+    assert attention_layout_bytes(_plan(stack="compile")) == 0.0
+    layer = layer_kernels(_plan())
+    assert [k.name for k in layer.forward].count("attention_layout") == 1
+    assert [k.name for k in layer.backward_input].count("attention_layout") == 1
+
+
+def test_an_unfused_rmsnorm_moves_nine_passes_of_bytes() -> None:
+    rms = {"norm": "rmsnorm"}
+    fused = elementwise_forward_bytes(_plan(rms, mixed_precision="bf16_weights"))
+    unfused = elementwise_forward_bytes(
+        _plan(rms, mixed_precision="bf16_weights", fused_norm=False)
+    )
+    assert unfused - fused == pytest.approx(2 * (UNFUSED_RMSNORM_BYTES - 4) * TOKENS * H)
+    # LayerNorm and the compiled stack are one kernel whatever the key says
+    layer = {"mixed_precision": "bf16_weights", "fused_norm": False}
+    assert elementwise_forward_bytes(_plan(**layer)) == elementwise_forward_bytes(
+        _plan(mixed_precision="bf16_weights")
+    )
+
+
+@pytest.mark.parametrize(
+    ("versions", "expected"),
+    [
+        ("torch 1963fc8 (2024-12-23), torchao eab345c, torchtitan 9dec370 (2024-12-26)", False),
+        ("torch 2.9.0 (2025-10-15)", None),
+        ("torchtitan 9dec370 (2024-12-26)", None),
+    ],
+)
+def test_runs_on_a_torch_before_the_fused_rmsnorm_are_unfused(versions: str, expected: Any) -> None:
+    assert parse_fused_norm({"source": {"versions": versions}}) is expected
