@@ -258,6 +258,20 @@ EAGER_ATTENTION_LAYOUT_BYTES = 4
 output is made (tokens, hidden) contiguous again (``y.transpose(1, 2).contiguous()`` in
 nanoGPT, Hugging Face's attention modules and ``commbench --step``'s model; read 2, write 2),
 and its gradient is copied back the same way in the backward."""
+EAGER_SPLIT_GRAD_BYTES = 4
+"""Bytes per output element of a fused projection whose output an eager layer splits (the QKV
+projection into q, k and v; a gated MLP's one up projection into gate and value, as the
+inventory's GEMMs are fused): autograd's split backward concatenates the pieces' gradients into
+one (``aten::cat``, read 2, write 2; 0.026 and 0.089 ms per layer and micro-batch in the eager
+Llama trace of results/h100_heldout/traced, 4.0 and 3.0 TB/s). Inductor writes the pieces into
+one buffer; Megatron's fused kernels take the views."""
+FUSED_ATTENTION_BACKWARD_AUX_BYTES = 10
+"""Bytes per query element (tokens x heads x head dimension) of the two small kernels around a
+fused attention backward: the row sums of dO * O read both (4; cuDNN's ``compute_dot_do_o``,
+FlashAttention's ``flash_bwd_dot_do_o_kernel``) and the fp32 dQ accumulator is converted to bf16
+(read 4, write 2; ``convert_dq_to_16bits``, ``flash_bwd_convert_dq_kernel``). In the H100 traces
+of results/h100_heldout they take 0.05 and 0.04 ms per layer and micro-batch at 16.8 M query
+elements; the fitted attention rates time the main kernel only."""
 BIAS_GRAD_BYTES = 2
 """Bytes per element of a biased linear's output gradient read again to sum it into the bias
 gradient (``aten::sum`` over the tokens of the bf16 gradient in the eager H100 traces, Inductor's
@@ -341,6 +355,20 @@ def norm_cast_bytes(plan: Plan) -> float:
     parallel = plan.parallel
     tokens = _tokens(plan) / parallel.tp if parallel.sequence_parallel else _tokens(plan)
     return 2 * FP32_RESIDUAL_BYTES[kernel_stack(plan)]["cast"] * tokens * plan.model.hidden_size
+
+
+def split_grad_bytes(plan: Plan) -> float:
+    """Bytes of one layer's split-backward concatenations per micro-batch on one GPU
+    (``EAGER_SPLIT_GRAD_BYTES``): eager, the QKV output and the up projection's when gated;
+    compiled, the QKV output only (its q, k and v gradients come from the attention backward's
+    separate outputs: ``triton_poi_fused_cat_transpose`` in the compiled GPT trace, while the
+    gated MLP's two gradients come from one fused kernel that writes them in place)."""
+    stack = kernel_stack(plan)
+    if stack not in ("eager", "compile"):
+        return 0.0
+    qkv, _, up, _ = weight_gemm_shapes(plan)
+    gated = stack == "eager" and plan.model.gated_mlp
+    return EAGER_SPLIT_GRAD_BYTES * (qkv[0] * qkv[1] + (up[0] * up[1] if gated else 0.0))
 
 
 def attention_layout_bytes(plan: Plan) -> float:
@@ -457,7 +485,9 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
             )
             for is_backward in (False, True)
         )
-        return (forward,), (backward,)
+        queries = shape.batch * shape.num_heads * seq_q * d
+        aux = memory("attention_backward_aux", FUSED_ATTENTION_BACKWARD_AUX_BYTES * queries, "copy")
+        return (forward,), (aux, backward)
     scores = shape.batch * shape.num_heads * seq_q * seq_kv
     gemm_flops = 2.0 * scores * d
     qk = Kernel(name="scores", kind="gemm", dtype=dtype, flops=gemm_flops, dims=(seq_q, seq_kv, d))
@@ -632,6 +662,11 @@ def layer_kernels(plan: Plan) -> PieceKernels:
             *gemms_dgrad,
             *core_backward,
             *layouts,
+            *(
+                (memory("split_grad_cat", split, "copy"),)
+                if (split := split_grad_bytes(plan))
+                else ()
+            ),
             memory("elementwise_backward", 2 * elementwise_bytes),
             *(
                 (memory("norm_grad_cast", FP32_RESIDUAL_GRAD_CASTS * norm_casts, "copy"),)

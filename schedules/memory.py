@@ -48,7 +48,7 @@ from schedules.activations import (
 )
 from schedules.context_parallel import ring_buffer_bytes
 from schedules.data_parallel.registry import data_parallel_kind, offload_of, replica_group_size
-from schedules.kernels import kernel_stack
+from schedules.kernels import autocast_weights, kernel_stack, torch_ddp_step
 from schedules.messages import PARAM_BYTES
 from schedules.moe import expert_data_parallel, moe_activation_bytes
 from schedules.offload import gpu_offload_buffer_bytes, gpu_state_bytes_per_param
@@ -106,10 +106,36 @@ def state_bytes_per_param(
         "gradients": kind.grad_bytes_per_param,
         "optimizer": OPTIMIZER_BYTES_PER_PARAM,
     }
+    if autocast_weights(plan):
+        full = dict(AUTOCAST_STATE_BYTES)
     sharded = kind.sharded_states
     per_param = {k: v / shards if k in sharded else float(v) for k, v in full.items()}
     # less what is offloaded
     return gpu_state_bytes_per_param(offload_of(plan.parallel), per_param)
+
+
+AUTOCAST_STATE_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}
+"""Bytes per parameter of a loop under ``torch.autocast`` over fp32 weights (``autocast_weights``:
+``commbench --step``, nanoGPT, the Hugging Face Trainer's bf16): the weights are fp32 (they are
+the master copy), their gradients fp32, and Adam keeps two fp32 moments: 16 where mixed-precision
+Adam with bf16 weights keeps 2 + 2 + 12."""
+AUTOCAST_CAST_CACHE_BYTES = 2
+"""Bytes per parameter of autocast's bf16 weight copies alive at the forward's peak: each cast
+weight is saved for its input-gradient GEMM until the backward reaches it."""
+
+
+FP32_RESIDUAL_EXTRA_BYTES = 2
+"""Extra bytes per element of each residual-stream tensor a layer saves under autocast over fp32
+weights, whose stream is fp32 (``schedules.kernels.FP32_RESIDUAL_BYTES``): the two norms' inputs
+(the layer's input alone under full recompute) are saved at 4 bytes where the activation count
+of ``schedules.activations`` has 2."""
+
+
+def accumulating_gradients(plan: Plan) -> bool:
+    """Whether the gradients are alive through a forward: from the second micro-batch on in a
+    torch DDP (or one-GPU) step; with one micro-batch they are created in the backward as the
+    activations are freed (``zero_grad(set_to_none=True)``, torch's default since 2.0)."""
+    return not torch_ddp_step(plan) or num_microbatches(plan) > 1
 
 
 def transient_buffer_bytes(plan: Plan, stage: int) -> float:
@@ -149,6 +175,12 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
         recompute=parallel.recompute,
         flash_attention=training.flash_attention,
     )
+    if autocast_weights(plan):
+        tokens = training.micro_batch_size * model.seq_len / parallel.cp
+        if parallel.sequence_parallel:
+            tokens /= parallel.tp
+        saved = 1 if parallel.recompute == "full" else 2
+        per_layer += saved * FP32_RESIDUAL_EXTRA_BYTES * tokens * model.hidden_size
     layers = layers_per_stage(plan, stage)
     num_moe = stage_moe_layers(plan, stage)
     if num_moe:
@@ -284,6 +316,14 @@ def stage_memory_bytes(
         else 0.0,
         "fp8_weights": fp8_weight_bytes(plan, stage),
     }
+    if autocast_weights(plan):
+        memory["buffers"] += params * AUTOCAST_CAST_CACHE_BYTES
+    if not accumulating_gradients(plan):
+        # one micro-batch: the peak is the forward's end (no gradients yet) or the backward's
+        # (every gradient, the activations, logits and casts freed), whichever is larger
+        freed = memory["activations"] + memory["logits"]
+        freed += params * AUTOCAST_CAST_CACHE_BYTES if autocast_weights(plan) else 0.0
+        memory["gradients"] = max(0.0, memory["gradients"] - freed)
     memory["total"] = sum(memory.values())
     return memory
 

@@ -30,8 +30,9 @@ def _grad_sync(parallel: ParallelConfig) -> GradSync:
 
 
 def _transient_buffer_bytes(plan: Plan, stage: int) -> float:
-    """The buckets' copy of every gradient, unless the gradients are views into them."""
-    if plan.parallel.ddp_gradient_as_bucket_view:
+    """The buckets' copy of every gradient, unless the gradients are views into them (or there
+    is no replica to reduce with: a one-GPU loop runs without DDP)."""
+    if plan.parallel.ddp_gradient_as_bucket_view or plan.parallel.dp * plan.parallel.cp <= 1:
         return 0.0
     return stage_params_per_gpu(plan, stage) * PARAM_BYTES
 

@@ -101,10 +101,10 @@ the most host-bound step measured on one H100 (``commbench --step``, an 8-layer 
 micro-batches, 60% of the GPU idle; refdata/h100, a gVisor sandbox, so above bare metal);
 the same model compiled: 29.8 us per kernel (47.9 ms, 1,609 kernels)."""
 LAUNCHES_PER_KERNEL = {
-    "eager": 4.81,
-    "compile": 2.68,
-    "eager/bf16_weights": 2.85,
-    "compile/bf16_weights": 2.98,
+    "eager": 4.46,
+    "compile": 2.44,
+    "eager/bf16_weights": 2.60,
+    "compile/bf16_weights": 2.68,
     "megatron": 2.61,
 }
 """Kernels a training loop launches per kernel of the modelled inventory (``schedules.kernels``
@@ -115,13 +115,13 @@ against the inventory of this version, the fused optimizer's launches left out
 
 - ``eager`` / ``compile`` (autocast over fp32 weights; ``commbench --step``'s reference model):
   each ``commbench --step`` profile's kernels over the modelled ones (refdata/h100): seven eager
-  files 4.78-5.63 (mean 5.25) and two compiled ones, 2.41 and 2.96 (mean 2.68). The held-out
-  files of results/h100_heldout, counted after: Llama-style eager 5.25-5.40, compiled 2.88-2.92;
+  files 4.08-4.78 (mean 4.46) and two compiled ones, 2.20 and 2.69 (mean 2.44). The held-out
+  files of results/h100_heldout, counted after: Llama-style eager 4.46-4.61, compiled 2.61-2.66;
   GPT-style (LayerNorm, GeLU, no rotary or grouped-query expansion: fewer small kernels per
-  layer) eager 3.36-3.57 and compiled 3.10-3.35;
+  layer) eager 2.87-3.04 and compiled 2.83-3.06;
 - ``/bf16_weights`` (bf16 weights with fp32 master weights, and FSDP or ZeRO, whose compute
   weights are bf16 too): the torch.profiler traces of a separate plain-PyTorch loop
-  (refdata/h100/traces): eager 2.64 (h1024, 8 layers) and 3.06 (h2048, 16 layers), compiled 2.98;
+  (refdata/h100/traces): eager 2.41 (h1024, 8 layers) and 2.78 (h2048, 16 layers), compiled 2.68;
 - ``megatron`` (Transformer Engine's fused kernels): not measured; the plain loop's first eager
   count, against an earlier inventory.
 

@@ -41,13 +41,18 @@ GIB = 2**30
 def make_plan(
     world_size: int, *, global_batch_size: int = 64, precision: str = "bf16", **parallel: object
 ) -> Plan:
-    """A resolved plan of the small model."""
+    """A resolved plan of the small model; a torch DDP one keeps bf16 weights with fp32 master
+    copies (mixed-precision Adam: 2 + 2 + 12 bytes per parameter)."""
+    ddp = parallel.get("data_parallel", "ddp") == "ddp"
     plan = Plan(
         model=SMALL,
         cluster=ClusterConfig(node="dgx-h100"),
         parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
         training=TrainingConfig(
-            micro_batch_size=1, global_batch_size=global_batch_size, precision=precision
+            micro_batch_size=1,
+            global_batch_size=global_batch_size,
+            precision=precision,
+            mixed_precision="bf16_weights" if ddp else None,
         ),
     )
     return resolve_plan(plan, world_size)

@@ -11,7 +11,9 @@ import pytest
 from schedules.kernels import (
     BIAS_GRAD_BYTES,
     EAGER_ATTENTION_LAYOUT_BYTES,
+    EAGER_SPLIT_GRAD_BYTES,
     FP32_RESIDUAL_GRAD_CASTS,
+    FUSED_ATTENTION_BACKWARD_AUX_BYTES,
     UNFUSED_RMSNORM_BYTES,
     attention_layout_bytes,
     bias_grad_kernels,
@@ -19,6 +21,7 @@ from schedules.kernels import (
     head_kernels,
     layer_kernels,
     norm_cast_bytes,
+    split_grad_bytes,
 )
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
@@ -113,3 +116,67 @@ def test_an_unfused_rmsnorm_moves_nine_passes_of_bytes() -> None:
 )
 def test_runs_on_a_torch_before_the_fused_rmsnorm_are_unfused(versions: str, expected: Any) -> None:
     assert parse_fused_norm({"source": {"versions": versions}}) is expected
+
+
+def test_split_projections_concatenate_their_gradients() -> None:
+    """Eager: the QKV output (3h wide here) and a gated up projection (2f); compiled: QKV only;
+    Megatron: none."""
+    gated = {"gated_mlp": True, "norm": "rmsnorm", "position_embedding": "rope"}
+    assert split_grad_bytes(_plan(gated)) == EAGER_SPLIT_GRAD_BYTES * TOKENS * (3 * H + 2 * F)
+    assert split_grad_bytes(_plan()) == EAGER_SPLIT_GRAD_BYTES * TOKENS * 3 * H
+    assert (
+        split_grad_bytes(_plan(gated, stack="compile")) == EAGER_SPLIT_GRAD_BYTES * TOKENS * 3 * H
+    )
+    assert split_grad_bytes(_plan(gated, stack="megatron")) == 0.0
+
+
+def test_a_fused_attention_backward_reads_do_and_o_and_converts_dq() -> None:
+    """10 bytes per query element: dot(dO, O) reads both (4), the fp32 dQ becomes bf16 (6)."""
+    for stack in ("eager", "compile", "megatron"):
+        backward = layer_kernels(_plan(stack=stack)).backward_input
+        aux = [k for k in backward if k.name == "attention_backward_aux"]
+        assert [k.bytes for k in aux] == [FUSED_ATTENTION_BACKWARD_AUX_BYTES * TOKENS * H]
+    unfused = layer_kernels(_plan(flash_attention=False)).backward_input
+    assert not [k for k in unfused if k.name == "attention_backward_aux"]
+
+
+def _memory(micro: int = 1, **training: Any) -> dict[str, float]:
+    from schedules.memory import memory_per_gpu
+
+    raw = {
+        "model": {"name": "m", "num_layers": 2, "hidden_size": H, "num_heads": 16,
+                  "ffn_hidden_size": F, "vocab_size": 32000, "seq_len": 1024},
+        "cluster": {"node": {"base": "dgx-h100", "num_gpus": 1}, "num_nodes": 1},
+        "training": {"micro_batch_size": 2, "global_batch_size": 2 * micro, **training},
+    }  # fmt: skip
+    return memory_per_gpu(resolve_plan(load_plan(raw), 1), hbm_bytes=80e9)
+
+
+def test_an_autocast_loop_keeps_fp32_weights_and_two_moments() -> None:
+    """16 bytes per parameter (4 + 4 + 8) and autocast's bf16 copies (2) while accumulating;
+    with one micro-batch the gradients are not alive at the forward's peak."""
+    from schedules.params import total_params
+    from schedules.plan import ModelConfig
+
+    model = ModelConfig(name="m", num_layers=2, hidden_size=H, num_heads=16, ffn_hidden_size=F,
+                        vocab_size=32000, seq_len=1024)  # fmt: skip
+    params = total_params(model)
+    accumulating = _memory(micro=2)
+    assert accumulating["weights"] == pytest.approx(4 * params)
+    assert accumulating["gradients"] == pytest.approx(4 * params)
+    assert accumulating["optimizer"] == pytest.approx(8 * params)
+    assert accumulating["buffers"] == pytest.approx(2 * params)  # casts; no DDP bucket on 1 GPU
+    one = _memory(micro=1)
+    freed = one["activations"] + one["logits"] + 2 * params
+    assert one["gradients"] == pytest.approx(max(0.0, 4 * params - freed))
+    bf16 = _memory(micro=2, mixed_precision="bf16_weights")
+    assert (bf16["weights"], bf16["optimizer"]) == (
+        pytest.approx(2 * params),
+        pytest.approx(12 * params),
+    )
+
+
+def test_the_fp32_residual_stream_is_saved_at_four_bytes() -> None:
+    """Two residual-stream tensors per layer saved 2 bytes wider under autocast."""
+    autocast, bf16 = _memory(micro=2), _memory(micro=2, mixed_precision="bf16_weights")
+    assert autocast["activations"] - bf16["activations"] == pytest.approx(2 * 2 * 2 * TOKENS * H)
