@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Third batch of held-out H100 steps (run on a lent H100 from the repository root; writes under $OUT).
+# Held-out steps measured on a lent H200 (asked for an H100) (run on a lent H100 from the repository root; writes under $OUT).
 # measured after the mechanisms read off batch 2 were written: new shapes, eager and compiled,
 # full recompute, a launch-bound model.
 set -u
@@ -20,7 +20,7 @@ one() {  # plan micro-batches eager|compiled trace? limit-s
     echo "rc $? after $((SECONDS - start)) s"; tail -n 14 "$dir/$name.log"
     tar -czf "$OUT/batch3.tar.gz" -C "$OUT" batch3
 }
-p=results/h100_heldout/plans3
+p=results/h200_heldout/plans
 one $p/llama-h512-l8-s512-b16.yaml 4 eager none 90
 one $p/mistral-h4096-l4-s4096-b2.yaml 2 eager none 90
 one $p/gpt-h1280-l20-s1024-b8.yaml 2 eager none 90
