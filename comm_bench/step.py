@@ -150,7 +150,7 @@ def measured_plan(
         precision="bf16",
         stack="compile" if compiled else "eager",
         compile_loss=None,
-        mixed_precision=None,
+        mixed_precision="autocast",
     )
     parallel = {"recompute": plan.parallel.recompute}
     as_dict = plan_to_dict(dataclasses.replace(plan, model=model, training=training))

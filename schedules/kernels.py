@@ -396,8 +396,8 @@ def weight_cast_bytes(plan: Plan, layer_params: float) -> float:
 
 def autocast_weights(plan: Plan) -> bool:
     """Whether the step runs under ``torch.autocast`` over fp32 weights: a torch DDP (or
-    one-GPU) step whose ``training.mixed_precision`` is not ``bf16_weights``."""
-    return torch_ddp_step(plan) and plan.training.mixed_precision != "bf16_weights"
+    one-GPU) step whose ``training.mixed_precision`` is ``autocast``."""
+    return torch_ddp_step(plan) and plan.training.mixed_precision == "autocast"
 
 
 def torch_ddp_step(plan: Plan) -> bool:
@@ -409,9 +409,9 @@ def torch_ddp_step(plan: Plan) -> bool:
 
 
 def grad_bytes_per_element(plan: Plan) -> int:
-    """Bytes of one weight-gradient element of a torch DDP step: fp32 under autocast, bf16 with
-    ``bf16_weights``."""
-    return 2 if plan.training.mixed_precision == "bf16_weights" else 4
+    """Bytes of one weight-gradient element of a torch DDP step: fp32 under autocast, else bf16
+    (``bf16_weights``, the default)."""
+    return 4 if plan.training.mixed_precision == "autocast" else 2
 
 
 MASTER_COPY_BYTES_PER_PARAM = 12
@@ -422,7 +422,7 @@ MASTER_COPY_BYTES_PER_PARAM = 12
 def master_copy_bytes(plan: Plan, optimizer_params: float) -> float:
     """The optimizer's copies between bf16 weights and fp32 master weights in a step (0 unless
     a torch DDP step keeps ``bf16_weights``)."""
-    if not torch_ddp_step(plan) or plan.training.mixed_precision != "bf16_weights":
+    if not torch_ddp_step(plan) or plan.training.mixed_precision == "autocast":
         return 0.0
     return MASTER_COPY_BYTES_PER_PARAM * optimizer_params
 

@@ -507,8 +507,10 @@ class TrainingConfig:
     (fp32 weights and gradients; ``torch.autocast`` casts every weight to bf16 in each forward
     and each weight gradient back: nanoGPT, the Hugging Face Trainer, ``commbench --step``) or
     ``bf16_weights`` (bf16 weights and gradients; the optimizer keeps fp32 master weights, copies
-    the gradients in and the updated weights back). Unset: ``autocast``. Megatron, FSDP and ZeRO
-    have their own mixed precision (``parallel.data_parallel``)."""
+    the gradients in and the updated weights back: mixed-precision Adam as the ZeRO paper counts
+    it, DeepSpeed's and Megatron's way). Unset: ``bf16_weights``; ``commbench --step`` records
+    ``autocast``, which its loop runs. Megatron, FSDP and ZeRO have their own mixed precision
+    (``parallel.data_parallel``)."""
     loss_parallel: bool = True
     """With tensor parallelism on the PyTorch stacks, the loss runs on vocabulary-sharded logits
     under torch's ``loss_parallel`` (torchtitan's default), whose DTensor handlers hold 16 bytes

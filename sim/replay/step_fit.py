@@ -122,8 +122,17 @@ def _cap(group: str) -> float:
 def _class_efficiencies(
     plan: Any, gpu: GPUSpec, microbatches: int, measured: Mapping[str, Any], dtype: str
 ) -> dict[str, float]:
-    """Each class's default efficiency scaled by modelled / measured time (at most 1)."""
-    base = ComputeModel(gpu, ComputeCalibration(in_step_slowdown=0.0))  # a step is in-step
+    """Each class's default efficiency scaled by modelled / measured time (at most 1). The
+    modelled times take one memory efficiency for every memory class (the GPU family's
+    per-class defaults left out), so that each fitted efficiency is the fraction its class
+    reached."""
+    uniform = default_efficiency(gpu, "memory", dtype)
+    base = ComputeModel(  # a step is in-step: no slowdown
+        gpu,
+        ComputeCalibration(
+            in_step_slowdown=0.0, efficiency={f"memory_{k}": uniform for k in PASS_CLASSES}
+        ),
+    )
     modelled = modelled_classes_s(plan, base, microbatches)
     observed = {
         "gemm": float(measured.get("gemm", 0.0)),
@@ -205,11 +214,21 @@ def _fit_host_cost(plan: Any, calibration: ComputeCalibration, step_s: float) ->
     return (low + high) / 2
 
 
+def step_plan(measurement: Mapping[str, Any]) -> Any:
+    """The plan a ``commbench --step`` file measured: its loop runs under autocast over fp32
+    weights, which files written before the plan said so leave unset."""
+    raw = dict(measurement["plan"])
+    training = dict(raw.get("training") or {})
+    if training.get("mixed_precision") is None:
+        training["mixed_precision"] = "autocast"
+    return load_plan({**raw, "training": training})
+
+
 def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> ComputeCalibration:
     """Efficiencies per class, launches per modelled kernel and the host time per launch that
     reproduce the measured step on ``gpu``."""
     _check_measurement(measurement, gpu)
-    plan = resolve_plan(load_plan(measurement["plan"]), 1)
+    plan = resolve_plan(step_plan(measurement), 1)
     microbatches = measurement.get("microbatches", 1)
     step_s = measurement["timings_s"]["step"]
     profile = measurement.get("profile") or {}

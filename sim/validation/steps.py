@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fileio.strict import read_input
-from schedules.plan import load_plan
 from sim.replay.simulate import simulate_plan
-from sim.replay.step_fit import calibration_from_step
+from sim.replay.step_fit import calibration_from_step, step_plan
 from topologies.hardware import GPUS
 from vocab.compute_calibration import STEP_SCHEMA
 
@@ -64,9 +63,7 @@ def load_steps(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 def _predict(measurement: Mapping[str, Any], calibration: Any) -> float:
-    return simulate_plan(
-        load_plan(measurement["plan"]), compute_calibration=calibration
-    ).step_time_s
+    return simulate_plan(step_plan(measurement), compute_calibration=calibration).step_time_s
 
 
 def validate_steps(steps: Mapping[str, Mapping[str, Any]]) -> list[StepPrediction]:

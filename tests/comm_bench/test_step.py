@@ -196,8 +196,8 @@ def test_the_plan_stack_decides_compilation_unless_a_flag_does() -> None:
 
 def test_the_measured_plan_names_the_loop_that_ran(tmp_path: Path) -> None:
     """``--compile`` on an eager plan records ``stack: compile``; ``--no-compile`` on a compiled
-    plan (with its loss kept eager) records ``eager``; a Megatron plan measured here is PyTorch's
-    autocast loop, so its weights setting is dropped too."""
+    plan (with its loss kept eager) records ``eager``; the weights are always autocast's, the
+    loop this command runs, whatever the plan said."""
     from comm_bench.step import measured_plan
 
     eager = load_plan(_plan(tmp_path))
@@ -211,4 +211,4 @@ def test_the_measured_plan_names_the_loop_that_ran(tmp_path: Path) -> None:
     assert load_plan(recorded).training.compile_loss is None
     bf16 = load_plan({**PLAN, "training": {**PLAN["training"], "mixed_precision": "bf16_weights"}})
     recorded = measured_plan(bf16, num_layers=2, microbatches=1, compiled=False)
-    assert load_plan(recorded).training.mixed_precision is None
+    assert load_plan(recorded).training.mixed_precision == "autocast"

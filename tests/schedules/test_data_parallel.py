@@ -54,8 +54,7 @@ def test_every_knob_is_a_parallel_field_owned_as_the_frameworks_have_it() -> Non
 @pytest.mark.parametrize(
     ("kind", "expected"),
     [
-        # torch DDP under autocast keeps fp32 weights and gradients and two fp32 moments
-        ("ddp", {"weights": 4.0, "gradients": 4.0, "optimizer": 8.0}),
+        ("ddp", {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}),
         ("zero1", {"weights": 2.0, "gradients": 2.0, "optimizer": 1.5}),
         ("zero2", {"weights": 2.0, "gradients": 0.25, "optimizer": 1.5}),
         ("zero3", {"weights": 0.25, "gradients": 0.25, "optimizer": 1.5}),
@@ -67,15 +66,15 @@ def test_state_bytes_follow_what_each_kind_shards(kind: str, expected: dict) -> 
     assert state_bytes_per_param(plan_of(kind)) == expected
 
 
-def test_ddp_with_bf16_weights_is_mixed_precision_adam() -> None:
+def test_ddp_under_autocast_keeps_fp32_weights_and_two_moments() -> None:
     raw = {
         "model": {"preset": "llama2-13b"},
         "cluster": {"node": "dgx-h100"},
         "parallel": {"data_parallel": "ddp"},
         "training": {"micro_batch_size": 1, "global_batch_size": 8,
-                     "mixed_precision": "bf16_weights"},
+                     "mixed_precision": "autocast"},
     }  # fmt: skip
-    expected = {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}
+    expected = {"weights": 4.0, "gradients": 4.0, "optimizer": 8.0}
     assert state_bytes_per_param(resolve_plan(load_plan(raw), 8)) == expected
 
 

@@ -41,6 +41,9 @@ def _raw(micro: int = 4, parallel: dict[str, Any] | None = None, **training: Any
 
 
 def _plan(micro: int = 4, parallel: dict[str, Any] | None = None, **training: Any) -> Any:
+    """A one-GPU plan; a torch DDP one under autocast unless ``mixed_precision`` says else."""
+    if not parallel or parallel.get("data_parallel", "ddp") == "ddp":
+        training.setdefault("mixed_precision", "autocast")
     return resolve_plan(load_plan(_raw(micro, parallel, **training)), 1)
 
 

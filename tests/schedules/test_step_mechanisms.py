@@ -37,8 +37,11 @@ def _plan(model: dict[str, Any] | None = None, **training: Any) -> Any:
                   "norm": "layernorm", "gated_mlp": False, "position_embedding": "learned",
                   **(model or {})},
         "cluster": {"node": {"base": "dgx-h100", "num_gpus": 1}, "num_nodes": 1},
-        "training": {"micro_batch_size": 2, "global_batch_size": 2, **training},
+        "training": {"micro_batch_size": 2, "global_batch_size": 2,
+                     "mixed_precision": "autocast", **training},
     }  # fmt: skip
+    if training.get("stack") == "megatron":
+        del raw["training"]["mixed_precision"]
     return resolve_plan(load_plan(raw), 1)
 
 
@@ -147,7 +150,8 @@ def _memory(micro: int = 1, **training: Any) -> dict[str, float]:
         "model": {"name": "m", "num_layers": 2, "hidden_size": H, "num_heads": 16,
                   "ffn_hidden_size": F, "vocab_size": 32000, "seq_len": 1024},
         "cluster": {"node": {"base": "dgx-h100", "num_gpus": 1}, "num_nodes": 1},
-        "training": {"micro_batch_size": 2, "global_batch_size": 2 * micro, **training},
+        "training": {"micro_batch_size": 2, "global_batch_size": 2 * micro,
+                     "mixed_precision": "autocast", **training},
     }  # fmt: skip
     return memory_per_gpu(resolve_plan(load_plan(raw), 1), hbm_bytes=80e9)
 

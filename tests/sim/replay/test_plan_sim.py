@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from schedules.arithmetic import model_flops_per_step, stage_params_per_gpu
+from schedules.kernels import master_copy_bytes
 from schedules.plan import load_plan, num_microbatches
 from schedules.resolve import resolve_plan
 from sim.compute.compute_model import ComputeModel
@@ -53,8 +54,11 @@ def test_one_gpu_step_is_the_sum_of_its_kernels() -> None:
         8 * (layer.forward_s + layer.backward_s)
         + embed.forward_s + embed.backward_s + head.forward_s + head.backward_s
     )  # fmt: skip
-    optimizer_s = compute.optimizer_step_s(stage_params_per_gpu(plan, 0), grad_bytes_per_param=2)
-    assert result.breakdown.optimizer_s == optimizer_s
+    params = stage_params_per_gpu(plan, 0)
+    # bf16 weights (the default): Adam, then the copies to and from the fp32 master weights
+    optimizer_s = compute.optimizer_step_s(params, grad_bytes_per_param=2)
+    optimizer_s += compute.memory_time_s(master_copy_bytes(plan, params), "copy")
+    assert result.breakdown.optimizer_s == pytest.approx(optimizer_s, rel=1e-12)
     assert result.step_time_s == pytest.approx(4 * per_microbatch + optimizer_s, rel=1e-12)
     assert result.breakdown.compute_s == pytest.approx(4 * per_microbatch, rel=1e-12)
     assert result.breakdown.exposed_comm_s == {}

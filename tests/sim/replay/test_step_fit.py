@@ -10,6 +10,7 @@ from schedules.resolve import resolve_plan
 from sim.compute.compute_model import ComputeModel, default_efficiency, optimizer_launches
 from sim.replay.simulate import simulate_plan
 from sim.replay.step_fit import (
+    PASS_CLASSES,
     calibration_from_step,
     modelled_classes_s,
     modelled_launch_count,
@@ -25,8 +26,10 @@ PLAN = {
     },
     "cluster": {"node": {"base": "dgx-h100", "num_gpus": 1}, "num_nodes": 1},
     "parallel": {"recompute": "none"},
-    "training": {"micro_batch_size": 1, "global_batch_size": 2},
+    "training": {"micro_batch_size": 1, "global_batch_size": 2, "mixed_precision": "autocast"},
 }  # fmt: skip
+UNIFORM = {f"memory_{k}": default_efficiency(H100, "memory", "bf16") for k in PASS_CLASSES}
+"""One memory efficiency for every class: what the fit rescales (the per-class defaults aside)."""
 
 
 def _measurement(
@@ -40,7 +43,7 @@ def _measurement(
 ) -> dict:
     """A synthetic step: each class ``factor`` times slower than the default kernel curves."""
     plan = resolve_plan(load_plan(PLAN), 1)
-    isolated = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.0))
+    isolated = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.0, efficiency=UNIFORM))
     modelled = modelled_classes_s(plan, isolated, 2)
     classes = {
         "gemm": modelled["gemm"] * gemm,

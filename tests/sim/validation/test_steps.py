@@ -25,14 +25,13 @@ def test_the_shipped_steps_load_and_every_same_kind_pair_is_predicted() -> None:
 
 
 def test_a_calibration_reproduces_its_own_step() -> None:
-    from schedules.plan import load_plan
     from sim.replay.simulate import simulate_plan
-    from sim.replay.step_fit import calibration_from_step
+    from sim.replay.step_fit import calibration_from_step, step_plan
     from topologies.hardware import GPUS
 
     for name, measured in load_steps(STEPS_PATH).items():
         calibration = calibration_from_step(measured, GPUS["h100-sxm"])
-        predicted = simulate_plan(load_plan(measured["plan"]), compute_calibration=calibration)
+        predicted = simulate_plan(step_plan(measured), compute_calibration=calibration)
         step_s = measured["timings_s"]["step"]
         if calibration.host_s_per_launch is not None:  # launch-bound: solved to match
             assert predicted.step_time_s == pytest.approx(step_s, rel=1e-6), name
