@@ -167,16 +167,18 @@ backward, relative to 128 (linear in between, the 64 value below, 1 above). Meas
 cuDNN on one H200 as above: 261 / 301 / 365 TFLOP/s forward and 251 / 281 / 318 backward at
 64 / 96 / 128. FlashAttention-2 on Hopper does not shrink so (1.03 / 1.05 forward at 64 / 96)
 and gets only the padding."""
-HOPPER_MEMORY_EFFICIENCY = {"copy": 0.62}
-"""Fraction of HBM bandwidth a step's casts and copies reach on Hopper, in place of the 0.80
-default. Measured on one H100 (``tools/kernel_probe.py --parts memory_kernels``,
-results/mechanisms/probe_memory_h100.json) at three step-sized tensors (16.8-67 M elements):
-the casts between fp32 and bf16 1.58-2.82 TB/s, mean 2.06 (0.62 of 3.35), bf16 to fp32 the
-slowest. The same probe puts adds, GeLU and the norms at 0.67 on average, but the elementwise
-class stays at the default: at 0.67 the plain bf16-weights loop of refdata/h100/traces went from
-+6 / +9 % to +10 / +14 % and the published H100 runs from 6.8 % to 7.4 % (an eager loop's
-elementwise bytes vary more with its code than this rate does). H100 and H200 take it; other
-GPUs keep the default."""
+CAST_EFFICIENCY = {"h100-sxm": 0.62, "h200": 0.51}
+"""Fraction of HBM bandwidth a step's casts and copies (the ``copy`` memory class) reach, in
+place of the 0.80 default, per GPU where measured (``tools/kernel_probe.py --parts
+memory_kernels`` at three step-sized tensors of 16.8-67 M elements; results/mechanisms/
+probe_memory_h100.json and probe_memory_h200.json). The casts between fp32 and bf16 ran at
+1.58-2.82 TB/s on one H100 (mean 2.06: 0.62 of 3.35) and 1.64-3.77 TB/s on one H200 (mean 2.46:
+0.51 of 4.8), bf16 to fp32 the slowest on both. Other Hopper GPUs take the H100's figure; other
+families keep the default. The same probe puts adds, GeLU and the norms at 0.67 (H100) and 0.57
+(H200) on average, but the elementwise class stays at the default: at 0.67 the plain
+bf16-weights loop of refdata/h100/traces went from +6 / +9 % to +10 / +14 % and the published
+H100 runs from 6.8 % to 7.4 % (an eager loop's elementwise bytes vary more with its code than
+this rate does)."""
 ADAM_BYTES_PER_PARAM = 26.0
 """Fused Adam traffic per parameter besides the gradient: read and write fp32 master, m, v
 (24 bytes) and write the bf16 copy (2 bytes)."""
@@ -324,8 +326,8 @@ class ComputeModel:
         efficiency = self.calibration.efficiency.get(f"memory_{memory_class}")
         if efficiency is None:
             efficiency = self.calibration.efficiency.get("memory")
-        if efficiency is None and self.gpu.family == "hopper":
-            efficiency = HOPPER_MEMORY_EFFICIENCY.get(memory_class)
+        if efficiency is None and memory_class == "copy" and self.gpu.family == "hopper":
+            efficiency = CAST_EFFICIENCY.get(self.gpu.name, CAST_EFFICIENCY["h100-sxm"])
         if efficiency is None:
             efficiency = default_efficiency(self.gpu, "memory", "bf16")
         return self.gpu.hbm_bandwidth_bytes_per_s * efficiency

@@ -23,9 +23,9 @@ from schedules.kernels import (
 from schedules.params import layer_params_per_gpu
 from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
 from sim.compute.compute_model import (
+    CAST_EFFICIENCY,
     DEFAULT_IN_STEP_SLOWDOWN,
     FLASH2_ON_HOPPER,
-    HOPPER_MEMORY_EFFICIENCY,
     ROWWISE_SCALED_MM,
     UNALIGNED_GEMM,
     ComputeModel,
@@ -187,7 +187,7 @@ def test_head_embedding_and_optimizer_times() -> None:
     embedding = model.embedding_times(plan(tp=4))
     assert embedding.forward_s == pytest.approx(2 * 2 * 8192 * 8192 / (3.35e12 * 0.8))
     cast = model.memory_time_s(1e9, "copy")  # casts run at their measured share on Hopper
-    assert cast == pytest.approx(1e9 / (3.35e12 * HOPPER_MEMORY_EFFICIENCY["copy"]))
+    assert cast == pytest.approx(1e9 / (3.35e12 * CAST_EFFICIENCY["h100-sxm"]))
     step = model.optimizer_step_s(1e9, grad_bytes_per_param=4)
     assert step == pytest.approx(1e9 * 30 / (3.35e12 * 0.8))
 
