@@ -219,9 +219,10 @@ ELEMENTWISE_BYTES = {
 ``megatron``: fused kernels (Transformer Engine / apex norms, fused rotary, fused bias-SwiGLU):
 read and write once (a gated activation reads 2 and writes 1 element per output). ``compile``:
 Inductor fuses each elementwise chain into one kernel, the same traffic. ``eager``: PyTorch's
-``nn.LayerNorm`` and ``nn.RMSNorm`` are one native kernel each (``_fused_rms_norm`` since torch
-2.8: ``vectorized_layer_norm_kernel`` in the plain loop's trace of refdata/h100/traces, 2.3 TB/s
-at 4 bytes per element; Hugging Face's unfused ``LlamaRMSNorm`` would move 36), and the rest is
+``nn.LayerNorm`` and ``nn.RMSNorm`` are one native kernel each (``_fused_rms_norm`` since
+mid-2025, pytorch/pytorch#153666; ``vectorized_layer_norm_kernel`` in the plain loop's trace of
+refdata/h100/traces, 2.3 TB/s at 4 bytes per element; Hugging Face's unfused ``LlamaRMSNorm``
+would move 36), and the rest is
 counted from the Hugging Face Llama modules (``apply_rotary_pos_emb``: ``q * cos`` 2+2,
 ``rotate_half`` neg 1+1 and cat 2+2, ``* sin`` 2+2, add 4+2 = 20; SwiGLU ``act_fn(gate) * up``:
 silu 2+2, mul 4+2 = 10). Residual adds read two tensors and write one in every stack. Under
