@@ -40,6 +40,7 @@ from fileio.output import Target, check_output, write_bytes, write_text
 from schedules.activations import layer_activation_bytes, logits_bytes
 from schedules.params import embedding_params, layer_params, lm_head_params
 from schedules.plan import Plan, load_plan, plan_to_dict
+from topologies.hardware import GPUS
 from vocab.compute_calibration import STEP_SCHEMA
 from vocab.kernel_classes import CLASSES, busy_time_s, classify
 
@@ -138,11 +139,11 @@ def _check_cpu_work(
 
 
 def measured_plan(
-    plan: Plan, *, num_layers: int, microbatches: int, compiled: bool
+    plan: Plan, *, num_layers: int, microbatches: int, compiled: bool, gpu: str = ""
 ) -> dict[str, Any]:
-    """The plan as measured: one device, the slice's layers, the step's batch, and the loop that
-    ran: PyTorch's own autocast loop, compiled whole (loss included) or eager, whatever stack and
-    weights the plan names."""
+    """The plan as measured: one device (``gpu``, a catalogue key, when the plan's node names
+    another), the slice's layers, the step's batch, and the loop that ran: PyTorch's own autocast
+    loop, compiled whole (loss included) or eager, whatever stack and weights the plan names."""
     model = dataclasses.replace(plan.model, num_layers=num_layers)
     training = dataclasses.replace(
         plan.training,
@@ -156,6 +157,8 @@ def measured_plan(
     as_dict = plan_to_dict(dataclasses.replace(plan, model=model, training=training))
     node = plan.cluster.node
     one_gpu = {**node, "num_gpus": 1} if isinstance(node, dict) else {"base": node, "num_gpus": 1}
+    if gpu in GPUS:
+        one_gpu["gpu"] = gpu
     cluster = {"node": one_gpu, "num_nodes": 1}
     return {**as_dict, "parallel": parallel, "cluster": cluster}
 
@@ -344,7 +347,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "measured_layers": layers,
         "microbatches": args.microbatches,
         "plan": measured_plan(
-            plan, num_layers=layers, microbatches=args.microbatches, compiled=compiled
+            plan,
+            num_layers=layers,
+            microbatches=args.microbatches,
+            compiled=compiled,
+            gpu=detect_gpu_key(device),
         ),
         "timings_s": timings,
         "steps": steps,

@@ -212,3 +212,17 @@ def test_the_measured_plan_names_the_loop_that_ran(tmp_path: Path) -> None:
     bf16 = load_plan({**PLAN, "training": {**PLAN["training"], "mixed_precision": "bf16_weights"}})
     recorded = measured_plan(bf16, num_layers=2, microbatches=1, compiled=False)
     assert load_plan(recorded).training.mixed_precision == "autocast"
+
+
+def test_the_measured_plan_names_the_gpu_that_ran(tmp_path: Path) -> None:
+    """A plan written for one GPU but run on another records the one that ran (a CPU run: the
+    catalogue's ``cpu``); an unknown device keeps the plan's node."""
+    from comm_bench.step import measured_plan
+
+    plan = load_plan(_plan(tmp_path))
+    recorded = measured_plan(plan, num_layers=2, microbatches=1, compiled=False, gpu="h200")
+    assert load_plan(recorded).cluster.node["gpu"] == "h200"
+    cpu = measured_plan(plan, num_layers=2, microbatches=1, compiled=False, gpu="cpu")
+    assert cpu["cluster"]["node"]["gpu"] == "cpu"
+    kept = measured_plan(plan, num_layers=2, microbatches=1, compiled=False, gpu="")
+    assert "gpu" not in kept["cluster"]["node"]
