@@ -192,6 +192,16 @@ def _tokens(plan: Plan) -> float:
     return plan.training.micro_batch_size * plan.model.seq_len / plan.parallel.cp
 
 
+def residual_stream_elements(plan: Plan) -> float:
+    """Elements of one micro-batch's residual stream on one GPU (tokens x hidden; the tokens
+    split over tensor-parallel ranks under sequence parallelism): what a norm or a residual add
+    reads."""
+    tokens = _tokens(plan)
+    if plan.parallel.sequence_parallel:
+        tokens /= plan.parallel.tp
+    return tokens * plan.model.hidden_size
+
+
 WEIGHT_GEMMS = ("qkv", "proj", "fc1", "fc2")
 """Names of a layer's weight GEMMs, in ``weight_gemm_shapes`` order."""
 
@@ -318,19 +328,17 @@ def elementwise_forward_bytes(plan: Plan) -> float:
     model, parallel = plan.model, plan.parallel
     per = ELEMENTWISE_BYTES[kernel_stack(plan)]
     tokens, t, h = _tokens(plan), parallel.tp, model.hidden_size
-    norm_tokens = tokens / t if parallel.sequence_parallel else tokens
-    norms = 2 * per[model.norm] * norm_tokens * h  # 2 norms
-    residuals = 2 * per["residual"] * norm_tokens * h  # 2 adds
+    norm, residual = per[model.norm], per["residual"]
+    if autocast_weights(plan):  # the fp32 residual stream
+        norm, residual = (FP32_RESIDUAL_BYTES[kernel_stack(plan)][k] for k in ("norm", "residual"))
+    if unfused_norm(plan):
+        norm = UNFUSED_RMSNORM_BYTES
+    stream = residual_stream_elements(plan)
+    norms, residuals = 2 * norm * stream, 2 * residual * stream  # 2 norms, 2 adds
     rotary = 0.0
     if model.position_embedding == "rope":
         rotary = per["rotary"] * tokens * (h + model.kv_size) / t
     activation = per["gated" if model.gated_mlp else "plain"] * tokens * model.ffn_hidden_size / t
-    if autocast_weights(plan):
-        fp32 = FP32_RESIDUAL_BYTES[kernel_stack(plan)]
-        norms = 2 * fp32["norm"] * norm_tokens * h
-        residuals = 2 * fp32["residual"] * norm_tokens * h
-    if unfused_norm(plan):
-        norms = 2 * UNFUSED_RMSNORM_BYTES * norm_tokens * h
     expand = 0.0
     if kernel_stack(plan) == "eager" and model.num_kv_heads < model.num_heads:
         # repeat_kv: K and V expanded to every query head (read kd, write h, each)
@@ -353,9 +361,7 @@ def norm_cast_bytes(plan: Plan) -> float:
     residual stream is bf16 or the casts are fused."""
     if not autocast_weights(plan):
         return 0.0
-    parallel = plan.parallel
-    tokens = _tokens(plan) / parallel.tp if parallel.sequence_parallel else _tokens(plan)
-    return 2 * FP32_RESIDUAL_BYTES[kernel_stack(plan)]["cast"] * tokens * plan.model.hidden_size
+    return 2 * FP32_RESIDUAL_BYTES[kernel_stack(plan)]["cast"] * residual_stream_elements(plan)
 
 
 def split_grad_bytes(plan: Plan) -> float:
@@ -766,12 +772,11 @@ def cross_entropy_kernels(
 
 def head_kernels(plan: Plan) -> PieceKernels:
     """Final norm, LM head (T x V/t x h, kept in 16-bit as Megatron does) and cross-entropy."""
-    model, parallel = plan.model, plan.parallel
+    model = plan.model
     _, dtype = dtypes(plan)
     tokens, h = _tokens(plan), model.hidden_size
     vocab = head_vocab_per_gpu(plan)
-    norm_tokens = tokens / parallel.tp if parallel.sequence_parallel else tokens
-    norm_bytes = 2 * 2 * ACTIVATION_BYTES * norm_tokens * h
+    norm_bytes = 2 * 2 * ACTIVATION_BYTES * residual_stream_elements(plan)
     logits = tokens * vocab
     loss_forward, loss_backward = cross_entropy_kernels(plan, logits)
     head_params = h * vocab

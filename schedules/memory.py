@@ -48,7 +48,12 @@ from schedules.activations import (
 )
 from schedules.context_parallel import ring_buffer_bytes
 from schedules.data_parallel.registry import data_parallel_kind, offload_of, replica_group_size
-from schedules.kernels import autocast_weights, kernel_stack, torch_ddp_step
+from schedules.kernels import (
+    autocast_weights,
+    kernel_stack,
+    residual_stream_elements,
+    torch_ddp_step,
+)
 from schedules.messages import PARAM_BYTES
 from schedules.moe import expert_data_parallel, moe_activation_bytes
 from schedules.offload import gpu_offload_buffer_bytes, gpu_state_bytes_per_param
@@ -176,11 +181,8 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
         flash_attention=training.flash_attention,
     )
     if autocast_weights(plan):
-        tokens = training.micro_batch_size * model.seq_len / parallel.cp
-        if parallel.sequence_parallel:
-            tokens /= parallel.tp
         saved = 1 if parallel.recompute == "full" else 2
-        per_layer += saved * FP32_RESIDUAL_EXTRA_BYTES * tokens * model.hidden_size
+        per_layer += saved * FP32_RESIDUAL_EXTRA_BYTES * residual_stream_elements(plan)
     layers = layers_per_stage(plan, stage)
     num_moe = stage_moe_layers(plan, stage)
     if num_moe:
@@ -316,13 +318,12 @@ def stage_memory_bytes(
         else 0.0,
         "fp8_weights": fp8_weight_bytes(plan, stage),
     }
-    if autocast_weights(plan):
-        memory["buffers"] += params * AUTOCAST_CAST_CACHE_BYTES
+    casts = params * AUTOCAST_CAST_CACHE_BYTES if autocast_weights(plan) else 0.0
+    memory["buffers"] += casts
     if not accumulating_gradients(plan):
         # one micro-batch: the peak is the forward's end (no gradients yet) or the backward's
         # (every gradient, the activations, logits and casts freed), whichever is larger
-        freed = memory["activations"] + memory["logits"]
-        freed += params * AUTOCAST_CAST_CACHE_BYTES if autocast_weights(plan) else 0.0
+        freed = memory["activations"] + memory["logits"] + casts
         memory["gradients"] = max(0.0, memory["gradients"] - freed)
     memory["total"] = sum(memory.values())
     return memory

@@ -33,7 +33,7 @@ from schedules.kernels import (
     layer_kernels,
     master_copy_bytes,
 )
-from schedules.plan import load_plan
+from schedules.plan import Plan, load_plan
 from schedules.resolve import resolve_plan
 from sim.compute.compute_model import ComputeModel, default_efficiency, optimizer_launches
 from topologies.hardware import GPUSpec
@@ -214,7 +214,7 @@ def _fit_host_cost(plan: Any, calibration: ComputeCalibration, step_s: float) ->
     return (low + high) / 2
 
 
-def step_plan(measurement: Mapping[str, Any]) -> Any:
+def step_plan(measurement: Mapping[str, Any]) -> Plan:
     """The plan a ``commbench --step`` file measured: its loop runs under autocast over fp32
     weights, which files written before the plan said so leave unset."""
     raw = dict(measurement["plan"])

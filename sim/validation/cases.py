@@ -278,17 +278,22 @@ the loss: e8977b0 (2024-12-18, "turning off compile on loss function": "compilin
 causes CUDA errors") and bbb1b61 (2025-04-02, ``build_cross_entropy_loss`` compiles it again)."""
 
 
+def version_date(case: dict[str, Any], package: str) -> str | None:
+    """The date the source's ``versions`` gives ``package`` (``torch 1963fc8 (2024-12-23)``:
+    ``2024-12-23``), or None."""
+    source = case.get("source") or {}
+    versions = str(source.get("versions", "")) if isinstance(source, dict) else ""
+    found = re.search(rf"\b{package} [0-9a-z.+]+ \((\d{{4}}-\d{{2}}-\d{{2}})\)", versions)
+    return found.group(1) if found else None
+
+
 def parse_compile_loss(case: dict[str, Any]) -> bool | None:
     """``False`` for a compiled torchtitan run at a commit that left the loss uncompiled (the
     date in the source's ``versions``, ``TORCHTITAN_UNCOMPILED_LOSS``), else None (the stack's
     default)."""
-    source = case.get("source") or {}
-    versions = str(source.get("versions", "")) if isinstance(source, dict) else ""
-    found = re.search(r"torchtitan [0-9a-f]+ \((\d{4}-\d{2}-\d{2})\)", versions)
-    if found is None:
-        return None
+    date = version_date(case, "torchtitan")
     start, end = TORCHTITAN_UNCOMPILED_LOSS
-    return False if start <= found.group(1) < end else None
+    return False if date is not None and start <= date < end else None
 
 
 FUSED_RMS_NORM_SINCE = "2025-07-09"
@@ -300,12 +305,8 @@ slower than nn.layernorm", torch 2.6) and was in the nightlies by mid-August 202
 def parse_fused_norm(case: dict[str, Any]) -> bool | None:
     """``False`` for a run whose source dates its torch before ``FUSED_RMS_NORM_SINCE``, else
     None (the plan default: fused)."""
-    source = case.get("source") or {}
-    versions = str(source.get("versions", "")) if isinstance(source, dict) else ""
-    found = re.search(r"torch [0-9a-z.+]+ \((\d{4}-\d{2}-\d{2})\)", versions)
-    if found is None:
-        return None
-    return False if found.group(1) < FUSED_RMS_NORM_SINCE else None
+    date = version_date(case, "torch")
+    return False if date is not None and date < FUSED_RMS_NORM_SINCE else None
 
 
 def parse_attention_backend(text: Any) -> str:
