@@ -435,6 +435,8 @@ def _parallel_section(
     section["data_parallel"] = kind or "ddp"
     if isinstance(parallel.get("tp_comm_overlap"), bool):
         knobs["tp_comm_overlap"] = parallel["tp_comm_overlap"]
+    if isinstance(parallel.get("cp_rotate_method"), str):  # torch's context_parallel K/V exchange
+        knobs["cp_rotate_method"] = parallel["cp_rotate_method"]
     section.update(knobs)
     section.update(_layout_section(parallel, missing))
     section.update({k: parallel[k] for k in MOE_PARALLEL_KEYS if k in parallel})

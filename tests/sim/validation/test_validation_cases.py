@@ -350,14 +350,15 @@ def test_simulable_case_count_per_source() -> None:
         if mapping.simulable:
             counts[mapping.source] = counts.get(mapping.source, 0) + 1
     # Table 1 (10) + Table 2 ZeRO-3 (6); Table 5 (8) + 530B on 2240 GPUs (2); NeMo (12);
-    # Mixtral 8x7B and 8x22B (2); torchtitan Tables 1-4 (10), asynchronous TP (8), H200 (2);
+    # Mixtral 8x7B and 8x22B (2); torchtitan 2024-12 Tables 1-6 (19: Table 2's four CP rows, Table 5's
+    # two PP schedules, Table 6's four CP rows at 405B), asynchronous TP (8), H200 (2);
     # Megatron-Bridge Llama 3 70B and 3.1 405B (2)
     assert counts == {
         "narayanan21": 16,
         "korthikanti22": 10,
         "nemo2407": 12,
         "mcoremoe": 2,
-        "torchtitan": 19,
+        "torchtitan": 28,
         "mbridge": 2,
     }
 
@@ -404,3 +405,35 @@ def test_malformed_cases_file_names_the_file(tmp_path: Path) -> None:
     path.write_text("[{")
     with pytest.raises(ValueError, match=r"malformed input: .*cases\.json: "):
         load_cases(path)
+
+
+@needs_cases
+@pytest.mark.parametrize(
+    ("case_id", "vpp", "cp", "microbatches"),
+    [
+        ("torchtitan_t5_405B_512gpu_3d_1f1b_compile_float8", 1, 1, 8),
+        ("torchtitan_t5_405B_512gpu_3d_interleaved_compile_float8", 2, 1, 8),
+        ("torchtitan_t6_405B_512gpu_4d_seq256k_cp8_compile_float8", 1, 8, 8),
+        ("torchtitan_t2_8B_8gpu_seq128k_cp4_compile_float8", 1, 4, 1),
+    ],
+)
+def test_torchtitan_pipeline_and_cp_rows_carry_the_release_defaults(
+    case_id: str, vpp: int, cp: int, microbatches: int
+) -> None:
+    # torchtitan 9dec370: as many micro-batches as the PP degree, generate_split_points' layers
+    # (126 // stages, the remainder on the middle stages), the 'allgather' K/V rotation
+    from schedules.plan import num_microbatches
+
+    mapping = map_case(_cases()[case_id])
+    assert mapping.plan is not None and mapping.num_gpus is not None
+    plan = resolve_plan(load_plan(mapping.plan), mapping.num_gpus)
+    assert (plan.parallel.vpp, plan.parallel.cp) == (vpp, cp)
+    assert num_microbatches(plan) == microbatches
+    assert plan.parallel.dp * cp == 8
+    if plan.parallel.pp > 1:
+        layers = plan.parallel.pipeline_layers
+        assert layers is not None and sum(layers) == 126 and len(layers) == 8 * vpp
+        assert layers[0] == layers[-1] == 126 // (8 * vpp)
+        assert plan.training.float8_all_gather
+    if cp > 1:
+        assert plan.parallel.cp_rotate_method == "allgather"
