@@ -15,7 +15,8 @@ Each (op, algorithm, protocol) NCCL can run becomes a ``Protocol`` (constants fr
 - mid sizes: the pipeline start-up chunk (a buffer slot), the channels NCCL launches for the
   size (``nc`` shrinks while ``bytes < nc x threads x threshold``, enqueue.cc; each launched
   channel moves at most its graph channel's speed, an assumption: NCCL models only the full
-  count), and Tree all_reduce's ``treeCorrectionFactor``.
+  count), Tree all_reduce's ``treeCorrectionFactor`` and NVLSTree's pipeline fill across
+  nodes (``NVLSTREE_FILL_WAVES``).
 
 gloo (CPU) has no protocols: an empty tuple, plain alpha-beta.
 
@@ -57,6 +58,19 @@ and a rate) on the one-node NVLS all_reduce of refdata/nccl/h100_8gpu_all_reduce
 H100 v5), 16.8 (AWS p5) and 18.2 KiB (Azure ND H200 v5) (``commsim validate --collectives``)."""
 
 
+NVLSTREE_FILL_WAVES = 2.0
+"""Pipeline fill of NVLSTree across nodes, in waves of chunks (one chunk on every concurrent
+operation: channels x heads x the chunk NCCL picks for the size). A chunk crosses seven stages
+(``RunWorkColl<..., NCCL_ALGO_NVLS_TREE, ...>`` in src/device/all_reduce.h: scatter into the
+NVLS buffer, NVLS reduce and network send, the network, the root's NVLS reduce and send down,
+the network, multicast, gather) before the last one's results land; at the steady rate the NVLS
+phases set, the ones other than the bottleneck take two to three waves. Two is the lower end:
+the excess over the steady rate measured on three InfiniBand NDR clusters at 2 nodes is 1.5-2.0
+waves (``ib-ndr-h100-8node-issue309``, ``ib-ndr-h100-xe9680``, ``ib-ndr-h100-crusoe``:
+about 50 us at 8-32 MiB, 64 KiB chunks, and 135 us at 64-512 MiB, 128 KiB chunks), and the
+fill follows NCCL's chunk (``shrunk_chunk``), not the size."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Protocol:
     """One protocol's cost on one (op, algorithm, hardware): NCCL's tuning constants."""
@@ -94,6 +108,9 @@ class Protocol:
     """NVLS / NVLSTree: the chunk before shrinking (``nvlsChunkSize``, ``nvlsTreeMaxChunkSize``)."""
     chunk_steps: tuple[tuple[int, int], ...] = ()
     """NVLS / NVLSTree: NCCL's shrinking rule (``nccl_tables.NVLS_CHUNK_STEPS``)."""
+    fill_waves: float = 0.0
+    """Pipeline fill in waves of chunks (``chunk_ops`` x the size's chunk): NVLSTree across
+    nodes (``NVLSTREE_FILL_WAVES``); 0 elsewhere."""
 
     def latency_s(self, intra_steps: int, inter_steps: int, size_bytes: float = 0.0) -> float:
         """The protocol's own latency for a collective of these steps."""
@@ -119,10 +136,12 @@ class Protocol:
             bus_bytes / self.bandwidth_cap_bytes_per_s,
             bus_bytes / channels_bw,
         )
+        # the fill: waves of chunks at the steady rate, before the per-chunk costs
+        fill = steady * self.fill_waves * self.chunk_ops * self.chunk(size_bytes) / size_bytes
         if self.tree_correction:
             steady /= T.tree_correction(self.name, size_bytes)
         steady *= self.chunk_factor(size_bytes)
-        return steady * (1.0 + self.chunk_bytes / size_bytes) if size_bytes > 0 else steady
+        return steady * (1.0 + self.chunk_bytes / size_bytes) + fill
 
     def chunk(self, size_bytes: float) -> int:
         """NVLS / NVLSTree: the chunk NCCL moves ``size_bytes`` in (0 elsewhere)."""
@@ -191,6 +210,7 @@ def _protocol(name: str, op: str, algo: str, hw: Hardware) -> Protocol:
         channel_bandwidth_bytes_per_s=_channel_gbps(table, hw) * factor * GBPS,
         tree_correction=table == "tree" and op == "all_reduce",
         chunk_ops=ops, max_chunk_bytes=largest, chunk_steps=steps,
+        fill_waves=NVLSTREE_FILL_WAVES if table == "nvlstree" and multi else 0.0,
     )  # fmt: skip
 
 

@@ -162,3 +162,25 @@ def test_unsupported_algorithms_are_clear_errors():
         cost_terms("all_reduce", "tree", a100, 1e6)
     with pytest.raises(ValueError, match=r"needs a fabric whose switches reduce \(SHARP"):
         cost_terms("all_reduce", "collnet_direct", _layout(), 1e6)
+
+
+
+def test_nvlstree_fill_is_two_waves_of_the_sizes_chunk_at_the_steady_rate():
+    # NCCL's NVLSTree chunk on 2 nodes (enqueue.cc calcCollChunking): 128 KiB from 64 MiB, 64 KiB
+    # from 8 MiB; 16 channels x 8 heads move one chunk each per wave
+    from sim.network import nccl_tables as T
+    from sim.network.protocols import NVLSTREE_FILL_WAVES, protocols_for
+
+    two = placement_of(build_cluster("dgx-h100", 2, "ib-ndr"), range(16)).hardware()
+    (proto,) = protocols_for("all_reduce", "nvlstree", two)
+    assert proto.fill_waves == NVLSTREE_FILL_WAVES == 2.0
+    ops = T.NVLS_CHANNELS_SM90 * 8
+    assert proto.chunk_ops == ops == 128
+    rate_s = 1e-3  # one millisecond of steady transfer
+    for size, chunk in ((64 * 2**20, 128 * 1024), (16 * 2**20, 64 * 1024)):
+        assert proto.chunk(size) == chunk
+        fill = rate_s / proto.bandwidth_factor * 2.0 * ops * chunk / size
+        expected = rate_s / proto.bandwidth_factor * proto.chunk_factor(size) + fill
+        assert proto.bandwidth_s(rate_s, 0.0, size) == pytest.approx(expected, rel=1e-12)
+    one = placement_of(build_cluster("dgx-h100"), range(8)).hardware()
+    assert all(p.fill_waves == 0.0 for p in protocols_for("all_reduce", "nvls", one))
