@@ -164,7 +164,6 @@ def test_unsupported_algorithms_are_clear_errors():
         cost_terms("all_reduce", "collnet_direct", _layout(), 1e6)
 
 
-
 def test_nvlstree_fill_is_two_waves_of_the_sizes_chunk_at_the_steady_rate():
     # NCCL's NVLSTree chunk on 2 nodes (enqueue.cc calcCollChunking): 128 KiB from 64 MiB, 64 KiB
     # from 8 MiB; 16 channels x 8 heads move one chunk each per wave
