@@ -187,6 +187,8 @@ def breakdown_lines(
     slowed = (
         [("  (compute slowed by overlap)", bd.overlap_slowdown_s)] if bd.overlap_slowdown_s else []
     )
+    if bd.in_step_slowdown_s:
+        slowed.append(("  (in-step slowdown, fitted)", bd.in_step_slowdown_s))
     step_s = result.step_time_s
     lines = [
         f"Step breakdown on {critical}",

@@ -80,6 +80,9 @@ class RankTimes:
     """Other compute-stream idle time (waiting for other stages: the pipeline bubble)."""
     overlap_slowdown_s: float = 0.0
     """Compute-stream time added by communication running beside the compute (in compute_s)."""
+    kernel_s: float = 0.0
+    """Compute-stream time of the forward and backward work (optimizer excluded) at its modelled
+    durations, before the overlap slowdown: what the compute model's time factor scales."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -412,7 +415,7 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
     spans = [_span(rank, a, r) for a, r in zip(actions, records, strict=True)]
     exposed: dict[str, float] = defaultdict(float)
     busy = {"compute": 0.0, "optimizer": 0.0}
-    idle = slowed = 0.0
+    idle = slowed = kernel = 0.0
     free_s = 0.0
     for action, record in zip(actions, records, strict=True):
         if not isinstance(action, Compute) or action.stream != "compute":
@@ -440,6 +443,8 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
             action.duration_s + record.slowed_s
         )
         slowed += record.slowed_s
+        if action.kind != "optimizer":
+            kernel += action.duration_s
         if record.host_tail_s > 0:
             exposed["host"] += record.host_tail_s
         free_s = record.end_s
@@ -452,6 +457,7 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
         exposed_comm_s=dict(sorted(exposed.items())),
         idle_s=idle,
         overlap_slowdown_s=slowed,
+        kernel_s=kernel,
     )
     return spans, times
 

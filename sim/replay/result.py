@@ -64,6 +64,10 @@ class Breakdown:
     host_s: float = 0.0
     """Time the compute stream waited for the host thread (framework Python and launch loops
     that the GPU could not run ahead of)."""
+    in_step_slowdown_s: float = 0.0
+    """Part of compute_s that is the in-step slowdown (``ComputeModel.in_step_slowdown``: the
+    fitted multi-GPU factor, or a calibration's): the forward and backward kernels' time beyond
+    their curves, a fraction s / (1 + s) of their modelled time."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,6 +128,7 @@ class PlanResult:
                 "optimizer_s": self.breakdown.optimizer_s,
                 "overlap_slowdown_s": self.breakdown.overlap_slowdown_s,
                 "host_s": self.breakdown.host_s,
+                "in_step_slowdown_s": self.breakdown.in_step_slowdown_s,
             },
             "bottleneck": self.bottleneck,
             "basis": dict(self.basis),

@@ -65,8 +65,11 @@ def plan_topology(plan: Plan) -> Topology:
     return load_cluster(source)
 
 
-def breakdown_of(timeline: Timeline, rank: int | None = None) -> Breakdown:
-    """Where the step went on ``rank`` (default: the critical rank, the last to finish)."""
+def breakdown_of(
+    timeline: Timeline, rank: int | None = None, *, in_step_slowdown: float = 0.0
+) -> Breakdown:
+    """Where the step went on ``rank`` (default: the critical rank, the last to finish); the
+    compute model's ``in_step_slowdown`` sizes its share of the compute time."""
     chosen = timeline.critical_rank if rank is None else rank
     times = timeline.ranks[chosen]
     step_s = timeline.step_time_s
@@ -80,6 +83,7 @@ def breakdown_of(timeline: Timeline, rank: int | None = None) -> Breakdown:
         optimizer_s=times.optimizer_s,
         overlap_slowdown_s=times.overlap_slowdown_s,
         host_s=host_s,
+        in_step_slowdown_s=times.kernel_s * in_step_slowdown / (1.0 + in_step_slowdown),
     )
 
 
@@ -133,7 +137,7 @@ def simulate_plan(
     tokens = plan.training.global_batch_size * plan.model.seq_len
     peak = _peak_flops_per_s(plan, topology)
     hardware = hardware_flops_per_step(plan) / step_s / topology.num_gpus
-    breakdown = breakdown_of(timeline)
+    breakdown = breakdown_of(timeline, in_step_slowdown=compute.in_step_slowdown)
     memory = {**memory, "reserved": reserved_bytes(memory["total"])}
     fits = memory["reserved"] <= gpu.hbm_bytes
     stack = kernel_stack(plan)
@@ -173,13 +177,19 @@ def simulate_plan(
                         timeline,
                         culprits(whatif, topology),
                         like=lambda r: representative_of(step.layout, r) if fold else r,
+                        in_step_slowdown=compute.in_step_slowdown,
                     )
                 }
                 if whatif
                 else {}
             ),
             **(
-                {"rank_breakdowns": {str(r): _breakdown(timeline, r) for r in timeline.ranks}}
+                {
+                    "rank_breakdowns": {
+                        str(r): _breakdown(timeline, r, compute.in_step_slowdown)
+                        for r in timeline.ranks
+                    }
+                }
                 if rank_breakdowns
                 else {}
             ),
@@ -212,8 +222,8 @@ def follows_axes(step: StepDescription) -> bool:
     return par.ep <= 1 and not hsdp
 
 
-def _breakdown(timeline: Timeline, rank: int) -> dict[str, Any]:
-    return dataclasses.asdict(breakdown_of(timeline, rank))
+def _breakdown(timeline: Timeline, rank: int, in_step_slowdown: float) -> dict[str, Any]:
+    return dataclasses.asdict(breakdown_of(timeline, rank, in_step_slowdown=in_step_slowdown))
 
 
 def whatif_summary(
@@ -223,6 +233,7 @@ def whatif_summary(
     culprits: list[int],
     *,
     like: Callable[[int], int],
+    in_step_slowdown: float = 0.0,
 ) -> dict[str, Any]:
     """The what-if for the JSON result: its changes, the ranks it singles out (``culprits``
     first: the slowed GPUs and those behind a changed NIC), and where the step went on the
@@ -239,7 +250,11 @@ def whatif_summary(
         "culprits": culprits,
         "singled_out_ranks": sorted(special),
         "ranks": {
-            str(r): {"singled_out": r in special, "like_rank": like(r), **_breakdown(timeline, r)}
+            str(r): {
+                "singled_out": r in special,
+                "like_rank": like(r),
+                **_breakdown(timeline, r, in_step_slowdown),
+            }
             for r in simulated[:MAX_WHATIF_RANKS]
         },
     }

@@ -285,6 +285,8 @@ def simulate_case(
         breakdown[f"exposed_{group}_s"] = seconds
     if result.breakdown.host_s:
         breakdown["host_s"] = result.breakdown.host_s
+    if result.breakdown.in_step_slowdown_s:
+        breakdown["in_step_slowdown_s"] = result.breakdown.in_step_slowdown_s
     breakdown["bubble_s"] = result.breakdown.bubble_s
     breakdown["optimizer_s"] = result.breakdown.optimizer_s
     return Prediction(

@@ -54,3 +54,24 @@ def test_the_bottleneck_is_the_largest_share_or_memory() -> None:
     idle = Breakdown(compute_s=1.0, exposed_comm_s={}, bubble_s=3.0)
     assert bottleneck(idle, 4.0, fits=True, pipeline=True) == "pipeline bubble (75% of the step)"
     assert bottleneck(idle, 4.0, fits=True, pipeline=False) == "waiting (idle) (75% of the step)"
+
+
+def test_the_breakdown_shows_the_in_step_slowdowns_share_of_compute() -> None:
+    # TP 2 with no overlap re-rating: every kernel is (1 + s) x its curve time, so the share the
+    # breakdown reports is exactly what the factor added to the compute stream
+    plan = plan_of({"tp": 2})
+    without = simulate_plan(
+        plan, compute_calibration=ComputeCalibration(in_step_slowdown=0.0, overlap_slowdown=0.0)
+    )
+    with_it = simulate_plan(
+        plan, compute_calibration=ComputeCalibration(in_step_slowdown=0.25, overlap_slowdown=0.0)
+    )
+    assert without.breakdown.in_step_slowdown_s == 0.0
+    added = with_it.breakdown.compute_s - without.breakdown.compute_s
+    assert with_it.breakdown.in_step_slowdown_s == pytest.approx(added, rel=1e-9)
+    assert with_it.breakdown.in_step_slowdown_s == pytest.approx(
+        with_it.breakdown.compute_s * 0.25 / 1.25, rel=1e-9
+    )
+    assert with_it.to_json()["breakdown"]["in_step_slowdown_s"] == pytest.approx(added, rel=1e-9)
+    default = simulate_plan(plan)  # multi-GPU defaults: the fitted 0.21
+    assert default.breakdown.in_step_slowdown_s > 0.0
