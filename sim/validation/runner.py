@@ -51,7 +51,8 @@ class Prediction:
     """Ranks simulated after folding symmetric ones."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """The critical rank's step: ``compute_s``, ``exposed_<group>_s``, ``bubble_s``,
-    ``optimizer_s``."""
+    ``optimizer_s``, and where present ``host_s`` and ``in_step_slowdown_s`` (the fitted
+    factor's part of ``compute_s``)."""
     memory_gib: float | None = None
     """Predicted peak memory per GPU (GiB, the worst rank)."""
 
