@@ -58,8 +58,13 @@ class FabricSpec:
     rail_optimized: bool = True
     """NIC i of every server of a scalable unit on leaf i of that unit."""
     sharp: bool = False
-    """Whether the switches reduce in the network (SHARP): NCCL's CollNet algorithms and NVLS
-    across nodes run only on such a fabric."""
+    """Whether the switches can reduce in the network (SHARP): NCCL's CollNet algorithms and
+    NVLS across nodes run only on such a fabric, and only with ``collnet``."""
+    collnet: bool = False
+    """``NCCL_COLLNET_ENABLE=1`` with the SHARP collnet plugin installed: NCCL then adds CollNet
+    and NVLS across nodes (NVLS + SHARP). Off by default as in NCCL (init.cc: an unset
+    ``collnetEnable`` becomes 0; tuning.cc disables CollNetDirect, CollNetChain and multi-node
+    NVLS without it), so a SHARP fabric without it runs what the same fabric without SHARP runs."""
     transport: str = "ib"
     """How NCCL reaches the NICs: ``ib`` (its IB verbs transport, also RoCE), ``ofi``
     (aws-ofi-nccl over EFA) or ``tcpx`` (Google's GPUDirect-TCPX/TCPXO plugin)."""
@@ -140,6 +145,13 @@ def _check_network(spec: FabricSpec) -> None:
     """ValueError naming the field unless SHARP, transport, latencies and tuner are valid."""
     if not isinstance(spec.sharp, bool):
         raise ValueError(f"fabric.sharp={shorten(spec.sharp)}; give true/false")
+    if not isinstance(spec.collnet, bool):
+        raise ValueError(f"fabric.collnet={shorten(spec.collnet)}; give true/false")
+    if spec.collnet and not spec.sharp:
+        raise ValueError(
+            "fabric.collnet=true needs switches that reduce in the network (fabric.sharp=true): "
+            "NCCL's CollNet runs on SHARP through its collnet plugin"
+        )
     for name, valid in (("transport", TRANSPORTS), ("tuner", TUNERS)):
         value = getattr(spec, name)
         if not isinstance(value, str) or value not in valid:
@@ -181,9 +193,19 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         link="ib-ndr",
         radix=64,
         sharp=True,
-        source="NVIDIA Quantum-2 QM9700: 64 NDR ports with SHARPv3 in-network reduction; NCCL "
-        "reaches it through the SHARP collnet plugin (Mellanox/nccl-rdma-sharp-plugins 2f5ac02: "
-        "all_reduce, iallgather, ireducescatter); rail-optimised",
+        source="NVIDIA Quantum-2 QM9700: 64 NDR ports with SHARPv3 in-network reduction, under "
+        "NCCL's defaults (NCCL_COLLNET_ENABLE unset: no CollNet, no NVLS across nodes; "
+        "ib-ndr-sharp-collnet sets it); rail-optimised",
+    ),
+    "ib-ndr-sharp-collnet": FabricSpec(
+        name="ib-ndr-sharp-collnet",
+        link="ib-ndr",
+        radix=64,
+        sharp=True,
+        collnet=True,
+        source="NVIDIA Quantum-2 QM9700: 64 NDR ports with SHARPv3 in-network reduction; "
+        "NCCL_COLLNET_ENABLE=1 and the SHARP collnet plugin (Mellanox/nccl-rdma-sharp-plugins "
+        "2f5ac02: all_reduce, iallgather, ireducescatter); rail-optimised",
     ),
     "efa-p5": FabricSpec(
         name="efa-p5",

@@ -2,7 +2,8 @@
 
 Server presets: ``dgx-h100``, ``dgx-a100``, ``hgx-h200``, ``pcie-h100``, ``localhost`` and the
 cloud servers ``p5-h100`` (AWS), ``a3-mega-h100`` (GCP), ``nd-h100-v5`` (Azure); fabric presets:
-``ib-ndr``, ``ib-hdr``, ``roce-400g``, ``ib-ndr-sharp`` (in-network reduction), ``efa-p5``,
+``ib-ndr``, ``ib-hdr``, ``roce-400g``, ``ib-ndr-sharp`` (SHARP switches, CollNet off as NCCL
+defaults), ``ib-ndr-sharp-collnet`` (in-network reduction), ``efa-p5``,
 ``gcp-a3-mega``, ``azure-ndr``. Any server type goes on any fabric, with a server count and an
 oversubscription ratio. One server needs no fabric; several without one use the server preset's
 ``default_fabric``.

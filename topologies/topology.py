@@ -236,8 +236,9 @@ class Topology:
         return min(cuts)
 
     def sharp_capable(self) -> bool:
-        """Whether the fabric's switches reduce in the network (SHARP, ``FabricSpec.sharp``)."""
-        return self.fabric is not None and self.fabric.spec.sharp
+        """Whether NCCL reduces in this fabric's switches: SHARP switches (``FabricSpec.sharp``)
+        with CollNet enabled (``FabricSpec.collnet``)."""
+        return self.fabric is not None and self.fabric.spec.sharp and self.fabric.spec.collnet
 
     def nvls_capable(self) -> bool:
         """Whether the servers' NVSwitches can reduce in-switch (NVLink SHARP)."""

@@ -101,11 +101,16 @@ def test_bad_oversubscription_and_empty():
 
 def test_presets():
     assert set(FABRIC_PRESETS) == {
-        "ib-ndr", "ib-hdr", "roce-400g", "ib-ndr-sharp", "efa-p5", "efa-p4d", "gcp-a3-mega",
-        "gcp-a3-high", "azure-ndr",
+        "ib-ndr", "ib-hdr", "roce-400g", "ib-ndr-sharp", "ib-ndr-sharp-collnet", "efa-p5",
+        "efa-p4d", "gcp-a3-mega", "gcp-a3-high", "azure-ndr",
     }  # fmt: skip
     assert FABRIC_PRESETS["ib-ndr"].radix == 64
-    assert [name for name, spec in FABRIC_PRESETS.items() if spec.sharp] == ["ib-ndr-sharp"]
+    assert [name for name, spec in FABRIC_PRESETS.items() if spec.sharp] == [
+        "ib-ndr-sharp",
+        "ib-ndr-sharp-collnet",
+    ]
+    collnet = [name for name, spec in FABRIC_PRESETS.items() if spec.collnet]
+    assert collnet == ["ib-ndr-sharp-collnet"]
     efa = FABRIC_PRESETS["efa-p5"]  # aws-ofi-nccl: 75 us plugin latency, 75 (+3) us per message
     assert (efa.plugin_latency_s, efa.step_latency_s, efa.simple_extra_latency_s) == (
         75e-6, 75e-6, 3e-6,
@@ -115,3 +120,13 @@ def test_presets():
     assert FABRIC_PRESETS["roce-400g"].rail_optimized
     for spec in FABRIC_PRESETS.values():
         assert spec.source
+
+
+def test_collnet_needs_sharp_switches_and_is_off_by_default():
+    from topologies.fabrics import FabricSpec
+
+    assert not FabricSpec(name="x", link="ib-ndr", radix=64, sharp=True).collnet
+    with pytest.raises(ValueError, match=r"fabric\.collnet=true needs switches that reduce"):
+        FabricSpec(name="x", link="ib-ndr", radix=64, collnet=True)
+    with pytest.raises(ValueError, match=r"fabric\.collnet='yes'; give true/false"):
+        FabricSpec(name="x", link="ib-ndr", radix=64, sharp=True, collnet="yes")  # type: ignore[arg-type]

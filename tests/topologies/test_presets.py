@@ -76,5 +76,5 @@ def test_cloud_servers():
     assert azure.injection_bandwidth_bytes_per_s(0, "network") == 50e9  # 400 Gb/s NDR
     assert not azure.fabric.spec.rail_optimized  # "topology-agnostic" per Azure
     assert not p5.sharp_capable()
-    assert build_cluster("dgx-h100", num_nodes=2, fabric="ib-ndr-sharp").sharp_capable()
+    assert build_cluster("dgx-h100", num_nodes=2, fabric="ib-ndr-sharp-collnet").sharp_capable()
     assert not build_cluster("dgx-h100").sharp_capable()

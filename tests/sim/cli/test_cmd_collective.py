@@ -233,8 +233,9 @@ def test_collective_sweep_ticks_a_progress_bar_per_op_and_size(monkeypatch, caps
 
 
 def test_collective_names_protocols_and_runs_in_network_reduction(capsys):
+    sharp = "ib-ndr-sharp-collnet"
     assert main(["collective", "--topology", "dgx-h100", "--nodes", "8", "--fabric",
-                 "ib-ndr-sharp", "--ops", "all_reduce", "-b", "8G", "-e", "8G"]) == 0  # fmt: skip
+                 sharp, "--ops", "all_reduce", "-b", "8G", "-e", "8G"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "# algorithms: 8589934592-8589934592 nvls/simple" in out  # NVLS + SHARP
     row = next(line.split() for line in out.splitlines() if line.lstrip().startswith("858993"))

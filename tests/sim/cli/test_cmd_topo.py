@@ -100,7 +100,8 @@ def test_cloud_and_sharp_fabrics_are_described(capsys):
     assert "in-network reduction (SHARP): no" in out
     assert "aws-ofi-nccl over EFA; plugin-reported latency 75 us" in out
     assert "per-message latency: 75 us per inter-node step (+3 us Simple)" in out
-    assert main(["topo", "dgx-h100", "--nodes", "4", "--fabric", "ib-ndr-sharp", "--json"]) == 0
+    sharp = "ib-ndr-sharp-collnet"
+    assert main(["topo", "dgx-h100", "--nodes", "4", "--fabric", sharp, "--json"]) == 0
     fabric = json.loads(capsys.readouterr().out)["fabric"]
     assert fabric["sharp"] is True and fabric["tuner"] == "nccl"
     assert fabric["step_latency_us"] is None and fabric["plugin_latency_us"] == 0.0

@@ -160,7 +160,7 @@ def test_unsupported_algorithms_are_clear_errors():
         cost_terms("all_to_all", "ring", a100, 1e6)
     with pytest.raises(ValueError, match=">= 2 nodes"):
         cost_terms("all_reduce", "tree", a100, 1e6)
-    with pytest.raises(ValueError, match=r"needs a fabric whose switches reduce \(SHARP"):
+    with pytest.raises(ValueError, match=r"switches that reduce \(SHARP\) with NCCL.s CollNet"):
         cost_terms("all_reduce", "collnet_direct", _layout(), 1e6)
 
 

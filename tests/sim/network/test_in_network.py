@@ -16,7 +16,7 @@ GB = 1e9
 S = float(1 << 30)
 
 
-def _layout(nodes: int = 2, fabric: str = "ib-ndr-sharp"):
+def _layout(nodes: int = 2, fabric: str = "ib-ndr-sharp-collnet"):
     topology = build_cluster("dgx-h100", nodes, fabric)
     return topology, placement_of(topology, range(topology.num_gpus))
 
@@ -61,11 +61,17 @@ def test_which_algorithms_a_fabric_allows():
     assert available_algorithms("all_gather", sharp) == (
         "ring", "nvls", "collnet_direct", "hierarchical"
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"needs a fabric whose switches reduce \(SHARP"):
+    with pytest.raises(ValueError, match=r"switches that reduce \(SHARP\) with NCCL.s CollNet"):
         cost_terms("all_reduce", "collnet_chain", plain, S)
+    # SHARP switches under NCCL's defaults (NCCL_COLLNET_ENABLE unset): what ib-ndr runs
+    _, idle = _layout(2, "ib-ndr-sharp")
+    assert available_algorithms("all_reduce", idle) == available_algorithms("all_reduce", plain)
+    with pytest.raises(ValueError, match="NCCL_COLLNET_ENABLE=1"):
+        cost_terms("all_reduce", "nvls", idle, S)
     # all_gather/reduce_scatter across nodes need one NIC (collnet head) per local rank.
     shared = load_cluster({
-        "node": {"base": "dgx-h100", "nics_per_node": 4}, "num_nodes": 2, "fabric": "ib-ndr-sharp",
+        "node": {"base": "dgx-h100", "nics_per_node": 4}, "num_nodes": 2,
+        "fabric": "ib-ndr-sharp-collnet",
     })  # fmt: skip
     layout = placement_of(shared, range(16))
     with pytest.raises(ValueError, match="8 ranks per node share 4"):
@@ -101,7 +107,7 @@ def test_the_reduction_tree_loads_each_fabric_link_once():
     # sit on 4 leaves, so its reduction climbs to a spine.
     topology = load_cluster({
         "node": {"base": "dgx-h100", "num_gpus": 2, "nics_per_node": 2}, "num_nodes": 4,
-        "fabric": {"base": "ib-ndr-sharp", "radix": 4, "rail_optimized": False, "tiers": 2},
+        "fabric": {"base": "ib-ndr-sharp-collnet", "radix": 4, "rail_optimized": False, "tiers": 2},
     })  # fmt: skip
     groups = decompose("all_reduce", "nvls", topology, range(8), S)
     fabric = [g for g in groups if any(topology.graph.edges[p[0]]["kind"] == "network"

@@ -23,7 +23,7 @@ from vocab.records import Record
 
 CLUSTERS = (
     ("dgx-h100", 1, None),
-    ("dgx-h100", 2, "ib-ndr-sharp"),
+    ("dgx-h100", 2, "ib-ndr-sharp-collnet"),
     ("p5-h100", 4, "efa-p5"),
     ("a3-mega-h100", 2, "gcp-a3-mega"),
     ("nd-h100-v5", 2, "azure-ndr"),

@@ -37,7 +37,7 @@ def test_graphs_follow_the_search_budgets():
     assert _graph(_hw("a3-mega-h100", 2), "ring") == (8, 24.0, 24.0)
     # No SHARP, no CollNet graphs; SHARP: one head per NIC at 48 GB/s.
     assert _graph(_hw(nodes=2, fabric="ib-ndr"), "collnet_direct")[0] == 0
-    assert _graph(_hw(nodes=2, fabric="ib-ndr-sharp"), "collnet_direct") == (8, 48.0, 48.0)
+    assert _graph(_hw(nodes=2, fabric="ib-ndr-sharp-collnet"), "collnet_direct") == (8, 48.0, 48.0)
 
 
 def test_one_h100_node_all_reduce_matches_tuning_cc():
@@ -72,7 +72,7 @@ def test_multi_node_latencies_and_bandwidths():
 
 
 def test_in_network_algorithms_match_tuning_cc():
-    sharp = tune(_hw(nodes=2, fabric="ib-ndr-sharp"))
+    sharp = tune(_hw(nodes=2, fabric="ib-ndr-sharp-collnet"))
     direct = sharp[("all_reduce", "collnet_direct", "simple")]
     # 2 (min(1, 7) x 3.7 + 7 x 0.4) + 31; busBw 8 x 48 / (f - (f-1)/2 = 1) x 0.85, x 0.5.
     assert (direct.latency_us, direct.algbw_gbps) == pytest.approx((44.0, 8 * 48 * 0.85 * 0.5))
@@ -112,7 +112,7 @@ def test_pick_crossovers():
     assert pick("all_to_all", hw, 1 << 20) is None  # outside NCCL's model
     two = _hw(nodes=2, fabric="ib-ndr")
     assert pick("all_reduce", two, 1 << 30) == ("nvlstree", "simple")
-    eight_sharp = _hw(nodes=8, fabric="ib-ndr-sharp")
+    eight_sharp = _hw(nodes=8, fabric="ib-ndr-sharp-collnet")
     assert pick("all_reduce", eight_sharp, 1 << 30) == ("nvls", "simple")  # NVLS + SHARP
 
 
