@@ -137,10 +137,13 @@ class Protocol:
             bus_bytes / channels_bw,
         )
         # the fill: waves of chunks at the steady rate, before the per-chunk costs
-        fill = steady * self.fill_waves * self.chunk_ops * self.chunk(size_bytes) / size_bytes
+        waves = self.fill_waves * self.chunk_ops * self.chunk(size_bytes)
+        fill = steady * waves / size_bytes if size_bytes > 0 else 0.0
         if self.tree_correction:
             steady /= T.tree_correction(self.name, size_bytes)
         steady *= self.chunk_factor(size_bytes)
+        if size_bytes <= 0:
+            return steady
         return steady * (1.0 + self.chunk_bytes / size_bytes) + fill
 
     def chunk(self, size_bytes: float) -> int:

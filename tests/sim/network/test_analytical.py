@@ -183,3 +183,13 @@ def test_nvlstree_fill_is_two_waves_of_the_sizes_chunk_at_the_steady_rate():
         assert proto.bandwidth_s(rate_s, 0.0, size) == pytest.approx(expected, rel=1e-12)
     one = placement_of(build_cluster("dgx-h100"), range(8)).hardware()
     assert all(p.fill_waves == 0.0 for p in protocols_for("all_reduce", "nvls", one))
+
+
+def test_a_zero_byte_collective_has_no_fill_and_no_division():
+    from sim.network.protocols import protocols_for
+
+    two = placement_of(build_cluster("dgx-h100", 2, "ib-ndr"), range(16)).hardware()
+    (proto,) = protocols_for("all_reduce", "nvlstree", two)
+    assert proto.bandwidth_s(1e-3, 1.0, 0.0) == pytest.approx(
+        1e-3 / proto.bandwidth_factor * proto.chunk_factor(0.0)
+    )
