@@ -142,7 +142,8 @@ MAX_LATENCY_S = 1.0
 
 
 def _check_network(spec: FabricSpec) -> None:
-    """ValueError naming the field unless SHARP, transport, latencies and tuner are valid."""
+    """ValueError naming the field unless SHARP, CollNet (only with SHARP), transport, latencies
+    and tuner are valid."""
     if not isinstance(spec.sharp, bool):
         raise ValueError(f"fabric.sharp={shorten(spec.sharp)}; give true/false")
     if not isinstance(spec.collnet, bool):

@@ -82,20 +82,22 @@ def fabric_lines() -> list[str]:
     from topologies.fabrics import FABRIC_PRESETS
     from topologies.hardware import GBPS, LINKS
 
+    width = max(len(name) for name in FABRIC_PRESETS)
     lines = [
         "fabrics (plan cluster.fabric, --fabric NAME)",
-        f"  {'name':<14} {'link':<12} {'GB/s':>6} {'radix':>5} {'transport':<9} features",
+        f"  {'name':<{width}} {'link':<12} {'GB/s':>6} {'radix':>5} {'transport':<9} features",
     ]
     for name, spec in FABRIC_PRESETS.items():
         link = LINKS[spec.link]
         flags = (
             ("rail-optimized", spec.rail_optimized), ("SHARP", spec.sharp),
+            ("CollNet", spec.collnet),
             ("Simple only", spec.protocols == ("simple",)),
             (f"{'/'.join(spec.algorithms)} only", bool(spec.algorithms)),
         )  # fmt: skip
         features = [f for f, on in flags if on]
         lines.append(
-            f"  {name:<14} {spec.link:<12} {link.nominal_bandwidth_bytes_per_s / GBPS:>6.3g} "
+            f"  {name:<{width}} {spec.link:<12} {link.nominal_bandwidth_bytes_per_s / GBPS:>6.3g} "
             f"{spec.radix:>5} {spec.transport:<9} {', '.join(features) or '-'}"
         )
     lines.append("  (GB/s: nominal, per direction per port)")

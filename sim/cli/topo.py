@@ -159,6 +159,7 @@ def summarize(topology: Topology) -> dict[str, Any]:
             "leaf_ports_down_up": [fabric.leaf_down_ports, fabric.leaf_up_ports],
             "oversubscription": fabric.tier_oversubscription(),
             "sharp": spec.sharp,
+            "collnet": spec.collnet,
             "transport": spec.transport,
             "plugin_latency_us": spec.plugin_latency_s * 1e6,
             "step_latency_us": None if step is None else step * 1e6,
@@ -213,9 +214,14 @@ def _fabric_lines(fabric: dict[str, Any]) -> list[str]:
         if fabric["tuner"] == "nccl"
         else f"the {fabric['tuner']} tuner plugin (NCCL's tuner outside its regions)"
     )
-    sharp = "yes (NCCL CollNet, NVLS across nodes)" if fabric["sharp"] else "no"
+    if fabric["sharp"] and fabric["collnet"]:
+        sharp = "yes (SHARP switches, NCCL_COLLNET_ENABLE=1: CollNet, NVLS across nodes)"
+    elif fabric["sharp"]:
+        sharp = "no (SHARP switches, but NCCL's CollNet is off: NCCL_COLLNET_ENABLE unset)"
+    else:
+        sharp = "no"
     return [
-        f"in-network reduction (SHARP): {sharp}",
+        f"in-network reduction: {sharp}",
         f"transport: {_TRANSPORTS[fabric['transport']]}; plugin-reported latency "
         f"{fabric['plugin_latency_us']:g} us (NCCL's tuner adds it per inter-node step)",
         f"per-message latency: {per_message}; algorithm and protocol: {tuner}",

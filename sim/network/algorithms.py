@@ -154,7 +154,7 @@ def _network_fields(topology: Topology, multi_node: bool) -> dict[str, Any]:
     if multi_node and topology.fabric is not None:
         fabric = topology.fabric.spec
         fields.update(
-            sharp=fabric.sharp and fabric.collnet, plugin_latency_s=fabric.plugin_latency_s,
+            sharp=topology.sharp_capable(), plugin_latency_s=fabric.plugin_latency_s,
             net_step_latency_s=fabric.step_latency_s,
             net_simple_extra_s=fabric.simple_extra_latency_s, tuner=fabric.tuner,
             net_protocols=fabric.protocols, net_algorithms=fabric.algorithms,

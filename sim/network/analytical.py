@@ -119,7 +119,7 @@ def _check_in_network(op: str, algo: str, layout: GroupPlacement) -> None:
         raise ValueError(
             f"algorithm {algo!r} across nodes needs switches that reduce (SHARP) with NCCL's "
             "CollNet enabled (NCCL_COLLNET_ENABLE=1: fabric ib-ndr-sharp-collnet, or a fabric "
-            "with sharp: true and collnet: true); this fabric has none"
+            "with sharp: true and collnet: true); this fabric does not have both"
         )
     if algo == "collnet_direct" and not layout.nvswitch:
         raise ValueError("algorithm 'collnet_direct' needs an NVSwitch inside the nodes")

@@ -16,7 +16,7 @@ Each (op, algorithm, protocol) NCCL can run becomes a ``Protocol`` (constants fr
   size (``nc`` shrinks while ``bytes < nc x threads x threshold``, enqueue.cc; each launched
   channel moves at most its graph channel's speed, an assumption: NCCL models only the full
   count), Tree all_reduce's ``treeCorrectionFactor`` and NVLSTree's pipeline fill across
-  nodes (``NVLSTREE_FILL_WAVES``).
+  nodes (``NVLSTREE_NUM_FILL_WAVES``).
 
 gloo (CPU) has no protocols: an empty tuple, plain alpha-beta.
 
@@ -58,17 +58,18 @@ and a rate) on the one-node NVLS all_reduce of refdata/nccl/h100_8gpu_all_reduce
 H100 v5), 16.8 (AWS p5) and 18.2 KiB (Azure ND H200 v5) (``commsim validate --collectives``)."""
 
 
-NVLSTREE_FILL_WAVES = 2.0
+NVLSTREE_NUM_FILL_WAVES = 2.0
 """Pipeline fill of NVLSTree across nodes, in waves of chunks (one chunk on every concurrent
 operation: channels x heads x the chunk NCCL picks for the size). A chunk crosses seven stages
 (``RunWorkColl<..., NCCL_ALGO_NVLS_TREE, ...>`` in src/device/all_reduce.h: scatter into the
 NVLS buffer, NVLS reduce and network send, the network, the root's NVLS reduce and send down,
 the network, multicast, gather) before the last one's results land; at the steady rate the NVLS
 phases set, the ones other than the bottleneck take two to three waves. Two is the lower end:
-the excess over the steady rate measured on three InfiniBand NDR clusters at 2 nodes is 1.5-2.0
-waves (``ib-ndr-h100-8node-issue309``, ``ib-ndr-h100-xe9680``, ``ib-ndr-h100-crusoe``:
-about 50 us at 8-32 MiB, 64 KiB chunks, and 135 us at 64-512 MiB, 128 KiB chunks), and the
-fill follows NCCL's chunk (``shrunk_chunk``), not the size."""
+the excess over the steady rate measured on InfiniBand NDR clusters at 2 nodes is 1.5-2.0 waves
+(``ib-ndr-h100-8node-issue309`` and ``ib-ndr-h100-xe9680``: about 50 us at 8-32 MiB, 64 KiB
+chunks, and 135 us at 64-512 MiB, 128 KiB chunks; ``ib-ndr-h100-crusoe``, from 128 MiB:
+120-270 us), and the fill follows NCCL's chunk (``shrunk_chunk``), not the size. A message
+smaller than one wave fills in its own time."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,9 +109,9 @@ class Protocol:
     """NVLS / NVLSTree: the chunk before shrinking (``nvlsChunkSize``, ``nvlsTreeMaxChunkSize``)."""
     chunk_steps: tuple[tuple[int, int], ...] = ()
     """NVLS / NVLSTree: NCCL's shrinking rule (``nccl_tables.NVLS_CHUNK_STEPS``)."""
-    fill_waves: float = 0.0
-    """Pipeline fill in waves of chunks (``chunk_ops`` x the size's chunk): NVLSTree across
-    nodes (``NVLSTREE_FILL_WAVES``); 0 elsewhere."""
+    num_fill_waves: float = 0.0
+    """Pipeline fill in waves of chunks (``chunk_ops`` x the size's chunk, at most the message):
+    NVLSTree across nodes (``NVLSTREE_NUM_FILL_WAVES``); 0 elsewhere."""
 
     def latency_s(self, intra_steps: int, inter_steps: int, size_bytes: float = 0.0) -> float:
         """The protocol's own latency for a collective of these steps."""
@@ -136,9 +137,10 @@ class Protocol:
             bus_bytes / self.bandwidth_cap_bytes_per_s,
             bus_bytes / channels_bw,
         )
-        # the fill: waves of chunks at the steady rate, before the per-chunk costs
-        waves = self.fill_waves * self.chunk_ops * self.chunk(size_bytes)
-        fill = steady * waves / size_bytes if size_bytes > 0 else 0.0
+        # the fill: waves of chunks (at most the message) at the steady rate, before the
+        # per-chunk costs
+        wave = min(self.chunk_ops * self.chunk(size_bytes), size_bytes)
+        fill = steady * self.num_fill_waves * wave / size_bytes if size_bytes > 0 else 0.0
         if self.tree_correction:
             steady /= T.tree_correction(self.name, size_bytes)
         steady *= self.chunk_factor(size_bytes)
@@ -213,7 +215,7 @@ def _protocol(name: str, op: str, algo: str, hw: Hardware) -> Protocol:
         channel_bandwidth_bytes_per_s=_channel_gbps(table, hw) * factor * GBPS,
         tree_correction=table == "tree" and op == "all_reduce",
         chunk_ops=ops, max_chunk_bytes=largest, chunk_steps=steps,
-        fill_waves=NVLSTREE_FILL_WAVES if table == "nvlstree" and multi else 0.0,
+        num_fill_waves=NVLSTREE_NUM_FILL_WAVES if table == "nvlstree" and multi else 0.0,
     )  # fmt: skip
 
 

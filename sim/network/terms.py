@@ -92,7 +92,8 @@ class GroupPlacement:
     cpu_amd: bool = False
     """Whether the hosts have AMD CPUs (NCCL's llMaxBw row and network overhead differ)."""
     sharp: bool = False
-    """Whether the fabric's switches reduce in the network (SHARP: NCCL's CollNet algorithms)."""
+    """Whether NCCL reduces in the fabric's switches: SHARP switches with CollNet enabled
+    (``Topology.sharp_capable``), which NCCL's CollNet algorithms and NVLS across nodes need."""
     plugin_latency_s: float = 0.0
     """Latency the NCCL net plugin reports; NCCL's tuner adds it per inter-node step."""
     net_step_latency_s: float | None = None

@@ -81,8 +81,10 @@ class RankTimes:
     overlap_slowdown_s: float = 0.0
     """Compute-stream time added by communication running beside the compute (in compute_s)."""
     kernel_s: float = 0.0
-    """Compute-stream time of the forward and backward work (optimizer excluded) at its modelled
-    durations, before the overlap slowdown: what the compute model's time factor scales."""
+    """Compute-stream time of the forward and backward work at its modelled durations, before
+    the overlap slowdown: what the compute model's time factor scales there. The optimizer's
+    kernels are scaled too but left out (under offload its step is CPU time), so a share taken
+    from this is a lower bound by the optimizer's part."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

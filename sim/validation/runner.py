@@ -50,9 +50,10 @@ class Prediction:
     simulated_ranks: int = 0
     """Ranks simulated after folding symmetric ones."""
     breakdown: dict[str, float] = field(default_factory=dict)
-    """The critical rank's step: ``compute_s``, ``exposed_<group>_s``, ``bubble_s``,
-    ``optimizer_s``, and where present ``host_s`` and ``in_step_slowdown_s`` (the fitted
-    factor's part of ``compute_s``)."""
+    """The critical rank's step, terms that add up to it: ``compute_s``,
+    ``exposed_<group>_s``, ``bubble_s``, ``optimizer_s`` and, where present, ``host_s``."""
+    in_step_slowdown_s: float = 0.0
+    """The fitted in-step slowdown's part of ``compute_s`` (``Breakdown.in_step_slowdown_s``)."""
     memory_gib: float | None = None
     """Predicted peak memory per GPU (GiB, the worst rank)."""
 
@@ -87,6 +88,8 @@ class CaseResult:
     """Where in the source the run is reported (e.g. "Table 1")."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """Where the predicted step goes on the critical rank (see ``Prediction.breakdown``)."""
+    in_step_slowdown_s: float = 0.0
+    """The fitted in-step slowdown's part of the breakdown's ``compute_s``."""
     measured_memory_gib: float | None = None
     """Peak memory per GPU the source reports (GiB), or ``None``."""
     predicted_memory_gib: float | None = None
@@ -128,6 +131,7 @@ class CaseResult:
             "wall_s": self.wall_s,
             "assumptions": list(self.assumptions),
             "breakdown": dict(self.breakdown),
+            "in_step_slowdown_s": self.in_step_slowdown_s,
             "measured_memory_gib": self.measured_memory_gib,
             "predicted_memory_gib": self.predicted_memory_gib,
             "memory_error": self.memory_error,
@@ -286,14 +290,13 @@ def simulate_case(
         breakdown[f"exposed_{group}_s"] = seconds
     if result.breakdown.host_s:
         breakdown["host_s"] = result.breakdown.host_s
-    if result.breakdown.in_step_slowdown_s:
-        breakdown["in_step_slowdown_s"] = result.breakdown.in_step_slowdown_s
     breakdown["bubble_s"] = result.breakdown.bubble_s
     breakdown["optimizer_s"] = result.breakdown.optimizer_s
     return Prediction(
         step_time_s=result.step_time_s,
         simulated_ranks=result.num_simulated_ranks,
         breakdown=breakdown,
+        in_step_slowdown_s=result.breakdown.in_step_slowdown_s,
         memory_gib=result.memory_gib.get("reserved", result.memory_gib.get("total")),
     )
 
@@ -470,6 +473,7 @@ def _case_result(
         assumptions=mapping.assumptions,
         table=mapping.table,
         breakdown=dict(prediction.breakdown),
+        in_step_slowdown_s=prediction.in_step_slowdown_s,
         measured_memory_gib=mapping.measured_memory_gib,
         predicted_memory_gib=prediction.memory_gib,
         stack=str(((mapping.plan or {}).get("training") or {}).get("stack", "")),

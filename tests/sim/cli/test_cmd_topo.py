@@ -97,11 +97,19 @@ def test_cloud_and_sharp_fabrics_are_described(capsys):
     assert main(["topo", "p5-h100", "--nodes", "4"]) == 0
     out = capsys.readouterr().out
     assert "1 NIC per GPU (efa-p5, 4 lanes of 12.5 GB/s)" in out
-    assert "in-network reduction (SHARP): no" in out
+    assert "in-network reduction: no" in out
     assert "aws-ofi-nccl over EFA; plugin-reported latency 75 us" in out
     assert "per-message latency: 75 us per inter-node step (+3 us Simple)" in out
     sharp = "ib-ndr-sharp-collnet"
     assert main(["topo", "dgx-h100", "--nodes", "4", "--fabric", sharp, "--json"]) == 0
     fabric = json.loads(capsys.readouterr().out)["fabric"]
-    assert fabric["sharp"] is True and fabric["tuner"] == "nccl"
+    assert fabric["sharp"] is True and fabric["collnet"] is True and fabric["tuner"] == "nccl"
     assert fabric["step_latency_us"] is None and fabric["plugin_latency_us"] == 0.0
+    assert main(["topo", "dgx-h100", "--nodes", "2", "--fabric", sharp]) == 0
+    assert "in-network reduction: yes (SHARP switches, NCCL_COLLNET_ENABLE=1" in (
+        capsys.readouterr().out
+    )
+    assert main(["topo", "dgx-h100", "--nodes", "2", "--fabric", "ib-ndr-sharp"]) == 0
+    assert "in-network reduction: no (SHARP switches, but NCCL's CollNet is off" in (
+        capsys.readouterr().out
+    )

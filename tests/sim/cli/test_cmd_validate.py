@@ -167,10 +167,10 @@ def test_calibrating_on_one_case_reproduces_its_step_time(tmp_path: Path, capsys
     assert data["config"]["cases_sha256"] == hashlib.sha256(CASES_PATH.read_bytes()).hexdigest()
     assert data["env"]["command"] == "commsim validate"
     for case in cases.values():  # the critical rank's breakdown accounts for the whole step
-        breakdown = dict(case["breakdown"])
-        share = breakdown.pop("in_step_slowdown_s")  # a part of compute_s, not a term of its own
-        assert 0 < share < breakdown["compute_s"]
-        assert sum(breakdown.values()) == pytest.approx(case["predicted_step_time_s"])
+        assert case["breakdown"]["compute_s"] > 0
+        assert sum(case["breakdown"].values()) == pytest.approx(case["predicted_step_time_s"])
+        # the fitted factor's part of compute_s, beside the breakdown (multi-GPU: s = 0.21)
+        assert 0 < case["in_step_slowdown_s"] < case["breakdown"]["compute_s"]
     fit = data["calibration"]["h100-sxm"]
     assert fit["cases"] == [SMALL_H100]
     assert 0.5 <= fit["time_scale"] <= 2.0

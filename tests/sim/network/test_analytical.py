@@ -168,11 +168,11 @@ def test_nvlstree_fill_is_two_waves_of_the_sizes_chunk_at_the_steady_rate():
     # NCCL's NVLSTree chunk on 2 nodes (enqueue.cc calcCollChunking): 128 KiB from 64 MiB, 64 KiB
     # from 8 MiB; 16 channels x 8 heads move one chunk each per wave
     from sim.network import nccl_tables as T
-    from sim.network.protocols import NVLSTREE_FILL_WAVES, protocols_for
+    from sim.network.protocols import NVLSTREE_NUM_FILL_WAVES, protocols_for
 
     two = placement_of(build_cluster("dgx-h100", 2, "ib-ndr"), range(16)).hardware()
     (proto,) = protocols_for("all_reduce", "nvlstree", two)
-    assert proto.fill_waves == NVLSTREE_FILL_WAVES == 2.0
+    assert proto.num_fill_waves == NVLSTREE_NUM_FILL_WAVES == 2.0
     ops = T.NVLS_CHANNELS_SM90 * 8
     assert proto.chunk_ops == ops == 128
     rate_s = 1e-3  # one millisecond of steady transfer
@@ -181,8 +181,12 @@ def test_nvlstree_fill_is_two_waves_of_the_sizes_chunk_at_the_steady_rate():
         fill = rate_s / proto.bandwidth_factor * 2.0 * ops * chunk / size
         expected = rate_s / proto.bandwidth_factor * proto.chunk_factor(size) + fill
         assert proto.bandwidth_s(rate_s, 0.0, size) == pytest.approx(expected, rel=1e-12)
+    # below one wave (128 chunks of 32 KiB at 4 MiB) the fill is the message's own time twice
+    small = 2 * 2**20
+    expected = rate_s / proto.bandwidth_factor * (proto.chunk_factor(small) + 2.0)
+    assert proto.bandwidth_s(rate_s, 0.0, small) == pytest.approx(expected, rel=1e-12)
     one = placement_of(build_cluster("dgx-h100"), range(8)).hardware()
-    assert all(p.fill_waves == 0.0 for p in protocols_for("all_reduce", "nvls", one))
+    assert all(p.num_fill_waves == 0.0 for p in protocols_for("all_reduce", "nvls", one))
 
 
 def test_a_zero_byte_collective_has_no_fill_and_no_division():

@@ -3,7 +3,7 @@
 Fitted on the AWS p5 all_reduce table's 2- and 4-node rows, scored on its 8-node rows (time MAPE):
 4.4% on ``dgx-h100`` + ``ib-ndr`` (the target, 8%, is met; 7.9% before NVLSTree's chunk
 shrinking, ``protocols.NVLS_CHUNK_OVERHEAD_BYTES``, 4.6% before its pipeline fill,
-``protocols.NVLSTREE_FILL_WAVES``) and 9.5% on the p5 presets
+``protocols.NVLSTREE_NUM_FILL_WAVES``) and 9.5% on the p5 presets
 (``p5-h100`` + ``efa-p5``: EFA, aws-ofi-nccl's tuner; the target is not met: its 8-node
 32 MiB Tree/LL128 point is 43% fast in busbw, the rest within 8.1%). The figures are guarded so
 that a change that moves them is seen; docs/collectives.md discusses them.
