@@ -330,15 +330,17 @@ LINKS: dict[str, LinkSpec] = {
     "efa-p5": _link(
         "efa-p5",
         50.0,
-        47.0,
+        42.6,
         0.35,
         kind="network",
         num_lanes=4,
         source="AWS p5/p5e: 32 EFA network cards, 3,200 Gbps per instance (docs.aws.amazon.com "
         "AWSEC2/latest/UserGuide/efa-acc-inst-types.html), i.e. 4 x 100 Gb/s per GPU, one port "
         "here as aws-ofi-nccl's RDMA protocol stripes a GPU's 4 rails (its p5 model tuner: "
-        "num_rails 4, src/tuner/nccl_ofi_model.cpp); effective as NDR's measured 47/50; "
-        + _NCCL_LAT,
+        "num_rails 4, src/tuner/nccl_ofi_model.cpp); effective 42.6 GB/s per GPU: what the "
+        "NIC-bound case of the public p5 tables, 2-node ring all_gather at 1 and 2 GiB "
+        "(refdata/collectives/aws-p5-h100, 322 and 329 GB/s busbw), gives through this model "
+        "(NDR's 47 of 50 gave it 353 and 364); " + _NCCL_LAT,
     ),
     "efa-p4d": _link(
         "efa-p4d",
