@@ -27,7 +27,17 @@ def test_presets_lists_every_model_node_fabric_gpu_and_cpu(
     assert "  llama3-8b                32    4096      32/8  128256   8192      8.0B" in out
     assert "  mixtral-8x7b             32    4096      32/8   32000  32768   47B/13B" in out
     assert main(["presets", "fabrics"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "fabrics (plan cluster.fabric, --fabric NAME)"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "fabrics (plan cluster.fabric, --fabric NAME)"
+    # SHARP switches, and NCCL's CollNet on only where the preset says so; one column per field
+    sharp = {line.split()[0]: line.split("ib ", 1)[1].strip() for line in lines if "SHARP" in line}
+    assert sharp == {
+        "ib-ndr-sharp": "rail-optimized, SHARP",
+        "ib-ndr-sharp-collnet": "rail-optimized, SHARP, CollNet",
+    }
+    rows = [line for line in lines if line.startswith("  ib-ndr")]
+    columns = {row.index(" ib-ndr ", 2 + len(row.split()[0])) for row in rows}
+    assert len(columns) == 1  # the link column lines up under the longest name
 
 
 def test_help_is_written_for_users(capsys: pytest.CaptureFixture[str]) -> None:
