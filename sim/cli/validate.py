@@ -330,12 +330,13 @@ def environment() -> dict[str, object]:
 
 
 def format_report(report: ValidationReport) -> str:
-    """The text report: per-case table, MAPE per source, cases not simulated, runtime."""
+    """The text report: per-case table (with the fitted in-step slowdown's part of the
+    prediction), MAPE per source, cases not simulated, runtime."""
     lines = [
         f"commsim validate: {len(report.results)} published runs simulated "
         f"({report.fidelity} network); {len(report.skipped)} cannot be simulated faithfully",
         f"{'case':<50} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8}"
-        f" {'exposed comm s':>15} {'bubble s':>9} {'host s':>8}",
+        f" {'exposed comm s':>15} {'bubble s':>9} {'host s':>8} {'in-step s':>10}",
     ]
     for result in report.results:
         mark = " *" if result.calibration else ""
@@ -346,7 +347,12 @@ def format_report(report: ValidationReport) -> str:
             f"{result.case_id + mark:<50} {result.num_gpus:>5} "
             f"{result.measured_step_time_s:>11.3f} {result.predicted_step_time_s:>12.3f} "
             f"{result.error:>+8.1%} {exposed_s:>15.3f} {bubble_s:>9.3f} {host_s:>8.3f}"
+            f" {result.in_step_slowdown_s:>10.3f}"
         )
+    lines.append(
+        "in-step s: the part of the predicted compute that is the fitted in-step slowdown "
+        "(not a mechanism)"
+    )
     if report.calibration_cases:
         lines.append("* calibration case: compute time scale fitted on it, excluded from MAPE")
         for gpu, fit in report.calibration.items():

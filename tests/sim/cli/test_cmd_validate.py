@@ -50,6 +50,7 @@ def _report() -> ValidationReport:
                 "exposed_tp_s": 0.2,
                 "bubble_s": 0.3,
             },
+            in_step_slowdown_s=10.0 * 0.21 / 1.21,
             table="Table 1",
         ),
     )
@@ -85,7 +86,8 @@ def test_text_report_lists_cases_errors_mape_and_missing_knobs() -> None:
     text = format_report(_report())
     assert "nar_small *" in text
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("nar_")}
-    big = ["512", "10.000", "11.000", "+10.0%", "0.700", "0.300", "0.000"]  # host: none
+    # exposed comm, bubble, host (none) and the in-step slowdown's part: 10 s x 0.21 / 1.21
+    big = ["512", "10.000", "11.000", "+10.0%", "0.700", "0.300", "0.000", "1.736"]
     assert lines["nar_big"].split()[1:] == big
     # the calibration case (-0.8 %) is excluded: MAPE over the one held-out case is 10 %
     assert _summary_row(text, "narayanan21")[:4] == ["1", "cases", "MAPE", "10.0%"]
