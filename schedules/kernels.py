@@ -19,7 +19,7 @@ on the megatron stack Transformer Engine's casts (``schedules.transformer_engine
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schedules.activations import ACTIVATION_BYTES
 from schedules.context_parallel import RingStep, RingWork, ring_attention, runs_torch_ring
@@ -84,6 +84,10 @@ class Kernel:
     """For a ``memory`` kernel, one of ``MEMORY_CLASSES``."""
     head_dim: float = 0.0
     """For an attention kernel, the head dimension (its kernels tile it: ``sim.compute``)."""
+    extra_launches: float = 0.0
+    """Host launches this modelled kernel makes beyond its loop's per-kernel count
+    (``sim.compute.compute_model.LAUNCHES_PER_KERNEL``), where the loop's code gives them
+    (``EAGER_ROTARY_LAUNCHES``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KERNEL_KINDS:
@@ -237,6 +241,17 @@ counted from the Hugging Face Llama modules (``apply_rotary_pos_emb``: ``q * cos
 ``rotate_half`` neg 1+1 and cat 2+2, ``* sin`` 2+2, add 4+2 = 20; SwiGLU ``act_fn(gate) * up``:
 silu 2+2, mul 4+2 = 10). Residual adds read two tensors and write one in every stack. Under
 autocast over fp32 weights the residual stream is fp32 (``FP32_RESIDUAL_BYTES``)."""
+EAGER_ROTARY_LAUNCHES = {"forward": 18.0, "backward": 24.0}
+"""Kernels the rotary embedding of ``commbench --step``'s model launches per layer and
+micro-batch, on Q and K (``comm_bench/step_model.py`` ``apply_rotary``, counted op by op with
+a dispatch mode in the tests): forward 9 each (the cos and sin tables cast to bf16, four
+multiplications, a subtraction, an addition, a stack), backward 12 each (four multiplications,
+a negation, three additions, and two ``slice_backward``, each a zero fill and a strided copy).
+They are the difference between that model's Llama-style and GPT-style eager steps on one H100
+(106.5 and 65.6 kernels per layer and micro-batch in results/h100_heldout's traces, against 24
+and 25 modelled: 2.69 and 2.62 launches per modelled kernel once these 42 are taken out), which
+one per-kernel ratio could not carry (4.6 and 3.0). The memory-bound layer kernel they belong
+to (``elementwise``) carries them, on the eager loop under autocast (the reference model's)."""
 UNFUSED_RMSNORM_BYTES = 36
 """Bytes per element of an RMSNorm run as separate eager kernels (``training.fused_norm``
 false), counted from Hugging Face's ``LlamaRMSNorm`` (torch's composite ``rms_norm`` before its
@@ -344,6 +359,17 @@ def elementwise_forward_bytes(plan: Plan) -> float:
         # repeat_kv: K and V expanded to every query head (read kd, write h, each)
         expand = 2 * ACTIVATION_BYTES * tokens * (model.kv_size + h) / t
     return norms + residuals + rotary + activation + expand
+
+
+def eager_rotary_launches(plan: Plan) -> dict[str, float]:
+    """``EAGER_ROTARY_LAUNCHES`` where the plan runs ``commbench --step``'s eager rotary (rope
+    on the eager stack under autocast), else none."""
+    runs = (
+        plan.model.position_embedding == "rope"
+        and kernel_stack(plan) == "eager"
+        and autocast_weights(plan)
+    )
+    return dict(EAGER_ROTARY_LAUNCHES) if runs else {"forward": 0.0, "backward": 0.0}
 
 
 def unfused_norm(plan: Plan) -> bool:
@@ -654,12 +680,13 @@ def layer_kernels(plan: Plan) -> PieceKernels:
     norm_casts = norm_cast_bytes(plan)
     layout = attention_layout_bytes(plan)
     layouts = (memory("attention_layout", layout, "copy"),) if layout else ()
+    rotary = eager_rotary_launches(plan)
     forward = (
         *casts,
         *gemms_forward,
         *core_forward,
         *layouts,
-        memory("elementwise", elementwise_bytes),
+        replace(memory("elementwise", elementwise_bytes), extra_launches=rotary["forward"]),
         *((memory("norm_output_cast", norm_casts, "copy"),) if norm_casts else ()),
     )
     recompute = recompute_kernels(plan, forward, core_forward, elementwise_bytes)
@@ -674,7 +701,10 @@ def layer_kernels(plan: Plan) -> PieceKernels:
                 if (split := split_grad_bytes(plan))
                 else ()
             ),
-            memory("elementwise_backward", 2 * elementwise_bytes),
+            replace(
+                memory("elementwise_backward", 2 * elementwise_bytes),
+                extra_launches=rotary["backward"],
+            ),
             *(
                 (memory("norm_grad_cast", FP32_RESIDUAL_GRAD_CASTS * norm_casts, "copy"),)
                 if norm_casts

@@ -101,7 +101,7 @@ the most host-bound step measured on one H100 (``commbench --step``, an 8-layer 
 micro-batches, 60% of the GPU idle; refdata/h100, a gVisor sandbox, so above bare metal);
 the same model compiled: 29.8 us per kernel (47.9 ms, 1,609 kernels)."""
 LAUNCHES_PER_KERNEL = {
-    "eager": 4.46,
+    "eager": 2.84,
     "compile": 2.44,
     "eager/bf16_weights": 2.60,
     "compile/bf16_weights": 2.68,
@@ -114,11 +114,13 @@ against the inventory of this version, the fused optimizer's launches left out
 (``OPTIMIZER_ELEMENTS_PER_LAUNCH``):
 
 - ``eager`` / ``compile`` (autocast over fp32 weights; ``commbench --step``'s reference model):
-  each ``commbench --step`` profile's kernels over the modelled ones (refdata/h100): seven eager
-  files 4.08-4.78 (mean 4.46) and two compiled ones, 2.20 and 2.69 (mean 2.44). The held-out
-  files of results/h100_heldout, counted after: Llama-style eager 4.46-4.61, compiled 2.61-2.66;
-  GPT-style (LayerNorm, GeLU, no rotary or grouped-query expansion: fewer small kernels per
-  layer) eager 2.87-3.04 and compiled 2.83-3.06;
+  each ``commbench --step`` profile's kernels over the modelled ones (refdata/h100), the eager
+  rotary's own launches taken out (``schedules.kernels.EAGER_ROTARY_LAUNCHES``, counted from
+  its code): seven eager files 2.47-3.20 (mean 2.84; 4.08-4.78, mean 4.46, with the rotary's
+  launches in the ratio) and two compiled ones, 2.20 and 2.69 (mean 2.44). The held-out files
+  of results/h100_heldout, counted after: eager 2.87-3.09, Llama-style (rotary) and GPT-style
+  (learned positions) alike (4.46-4.61 against 2.87-3.04 with the rotary in the ratio),
+  compiled 2.61-3.06;
 - ``/bf16_weights`` (bf16 weights with fp32 master weights, and FSDP or ZeRO, whose compute
   weights are bf16 too): the torch.profiler traces of a separate plain-PyTorch loop
   (refdata/h100/traces): eager 2.41 (h1024, 8 layers) and 2.78 (h2048, 16 layers), compiled 2.68;
@@ -347,9 +349,14 @@ class ComputeModel:
         )
 
     def launch_s(self, kernels: Iterable[Kernel], loop: str) -> float:
-        """Host time to launch ``kernels`` as the ``loop`` (``launch_loop``) runs them."""
-        count = sum(1 for _ in kernels)
-        return count * self.launches_per_kernel(loop) * self.host_s_per_launch
+        """Host time to launch ``kernels`` as the ``loop`` (``launch_loop``) runs them: the
+        loop's launches per modelled kernel, plus the launches the code gives some of them
+        (``Kernel.extra_launches``)."""
+        count = extra = 0.0
+        for kernel in kernels:
+            count += 1
+            extra += kernel.extra_launches
+        return (count * self.launches_per_kernel(loop) + extra) * self.host_s_per_launch
 
     @property
     def in_step_slowdown(self) -> float:

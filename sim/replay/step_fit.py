@@ -91,6 +91,12 @@ def modelled_launch_count(plan: Any, microbatches: int) -> int:
     return len(_kernels(plan)) * microbatches
 
 
+def known_launches(plan: Any, microbatches: int) -> float:
+    """Launches the loop's code gives beyond the per-kernel count (``Kernel.extra_launches``)
+    in a step of ``microbatches``."""
+    return sum(kernel.extra_launches for kernel in _kernels(plan)) * microbatches
+
+
 def _check_measurement(measurement: Mapping[str, Any], gpu: GPUSpec) -> None:
     if measurement.get("schema") != STEP_SCHEMA:
         raise ValueError(
@@ -254,7 +260,8 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
     launches = None
     if isinstance(num_kernels, int) and not isinstance(num_kernels, bool) and num_kernels > 0:
         fused = optimizer_launches(stage_params_per_gpu(plan, 0))
-        launches = max(num_kernels - fused, 1) / modelled_launch_count(plan, microbatches)
+        counted = num_kernels - fused - known_launches(plan, microbatches)
+        launches = max(counted, 1) / modelled_launch_count(plan, microbatches)
     fitted = ComputeCalibration(
         gpu=gpu.name,
         device=str(measurement.get("device", "")),

@@ -12,6 +12,7 @@ from sim.replay.simulate import simulate_plan
 from sim.replay.step_fit import (
     PASS_CLASSES,
     calibration_from_step,
+    known_launches,
     modelled_classes_s,
     modelled_launch_count,
 )
@@ -88,10 +89,14 @@ def test_a_launch_bound_step_fits_the_host_time_per_launch() -> None:
     gpu_only = _measurement(1, 1, 1, 0.0)
     busy = gpu_only["timings_s"]["step"]
     assert busy > 0
-    # 5 launches per modelled kernel, plus fused Adam's launches (one per 320 x 65536 params)
+    # 5 launches per modelled kernel, plus the eager rotary's own (18 + 24 per layer and
+    # micro-batch) and fused Adam's launches (one per 320 x 65536 params)
     fused = optimizer_launches(stage_params_per_gpu(plan, 0))
     assert fused == -(-stage_params_per_gpu(plan, 0) // (320 * 65536))
-    measurement = _measurement(1, 1, 1, busy * 2.0, num_kernels=5 * kernels + fused)  # idle 2/3
+    rotary = known_launches(plan, 2)
+    assert rotary == 42 * plan.model.num_layers * 2
+    launches = 5 * kernels + rotary
+    measurement = _measurement(1, 1, 1, busy * 2.0, num_kernels=int(launches) + fused)  # idle 2/3
     calibration = calibration_from_step(measurement, H100)
     assert calibration.launches_per_kernel == pytest.approx(5.0)
     host = calibration.host_s_per_launch
@@ -99,7 +104,7 @@ def test_a_launch_bound_step_fits_the_host_time_per_launch() -> None:
     # launch-bound: the step is the host's launches, then what the GPU still runs after the
     # last launch (the optimizer step, which launches nothing here)
     step_s = measurement["timings_s"]["step"]
-    assert 0.8 * step_s < host * 5 * kernels < step_s
+    assert 0.8 * step_s < host * launches < step_s
     result = simulate_plan(load_plan(PLAN), compute_calibration=calibration)
     assert result.step_time_s == pytest.approx(measurement["timings_s"]["step"], rel=1e-6)
     assert result.breakdown.host_s > 0.5 * result.step_time_s
@@ -128,3 +133,15 @@ def test_malformed_or_foreign_measurements_are_refused(change: dict, message: st
     measurement = {**_measurement(1, 1, 1, 0), **change}
     with pytest.raises(ValueError, match=message):
         calibration_from_step(measurement, H100)
+
+
+def test_only_the_reference_models_eager_rotary_carries_its_own_launches() -> None:
+    rope = resolve_plan(load_plan(PLAN), 1)
+    assert known_launches(rope, 1) == 42 * 2  # 18 forward + 24 backward, 2 layers
+    full = resolve_plan(load_plan({**PLAN, "parallel": {"recompute": "full"}}), 1)
+    assert known_launches(full, 1) == (18 + 42) * 2  # the recomputed forward's rotary again
+    learned = {**PLAN, "model": {**PLAN["model"], "position_embedding": "learned"}}
+    compiled = {**PLAN, "training": {**PLAN["training"], "stack": "compile"}}
+    bf16 = {**PLAN, "training": {**PLAN["training"], "mixed_precision": "bf16_weights"}}
+    for raw in (learned, compiled, bf16):
+        assert known_launches(resolve_plan(load_plan(raw), 1), 1) == 0
