@@ -137,15 +137,16 @@ class Protocol:
             bus_bytes / self.bandwidth_cap_bytes_per_s,
             bus_bytes / channels_bw,
         )
-        # the fill: waves of chunks (at most the message) at the steady rate, before the
-        # per-chunk costs
-        wave = min(self.chunk_ops * self.chunk(size_bytes), size_bytes)
-        fill = steady * self.num_fill_waves * wave / size_bytes if size_bytes > 0 else 0.0
+        rate_s = steady
         if self.tree_correction:
             steady /= T.tree_correction(self.name, size_bytes)
         steady *= self.chunk_factor(size_bytes)
         if size_bytes <= 0:
             return steady
+        # the fill: waves of chunks (at most the message) at the steady rate, before the
+        # per-chunk costs
+        wave = min(self.chunk_ops * self.chunk(size_bytes), size_bytes)
+        fill = rate_s * self.num_fill_waves * wave / size_bytes
         return steady * (1.0 + self.chunk_bytes / size_bytes) + fill
 
     def chunk(self, size_bytes: float) -> int:

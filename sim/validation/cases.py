@@ -435,8 +435,12 @@ def _parallel_section(
     section["data_parallel"] = kind or "ddp"
     if isinstance(parallel.get("tp_comm_overlap"), bool):
         knobs["tp_comm_overlap"] = parallel["tp_comm_overlap"]
-    if isinstance(parallel.get("cp_rotate_method"), str):  # torch's context_parallel K/V exchange
-        knobs["cp_rotate_method"] = parallel["cp_rotate_method"]
+    if "cp_rotate_method" in parallel:  # torch's context_parallel K/V exchange
+        method = parallel["cp_rotate_method"]
+        if method in ("allgather", "alltoall"):
+            knobs["cp_rotate_method"] = method
+        else:
+            missing.append(f"cp_rotate_method ({method}; allgather or alltoall)")
     section.update(knobs)
     section.update(_layout_section(parallel, missing))
     section.update({k: parallel[k] for k in MOE_PARALLEL_KEYS if k in parallel})

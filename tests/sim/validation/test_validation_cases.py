@@ -438,3 +438,12 @@ def test_torchtitan_pipeline_and_cp_rows_carry_the_release_defaults(
         assert plan.training.float8_all_gather
     if cp > 1:
         assert plan.parallel.cp_rotate_method == "allgather"
+
+
+@needs_cases
+def test_an_unknown_cp_rotate_method_is_a_missing_knob_not_a_default() -> None:
+    case = copy.deepcopy(_cases()["torchtitan_t2_8B_8gpu_seq128k_cp4_compile_float8"])
+    case["parallel"]["cp_rotate_method"] = "ring"
+    mapping = map_case(case)
+    assert mapping.plan is None
+    assert "cp_rotate_method (ring; allgather or alltoall)" in mapping.missing
