@@ -76,6 +76,14 @@ class FabricSpec:
     the time model (None: NCCL's table, 2.7-14 us per step)."""
     simple_extra_latency_s: float = 0.0
     """Extra per-message latency of NCCL's Simple protocol on this transport."""
+    channels: int = 0
+    """Channels NCCL runs across this fabric when its cloud's guide pins them
+    (``NCCL_MIN_NCHANNELS`` = ``NCCL_MAX_NCHANNELS``); 0: NCCL's own count."""
+    message_gap_s: float = 0.0
+    """The transport's least time per network message on one channel (LogGP's gap g): a
+    multi-node Ring/Simple moves each step's bytes per channel in messages of NCCL's step
+    (``NCCL_BUFFSIZE`` / ``NCCL_STEPS``, 512 KiB), each taking at least this long, so its
+    network steps run at the slower of the byte rate and the message rate (0: no floor)."""
     tuner: str = "nccl"
     """Who picks NCCL's algorithm and protocol: ``nccl`` or a tuner plugin (``aws-ofi-p5``)."""
     protocols: tuple[str, ...] = ()
@@ -137,8 +145,21 @@ TRANSPORTS = ("ib", "ofi", "tcpx")
 """Values of ``FabricSpec.transport``."""
 TUNERS = ("nccl", "aws-ofi-p5")
 """Values of ``FabricSpec.tuner``: NCCL's own, or aws-ofi-nccl's region tuner on AWS p5."""
+TCPX_MESSAGE_GAP_S = 60e-6
+"""GPUDirect-TCPX's least time per network message on one channel (GCP A3 High). Two readings
+of one public table (refdata/collectives/gcp-a3-h100/all_gather_2n_ring.txt: 2 nodes, Ring and
+Simple forced, 8 channels, ``NCCL_BUFFSIZE`` 4 MiB so 512 KiB per message, plugin v3.1.9) agree:
+its floor, 943-1007 us from 1 to 8 MiB over 15 ring steps of one message per channel, gives
+63-67 us a message; its plateau, 70.9 GB/s busbw at 512 MiB, is 8 channels x 512 KiB every
+59 us. 60 us is taken. The other A3 High table (all_reduce, NCCL 2.18.5, a different source)
+is the check: 30 steps x 60 us = 1.8 ms against 1.65-1.79 ms measured at 1-4 MiB. The plugin
+reports latency 0 and documents no per-message cost (google/nccl-plugin-gpudirecttcpx
+4b8ea7f); what sets the gap (its socket threads, the receive daemon, the unpack kernel) is not
+separated. In-sample for gcp-a3-h100 (docs/collectives.md)."""
 MAX_LATENCY_S = 1.0
 """Largest per-message latency a fabric may declare (a second: 10^4 x any real network)."""
+MAX_CHANNELS = 64
+"""Most channels NCCL runs (``MAXCHANNELS``)."""
 
 
 def _check_network(spec: FabricSpec) -> None:
@@ -153,11 +174,17 @@ def _check_network(spec: FabricSpec) -> None:
             "fabric.collnet=true needs switches that reduce in the network (fabric.sharp=true): "
             "NCCL's CollNet runs on SHARP through its collnet plugin"
         )
+    channels = spec.channels
+    if not _is_int(channels) or not 0 <= channels <= MAX_CHANNELS:
+        raise ValueError(
+            f"fabric.channels={shorten(channels)}; must be an integer in 0..{MAX_CHANNELS} "
+            "(0: NCCL's own count)"
+        )
     for name, valid in (("transport", TRANSPORTS), ("tuner", TUNERS)):
         value = getattr(spec, name)
         if not isinstance(value, str) or value not in valid:
             raise ValueError(f"fabric.{name}={shorten(value)}; valid: {', '.join(valid)}")
-    for name in ("plugin_latency_s", "step_latency_s", "simple_extra_latency_s"):
+    for name in ("plugin_latency_s", "step_latency_s", "simple_extra_latency_s", "message_gap_s"):
         value = getattr(spec, name)
         if value is None and name == "step_latency_s":
             continue
@@ -252,6 +279,8 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         radix=64,
         rail_optimized=False,
         transport="tcpx",
+        channels=12,
+        message_gap_s=TCPX_MESSAGE_GAP_S,
         protocols=("simple",),
         algorithms=("ring",),
         source="GCP A3 High GPUDirect-TCPX: 4 x 200 Gbps GPU NICs per VM (1,000 Gbps with the "

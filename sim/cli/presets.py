@@ -94,6 +94,8 @@ def fabric_lines() -> list[str]:
             ("CollNet", spec.collnet),
             ("Simple only", spec.protocols == ("simple",)),
             (f"{'/'.join(spec.algorithms)} only", bool(spec.algorithms)),
+            (f"{spec.channels} channels", bool(spec.channels)),
+            (f"{spec.message_gap_s * 1e6:g} us per message", bool(spec.message_gap_s)),
         )  # fmt: skip
         features = [f for f, on in flags if on]
         lines.append(

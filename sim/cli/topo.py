@@ -164,6 +164,8 @@ def summarize(topology: Topology) -> dict[str, Any]:
             "plugin_latency_us": spec.plugin_latency_s * 1e6,
             "step_latency_us": None if step is None else step * 1e6,
             "simple_extra_latency_us": spec.simple_extra_latency_s * 1e6,
+            "message_gap_us": spec.message_gap_s * 1e6,
+            "channels": spec.channels,
             "tuner": spec.tuner,
             "source": spec.source,
         }
@@ -220,12 +222,21 @@ def _fabric_lines(fabric: dict[str, Any]) -> list[str]:
         sharp = "no (SHARP switches, but NCCL's CollNet is off: NCCL_COLLNET_ENABLE unset)"
     else:
         sharp = "no"
-    return [
+    lines = [
         f"in-network reduction: {sharp}",
         f"transport: {_TRANSPORTS[fabric['transport']]}; plugin-reported latency "
         f"{fabric['plugin_latency_us']:g} us (NCCL's tuner adds it per inter-node step)",
         f"per-message latency: {per_message}; algorithm and protocol: {tuner}",
     ]
+    if fabric["message_gap_us"] or fabric["channels"]:
+        gap = fabric["message_gap_us"]
+        lines.append(
+            (f"at least {gap:g} us per 512 KiB network message on a channel (Ring/Simple)"
+             if gap else "no per-message gap")
+            + (f"; {fabric['channels']} channels pinned (NCCL_MIN/MAX_NCHANNELS)"
+               if fabric["channels"] else "")
+        )  # fmt: skip
+    return lines
 
 
 def _check_lines(checks: dict[str, Any]) -> list[str]:

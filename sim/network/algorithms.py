@@ -157,6 +157,7 @@ def _network_fields(topology: Topology, multi_node: bool) -> dict[str, Any]:
             sharp=topology.sharp_capable(), plugin_latency_s=fabric.plugin_latency_s,
             net_step_latency_s=fabric.step_latency_s,
             net_simple_extra_s=fabric.simple_extra_latency_s, tuner=fabric.tuner,
+            net_message_gap_s=fabric.message_gap_s, net_channels=fabric.channels,
             net_protocols=fabric.protocols, net_algorithms=fabric.algorithms,
         )  # fmt: skip
     return fields

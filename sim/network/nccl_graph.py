@@ -79,6 +79,10 @@ class Hardware:
     """The fabric's own per-message latency (time model only; None: NCCL's NET hwLat)."""
     net_simple_extra_us: float = 0.0
     """Extra per-message latency of Simple on this fabric (time model only)."""
+    net_message_gap_us: float = 0.0
+    """The fabric's least time per network message on one channel (time model only)."""
+    channels: int = 0
+    """``NCCL_MIN_NCHANNELS`` = ``NCCL_MAX_NCHANNELS`` of the fabric's environment (0: unset)."""
     protocols: tuple[str, ...] = ()
     """``NCCL_PROTO`` across the fabric (empty: every protocol)."""
     algorithms: tuple[str, ...] = ()
@@ -194,6 +198,8 @@ def graphs(hw: Hardware) -> dict[str, Graph]:
 def comm_channels(hw: Hardware) -> int:
     """``comm->nChannels``: the ring graph's channels doubled (``ncclTopoPostset``), doubled again
     on Hopper+ across nodes while ``bwIntra > 45`` and fewer than 16 (connect.cc)."""
+    if hw.channels:  # pinned by NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS
+        return hw.channels
     ring = graphs(hw)["ring"]
     channels = min(2 * ring.num_channels, 64)
     late = hw.arch in ("hopper", "blackwell")

@@ -112,6 +112,21 @@ class Protocol:
     num_fill_waves: float = 0.0
     """Pipeline fill in waves of chunks (``chunk_ops`` x the size's chunk, at most the message):
     NVLSTree across nodes (``NVLSTREE_NUM_FILL_WAVES``); 0 elsewhere."""
+    message_gap_s: float = 0.0
+    """Least time per network message on one channel (``FabricSpec.message_gap_s``): Ring/Simple
+    across nodes on a fabric that has one; 0 elsewhere."""
+    ring_steps: int = 0
+    """Steps of the ring (n - 1, all_reduce 2(n - 1)) whose messages ``message_gap_s`` times."""
+
+    def gap_s(self, bus_bytes: float, size_bytes: float) -> float:
+        """The message-rate floor of a multi-node ring: each of its steps moves bus_bytes /
+        steps per launched channel in messages of one NCCL step (``chunk_bytes``), each taking
+        at least ``message_gap_s`` on the network."""
+        if not (self.message_gap_s and self.ring_steps and self.chunk_bytes):
+            return 0.0
+        per_channel = bus_bytes / self.ring_steps / self.launched_channels(size_bytes)
+        messages = max(1, math.ceil(per_channel / self.chunk_bytes - 1e-9))
+        return self.ring_steps * messages * self.message_gap_s
 
     def latency_s(self, intra_steps: int, inter_steps: int, size_bytes: float = 0.0) -> float:
         """The protocol's own latency for a collective of these steps."""
@@ -147,7 +162,8 @@ class Protocol:
         # per-chunk costs
         wave = min(self.chunk_ops * self.chunk(size_bytes), size_bytes)
         fill = rate_s * self.num_fill_waves * wave / size_bytes
-        return steady * (1.0 + self.chunk_bytes / size_bytes) + fill
+        streamed = steady * (1.0 + self.chunk_bytes / size_bytes) + fill
+        return max(streamed, self.gap_s(bus_bytes, size_bytes))
 
     def chunk(self, size_bytes: float) -> int:
         """NVLS / NVLSTree: the chunk NCCL moves ``size_bytes`` in (0 elsewhere)."""
@@ -201,6 +217,7 @@ def _protocol(name: str, op: str, algo: str, hw: Hardware) -> Protocol:
     channels = comm_channels(hw)
     factor = _factor(name, table, hw)
     ops, largest, steps = _nvls_chunking(table, hw)
+    ring_steps = _gapped_ring_steps(name, op, algo, hw)
     return Protocol(
         name=name,
         bandwidth_factor=factor,
@@ -217,7 +234,19 @@ def _protocol(name: str, op: str, algo: str, hw: Hardware) -> Protocol:
         tree_correction=table == "tree" and op == "all_reduce",
         chunk_ops=ops, max_chunk_bytes=largest, chunk_steps=steps,
         num_fill_waves=NVLSTREE_NUM_FILL_WAVES if table == "nvlstree" and multi else 0.0,
+        message_gap_s=hw.net_message_gap_us * US if ring_steps else 0.0,
+        ring_steps=ring_steps,
     )  # fmt: skip
+
+
+def _gapped_ring_steps(name: str, op: str, algo: str, hw: Hardware) -> int:
+    """Steps of a Ring/Simple across nodes on a fabric with a per-message gap (n - 1,
+    all_reduce 2(n - 1)); 0 elsewhere."""
+    per_rank = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}.get(op, 0)
+    ring = algo == "ring" and name == "simple" and hw.num_nodes > 1
+    if not (ring and per_rank and hw.net_message_gap_us > 0):
+        return 0
+    return per_rank * (hw.num_ranks - 1)
 
 
 def _nvls_chunking(table: str, hw: Hardware) -> tuple[int, int, tuple[tuple[int, int], ...]]:

@@ -101,6 +101,10 @@ class GroupPlacement:
     the time model; None: NCCL's table)."""
     net_simple_extra_s: float = 0.0
     """Extra per-message latency of Simple on this fabric (completion handling)."""
+    net_message_gap_s: float = 0.0
+    """The fabric's least time per network message on one channel (``FabricSpec.message_gap_s``)."""
+    net_channels: int = 0
+    """Channels the fabric's environment pins (``FabricSpec.channels``); 0: NCCL's count."""
     tuner: str = "nccl"
     """Who picks algorithm and protocol: ``nccl`` (its tuning model) or a plugin's tuner."""
     net_protocols: tuple[str, ...] = ()
@@ -121,6 +125,7 @@ class GroupPlacement:
             sharp=self.sharp, plugin_latency_us=self.plugin_latency_s * 1e6,
             net_step_latency_us=None if step is None else step * 1e6,
             net_simple_extra_us=self.net_simple_extra_s * 1e6, protocols=self.net_protocols,
+            net_message_gap_us=self.net_message_gap_s * 1e6, channels=self.net_channels,
             algorithms=self.net_algorithms,
         )  # fmt: skip
 

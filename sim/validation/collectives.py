@@ -33,7 +33,7 @@ from refdata import COLLECTIVES_DIR
 from sim.network.calibration import Calibration
 from sim.network.compare import SIZE_BANDS, Point, compare_records, size_band
 from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory, fit_groups, make_samples
-from topologies.presets import FABRIC_PRESETS, NODE_PRESETS, build_cluster
+from topologies.presets import FABRIC_PRESETS, NODE_PRESETS, build_cluster, cluster_topology
 from topologies.topology import Topology
 from vocab.collectives import canonical_op
 from vocab.readers import read_results
@@ -45,8 +45,12 @@ or not depending on its flags)."""
 
 MODES = ("uncalibrated", "leave-one-cluster-out")
 """How each cluster is predicted."""
+MAX_CHANNELS = 64
+"""Most channels a file may pin (NCCL's ``MAXCHANNELS``)."""
 
-_FILE_KEYS = {"file", "op", "nodes", "gpus_per_node", "algo", "dtype", "source", "notes"}
+_FILE_KEYS = {
+    "file", "op", "nodes", "gpus_per_node", "algo", "channels", "dtype", "source", "notes",
+}  # fmt: skip
 _CLUSTER_KEYS = {"cluster", "description", "gpu", "server", "fabric", "files", "notes"}
 
 
@@ -66,6 +70,9 @@ class MeasuredFile:
     """``auto`` or the algorithm the run forced (``NCCL_ALGO``)."""
     source: str
     """Where the numbers were published."""
+    channels: int = 0
+    """Channels the run pinned (``NCCL_MIN_NCHANNELS`` = ``NCCL_MAX_NCHANNELS``) across nodes;
+    0: the fabric preset's (``FabricSpec.channels``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,24 +90,39 @@ class Cluster:
     files: tuple[MeasuredFile, ...]
     """Its measurement files."""
 
-    def topology_for(self) -> TopologyFactory:
-        """(num_nodes, ranks_per_node) -> this cluster's topology of that many servers."""
+    def topology_for(self, channels: int = 0) -> TopologyFactory:
+        """(num_nodes, ranks_per_node) -> this cluster's topology of that many servers (with
+        ``channels``, its fabric pinned to that many NCCL channels)."""
         cache: dict[tuple[int, int], Topology] = {}
 
         def build(num_nodes: int, ranks_per_node: int) -> Topology:
             found = cache.get((num_nodes, ranks_per_node))
             if found is None:
-                fabric = self.fabric if num_nodes > 1 else None
-                found = build_cluster(self.server, num_nodes, fabric)
+                if num_nodes > 1 and self.fabric is not None:
+                    fabric = FABRIC_PRESETS[self.fabric]
+                    if channels:
+                        fabric = dataclasses.replace(fabric, channels=channels)
+                    found = cluster_topology(NODE_PRESETS[self.server], num_nodes, fabric)
+                else:
+                    found = build_cluster(self.server, num_nodes)
                 cache[(num_nodes, ranks_per_node)] = found
             return found
 
         return build
 
-    def records(self) -> list[Record]:
-        """Every out-of-place record of every file, with the node count its source states."""
+    def groups(self) -> list[tuple[list[Record], TopologyFactory]]:
+        """The records (``records``) by the channels their runs pinned, each with its
+        topology factory."""
+        settings = sorted({entry.channels for entry in self.files})
+        return [(self.records(channels=c), self.topology_for(c)) for c in settings]
+
+    def records(self, *, channels: int | None = None) -> list[Record]:
+        """Every out-of-place record of every file (of the files pinned to ``channels``), with
+        the node count its source states."""
         found: list[Record] = []
         for entry in self.files:
+            if channels is not None and entry.channels != channels:
+                continue
             with warnings.catch_warnings():
                 # The logs' extra blocks (another op appended, a 1-rank run) are skipped or
                 # relabelled by the reader, which says so; the shipped files are curated.
@@ -197,6 +219,12 @@ def _cluster(path: Path) -> Cluster:
             )
         if nodes is not None and nodes > 1 and fabric is None:
             raise ValueError(f"{at}: {nodes} nodes but the cluster has no fabric")
+        channels = entry.get("channels", 0)
+        if channels != 0 and not (_count(channels) and channels <= MAX_CHANNELS):
+            raise ValueError(
+                f"{at}: channels must be an integer in 1..{MAX_CHANNELS} (or absent), "
+                f"got {shorten(channels)}"
+            )
         file_path = (path.parent / str(entry.get("file"))).resolve()
         if not file_path.is_file():
             raise ValueError(f"{at}: file {entry.get('file')!r} not found")
@@ -206,6 +234,7 @@ def _cluster(path: Path) -> Cluster:
             MeasuredFile(
                 path=file_path, op=canonical_op(str(entry.get("op"))), nodes=nodes,
                 gpus_per_node=per_node, algo=algo, source=str(entry["source"]),
+                channels=channels,
             )
         )  # fmt: skip
     if not files:
@@ -235,7 +264,9 @@ def fit_on(clusters: Sequence[Cluster], *, like: Cluster | None = None) -> Calib
     With ``like``, the parameters across servers come from the clusters on the same transport
     as ``like`` (a user calibrates an InfiniBand cluster on InfiniBand measurements), or from all
     of them when none is; those within a server from all of them."""
-    priced = [(c, make_samples(c.records(), c.topology_for())) for c in clusters]
+    priced = [
+        (c, make_samples(records, factory)) for c in clusters for records, factory in c.groups()
+    ]
     samples = [s for _, found in priced for s in found]
     if like is not None and transport(like) is not None:
         same = [
@@ -277,21 +308,15 @@ def validate_collectives(clusters: Sequence[Cluster]) -> list[ClusterPoints]:
     """Each cluster uncalibrated and fitted on all the others."""
     results = []
     for cluster in clusters:
-        records, factory = cluster.records(), cluster.topology_for()
-        results.append(
-            ClusterPoints(
-                cluster=cluster.name, mode="uncalibrated",
-                points=tuple(compare_records(records, factory, None)),
-            )
-        )  # fmt: skip
         others = [c for c in clusters if c.name != cluster.name]
         calibration = fit_on(others, like=cluster) if others else None
-        results.append(
-            ClusterPoints(
-                cluster=cluster.name, mode="leave-one-cluster-out",
-                points=tuple(compare_records(records, factory, calibration)),
-            )
-        )  # fmt: skip
+        for mode, fitted in (("uncalibrated", None), ("leave-one-cluster-out", calibration)):
+            points = [
+                p
+                for records, factory in cluster.groups()
+                for p in compare_records(records, factory, fitted)
+            ]
+            results.append(ClusterPoints(cluster=cluster.name, mode=mode, points=tuple(points)))
     return results
 
 
@@ -435,7 +460,8 @@ def preset_checks(server: str, fabric: str | None, root: Path = COLLECTIVES_DIR)
             continue
         points = [
             p
-            for p in compare_records(cluster.records(), cluster.topology_for(), None)
+            for records, factory in cluster.groups()
+            for p in compare_records(records, factory, None)
             if p.size_bytes >= MIN_SCORED_BYTES
         ]
         inside = [p for p in points if p.num_nodes == 1]

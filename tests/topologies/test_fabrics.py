@@ -85,6 +85,10 @@ def test_capacity_error_says_the_capacity():
         ({"plugin_latency_s": -1e-6}, r"fabric.plugin_latency_s=-1e-06; must be a number"),
         ({"step_latency_s": float("nan")}, "fabric.step_latency_s=nan; must be a number"),
         ({"simple_extra_latency_s": 2.0}, r"simple_extra_latency_s=2.0; must be .* in 0..1"),
+        ({"message_gap_s": -60e-6}, r"fabric.message_gap_s=-6e-05; must be a number"),
+        ({"channels": -1}, r"fabric.channels=-1; must be an integer in 0..64"),
+        ({"channels": 65}, r"fabric.channels=65; must be an integer in 0..64"),
+        ({"channels": True}, r"fabric.channels=True; must be an integer"),
     ],
 )
 def test_bad_fabric_specs(kwargs, message):

@@ -133,6 +133,8 @@ def test_the_fabric_check_scores_only_points_across_servers(tmp_path) -> None:
         ({"file": {"source": " "}}, "no source"),
         ({"file": {"gpus_per_node": 4}}, "says 1 node(s) x 4 GPUs"),
         ({"file": {"colour": "red"}}, "unknown key(s) ['colour']"),
+        ({"file": {"channels": 0.5}}, "channels must be an integer in 1..64 (or absent), got 0.5"),
+        ({"file": {"channels": 65}}, "channels must be an integer in 1..64 (or absent), got 65"),
     ],
 )
 def test_a_bad_cluster_description_names_the_problem(tmp_path, change, message) -> None:
@@ -140,6 +142,19 @@ def test_a_bad_cluster_description_names_the_problem(tmp_path, change, message) 
     with pytest.raises(ValueError, match=re.escape(message)):
         for cluster in load_clusters(tmp_path):
             cluster.records()
+
+
+def test_a_file_that_pins_channels_is_simulated_with_them() -> None:
+    (a3,) = [c for c in load_clusters(COLLECTIVES_DIR) if c.name == "gcp-a3-h100"]
+    groups = a3.groups()
+    assert [len(records) for records, _ in groups] == [
+        len(a3.records(channels=0)),
+        len(a3.records(channels=8)),
+    ]
+    assert sum(len(records) for records, _ in groups) == len(a3.records())
+    pinned = groups[1][1](2, 8)
+    assert pinned.fabric is not None and pinned.fabric.spec.channels == 8
+    assert groups[0][1](2, 8).fabric.spec.channels == 12  # the preset's: Google's environment
 
 
 def test_every_shipped_cluster_loads_with_its_sources() -> None:
