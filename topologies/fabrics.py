@@ -156,6 +156,16 @@ is the check: 30 steps x 60 us = 1.8 ms against 1.65-1.79 ms measured at 1-4 MiB
 reports latency 0 and documents no per-message cost (google/nccl-plugin-gpudirecttcpx
 4b8ea7f); what sets the gap (its socket threads, the receive daemon, the unpack kernel) is not
 separated. In-sample for gcp-a3-h100 (docs/collectives.md)."""
+TCPXO_STEP_LATENCY_S = 59.5e-6
+"""GPUDirect-TCPXO's latency per inter-node step (GCP A3 Mega). Derived from sizes the
+collective validation does not score: the 2-node ring all_gather of
+refdata/collectives/gcp-a3-mega-h100/all_gather_2n_gke.txt (plugin v1.0.15, Ring/LL) takes
+84-93 us from 256 B to 32 KiB where the model with the path's 2.7 us alone for the network
+gives 28-31 us; the median excess, 56.8 us, makes one inter-node step 59.5 us (NCCL's ring
+crosses the network once per chunk on 2 nodes). The same cluster's all_reduce table (Tree/LL,
+two inter-node steps) checks it: 85 us of excess, 45 us a step, so its Tree floor comes out
+23% slow (median below 64 KiB). In-sample for
+gcp-a3-mega-h100 only in that its sub-MiB rows set it (docs/collectives.md)."""
 MAX_LATENCY_S = 1.0
 """Largest per-message latency a fabric may declare (a second: 10^4 x any real network)."""
 MAX_CHANNELS = 64
@@ -297,10 +307,12 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         radix=64,
         rail_optimized=False,
         transport="tcpx",
+        step_latency_s=TCPXO_STEP_LATENCY_S,
         source="GCP A3 Mega GPUDirect-TCPXO: 8 x 200 Gbps GPU NICs per VM; the TCPX plugin "
-        "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc), no "
-        "published per-message latency (NCCL's NET table is used). Google does not publish "
-        "switch radix or wiring: a non-blocking fat tree of radix-64 switches is assumed",
+        "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc) and no "
+        "per-message latency is published: 59.5 us per inter-node step, from the floor of a "
+        "public A3 Mega all_gather table below 64 KiB (TCPXO_STEP_LATENCY_S). Google does not "
+        "publish switch radix or wiring: a non-blocking fat tree of radix-64 switches is assumed",
     ),
     "azure-ndr": FabricSpec(
         name="azure-ndr",

@@ -72,3 +72,19 @@ def test_no_gap_on_a_fabric_without_one_nor_within_a_node():
     node = CommModel(simpy.Environment(), build_cluster("a3-high-h100", 1))
     terms = node._priced("all_gather", tuple(range(8)), MIB, "ring")[2]
     assert all(p.gap_s(MIB, MIB) == 0 for p in terms.protocols)
+
+
+def test_tcpxo_adds_its_step_latency_once_per_network_crossing_of_a_ring():
+    # a 2-node ring all_gather crosses the network once per chunk (NCCL: nNodes - 1 inter
+    # steps), so its floor rises by exactly one step latency over a transport without one
+    from topologies.fabrics import TCPXO_STEP_LATENCY_S
+
+    mega = FABRIC_PRESETS["gcp-a3-mega"]
+    node = NODE_PRESETS["a3-mega-h100"]
+    times = []
+    for fabric in (mega, dataclasses.replace(mega, step_latency_s=0.0)):
+        model = CommModel(simpy.Environment(), cluster_topology(node, 2, fabric))
+        assert model.choice("all_gather", RANKS, 4096, "ring") == ("ring", "ll")
+        times.append(model.estimate_s("all_gather", RANKS, 4096, algo="ring"))
+    path_s = 2.7e-6  # the network hop's latency, which the topology's path already holds
+    assert times[0] - times[1] == pytest.approx(TCPXO_STEP_LATENCY_S - path_s, rel=1e-9)
