@@ -166,6 +166,13 @@ crosses the network once per chunk on 2 nodes). The same cluster's all_reduce ta
 two inter-node steps) checks it: 85 us of excess, 45 us a step, so its Tree floor comes out
 23% slow (median below 64 KiB). In-sample for
 gcp-a3-mega-h100 only in that its sub-MiB rows set it (docs/collectives.md)."""
+GIB_STEP_LATENCY_S = 32.4e-6
+"""The gIB plugin's latency per inter-node step over GCP A3 Ultra's RoCE. Derived from sizes the
+collective validation does not score: the 2-node ring all_gather of
+refdata/collectives/gcp-a3-ultra-h200/all_gather_2n.txt (gIB v1.1.0, Ring/LL) takes 54-58 us
+from 1 to 32 KiB where the model with the path's 2.7 us alone for the network gives 26-27 us;
+the median excess, 29.7 us, makes one inter-node step 32.4 us. The table's only op is this one, so
+nothing of that cluster checks it; in-sample for gcp-a3-ultra-h200 (docs/collectives.md)."""
 MAX_LATENCY_S = 1.0
 """Largest per-message latency a fabric may declare (a second: 10^4 x any real network)."""
 MAX_CHANNELS = 64
@@ -313,6 +320,18 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         "per-message latency is published: 59.5 us per inter-node step, from the floor of a "
         "public A3 Mega all_gather table below 64 KiB (TCPXO_STEP_LATENCY_S). Google does not "
         "publish switch radix or wiring: a non-blocking fat tree of radix-64 switches is assumed",
+    ),
+    "gcp-a3-ultra": FabricSpec(
+        name="gcp-a3-ultra",
+        link="gcp-roce-400g",
+        radix=64,
+        rail_optimized=False,
+        step_latency_s=GIB_STEP_LATENCY_S,
+        source="GCP A3 Ultra: 8 x 400 Gb/s ConnectX-7 RoCE per VM, GPUDirect-RDMA through the "
+        "gIB NCCL plugin (an IB verbs transport, NCCL_NET=gIB); 32.4 us per inter-node step from "
+        "the floor of Google's public A3 Ultra all_gather table below 64 KiB "
+        "(GIB_STEP_LATENCY_S). Google does not publish switch radix or wiring: a non-blocking fat "
+        "tree of radix-64 switches is assumed",
     ),
     "azure-ndr": FabricSpec(
         name="azure-ndr",

@@ -327,6 +327,18 @@ LINKS: dict[str, LinkSpec] = {
         source="RoCEv2 400 GbE (ConnectX-7 / Spectrum-4 SN5600 at 128 x 400G); effective as "
         "NDR's measured 47/50; " + _NCCL_LAT,
     ),
+    "gcp-roce-400g": _link(
+        "gcp-roce-400g",
+        50.0,
+        41.3,
+        0.35,
+        kind="network",
+        source="GCP A3 Ultra GPU NIC: 8 ConnectX-7 of 400 Gb/s per VM, RoCE with GPUDirect-RDMA "
+        "through the gIB NCCL plugin (cloud.google.com/compute/docs/gpus/gpu-network-bandwidth); "
+        "effective 41.3 GB/s: what the NIC-bound case of Google's public A3 Ultra table, 2-node "
+        "ring all_gather at 1-8 GiB (refdata/collectives/gcp-a3-ultra-h200, 324-329 GB/s busbw), "
+        "gives through this model (roce-400g's 47 of 50 gave it 366-375); " + _NCCL_LAT,
+    ),
     "efa-p5": _link(
         "efa-p5",
         50.0,

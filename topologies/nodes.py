@@ -317,6 +317,22 @@ NODE_PRESETS: dict[str, NodeSpec] = {
         "200 Gbps (8+1 arrangement, 1,800 Gbps; cloud.google.com/compute/docs/gpus/"
         "gpu-network-bandwidth), GPUDirect-TCPXO, 4th Gen Intel Xeon hosts",
     ),
+    "a3-ultra-h200": NodeSpec(
+        name="a3-ultra-h200",
+        gpu="h200",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink4",
+        nvswitch="nvswitch-gen3",
+        pcie="pcie-gen5",
+        nic="gcp-roce-400g",
+        nics_per_node=8,
+        cpu_link="upi",
+        default_fabric="gcp-a3-ultra",
+        source="GCP a3-ultragpu-8g: 8 H200 SXM with NVSwitch and NVLink 4, 8 ConnectX-7 GPU "
+        "NICs of 400 Gb/s (3,200 Gbps; cloud.google.com/compute/docs/gpus/"
+        "gpu-network-bandwidth), RoCE with GPUDirect-RDMA (gIB), Intel Xeon hosts",
+    ),
     "nd-h100-v5": NodeSpec(
         name="nd-h100-v5",
         gpu="h100-sxm",

@@ -106,7 +106,7 @@ def test_bad_oversubscription_and_empty():
 def test_presets():
     assert set(FABRIC_PRESETS) == {
         "ib-ndr", "ib-hdr", "roce-400g", "ib-ndr-sharp", "ib-ndr-sharp-collnet", "efa-p5",
-        "efa-p4d", "gcp-a3-mega", "gcp-a3-high", "azure-ndr",
+        "efa-p4d", "gcp-a3-mega", "gcp-a3-high", "gcp-a3-ultra", "azure-ndr",
     }  # fmt: skip
     assert FABRIC_PRESETS["ib-ndr"].radix == 64
     assert [name for name, spec in FABRIC_PRESETS.items() if spec.sharp] == [
@@ -121,6 +121,8 @@ def test_presets():
     )  # fmt: skip
     assert (efa.transport, efa.tuner) == ("ofi", "aws-ofi-p5")
     assert FABRIC_PRESETS["gcp-a3-mega"].transport == "tcpx"
+    ultra = FABRIC_PRESETS["gcp-a3-ultra"]  # gIB: IB verbs over RoCE, its own step latency
+    assert (ultra.transport, ultra.step_latency_s, ultra.link) == ("ib", 32.4e-6, "gcp-roce-400g")
     assert FABRIC_PRESETS["roce-400g"].rail_optimized
     for spec in FABRIC_PRESETS.values():
         assert spec.source

@@ -85,7 +85,8 @@ def test_nic_without_switch_goes_to_nearest():
         ({"num_gpus": 2.5}, "node.num_gpus=2.5"),
         (
             {"nic": "pcie-gen5"},
-            "node.nic='pcie-gen5' is a pcie link; valid: efa-p4d, efa-p5, gcp-200g, ib-hdr",
+            "node.nic='pcie-gen5' is a pcie link; valid: efa-p4d, efa-p5, gcp-200g, "
+            "gcp-roce-400g, ib-hdr",
         ),
         ({"nvswitch": None}, "needs node.nvswitch and node.nvlink"),
         ({"nics_per_node": 0}, "needs node.nics_per_node >= 1"),
