@@ -81,9 +81,9 @@ class FabricSpec:
     (``NCCL_MIN_NCHANNELS`` = ``NCCL_MAX_NCHANNELS``); 0: NCCL's own count."""
     message_gap_s: float = 0.0
     """The transport's least time per network message on one channel (LogGP's gap g): a
-    multi-node Ring/Simple moves each step's bytes per channel in messages of NCCL's step
-    (``NCCL_BUFFSIZE`` / ``NCCL_STEPS``, 512 KiB), each taking at least this long, so its
-    network steps run at the slower of the byte rate and the message rate (0: no floor)."""
+    multi-node Ring/Simple moves each step's bytes per channel in 512 KiB messages (the unit
+    the gap is measured in), each taking at least this long, so its network steps run at the
+    slower of the byte rate and the message rate (0: no floor)."""
     tuner: str = "nccl"
     """Who picks NCCL's algorithm and protocol: ``nccl`` or a tuner plugin (``aws-ofi-p5``)."""
     protocols: tuple[str, ...] = ()
@@ -94,6 +94,9 @@ class FabricSpec:
     (``NCCL_ALGO``; ring, tree, nvls, nvlstree, collnet_direct, collnet_chain); empty: all."""
     source: str = ""
     """Where the figures come from."""
+    fitted_on: tuple[str, ...] = ()
+    """Clusters of ``refdata/collectives`` whose public tables set some of these figures (their
+    checks against this preset are in-sample)."""
 
     def __post_init__(self) -> None:
         _check_network(self)
@@ -131,6 +134,12 @@ class FabricSpec:
                 f"{', '.join(NCCL_ALGORITHM_NAMES)} (empty: all)"
             )
         object.__setattr__(self, "algorithms", tuple(algorithms))
+        fitted = self.fitted_on
+        if not isinstance(fitted, list | tuple) or not all(isinstance(c, str) for c in fitted):
+            raise ValueError(
+                f"fabric.fitted_on={shorten(fitted)}; a list of cluster names (empty: none)"
+            )
+        object.__setattr__(self, "fitted_on", tuple(fitted))
 
 
 def _is_int(value: object) -> bool:
@@ -146,33 +155,28 @@ TRANSPORTS = ("ib", "ofi", "tcpx")
 TUNERS = ("nccl", "aws-ofi-p5")
 """Values of ``FabricSpec.tuner``: NCCL's own, or aws-ofi-nccl's region tuner on AWS p5."""
 TCPX_MESSAGE_GAP_S = 60e-6
-"""GPUDirect-TCPX's least time per network message on one channel (GCP A3 High). Two readings
-of one public table (refdata/collectives/gcp-a3-h100/all_gather_2n_ring.txt: 2 nodes, Ring and
-Simple forced, 8 channels, ``NCCL_BUFFSIZE`` 4 MiB so 512 KiB per message, plugin v3.1.9) agree:
-its floor, 943-1007 us from 1 to 8 MiB over 15 ring steps of one message per channel, gives
-63-67 us a message; its plateau, 70.9 GB/s busbw at 512 MiB, is 8 channels x 512 KiB every
-59 us. 60 us is taken. The other A3 High table (all_reduce, NCCL 2.18.5, a different source)
-is the check: 30 steps x 60 us = 1.8 ms against 1.65-1.79 ms measured at 1-4 MiB. The plugin
-reports latency 0 and documents no per-message cost (google/nccl-plugin-gpudirecttcpx
-4b8ea7f); what sets the gap (its socket threads, the receive daemon, the unpack kernel) is not
-separated. In-sample for gcp-a3-h100 (docs/collectives.md)."""
-TCPXO_STEP_LATENCY_S = 59.5e-6
-"""GPUDirect-TCPXO's latency per inter-node step (GCP A3 Mega). Derived from sizes the
-collective validation does not score: the 2-node ring all_gather of
-refdata/collectives/gcp-a3-mega-h100/all_gather_2n_gke.txt (plugin v1.0.15, Ring/LL) takes
-84-93 us from 256 B to 32 KiB where the model with the path's 2.7 us alone for the network
-gives 28-31 us; the median excess, 56.8 us, makes one inter-node step 59.5 us (NCCL's ring
-crosses the network once per chunk on 2 nodes). The same cluster's all_reduce table (Tree/LL,
-two inter-node steps) checks it: 85 us of excess, 45 us a step, so its Tree floor comes out
-23% slow (median below 64 KiB). In-sample for
-gcp-a3-mega-h100 only in that its sub-MiB rows set it (docs/collectives.md)."""
+"""GPUDirect-TCPX's least time per 512 KiB network message on one channel (GCP A3 High; 512 KiB
+is the chunk Google's TCPX environment sets, NCCL_DYNAMIC_CHUNK_SIZE and NCCL_P2P_NET_CHUNKSIZE
+= 524288). Two readings of one public table (refdata/collectives/gcp-a3-h100/
+all_gather_2n_ring.txt: 2 nodes, Ring and Simple forced, 8 channels, plugin v3.1.9) agree: its
+floor, 943-1007 us from 1 to 8 MiB over 15 ring steps of one message per channel, gives 63-67 us
+a message; its plateau, 70.9 GB/s busbw at 512 MiB, is 8 channels x 512 KiB every 59 us. 60 us
+is taken. The other A3 High table (all_reduce, NCCL 2.18.5, a different source, run under
+Google's sample environment of 12 channels) is the check: 30 steps x 60 us = 1.8 ms against
+1.65-1.79 ms measured at 1-4 MiB. The plugin reports latency 0 and documents no per-message
+cost (google/nccl-plugin-gpudirecttcpx 4b8ea7f); what sets the gap (its socket threads, the
+receive daemon, the unpack kernel) is not separated. In-sample for gcp-a3-h100
+(docs/collectives.md)."""
 GIB_STEP_LATENCY_S = 32.4e-6
 """The gIB plugin's latency per inter-node step over GCP A3 Ultra's RoCE. Derived from sizes the
 collective validation does not score: the 2-node ring all_gather of
-refdata/collectives/gcp-a3-ultra-h200/all_gather_2n.txt (gIB v1.1.0, Ring/LL) takes 54-58 us
-from 1 to 32 KiB where the model with the path's 2.7 us alone for the network gives 26-27 us;
-the median excess, 29.7 us, makes one inter-node step 32.4 us. The table's only op is this one, so
-nothing of that cluster checks it; in-sample for gcp-a3-ultra-h200 (docs/collectives.md)."""
+refdata/collectives/gcp-a3-ultra-h200/all_gather_2n.txt (gIB v1.1.0) takes 54-58 us from 1 to
+32 KiB where the model, with the path's 2.7 us alone for the network, gives 26-27 us under the
+protocol NCCL's own tuner picks there (Ring/LL); the median excess, 29.7 us, makes one
+inter-node step 32.4 us. gIB's environment ships its own tuner config (NCCL_TUNER_CONFIG_PATH),
+whose picks are not published, so the figure holds relative to NCCL's tuner. The table's only
+op is this one, so nothing of that cluster checks it; in-sample for gcp-a3-ultra-h200
+(docs/collectives.md)."""
 MAX_LATENCY_S = 1.0
 """Largest per-message latency a fabric may declare (a second: 10^4 x any real network)."""
 MAX_CHANNELS = 64
@@ -262,6 +266,7 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         step_latency_s=75e-6,
         simple_extra_latency_s=3e-6,
         tuner="aws-ofi-p5",
+        fitted_on=("aws-p5-h100",),
         source="AWS EFA on p5 through aws-ofi-nccl (aws/aws-ofi-nccl 2daf7d3): the internode "
         "latency the plugin reports for p5/p5e, 75 us (src/platform-aws.cpp, 'Internode "
         "latency set at'), is each inter-node step's latency, + 3 us completion overhead for "
@@ -298,6 +303,7 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         transport="tcpx",
         channels=12,
         message_gap_s=TCPX_MESSAGE_GAP_S,
+        fitted_on=("gcp-a3-h100",),
         protocols=("simple",),
         algorithms=("ring",),
         source="GCP A3 High GPUDirect-TCPX: 4 x 200 Gbps GPU NICs per VM (1,000 Gbps with the "
@@ -305,7 +311,10 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc); Google's "
         "GPUDirect-TCPX NCCL environment sets NCCL_ALGO=Ring and NCCL_PROTO=Simple "
         "(cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx-autopilot"
-        "#environment-variables-nccl). Google does not publish switch radix or wiring: a "
+        "#environment-variables-nccl) and 12 channels (GoogleCloudPlatform/"
+        "ai-infra-cluster-provisioning sample_workloads/nccltest/gke/values.yaml); at least "
+        "60 us per 512 KiB message on a channel (TCPX_MESSAGE_GAP_S, from Google's public A3 High "
+        "all_gather table). Google does not publish switch radix or wiring: a "
         "non-blocking fat tree of radix-64 switches is assumed",
     ),
     "gcp-a3-mega": FabricSpec(
@@ -314,12 +323,16 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         radix=64,
         rail_optimized=False,
         transport="tcpx",
-        step_latency_s=TCPXO_STEP_LATENCY_S,
+        protocols=("simple", "ll128"),
         source="GCP A3 Mega GPUDirect-TCPXO: 8 x 200 Gbps GPU NICs per VM; the TCPX plugin "
-        "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc) and no "
-        "per-message latency is published: 59.5 us per inter-node step, from the floor of a "
-        "public A3 Mega all_gather table below 64 KiB (TCPXO_STEP_LATENCY_S). Google does not "
-        "publish switch radix or wiring: a non-blocking fat tree of radix-64 switches is assumed",
+        "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc); "
+        "Google's TCPXO environment sets NCCL_PROTO=Simple,LL128 (nccl-env-profile.sh from the "
+        "February 2025 installer on, Simple alone before; GoogleCloudPlatform/"
+        "container-engine-accelerators gpudirect-tcpxo/README.md); its algorithms are left to "
+        "NCCL here (a guest config checker enforcing Ring,Tree is published, but a public A3 "
+        "Mega all_reduce reaches 339 GB/s busbw, beyond what Ring and Tree give on its NICs). "
+        "Google does not publish switch radix or wiring: a non-blocking fat tree of radix-64 "
+        "switches is assumed",
     ),
     "gcp-a3-ultra": FabricSpec(
         name="gcp-a3-ultra",
@@ -327,11 +340,13 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         radix=64,
         rail_optimized=False,
         step_latency_s=GIB_STEP_LATENCY_S,
+        fitted_on=("gcp-a3-ultra-h200",),
         source="GCP A3 Ultra: 8 x 400 Gb/s ConnectX-7 RoCE per VM, GPUDirect-RDMA through the "
         "gIB NCCL plugin (an IB verbs transport, NCCL_NET=gIB); 32.4 us per inter-node step from "
-        "the floor of Google's public A3 Ultra all_gather table below 64 KiB "
-        "(GIB_STEP_LATENCY_S). Google does not publish switch radix or wiring: a non-blocking fat "
-        "tree of radix-64 switches is assumed",
+        "the floor of Google's public A3 Ultra all_gather table below 64 KiB, relative to what "
+        "NCCL's own tuner picks there (GIB_STEP_LATENCY_S; gIB ships its own tuner config). "
+        "Google does not publish switch radix or wiring: a non-blocking fat tree of radix-64 "
+        "switches is assumed",
     ),
     "azure-ndr": FabricSpec(
         name="azure-ndr",

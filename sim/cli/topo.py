@@ -252,13 +252,16 @@ def _check_lines(checks: dict[str, Any]) -> list[str]:
         named.append(("fabric", checks["fabric"], checks["fabric_checks"]))
     for kind, name, found in named:
         if not found:
-            lines.append(f"  {kind} {name}: unvalidated (no public measurement shipped)")
+            where = "within one server" if kind == "server" else "across servers"
+            lines.append(f"  {kind} {name}: unvalidated {where} (no public measurement shipped)")
         for check in found:
             nodes = ",".join(map(str, check["nodes"]))
+            sample = " (in-sample: its tables set some of this preset's figures)"
             lines.append(
                 f"  {kind} {name}: {check['busbw_mape_pct']:.1f}% MAPE "
                 f"({check['mean_busbw_error_pct']:+.1f}% mean) over {check['num_points']} points "
                 f"at {nodes} node(s) of {check['cluster']} ({check['sources'][0]})"
+                + (sample if check.get("in_sample") else "")
             )
     return lines
 

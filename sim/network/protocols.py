@@ -120,8 +120,11 @@ class Protocol:
 
     def gap_s(self, bus_bytes: float, size_bytes: float) -> float:
         """The message-rate floor of a multi-node ring: each of its steps moves bus_bytes /
-        steps per launched channel in messages of one NCCL step (``chunk_bytes``), each taking
-        at least ``message_gap_s`` on the network."""
+        steps per launched channel in messages of ``chunk_bytes`` (512 KiB; the unit the gap
+        was measured in), each taking at least ``message_gap_s`` on the network. A floor on
+        the time, not bytes on the links: ``CostTerms.split_s`` adds what it exceeds the
+        bandwidth term by to the latency, so the flow model does not load the links with it and
+        a calibration's efficiency does not scale it."""
         if not (self.message_gap_s and self.ring_steps and self.chunk_bytes):
             return 0.0
         per_channel = bus_bytes / self.ring_steps / self.launched_channels(size_bytes)
@@ -162,8 +165,7 @@ class Protocol:
         # per-chunk costs
         wave = min(self.chunk_ops * self.chunk(size_bytes), size_bytes)
         fill = rate_s * self.num_fill_waves * wave / size_bytes
-        streamed = steady * (1.0 + self.chunk_bytes / size_bytes) + fill
-        return max(streamed, self.gap_s(bus_bytes, size_bytes))
+        return steady * (1.0 + self.chunk_bytes / size_bytes) + fill
 
     def chunk(self, size_bytes: float) -> int:
         """NVLS / NVLSTree: the chunk NCCL moves ``size_bytes`` in (0 elsewhere)."""

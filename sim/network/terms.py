@@ -189,8 +189,12 @@ class CostTerms:
             own = proto.latency_s(self.intra_steps, self.inter_steps, size_bytes)
             latency = base + own * params.protocol_latency_scale
             bandwidth = proto.bandwidth_s(self.bandwidth_time_s, self.bus_bytes, size_bytes)
-            if latency + bandwidth * ramp < best[1] + best[2]:
-                best = (proto.name, latency, bandwidth * ramp)
+            bandwidth *= ramp
+            # a transport's message gap floors the time (Protocol.gap_s): its excess over the
+            # bandwidth term waits like a latency
+            latency += max(0.0, proto.gap_s(self.bus_bytes, size_bytes) - bandwidth)
+            if latency + bandwidth < best[1] + best[2]:
+                best = (proto.name, latency, bandwidth)
         return best
 
     def latency_s(self, params: CommParams, size_bytes: float) -> float:

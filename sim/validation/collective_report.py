@@ -53,7 +53,7 @@ def format_summary(document: dict[str, Any], results: list[ClusterPoints]) -> li
             lines.append(
                 f"  {fabric:<13} {check['cluster']:<26} nodes {','.join(map(str, check['nodes']))}"
                 f": {_pct(check['busbw_mape_pct'])} ({check['mean_busbw_error_pct']:+.1f}% mean, "
-                f"{check['num_points']} points)"
+                f"{check['num_points']} points)" + (", in-sample" if check.get("in_sample") else "")
             )
     return lines
 

@@ -33,6 +33,7 @@ from refdata import COLLECTIVES_DIR
 from sim.network.calibration import Calibration
 from sim.network.compare import SIZE_BANDS, Point, compare_records, size_band
 from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory, fit_groups, make_samples
+from topologies.fabrics import NCCL_ALGORITHM_NAMES, NCCL_PROTOCOLS, FabricSpec
 from topologies.presets import FABRIC_PRESETS, NODE_PRESETS, build_cluster, cluster_topology
 from topologies.topology import Topology
 from vocab.collectives import canonical_op
@@ -49,8 +50,33 @@ MAX_CHANNELS = 64
 """Most channels a file may pin (NCCL's ``MAXCHANNELS``)."""
 
 _FILE_KEYS = {
-    "file", "op", "nodes", "gpus_per_node", "algo", "channels", "dtype", "source", "notes",
+    "file", "op", "nodes", "gpus_per_node", "algo", "channels", "protocols", "algorithms",
+    "dtype", "source", "notes",
 }  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEnv:
+    """What a run's NCCL environment set across nodes, where it differs from its fabric
+    preset: ``NCCL_MIN_NCHANNELS`` = ``NCCL_MAX_NCHANNELS``, ``NCCL_PROTO``, ``NCCL_ALGO``
+    (0 and empty: the preset's)."""
+
+    channels: int = 0
+    protocols: tuple[str, ...] = ()
+    algorithms: tuple[str, ...] = ()
+
+    def applied(self, fabric: FabricSpec) -> FabricSpec:
+        """``fabric`` with this environment's settings."""
+        changes: dict[str, Any] = {}
+        if self.channels:
+            changes["channels"] = self.channels
+        if self.protocols:
+            changes["protocols"] = self.protocols
+        if self.algorithms:
+            changes["algorithms"] = self.algorithms
+        return dataclasses.replace(fabric, **changes) if changes else fabric
+
+
 _CLUSTER_KEYS = {"cluster", "description", "gpu", "server", "fabric", "files", "notes"}
 
 
@@ -70,9 +96,9 @@ class MeasuredFile:
     """``auto`` or the algorithm the run forced (``NCCL_ALGO``)."""
     source: str
     """Where the numbers were published."""
-    channels: int = 0
-    """Channels the run pinned (``NCCL_MIN_NCHANNELS`` = ``NCCL_MAX_NCHANNELS``) across nodes;
-    0: the fabric preset's (``FabricSpec.channels``)."""
+    env: RunEnv = RunEnv()
+    """What the run's NCCL environment set across nodes beyond the fabric preset (a
+    ``cluster.json`` entry's ``channels``, ``protocols``, ``algorithms``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,9 +116,9 @@ class Cluster:
     files: tuple[MeasuredFile, ...]
     """Its measurement files."""
 
-    def topology_for(self, channels: int = 0) -> TopologyFactory:
+    def topology_for(self, env: RunEnv | None = None) -> TopologyFactory:
         """(num_nodes, ranks_per_node) -> this cluster's topology of that many servers (with
-        ``channels``, its fabric pinned to that many NCCL channels)."""
+        ``env``, its fabric under that run's NCCL environment)."""
         cache: dict[tuple[int, int], Topology] = {}
 
         def build(num_nodes: int, ranks_per_node: int) -> Topology:
@@ -100,8 +126,8 @@ class Cluster:
             if found is None:
                 if num_nodes > 1 and self.fabric is not None:
                     fabric = FABRIC_PRESETS[self.fabric]
-                    if channels:
-                        fabric = dataclasses.replace(fabric, channels=channels)
+                    if env is not None:
+                        fabric = env.applied(fabric)
                     found = cluster_topology(NODE_PRESETS[self.server], num_nodes, fabric)
                 else:
                     found = build_cluster(self.server, num_nodes)
@@ -111,17 +137,17 @@ class Cluster:
         return build
 
     def groups(self) -> list[tuple[list[Record], TopologyFactory]]:
-        """The records (``records``) by the channels their runs pinned, each with its
-        topology factory."""
-        settings = sorted({entry.channels for entry in self.files})
-        return [(self.records(channels=c), self.topology_for(c)) for c in settings]
+        """The records (``records``) by the NCCL environment of their runs, each with its
+        topology factory, in a stable order."""
+        settings = sorted({entry.env for entry in self.files}, key=repr)
+        return [(self.records(env=e), self.topology_for(e)) for e in settings]
 
-    def records(self, *, channels: int | None = None) -> list[Record]:
-        """Every out-of-place record of every file (of the files pinned to ``channels``), with
-        the node count its source states."""
+    def records(self, *, env: RunEnv | None = None) -> list[Record]:
+        """Every out-of-place record of every file (of the files run under ``env``), with the
+        node count its source states."""
         found: list[Record] = []
         for entry in self.files:
-            if channels is not None and entry.channels != channels:
+            if env is not None and entry.env != env:
                 continue
             with warnings.catch_warnings():
                 # The logs' extra blocks (another op appended, a 1-rank run) are skipped or
@@ -219,12 +245,7 @@ def _cluster(path: Path) -> Cluster:
             )
         if nodes is not None and nodes > 1 and fabric is None:
             raise ValueError(f"{at}: {nodes} nodes but the cluster has no fabric")
-        channels = entry.get("channels", 0)
-        if channels != 0 and not (_count(channels) and channels <= MAX_CHANNELS):
-            raise ValueError(
-                f"{at}: channels must be an integer in 1..{MAX_CHANNELS} (or absent), "
-                f"got {shorten(channels)}"
-            )
+        env = _run_env(at, entry)
         file_path = (path.parent / str(entry.get("file"))).resolve()
         if not file_path.is_file():
             raise ValueError(f"{at}: file {entry.get('file')!r} not found")
@@ -234,7 +255,7 @@ def _cluster(path: Path) -> Cluster:
             MeasuredFile(
                 path=file_path, op=canonical_op(str(entry.get("op"))), nodes=nodes,
                 gpus_per_node=per_node, algo=algo, source=str(entry["source"]),
-                channels=channels,
+                env=env,
             )
         )  # fmt: skip
     if not files:
@@ -246,6 +267,26 @@ def _cluster(path: Path) -> Cluster:
         fabric=fabric,
         files=tuple(files),
     )
+
+
+def _run_env(at: str, entry: dict[str, Any]) -> RunEnv:
+    """A file entry's ``channels``, ``protocols`` and ``algorithms``, checked."""
+    channels = entry.get("channels")
+    if channels is not None and not (_count(channels) and channels <= MAX_CHANNELS):
+        raise ValueError(
+            f"{at}: channels must be an integer in 1..{MAX_CHANNELS} (or absent), "
+            f"got {shorten(channels)}"
+        )
+    lists = {}
+    for key, valid in (("protocols", NCCL_PROTOCOLS), ("algorithms", NCCL_ALGORITHM_NAMES)):
+        names = entry.get(key, [])
+        if not isinstance(names, list) or any(n not in valid for n in names):
+            raise ValueError(
+                f"{at}: {key} must be a list of {', '.join(valid)} (the run's NCCL "
+                f"{'PROTO' if key == 'protocols' else 'ALGO'}), got {shorten(names)}"
+            )
+        lists[key] = tuple(names)
+    return RunEnv(channels=channels or 0, **lists)
 
 
 def _count(value: object) -> bool:
@@ -431,10 +472,13 @@ def dumps(document: dict[str, Any]) -> str:
 
 
 def _check(cluster: Cluster, points: Sequence[Point], *, across: bool) -> dict[str, Any]:
-    """One cluster's uncalibrated busbw error on the points within (or across) servers."""
+    """One cluster's uncalibrated busbw error on the points within (or across) servers;
+    ``in_sample`` when the cluster's tables set some of its fabric preset's figures."""
     sources = sorted({f.source for f in cluster.files if (f.nodes != 1) == across})
+    fabric = FABRIC_PRESETS[cluster.fabric] if across and cluster.fabric else None
     return {
         "cluster": cluster.name,
+        "in_sample": fabric is not None and cluster.name in fabric.fitted_on,
         "description": cluster.description,
         "nodes": sorted({p.num_nodes for p in points}),
         "num_points": len(points),

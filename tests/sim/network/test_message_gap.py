@@ -46,9 +46,12 @@ def test_small_rings_pay_one_gap_per_step():
     # 1 and 8 MiB: one message per channel and step (8 MiB / 16 ranks / 12 channels < 512 KiB)
     one, eight = (model.estimate_s("all_gather", RANKS, s * MIB) for s in (1, 8))
     assert one == pytest.approx(eight, rel=1e-12)
-    latency = model._priced("all_gather", RANKS, MIB, None)[2].latency_s(
-        model.params("all_gather", "ring", model.layout(RANKS)), MIB
-    )
+    # against the same fabric without the gap: its latency plus 15 gaps (the floor replaces
+    # the bandwidth term)
+    plain = dataclasses.replace(FABRIC_PRESETS["gcp-a3-high"], message_gap_s=0.0)
+    free = CommModel(simpy.Environment(), cluster_topology(NODE_PRESETS["a3-high-h100"], 2, plain))
+    _, params, terms = free._priced("all_gather", RANKS, MIB, None)
+    latency = terms.latency_s(params, MIB)
     assert one - latency == pytest.approx(15 * gap, rel=1e-9)
     reduce = model.estimate_s("all_reduce", RANKS, MIB)
     assert reduce > 30 * gap  # twice the steps
@@ -65,6 +68,34 @@ def test_each_further_message_adds_a_gap_per_step():
     assert busbw == pytest.approx(8 * 512 * 1024 / TCPX_MESSAGE_GAP_S, rel=0.02)
 
 
+def test_reduce_scatter_pays_one_gap_per_step_and_other_protocols_none():
+    model = _model()
+    one = model.estimate_s("reduce_scatter", RANKS, MIB)
+    algo, _, terms = model._priced("reduce_scatter", RANKS, MIB, None)
+    (simple,) = terms.protocols  # the preset: Ring and Simple only
+    bandwidth = simple.bandwidth_s(terms.bandwidth_time_s, terms.bus_bytes, MIB)
+    assert algo == "ring" and simple.gap_s(terms.bus_bytes, MIB) == 15 * TCPX_MESSAGE_GAP_S
+    assert one >= 15 * TCPX_MESSAGE_GAP_S > bandwidth
+    # LL, LL128 and Tree on the same transport get no gap (measured on Ring/Simple only)
+    every = dataclasses.replace(FABRIC_PRESETS["gcp-a3-high"], protocols=(), algorithms=())
+    free = CommModel(simpy.Environment(), cluster_topology(NODE_PRESETS["a3-high-h100"], 2, every))
+    for algo in ("ring", "tree"):
+        for proto in free._priced("all_reduce", RANKS, MIB, algo)[2].protocols:
+            gapped = algo == "ring" and proto.name == "simple"
+            assert (proto.gap_s(MIB, MIB) > 0) == gapped, (algo, proto.name)
+
+
+def test_the_gap_is_time_not_bytes_under_the_flow_model():
+    # two concurrent 1 MiB all_gathers on the flow model: the gap does not load the links, so
+    # each takes what it takes alone (the bytes are a sliver of the NICs' rate)
+    topology = build_cluster("a3-high-h100", 2)
+    alone = CommModel(simpy.Environment(), topology).estimate_s("all_gather", RANKS, MIB)
+    env = simpy.Environment()
+    flow = CommModel(env, topology, fidelity="flow")
+    env.run(env.all_of([flow.run("all_gather", RANKS, MIB) for _ in range(2)]))
+    assert env.now == pytest.approx(alone, rel=0.02)
+
+
 def test_no_gap_on_a_fabric_without_one_nor_within_a_node():
     ib = CommModel(simpy.Environment(), build_cluster("dgx-h100", 2, "ib-ndr"))
     terms = ib._priced("all_gather", RANKS, MIB, "ring")[2]
@@ -72,19 +103,3 @@ def test_no_gap_on_a_fabric_without_one_nor_within_a_node():
     node = CommModel(simpy.Environment(), build_cluster("a3-high-h100", 1))
     terms = node._priced("all_gather", tuple(range(8)), MIB, "ring")[2]
     assert all(p.gap_s(MIB, MIB) == 0 for p in terms.protocols)
-
-
-def test_tcpxo_adds_its_step_latency_once_per_network_crossing_of_a_ring():
-    # a 2-node ring all_gather crosses the network once per chunk (NCCL: nNodes - 1 inter
-    # steps), so its floor rises by exactly one step latency over a transport without one
-    from topologies.fabrics import TCPXO_STEP_LATENCY_S
-
-    mega = FABRIC_PRESETS["gcp-a3-mega"]
-    node = NODE_PRESETS["a3-mega-h100"]
-    times = []
-    for fabric in (mega, dataclasses.replace(mega, step_latency_s=0.0)):
-        model = CommModel(simpy.Environment(), cluster_topology(node, 2, fabric))
-        assert model.choice("all_gather", RANKS, 4096, "ring") == ("ring", "ll")
-        times.append(model.estimate_s("all_gather", RANKS, 4096, algo="ring"))
-    path_s = 2.7e-6  # the network hop's latency, which the topology's path already holds
-    assert times[0] - times[1] == pytest.approx(TCPXO_STEP_LATENCY_S - path_s, rel=1e-9)

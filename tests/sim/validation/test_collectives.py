@@ -12,6 +12,7 @@ from refdata import COLLECTIVES_DIR
 from sim.network.compare import compare_records
 from sim.validation.collectives import (
     MODES,
+    RunEnv,
     busbw_mape,
     fabric_checks,
     load_clusters,
@@ -19,6 +20,7 @@ from sim.validation.collectives import (
     report_json,
     validate_collectives,
 )
+from topologies.fabrics import FABRIC_PRESETS
 from vocab.records import Record
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -135,6 +137,10 @@ def test_the_fabric_check_scores_only_points_across_servers(tmp_path) -> None:
         ({"file": {"colour": "red"}}, "unknown key(s) ['colour']"),
         ({"file": {"channels": 0.5}}, "channels must be an integer in 1..64 (or absent), got 0.5"),
         ({"file": {"channels": 65}}, "channels must be an integer in 1..64 (or absent), got 65"),
+        ({"file": {"channels": 0}}, "channels must be an integer in 1..64 (or absent), got 0"),
+        ({"file": {"channels": False}}, "channels must be an integer in 1..64 (or absent)"),
+        ({"file": {"protocols": ["ll256"]}}, "protocols must be a list of ll, ll128, simple"),
+        ({"file": {"algorithms": "ring"}}, "algorithms must be a list of ring, tree"),
     ],
 )
 def test_a_bad_cluster_description_names_the_problem(tmp_path, change, message) -> None:
@@ -144,17 +150,25 @@ def test_a_bad_cluster_description_names_the_problem(tmp_path, change, message) 
             cluster.records()
 
 
-def test_a_file_that_pins_channels_is_simulated_with_them() -> None:
-    (a3,) = [c for c in load_clusters(COLLECTIVES_DIR) if c.name == "gcp-a3-h100"]
+def test_a_file_run_under_its_own_nccl_environment_is_simulated_with_it() -> None:
+    clusters = {c.name: c for c in load_clusters(COLLECTIVES_DIR)}
+    a3 = clusters["gcp-a3-h100"]
     groups = a3.groups()
     assert [len(records) for records, _ in groups] == [
-        len(a3.records(channels=0)),
-        len(a3.records(channels=8)),
+        len(a3.records(env=RunEnv())),
+        len(a3.records(env=RunEnv(channels=8))),
     ]
     assert sum(len(records) for records, _ in groups) == len(a3.records())
     pinned = groups[1][1](2, 8)
     assert pinned.fabric is not None and pinned.fabric.spec.channels == 8
     assert groups[0][1](2, 8).fabric.spec.channels == 12  # the preset's: Google's environment
+    # A3 Mega: the GKE demo run set NCCL_PROTO=Simple and NCCL_ALGO=Ring,Tree
+    mega = clusters["gcp-a3-mega-h100"]
+    demo = RunEnv(protocols=("simple",), algorithms=("ring", "tree"))
+    assert demo in {entry.env for entry in mega.files}
+    spec = mega.topology_for(demo)(2, 8).fabric.spec
+    assert (spec.protocols, spec.algorithms) == (("simple",), ("ring", "tree"))
+    assert FABRIC_PRESETS["gcp-a3-mega"].protocols == ("simple", "ll128")
 
 
 def test_every_shipped_cluster_loads_with_its_sources() -> None:
@@ -203,6 +217,10 @@ def test_commsim_topo_says_unvalidated_where_no_public_table_is_shipped(capsys) 
 
     assert main(["topo", "nd-h100-v5", "--nodes", "2"]) == 0
     out = capsys.readouterr().out
-    assert "fabric azure-ndr: unvalidated (no public measurement shipped)" in out
+    assert "fabric azure-ndr: unvalidated across servers (no public measurement shipped)" in out
     assert main(["topo", "p5-h100", "--nodes", "2"]) == 0
-    assert "fabric efa-p5: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "fabric efa-p5: " in out and "(in-sample: its tables set some" in out
+    assert main(["topo", "a3-ultra-h200", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "server a3-ultra-h200: unvalidated within one server" in out
