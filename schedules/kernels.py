@@ -84,6 +84,10 @@ class Kernel:
     """For a ``memory`` kernel, one of ``MEMORY_CLASSES``."""
     head_dim: float = 0.0
     """For an attention kernel, the head dimension (its kernels tile it: ``sim.compute``)."""
+    converts: bool = True
+    """For a ``copy`` kernel: whether it converts between dtypes (a cast), which runs at the
+    casts' measured rate (``sim.compute.compute_model.CAST_EFFICIENCY``); a copy that only moves
+    or fills bytes (a layout copy, a concatenation, a zero fill) runs at the elementwise rate."""
     extra_launches: float = 0.0
     """Host launches this modelled kernel makes beyond its loop's per-kernel count
     (``sim.compute.compute_model.LAUNCHES_PER_KERNEL``), where the loop's code gives them
@@ -180,9 +184,14 @@ def attention(
     )
 
 
-def memory(name: str, num_bytes: float, memory_class: str = "elementwise") -> Kernel:
-    """A memory-bound kernel moving ``num_bytes`` (read + written)."""
-    return Kernel(name=name, kind="memory", bytes=num_bytes, memory_class=memory_class)
+def memory(
+    name: str, num_bytes: float, memory_class: str = "elementwise", *, converts: bool = True
+) -> Kernel:
+    """A memory-bound kernel moving ``num_bytes`` (read + written); ``converts``: see
+    ``Kernel.converts``."""
+    return Kernel(
+        name=name, kind="memory", bytes=num_bytes, memory_class=memory_class, converts=converts
+    )
 
 
 def dtypes(plan: Plan) -> tuple[str, str]:
@@ -679,7 +688,7 @@ def layer_kernels(plan: Plan) -> PieceKernels:
     casts = (memory("weight_cast", cast_bytes, "copy"),) if cast_bytes else ()
     norm_casts = norm_cast_bytes(plan)
     layout = attention_layout_bytes(plan)
-    layouts = (memory("attention_layout", layout, "copy"),) if layout else ()
+    layouts = (memory("attention_layout", layout, "copy", converts=False),) if layout else ()
     rotary = eager_rotary_launches(plan)
     forward = (
         *casts,
@@ -697,7 +706,7 @@ def layer_kernels(plan: Plan) -> PieceKernels:
             *core_backward,
             *layouts,
             *(
-                (memory("split_grad_cat", split, "copy"),)
+                (memory("split_grad_cat", split, "copy", converts=False),)
                 if (split := split_grad_bytes(plan))
                 else ()
             ),
@@ -730,7 +739,7 @@ def embedding_kernels(plan: Plan) -> PieceKernels:
     passes = 2 + (3 if plan.model.position_embedding == "learned" else 0)
     params = embedding_params_per_gpu(plan.model, plan.parallel.tp)
     fill = grad_bytes_per_element(plan) * params if torch_ddp_step(plan) else 0.0
-    dense = (memory("embedding_grad_fill", fill, "copy"),) if fill else ()
+    dense = (memory("embedding_grad_fill", fill, "copy", converts=False),) if fill else ()
     return PieceKernels(
         forward=(memory("embedding", passes * ACTIVATION_BYTES * tokens * h),),
         backward_input=(),
@@ -794,7 +803,10 @@ def cross_entropy_kernels(
             memory("cross_entropy_backward", 4.0 * CROSS_ENTROPY_BACKWARD_PASSES * logits, "loss"),
         )
     forward, backward = (
-        tuple(memory(name, size * logits, kind) for name, size, kind in phase)
+        tuple(
+            memory(name, size * logits, kind, converts=not name.endswith("_fill"))
+            for name, size, kind in phase
+        )
         for phase in TORCH_CROSS_ENTROPY_BYTES
     )
     return forward, backward

@@ -180,7 +180,15 @@ families keep the default. The same probe puts adds, GeLU and the norms at 0.67 
 (H200) on average, but the elementwise class stays at the default: at 0.67 the plain
 bf16-weights loop of refdata/h100/traces went from +6 / +9 % to +10 / +14 % and the published
 H100 runs from 6.8 % to 7.4 % (an eager loop's elementwise bytes vary more with its code than
-this rate does)."""
+this rate does). Copies that convert nothing run at ``MOVE_EFFICIENCY`` instead."""
+MOVE_EFFICIENCY = {"h100-sxm": 0.78, "h200": 0.68}
+"""Fraction of HBM bandwidth the copies that convert nothing (a layout copy, a concatenation, a
+zero fill: ``Kernel.converts`` false; the ``copy`` memory class) reach on Hopper, per GPU: the
+zero fills of the same probes (results/mechanisms/probe_memory_h100.json and
+probe_memory_h200.json: 2.45, 2.40 and 3.03 TB/s on one H100, mean 0.78 of 3.35; 2.90, 2.89 and
+4.04 TB/s on one H200, mean 0.68 of 4.8), faster than the casts on both. The plain loop's H100
+traces concatenate split gradients at 3.0-4.0 TB/s (``EAGER_SPLIT_GRAD_BYTES``); at the casts'
+rate the traced loop's copy class came out 15% slow."""
 ADAM_BYTES_PER_PARAM = 26.0
 """Fused Adam traffic per parameter besides the gradient: read and write fp32 master, m, v
 (24 bytes) and write the bf16 copy (2 bytes)."""
@@ -319,9 +327,12 @@ class ComputeModel:
         value = self.calibration.overlap_slowdown
         return DEFAULT_OVERLAP_SLOWDOWN if value is None else float(value)
 
-    def memory_bandwidth_bytes_per_s(self, memory_class: str = "") -> float:
+    def memory_bandwidth_bytes_per_s(
+        self, memory_class: str = "", *, converts: bool = True
+    ) -> float:
         """Achievable memory bandwidth: measured, or the spec's HBM bandwidth x efficiency
-        (a step calibration's efficiency of the kernel's ``memory_class`` where it has one)."""
+        (a step calibration's efficiency of the kernel's ``memory_class`` where it has one; a
+        ``copy`` that does not convert dtypes takes the elementwise default, not the casts')."""
         measured = self.calibration.memory_bandwidth_bytes_per_s
         if measured is not None:
             return measured
@@ -329,7 +340,8 @@ class ComputeModel:
         if efficiency is None:
             efficiency = self.calibration.efficiency.get("memory")
         if efficiency is None and memory_class == "copy" and self.gpu.family == "hopper":
-            efficiency = CAST_EFFICIENCY.get(self.gpu.name, CAST_EFFICIENCY["h100-sxm"])
+            rates = CAST_EFFICIENCY if converts else MOVE_EFFICIENCY
+            efficiency = rates.get(self.gpu.name, rates["h100-sxm"])
         if efficiency is None:
             efficiency = default_efficiency(self.gpu, "memory", "bf16")
         return self.gpu.hbm_bandwidth_bytes_per_s * efficiency
@@ -372,14 +384,17 @@ class ComputeModel:
         """Factor on every kernel time: the in-step slowdown times the calibration's scale."""
         return (1.0 + self.in_step_slowdown) * self.calibration.time_scale
 
-    def memory_time_s(self, num_bytes: float, memory_class: str = "") -> float:
+    def memory_time_s(
+        self, num_bytes: float, memory_class: str = "", *, converts: bool = True
+    ) -> float:
         """A memory-bound kernel moving ``num_bytes`` (read + written), times ``time_factor``."""
-        return num_bytes / self.memory_bandwidth_bytes_per_s(memory_class) * self.time_factor
+        rate = self.memory_bandwidth_bytes_per_s(memory_class, converts=converts)
+        return num_bytes / rate * self.time_factor
 
     def kernel_time_s(self, kernel: Kernel) -> float:
         """One kernel: max(flops / rate(dims), latency + bytes / bandwidth); memory: bytes only."""
         if kernel.kind == "memory":
-            return self.memory_time_s(kernel.bytes, kernel.memory_class)
+            return self.memory_time_s(kernel.bytes, kernel.memory_class, converts=kernel.converts)
         fit = self.kernel_fit(kernel.kind, kernel.dtype, kernel.backend)
         scale = self.time_factor
         if kernel.kind == "gemm":

@@ -17,6 +17,7 @@ from schedules.kernels import (
     head_vocab_per_gpu,
     kernel_stack,
     layer_kernels,
+    memory,
     weight_cast_bytes,
     weight_gemm_shapes,
 )
@@ -26,6 +27,7 @@ from sim.compute.compute_model import (
     CAST_EFFICIENCY,
     DEFAULT_IN_STEP_SLOWDOWN,
     FLASH2_ON_HOPPER,
+    MOVE_EFFICIENCY,
     ROWWISE_SCALED_MM,
     UNALIGNED_GEMM,
     ComputeModel,
@@ -188,6 +190,17 @@ def test_head_embedding_and_optimizer_times() -> None:
     assert embedding.forward_s == pytest.approx(2 * 2 * 8192 * 8192 / (3.35e12 * 0.8))
     cast = model.memory_time_s(1e9, "copy")  # casts run at their measured share on Hopper
     assert cast == pytest.approx(1e9 / (3.35e12 * CAST_EFFICIENCY["h100-sxm"]))
+    # a copy that converts nothing (a layout copy, a concatenation, a fill) at the fills' rate
+    move = model.kernel_time_s(memory("split_grad_cat", 1e9, "copy", converts=False))
+    assert move == pytest.approx(1e9 / (3.35e12 * MOVE_EFFICIENCY["h100-sxm"]))
+    assert MOVE_EFFICIENCY["h100-sxm"] > CAST_EFFICIENCY["h100-sxm"]
+    # a calibration's measured copy efficiency prices both alike
+    fitted = ComputeModel(
+        H100, ComputeCalibration(in_step_slowdown=0.0, efficiency={"memory_copy": 0.5})
+    )
+    for converts in (True, False):
+        kernel = memory("copy", 1e9, "copy", converts=converts)
+        assert fitted.kernel_time_s(kernel) == pytest.approx(1e9 / (3.35e12 * 0.5))
     step = model.optimizer_step_s(1e9, grad_bytes_per_param=4)
     assert step == pytest.approx(1e9 * 30 / (3.35e12 * 0.8))
 
