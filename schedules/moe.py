@@ -27,6 +27,10 @@ tokens over the mean, capped by the capacity factor when tokens are dropped.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Iterable
+
 from schedules.plan import ModelConfig, ParallelConfig, Plan
 
 ROUTER_PROBS_BYTES = 4
@@ -176,3 +180,36 @@ def moe_activation_bytes(plan: Plan, *, activation_bytes: float = 2.0) -> float:
     gathered = plan.training.micro_batch_size * model.seq_len / parallel.cp
     shared = gathered * (3 if model.gated_mlp else 2) * shared_width / parallel.tp
     return experts + router + shared * activation_bytes
+
+
+def layer_hottest(plan: Plan) -> dict[int, float]:
+    """Per MoE layer (0-based, model order): its busiest expert's tokens over the mean, capped at
+    the capacity factor when tokens are dropped: the model's ``moe_imbalance``, or the what-if's
+    per-layer figure (``WhatIf.moe_layer_imbalance``)."""
+    model = plan.model
+    cap = model.moe_capacity_factor if model.moe_capacity_factor is not None else math.inf
+    given = dict(plan.whatif.moe_layer_imbalance)
+    return {
+        i: min(given.get(i, model.moe_imbalance), cap)
+        for i in range(model.num_layers)
+        if is_moe_layer(model, i)
+    }
+
+
+def mean_hottest(plan: Plan, layers: Iterable[int]) -> float | None:
+    """The mean of ``layer_hottest`` over the MoE layers among ``layers`` when the what-if sets
+    it per layer, else None (every MoE layer has the model's figure). The busiest rank's expert
+    tokens, and so the layers' expert time and dispatch, grow linearly with it
+    (``load_factor``), so pricing a run of layers at the mean prices their sum."""
+    if not plan.whatif.moe_layer_imbalance:
+        return None
+    hottest = layer_hottest(plan)
+    found = [hottest[i] for i in layers if i in hottest]
+    return sum(found) / len(found) if found else None
+
+
+def with_hottest(plan: Plan, hottest: float | None) -> Plan:
+    """``plan`` with every MoE layer at ``hottest`` (``plan`` itself for None)."""
+    if hottest is None or hottest == plan.model.moe_imbalance:
+        return plan
+    return dataclasses.replace(plan, model=dataclasses.replace(plan.model, moe_imbalance=hottest))

@@ -19,7 +19,7 @@ from schedules.data_parallel.registry import data_parallel_kind, offload_of
 from schedules.data_parallel.spec import DataParallelKind
 from schedules.layout import Layout, layout_of
 from schedules.memory import stage_memory_bytes
-from schedules.moe import expert_data_parallel, expert_params_per_gpu
+from schedules.moe import expert_data_parallel, expert_params_per_gpu, mean_hottest, with_hottest
 from schedules.offload import Offload, RankOffload, rank_offload
 from schedules.params import (
     layer_params_per_gpu,
@@ -31,7 +31,7 @@ from schedules.params import (
     vstage_moe_layers,
 )
 from schedules.plan import Plan, num_microbatches
-from schedules.stages import chunk_layers
+from schedules.stages import chunk_first_layer, chunk_layers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,6 +46,9 @@ class ChunkDescription:
     """Transformer layers in the chunk."""
     num_moe_layers: int
     """Of which mixture-of-experts layers."""
+    moe_hottest: float | None = None
+    """The mean busiest-expert factor of its MoE layers where the what-if sets it per layer
+    (``schedules.moe.mean_hottest``); None: the model's."""
     first: bool
     """Holds the embedding (the model's first chunk)."""
     last: bool
@@ -200,12 +203,28 @@ def _chunk(plan: Plan, stage: int, chunk: int) -> ChunkDescription:
         vstage=vstage,
         num_layers=chunk_layers(plan.parallel, plan.model.num_layers)[vstage],
         num_moe_layers=vstage_moe_layers(plan, vstage),
+        moe_hottest=mean_hottest(plan, _chunk_layer_indices(plan, vstage)),
         first=vstage == 0,
         last=vstage == p * v - 1,
         params=chunk_params(plan, stage, chunk),
         expert_params=chunk_expert_params(plan, stage, chunk),
         grad_buckets=grouped_grad_buckets(plan, stage, chunk),
     )
+
+
+def _chunk_layer_indices(plan: Plan, vstage: int) -> range:
+    first = chunk_first_layer(plan.parallel, plan.model.num_layers, vstage)
+    return range(first, first + chunk_layers(plan.parallel, plan.model.num_layers)[vstage])
+
+
+def _stage_plan(plan: Plan, stage: int) -> Plan:
+    """The plan as pipeline rank ``stage`` holds it: its MoE layers at their mean busiest-expert
+    factor where the what-if sets it per layer (its memory)."""
+    p = plan.parallel.pp
+    layers = [
+        i for c in range(plan.parallel.vpp) for i in _chunk_layer_indices(plan, c * p + stage)
+    ]
+    return with_hottest(plan, mean_hottest(plan, layers))
 
 
 def describe_step(plan: Plan, *, gpus_per_node: int) -> StepDescription:
@@ -224,7 +243,9 @@ def describe_step(plan: Plan, *, gpus_per_node: int) -> StepDescription:
                 params=params,
                 optimizer_params=optimizer_params(plan, stage, replicas),
                 tied_embedding_grad_bytes=tied_embedding_grad_bytes(plan, stage),
-                memory=stage_memory_bytes(plan, stage, gpus_per_node=gpus_per_node),
+                memory=stage_memory_bytes(
+                    _stage_plan(plan, stage), stage, gpus_per_node=gpus_per_node
+                ),
                 offload=rank_offload(
                     offload,
                     params=params,

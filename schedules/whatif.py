@@ -13,9 +13,12 @@ how the step changes when the cluster is not perfect::
 
       moe_imbalance: 1.5                          # the busiest expert of every MoE layer
                                                   # gets 1.5x the mean tokens
+      # or per layer (0-based model order; the other MoE layers keep model.moe_imbalance):
+      # moe_imbalance: {3: 2.0, 7: 1.5}
 
 On the command line: ``--whatif slow_gpu=5:0.2``, ``slow_node=3:0.1``, ``nic=17:0.5``,
-``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``), ``moe_imbalance=1.5``.
+``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``), ``moe_imbalance=1.5``
+or per layer ``moe_imbalance=3:2.0,7:1.5``.
 How each is simulated: ``sim.replay.whatif``. Values are checked here; ranks and nodes against
 the cluster there.
 
@@ -77,11 +80,14 @@ class WhatIf:
     second_job: tuple[SecondJob, ...] = ()
     moe_imbalance: float | None = None
     """The busiest expert's tokens over the mean, in every MoE layer (replaces the model's)."""
+    moe_layer_imbalance: tuple[tuple[int, float], ...] = ()
+    """(layer, factor) pairs: the busiest expert's tokens over the mean in those MoE layers
+    (0-based, model order); the other MoE layers keep the model's (or ``moe_imbalance``)."""
 
     def __bool__(self) -> bool:
         return bool(
             self.slow_gpus or self.slow_nodes or self.nics or self.second_job
-            or self.moe_imbalance is not None
+            or self.moe_imbalance is not None or self.moe_layer_imbalance
         )  # fmt: skip
 
     def describe(self) -> list[str]:
@@ -103,6 +109,10 @@ class WhatIf:
                 f"the busiest expert of every MoE layer gets {self.moe_imbalance:g}x the mean "
                 "tokens"
             )
+        lines += [
+            f"the busiest expert of MoE layer {layer} gets {factor:g}x the mean tokens"
+            for layer, factor in self.moe_layer_imbalance
+        ]
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +130,8 @@ class WhatIf:
             ]
         if self.moe_imbalance is not None:
             out["moe_imbalance"] = self.moe_imbalance
+        elif self.moe_layer_imbalance:
+            out["moe_imbalance"] = dict(self.moe_layer_imbalance)
         return out
 
 
@@ -140,7 +152,10 @@ def parse_whatif(raw: Any) -> WhatIf:
     found: dict[str, Any] = {}
     for key, entries in raw.items():
         if key == "moe_imbalance":
-            found[key] = _imbalance("whatif.moe_imbalance", entries)
+            if isinstance(entries, Mapping):
+                found["moe_layer_imbalance"] = _layer_imbalance("whatif.moe_imbalance", entries)
+            else:
+                found[key] = _imbalance("whatif.moe_imbalance", entries)
             continue
         if key not in _ENTRY_KEYS:
             raise ValueError(
@@ -159,6 +174,18 @@ def _imbalance(where: str, value: Any) -> float:
     if not number or not math.isfinite(value) or value < 1.0:
         raise ValueError(f"{where} must be a number >= 1 (1: balanced), got {shorten(value)}")
     return float(value)
+
+
+def _layer_imbalance(where: str, raw: Mapping[Any, Any]) -> tuple[tuple[int, float], ...]:
+    """{layer: factor} as sorted (layer, factor) pairs; ValueError naming the bad entry."""
+    if not raw:
+        raise ValueError(f"{where} must be a number or a non-empty mapping of layer: factor")
+    pairs = []
+    for layer, factor in raw.items():
+        digits = isinstance(layer, str) and layer.isdigit()  # JSON keys are strings
+        index = _index(where, "layer", int(layer) if digits else layer)
+        pairs.append((index, _imbalance(f"{where}[{index}]", factor)))
+    return tuple(sorted(pairs))
 
 
 def _entry(where: str, key: str, raw: Any) -> Any:
@@ -231,11 +258,28 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
                 f"{', '.join(_FLAGS)}{did_you_mean(key, _FLAGS)} (e.g. slow_gpu=5:0.2)"
             )
         if key == "moe_imbalance":
+            where = f"--whatif {shorten(text)}"
+            if ":" in value:
+                layers: dict[Any, Any] = {}
+                for item in value.split(","):
+                    layer, _, factor = item.partition(":")
+                    try:
+                        layers[int(layer)] = float(factor)
+                    except ValueError:
+                        raise ValueError(
+                            f"{where}: expected moe_imbalance=LAYER:FACTOR[,LAYER:FACTOR...] "
+                            f"(e.g. 3:2.0,7:1.5), got {item!r}"
+                        ) from None
+                pairs = _layer_imbalance(where, layers)
+                whatif = replace(whatif, moe_imbalance=None, moe_layer_imbalance=pairs)
+                continue
             try:
                 number: Any = float(value)
             except ValueError:
                 number = value
-            whatif = replace(whatif, moe_imbalance=_imbalance(f"--whatif {shorten(text)}", number))
+            whatif = replace(
+                whatif, moe_imbalance=_imbalance(where, number), moe_layer_imbalance=()
+            )
             continue
         target, _, amount = value.partition(":")
         if not target or not amount:

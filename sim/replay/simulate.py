@@ -21,10 +21,11 @@ from typing import Any
 import simpy
 
 from schedules.arithmetic import model_flops_per_step
+from schedules.data_parallel.registry import data_parallel_kind
 from schedules.flops import hardware_flops_per_step
 from schedules.kernels import kernel_stack
 from schedules.memory import reserved_bytes
-from schedules.moe import load_factor
+from schedules.moe import is_moe_layer, load_factor
 from schedules.params import active_params, total_params
 from schedules.plan import Plan, num_microbatches
 from schedules.resolve import resolve_plan
@@ -198,12 +199,33 @@ def simulate_plan(
 
 
 def with_imbalance(plan: Plan) -> Plan:
-    """The plan with its what-if's MoE imbalance in the model (checked against the model)."""
+    """The plan with its what-if's MoE imbalance in the model (checked against the model); a
+    per-layer one is checked and left to the step's chunks (``schedules.moe.mean_hottest``)."""
     imbalance = plan.whatif.moe_imbalance
+    per_layer = plan.whatif.moe_layer_imbalance
+    if (imbalance is not None or per_layer) and not plan.model.num_experts:
+        raise ValueError("whatif moe_imbalance: the model has no experts (model.num_experts)")
+    for layer, factor in per_layer:
+        if layer >= plan.model.num_layers or not is_moe_layer(plan.model, layer):
+            raise ValueError(
+                f"whatif moe_imbalance: layer {layer} is not an MoE layer of the model "
+                f"({plan.model.num_layers} layers; MoE ones from layer "
+                f"{plan.model.moe_first_dense_layers}, every {plan.model.moe_layer_freq})"
+            )
+        if factor > plan.model.num_experts:
+            raise ValueError(
+                f"whatif moe_imbalance[{layer}]={factor:g}: at most the number of experts "
+                f"({plan.model.num_experts}: every token on one expert)"
+            )
+    if per_layer:
+        program = data_parallel_kind(plan.parallel).program
+        if plan.parallel.pp == 1 and program in ("fsdp", "zero3"):
+            raise ValueError(
+                f"whatif moe_imbalance per layer: the {program} replay prices one layer for all "
+                "of them; give one factor (moe_imbalance=1.5)"
+            )
     if imbalance is None:
         return plan
-    if not plan.model.num_experts:
-        raise ValueError("whatif moe_imbalance: the model has no experts (model.num_experts)")
     if imbalance > plan.model.num_experts:
         raise ValueError(
             f"whatif moe_imbalance={imbalance:g}: at most the number of experts "

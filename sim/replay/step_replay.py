@@ -22,7 +22,7 @@ import simpy
 from schedules.actions import ChunkWork, Program
 from schedules.data_parallel.ddp import DDP
 from schedules.grad_sync import GradSync
-from schedules.moe import is_moe
+from schedules.moe import is_moe, with_hottest
 from schedules.pipeline_program import PipelineRank, pipeline_program
 from schedules.pipeline_schedules import pipeline_orders, pipeline_schedule
 from schedules.step import ChunkDescription, StepDescription
@@ -85,7 +85,20 @@ def pipeline_programs(
     par, layout = step.plan.parallel, step.layout
     orders = pipeline_orders(par.schedule, par.pp, step.num_microbatches, par.vpp)
     sync = _grad_sync(step)
-    works = {s.stage: tuple(_chunk_work(step, costs, c) for c in s.chunks) for s in step.stages}
+    priced: dict[float, StepCosts] = {}
+
+    def chunk_costs(chunk: ChunkDescription) -> StepCosts:
+        # MoE layers at a per-layer what-if's mean busiest-expert factor (schedules.moe)
+        if chunk.moe_hottest is None:
+            return costs
+        if chunk.moe_hottest not in priced:
+            variant = with_hottest(step.plan, chunk.moe_hottest)
+            priced[chunk.moe_hottest] = step_costs(variant, compute)
+        return priced[chunk.moe_hottest]
+
+    works = {
+        s.stage: tuple(_chunk_work(step, chunk_costs(c), c) for c in s.chunks) for s in step.stages
+    }
     fsdp = step.kind.gathers_units
     stages = {r: fsdp_stages(step, costs, r) for r in range(par.pp)} if fsdp else {}
     programs = []

@@ -164,6 +164,58 @@ def test_an_expert_imbalance_what_if_slows_an_moe_plan_as_the_models_own_imbalan
         simulate_plan(_with(_plan(1, tp=8, pp=1, global_batch=64), "moe_imbalance=2"))
 
 
+def _mixtral():
+    from pathlib import Path
+
+    return load_plan(
+        Path(__file__).resolve().parents[3] / "examples" / "mixtral-8x7b-ep8-64xh100.yaml"
+    )
+
+
+def test_a_per_layer_expert_imbalance_slows_only_the_stage_that_holds_the_layer() -> None:
+    """Mixtral 8x7B on 4 pipeline stages of 8 layers: the same factor on every layer is the
+    model-wide what-if, to the last digit; a hot layer 3 (stage 0) adds to stage 0's kernels what
+    that one layer's extra expert work costs (its forward and backward at 3x against 1x, times
+    the micro-batches: linear in the factor, so the stage prices its eight layers at their mean),
+    and the other stages only wait for it."""
+    from schedules.plan import num_microbatches
+    from schedules.resolve import resolve_plan
+    from sim.compute.compute_model import ComputeModel
+
+    plan = _mixtral()
+    every = ",".join(f"{layer}:1.5" for layer in range(plan.model.num_layers))
+    per_layer = simulate_plan(_with(plan, f"moe_imbalance={every}"))
+    model_wide = simulate_plan(_with(plan, "moe_imbalance=1.5"))
+    assert per_layer.step_time_s == model_wide.step_time_s
+    assert per_layer.memory_gib == model_wide.memory_gib
+
+    hot = _with(plan, "moe_imbalance=3:3.0")
+    compared = compare_whatif(hot, simulate_plan(hot))
+    rows = compared["changes_by_rank"]
+    assert [rows[r]["compute_s"] for r in ("16", "32", "48")] == [0.0, 0.0, 0.0]
+    assert compared["delta_s"] > 0
+    topology = plan_topology(plan)
+    resolved = resolve_plan(plan, topology.num_gpus)
+    compute = ComputeModel(topology.gpu_spec(0))
+
+    def layer_s(hottest: float) -> float:
+        model = dataclasses.replace(resolved.model, moe_imbalance=hottest)
+        t = compute.moe_layer_times(dataclasses.replace(resolved, model=model))
+        return t.forward_s + t.recompute_s + t.backward_input_s + t.backward_weight_s
+
+    expected = (layer_s(3.0) - layer_s(1.0)) * num_microbatches(resolved)
+    assert rows["0"]["compute_s"] == pytest.approx(expected, rel=0.05)
+
+
+def test_a_per_layer_imbalance_names_a_layer_that_is_not_an_moe_layer() -> None:
+    with pytest.raises(ValueError, match="layer 40 is not an MoE layer of the model"):
+        simulate_plan(_with(_mixtral(), "moe_imbalance=40:2"))
+    with pytest.raises(ValueError, match=r"moe_imbalance\[3\]=9: at most the number of experts"):
+        simulate_plan(_with(_mixtral(), "moe_imbalance=3:9"))
+    with pytest.raises(ValueError, match="the model has no experts"):
+        simulate_plan(_with(_plan(1, tp=8, pp=1, global_batch=64), "moe_imbalance=1:2"))
+
+
 def test_the_plan_section_and_the_flags_read_alike() -> None:
     section = parse_whatif(
         {
@@ -185,6 +237,10 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
     )
     assert section == flags
     assert parse_whatif(section.to_dict()) == section
+    layers = parse_whatif({"moe_imbalance": {7: 1.5, 3: 2.0}})
+    assert layers == parse_flags(["moe_imbalance=3:2,7:1.5"])
+    assert layers.moe_layer_imbalance == ((3, 2.0), (7, 1.5))
+    assert parse_whatif(json.loads(json.dumps(layers.to_dict()))) == layers  # string keys
     assert not WhatIf() and section
 
 
@@ -199,6 +255,9 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
         ({"stragglers": []}, "unknown key 'whatif.stragglers'"),
         ({"nics": [{"rank": 1}]}, "missing key fraction"),
         ({"moe_imbalance": 0.5}, "whatif.moe_imbalance must be a number >= 1"),
+        ({"moe_imbalance": {}}, "a number or a non-empty mapping of layer: factor"),
+        ({"moe_imbalance": {"a": 2}}, "whatif.moe_imbalance.layer must be an integer >= 0"),
+        ({"moe_imbalance": {3: 0.5}}, "whatif.moe_imbalance[3] must be a number >= 1"),
     ],
 )
 def test_a_bad_whatif_names_the_key_and_value(raw, message) -> None:
