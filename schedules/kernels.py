@@ -87,7 +87,8 @@ class Kernel:
     converts: bool = True
     """For a ``copy`` kernel: whether it converts between dtypes (a cast), which runs at the
     casts' measured rate (``sim.compute.compute_model.CAST_EFFICIENCY``); a copy that only moves
-    or fills bytes (a layout copy, a concatenation, a zero fill) runs at the elementwise rate."""
+    or fills bytes (a layout copy, a concatenation, a zero fill) at the fills' measured rate
+    (``MOVE_EFFICIENCY``)."""
     extra_launches: float = 0.0
     """Host launches this modelled kernel makes beyond its loop's per-kernel count
     (``sim.compute.compute_model.LAUNCHES_PER_KERNEL``), where the loop's code gives them

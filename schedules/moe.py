@@ -198,10 +198,12 @@ def layer_hottest(plan: Plan) -> dict[int, float]:
 
 def mean_hottest(plan: Plan, layers: Iterable[int]) -> float | None:
     """The mean of ``layer_hottest`` over the MoE layers among ``layers`` when the what-if sets
-    it per layer, else None (every MoE layer has the model's figure). The busiest rank's expert
+    it for one of them, else None (each has the model's figure). The busiest rank's expert
     tokens, and so the layers' expert time and dispatch, grow linearly with it
     (``load_factor``), so pricing a run of layers at the mean prices their sum."""
-    if not plan.whatif.moe_layer_imbalance:
+    given = dict(plan.whatif.moe_layer_imbalance)
+    layers = list(layers)
+    if not any(i in given for i in layers):
         return None
     hottest = layer_hottest(plan)
     found = [hottest[i] for i in layers if i in hottest]

@@ -82,7 +82,15 @@ class WhatIf:
     """The busiest expert's tokens over the mean, in every MoE layer (replaces the model's)."""
     moe_layer_imbalance: tuple[tuple[int, float], ...] = ()
     """(layer, factor) pairs: the busiest expert's tokens over the mean in those MoE layers
-    (0-based, model order); the other MoE layers keep the model's (or ``moe_imbalance``)."""
+    (0-based, model order); the other MoE layers keep the model's. Exclusive with
+    ``moe_imbalance``; a ``--whatif moe_imbalance=...`` flag replaces either."""
+
+    def __post_init__(self) -> None:
+        if self.moe_imbalance is not None and self.moe_layer_imbalance:
+            raise ValueError(
+                "whatif moe_imbalance: give one factor for every MoE layer or a mapping of "
+                "layer: factor, not both"
+            )
 
     def __bool__(self) -> bool:
         return bool(
@@ -264,12 +272,15 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
                 for item in value.split(","):
                     layer, _, factor = item.partition(":")
                     try:
-                        layers[int(layer)] = float(factor)
+                        index, share = int(layer), float(factor)
                     except ValueError:
                         raise ValueError(
                             f"{where}: expected moe_imbalance=LAYER:FACTOR[,LAYER:FACTOR...] "
                             f"(e.g. 3:2.0,7:1.5), got {item!r}"
                         ) from None
+                    if index in layers:
+                        raise ValueError(f"{where}: layer {index} given twice")
+                    layers[index] = share
                 pairs = _layer_imbalance(where, layers)
                 whatif = replace(whatif, moe_imbalance=None, moe_layer_imbalance=pairs)
                 continue

@@ -633,6 +633,9 @@ PLAN_FLAGS: dict[str, Sequence[str | None]] = {
     "--compute-calibration": ["input.json", "missing.json", "folder", "null-device", "zero-device",
                               LONG + ".json"],
     "--fidelity": ["analytical", "flow", "x", ""], "--bogus": ["1"],
+    "--whatif": ["moe_imbalance=1.5", "moe_imbalance=3:2,7:1.5", "moe_imbalance=3:x",
+                 "moe_imbalance=0:2,0:3", "moe_imbalance=", "slow_gpu=0:0.2", "nic=1:down",
+                 "moe_imbalance=999:2"],
 }  # fmt: skip
 COLLECTIVE_FLAGS: dict[str, Sequence[str | None]] = {
     "--topology": [*NODE_PRESETS, "input.yaml", "missing.yaml", "folder", "null-device", "x",

@@ -170,17 +170,17 @@ cuDNN on one H200 as above: 261 / 301 / 365 TFLOP/s forward and 251 / 281 / 318 
 64 / 96 / 128. FlashAttention-2 on Hopper does not shrink so (1.03 / 1.05 forward at 64 / 96)
 and gets only the padding."""
 CAST_EFFICIENCY = {"h100-sxm": 0.62, "h200": 0.51}
-"""Fraction of HBM bandwidth a step's casts and copies (the ``copy`` memory class) reach, in
-place of the 0.80 default, per GPU where measured (``tools/kernel_probe.py --parts
-memory_kernels`` at three step-sized tensors of 16.8-67 M elements; results/mechanisms/
-probe_memory_h100.json and probe_memory_h200.json). The casts between fp32 and bf16 ran at
-1.58-2.82 TB/s on one H100 (mean 2.06: 0.62 of 3.35) and 1.64-3.77 TB/s on one H200 (mean 2.46:
-0.51 of 4.8), bf16 to fp32 the slowest on both. Other Hopper GPUs take the H100's figure; other
-families keep the default. The same probe puts adds, GeLU and the norms at 0.67 (H100) and 0.57
-(H200) on average, but the elementwise class stays at the default: at 0.67 the plain
-bf16-weights loop of refdata/h100/traces went from +6 / +9 % to +10 / +14 % and the published
-H100 runs from 6.8 % to 7.4 % (an eager loop's elementwise bytes vary more with its code than
-this rate does). Copies that convert nothing run at ``MOVE_EFFICIENCY`` instead."""
+"""Fraction of HBM bandwidth a step's casts between dtypes (the ``copy`` memory class, where
+``Kernel.converts``) reach, in place of the 0.80 default, per GPU where measured
+(``tools/kernel_probe.py --parts memory_kernels`` at three step-sized tensors of 16.8-67 M elements;
+results/mechanisms/probe_memory_h100.json and probe_memory_h200.json). The casts between fp32 and
+bf16 ran at 1.58-2.82 TB/s on one H100 (mean 2.06: 0.62 of 3.35) and 1.64-3.77 TB/s on one H200
+(mean 2.46: 0.51 of 4.8), bf16 to fp32 the slowest on both. Other Hopper GPUs take the H100's
+figure; other families keep the default. The same probe puts adds, GeLU and the norms at 0.67 (H100)
+and 0.57 (H200) on average, but the elementwise class stays at the default: at 0.67 the plain
+bf16-weights loop of refdata/h100/traces went from +6 / +9 % to +10 / +14 % and the published H100
+runs from 6.8 % to 7.4 % (an eager loop's elementwise bytes vary more with its code than this rate
+does). Copies that convert nothing run at ``MOVE_EFFICIENCY`` instead."""
 MOVE_EFFICIENCY = {"h100-sxm": 0.78, "h200": 0.68}
 """Fraction of HBM bandwidth the copies that convert nothing (a layout copy, a concatenation, a
 zero fill: ``Kernel.converts`` false; the ``copy`` memory class) reach on Hopper, per GPU: the
@@ -331,8 +331,9 @@ class ComputeModel:
         self, memory_class: str = "", *, converts: bool = True
     ) -> float:
         """Achievable memory bandwidth: measured, or the spec's HBM bandwidth x efficiency
-        (a step calibration's efficiency of the kernel's ``memory_class`` where it has one; a
-        ``copy`` that does not convert dtypes takes the elementwise default, not the casts')."""
+        (a step calibration's efficiency of the kernel's ``memory_class`` where it has one; on
+        Hopper a ``copy`` takes the casts' measured rate, or the fills' when it converts no
+        dtype)."""
         measured = self.calibration.memory_bandwidth_bytes_per_s
         if measured is not None:
             return measured

@@ -97,10 +97,21 @@ def attribute(
     return choose(record.op, layout, record.size_bytes, algo)
 
 
+def gap_bound(terms: CostTerms, size_bytes: float) -> bool:
+    """Whether a transport's message gap sets the time even at the full rate
+    (``Protocol.gap_s``): such a point says nothing of the latencies and efficiency fitted."""
+    return any(
+        p.gap_s(terms.bus_bytes, size_bytes)
+        > p.bandwidth_s(terms.bandwidth_time_s, terms.bus_bytes, size_bytes)
+        for p in terms.protocols
+    )
+
+
 def make_samples(
     records: Sequence[Record], topology_for: TopologyFactory, assumed_algo: str = "auto"
 ) -> list[Sample]:
-    """Price every record with the model (out-of-place records only when both are present)."""
+    """Price every record with the model (out-of-place records only when both are present);
+    points a transport's message gap sets (``gap_bound``) are left out of the fit."""
     chosen = [r for r in records if not r.in_place] or list(records)
     samples = []
     for record in chosen:
@@ -108,6 +119,8 @@ def make_samples(
         layout = placement_of(topology, record_ranks(record, topology))
         algo, protocol = attribute(record, layout, assumed_algo)
         terms = cost_terms(record.op, algo, layout, record.size_bytes, protocol)
+        if gap_bound(terms, record.size_bytes):
+            continue
         scope = "intra" if layout.num_nodes == 1 else "inter"
         samples.append(
             Sample(record=record, algo=algo, scope=scope, terms=terms, time_s=record_time_s(record))

@@ -78,6 +78,17 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
     ]
 
 
+def _hottest(plan: Plan) -> str:
+    """The busiest expert's share as the step runs it: the what-if's, else the model's."""
+    whatif = plan.whatif
+    if whatif.moe_layer_imbalance:
+        layers = ", ".join(f"layer {i} {f:g}x" for i, f in whatif.moe_layer_imbalance)
+        return f"{plan.model.moe_imbalance:g}x the mean ({layers}: what-if)"
+    if whatif.moe_imbalance is not None:
+        return f"{whatif.moe_imbalance:g}x the mean (what-if)"
+    return f"{plan.model.moe_imbalance:g}x the mean"
+
+
 def experts_lines(plan: Plan) -> list[str]:
     """For an MoE model: experts, routing and expert parallelism; nothing for a dense one."""
     model, par = plan.model, plan.parallel
@@ -91,7 +102,7 @@ def experts_lines(plan: Plan) -> list[str]:
             "  experts",
             f"{model.num_experts} routed (top-{model.moe_top_k}){shared}, ep={par.ep} "
             f"etp={par.expert_tp}, {par.moe_token_dispatcher} dispatcher, {dropping}, "
-            f"busiest expert {model.moe_imbalance:g}x the mean",
+            f"busiest expert {_hottest(plan)}",
         ),
         _row(
             "  parameters",

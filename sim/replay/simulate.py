@@ -21,7 +21,6 @@ from typing import Any
 import simpy
 
 from schedules.arithmetic import model_flops_per_step
-from schedules.data_parallel.registry import data_parallel_kind
 from schedules.flops import hardware_flops_per_step
 from schedules.kernels import kernel_stack
 from schedules.memory import reserved_bytes
@@ -217,13 +216,6 @@ def with_imbalance(plan: Plan) -> Plan:
                 f"whatif moe_imbalance[{layer}]={factor:g}: at most the number of experts "
                 f"({plan.model.num_experts}: every token on one expert)"
             )
-    if per_layer:
-        program = data_parallel_kind(plan.parallel).program
-        if plan.parallel.pp == 1 and program in ("fsdp", "zero3"):
-            raise ValueError(
-                f"whatif moe_imbalance per layer: the {program} replay prices one layer for all "
-                "of them; give one factor (moe_imbalance=1.5)"
-            )
     if imbalance is None:
         return plan
     if imbalance > plan.model.num_experts:
@@ -334,5 +326,10 @@ def moe_summary(plan: Plan) -> dict[str, Any]:
             "dispatcher": par.moe_token_dispatcher,
             "imbalance": model.moe_imbalance,
             "busiest_gpu_load": load_factor(model, par),
+            **(
+                {"imbalance_by_layer": {str(i): f for i, f in plan.whatif.moe_layer_imbalance}}
+                if plan.whatif.moe_layer_imbalance
+                else {}
+            ),
         },
     }

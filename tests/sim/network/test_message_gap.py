@@ -103,3 +103,19 @@ def test_no_gap_on_a_fabric_without_one_nor_within_a_node():
     node = CommModel(simpy.Environment(), build_cluster("a3-high-h100", 1))
     terms = node._priced("all_gather", tuple(range(8)), MIB, "ring")[2]
     assert all(p.gap_s(MIB, MIB) == 0 for p in terms.protocols)
+
+
+def test_points_the_gap_sets_are_left_out_of_calibration_fits():
+    # A3 High's small sizes are gap-bound: they carry nothing of the latencies and efficiency
+    # a calibration fits, so make_samples drops them (the 512 MiB plateau of 8 channels stays
+    # gap-bound too; the 12-channel all_reduce plateau is NIC-bound and kept)
+    from refdata import COLLECTIVES_DIR
+    from sim.network.fitting import gap_bound, make_samples
+    from sim.validation.collectives import load_clusters
+
+    (a3,) = [c for c in load_clusters(COLLECTIVES_DIR) if c.name == "gcp-a3-h100"]
+    kept = [s for records, factory in a3.groups() for s in make_samples(records, factory)]
+    assert kept and not any(gap_bound(s.terms, s.record.size_bytes) for s in kept)
+    assert len(kept) < len(a3.records())
+    sizes = {s.record.size_bytes for s in kept if s.record.op == "all_reduce"}
+    assert 8 << 30 in sizes and 1 << 20 not in sizes
