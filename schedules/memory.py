@@ -216,7 +216,10 @@ def activation_bytes(plan: Plan, stage: int) -> float:
     )
     total = stored * per_layer
     if parallel.recompute in ("full", "op") and recomputed > 0:
-        # The layer being recomputed holds all of its activations until its backward ends.
+        # The layer being recomputed holds all of its activations until its backward ends (an
+        # MoE layer its expert, router and shared-expert terms too, as without recompute).
+        unrecomputed = dataclasses.replace(parallel, recompute="none", recompute_num_layers=None)
+        whole = dataclasses.replace(plan, parallel=unrecomputed)
         total += layer_activation_bytes(
             model,
             training.micro_batch_size,
@@ -225,7 +228,7 @@ def activation_bytes(plan: Plan, stage: int) -> float:
             sequence_parallel=parallel.sequence_parallel,
             recompute="none",
             flash_attention=training.flash_attention,
-        ) + (max(moe_layer_extra_bytes(plan), 0.0) if stage_moe_layers(plan, stage) else 0.0)
+        ) + (max(moe_layer_extra_bytes(whole), 0.0) if stage_moe_layers(plan, stage) else 0.0)
     return total + _head_bytes(plan, stage)
 
 

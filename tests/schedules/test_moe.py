@@ -171,3 +171,28 @@ def test_bad_moe_plans_name_the_problem(
 ) -> None:
     with pytest.raises(ValueError, match=message.replace("*", r"\*").replace(".", r"\.")):
         plan_of(model, parallel)
+
+
+def test_the_moe_layer_being_recomputed_holds_its_expert_activations() -> None:
+    """Under full recompute every layer keeps only its input, and the one being recomputed holds
+    everything until its backward ends: for an MoE stage that includes its expert, router and
+    shared-expert terms (moe_layer_extra_bytes without recompute), so the busiest expert's
+    tokens (moe_imbalance) show in the peak."""
+    import dataclasses
+
+    from schedules.memory import activation_bytes, moe_layer_extra_bytes
+
+    def peak(imbalance: float) -> float:
+        plan = plan_of({**TINY, "moe_imbalance": imbalance}, {"ep": 8, "recompute": "full"})
+        return activation_bytes(plan, 0)
+
+    full = plan_of(TINY, {"ep": 8, "recompute": "full"})
+    whole = dataclasses.replace(full, parallel=dataclasses.replace(full.parallel, recompute="none"))
+    assert moe_layer_extra_bytes(full) == 0.0  # stored layers keep only their input
+    hot = plan_of({**TINY, "moe_imbalance": 2.0}, {"ep": 8, "recompute": "full"})
+    hot_whole = dataclasses.replace(
+        hot, parallel=dataclasses.replace(hot.parallel, recompute="none")
+    )
+    extra = moe_layer_extra_bytes(hot_whole) - moe_layer_extra_bytes(whole)
+    assert extra > 0
+    assert peak(2.0) - peak(1.0) == pytest.approx(extra, rel=1e-12)
