@@ -10,6 +10,9 @@ how the step changes when the cluster is not perfect::
                                                   # fraction 0: down (its GPUs use a peer's NIC)
       second_job: [{nodes: [0, 1], share: 0.3}]   # another job's traffic takes 30% of these
                                                   # servers' NIC bandwidth, both directions
+      links: [{between: [leaf0, spine7], fraction: 0.5}]  # one switch-to-switch link at half
+                                                  # its rate, both directions (0: down, traffic
+                                                  # re-routed); --fidelity flow only
 
       moe_imbalance: 1.5                          # the busiest expert of every MoE layer
                                                   # gets 1.5x the mean tokens
@@ -17,7 +20,8 @@ how the step changes when the cluster is not perfect::
       # moe_imbalance: {3: 2.0, 7: 1.5}
 
 On the command line: ``--whatif slow_gpu=5:0.2``, ``slow_node=3:0.1``, ``nic=17:0.5``,
-``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``), ``moe_imbalance=1.5``
+``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``),
+``link=leaf0-spine7:0.5``, ``link=leaf0-spine7:down``, ``moe_imbalance=1.5``
 or per layer ``moe_imbalance=3:2.0,7:1.5``.
 How each is simulated: ``sim.replay.whatif``. Values are checked here; ranks and nodes against
 the cluster there.
@@ -71,6 +75,15 @@ class SecondJob:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SwitchLink:
+    """The link between two fabric switches (named leaf0, spine7, pod1/agg3, core2.5), at
+    ``fraction`` of its rate both ways (0: down)."""
+
+    between: tuple[str, str]
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WhatIf:
     """Everything a plan asks to change; empty: the cluster as built."""
 
@@ -78,6 +91,7 @@ class WhatIf:
     slow_nodes: tuple[SlowNode, ...] = ()
     nics: tuple[Nic, ...] = ()
     second_job: tuple[SecondJob, ...] = ()
+    links: tuple[SwitchLink, ...] = ()
     moe_imbalance: float | None = None
     """The busiest expert's tokens over the mean, in every MoE layer (replaces the model's)."""
     moe_layer_imbalance: tuple[tuple[int, float], ...] = ()
@@ -94,7 +108,7 @@ class WhatIf:
 
     def __bool__(self) -> bool:
         return bool(
-            self.slow_gpus or self.slow_nodes or self.nics or self.second_job
+            self.slow_gpus or self.slow_nodes or self.nics or self.second_job or self.links
             or self.moe_imbalance is not None or self.moe_layer_imbalance
         )  # fmt: skip
 
@@ -111,6 +125,13 @@ class WhatIf:
         lines += [
             f"a second job takes {j.share:.0%} of the NICs of server(s) {_ranges(j.nodes)}"
             for j in self.second_job
+        ]
+        lines += [
+            f"link {a}-{b} down (traffic re-routed)"
+            if link.fraction == 0
+            else f"link {a}-{b} at {link.fraction:.0%} of its rate"
+            for link in self.links
+            for a, b in (link.between,)
         ]
         if self.moe_imbalance is not None:
             lines.append(
@@ -136,6 +157,10 @@ class WhatIf:
             out["second_job"] = [
                 {"nodes": list(j.nodes), "share": j.share} for j in self.second_job
             ]
+        if self.links:
+            out["links"] = [
+                {"between": list(link.between), "fraction": link.fraction} for link in self.links
+            ]
         if self.moe_imbalance is not None:
             out["moe_imbalance"] = self.moe_imbalance
         elif self.moe_layer_imbalance:
@@ -148,6 +173,7 @@ _ENTRY_KEYS = {
     "slow_nodes": ("node", "slowdown"),
     "nics": ("rank", "fraction"),
     "second_job": ("nodes", "share"),
+    "links": ("between", "fraction"),
 }
 
 
@@ -214,6 +240,22 @@ def _entry(where: str, key: str, raw: Any) -> Any:
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"{where}.fraction must be in [0, 1] (0: down), got {fraction:g}")
         return Nic(rank=_index(where, "rank", raw["rank"]), fraction=fraction)
+    if key == "links":
+        fraction = _number(where, "fraction", raw["fraction"])
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"{where}.fraction must be in [0, 1] (0: down), got {fraction:g}")
+        ends = raw["between"]
+        if (
+            not isinstance(ends, list | tuple)
+            or len(ends) != 2
+            or not all(isinstance(e, str) and e for e in ends)
+            or ends[0] == ends[1]
+        ):
+            raise ValueError(
+                f"{where}.between must name two different switches (e.g. [leaf0, spine7]), "
+                f"got {shorten(ends)}"
+            )
+        return SwitchLink(between=(ends[0], ends[1]), fraction=fraction)
     nodes = raw["nodes"]
     if not isinstance(nodes, list) or not nodes:
         raise ValueError(f"{where}.nodes must be a non-empty list of server indices")
@@ -250,6 +292,7 @@ _FLAGS = {
     "slow_node": "slow_nodes",
     "nic": "nics",
     "second_job": "second_job",
+    "link": "links",
     "moe_imbalance": "moe_imbalance",
 }
 
@@ -300,6 +343,13 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
         try:
             if key == "second_job":
                 raw: dict[str, Any] = {"nodes": _nodes(target), "share": float(amount)}
+            elif key == "link":
+                fraction = 0.0 if amount.strip() == "down" else float(amount)
+                first, dash, second = target.partition("-")
+                raw = {
+                    "between": [first.strip(), second.strip()] if dash else [target],
+                    "fraction": fraction,
+                }
             elif key == "nic":
                 fraction = 0.0 if amount.strip() == "down" else float(amount)
                 raw = {"rank": int(target), "fraction": fraction}
@@ -309,6 +359,11 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
         except ValueError as error:
             if str(error).startswith("servers "):
                 raise ValueError(f"{where}: {error}") from None
+            if key == "link":
+                raise ValueError(
+                    f"{where}: expected link=SWITCH-SWITCH:FRACTION or link=SWITCH-SWITCH:down, "
+                    f"got the fraction {amount!r}"
+                ) from None
             raise ValueError(f"{where}: {target!r} and {amount!r} must be numbers") from None
         entries: tuple[Any, ...] = (*getattr(whatif, section), _entry(where, section, raw))
         whatif = replace(whatif, **{section: entries})  # type: ignore[arg-type]

@@ -116,6 +116,11 @@ def simulate_plan(
     step = describe_step(plan, gpus_per_node=topology.gpus_per_node)
     whatif = plan.whatif
     check_whatif(whatif, topology)
+    if whatif.links and fidelity != "flow":
+        raise ValueError(
+            "whatif links: one switch-to-switch link is seen by the flow model only "
+            "(--fidelity flow); the analytical model reads the fabric's bisection, not its links"
+        )
     plain, topology = topology, degraded_topology(topology, whatif)
     signed = signatures(whatif, plain, topology)
     special = special_ranks(signed, plain)

@@ -31,7 +31,7 @@ from schedules.actions import Compute, Program
 from schedules.layout import Layout
 from schedules.whatif import WhatIf
 from sim.replay.folding import class_ranks, simulated_ranks
-from topologies.topology import Topology
+from topologies.topology import FABRIC_KINDS, Topology
 
 _BANDWIDTHS = ("bandwidth_bytes_per_s", "effective_bandwidth_bytes_per_s")
 
@@ -58,6 +58,20 @@ def check_whatif(whatif: WhatIf, topology: Topology) -> None:
     for nic in whatif.nics:
         if topology.graph.nodes[topology.gpus[nic.rank]].get("nic") is None:
             raise ValueError(f"whatif nic of rank {nic.rank}: that GPU has no NIC")
+    graph = topology.graph
+    switches = sorted(n for n, kind in graph.nodes(data="kind") if kind in FABRIC_KINDS)
+    for link in whatif.links:
+        a, b = link.between
+        for end in (a, b):
+            if end not in graph or graph.nodes[end]["kind"] not in FABRIC_KINDS:
+                shown = ", ".join(switches[:6]) + (", ..." if len(switches) > 6 else "")
+                raise ValueError(
+                    f"whatif link {a}-{b}: {end!r} is not a switch of this cluster's fabric "
+                    f"({shown or 'it has none'}; switches are named leaf<i>, spine<i>, "
+                    "pod<p>/agg<i>, core<g>.<i>)"
+                )
+        if not graph.has_edge(a, b):
+            raise ValueError(f"whatif link {a}-{b}: those switches are not linked")
 
 
 def slowdowns(whatif: WhatIf, topology: Topology) -> dict[int, float]:
@@ -104,10 +118,27 @@ def _scale_nic(graph: nx.DiGraph, nic: str, keep: float) -> None:
 
 
 def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
-    """A copy of ``topology`` with the NIC what-ifs applied (``topology`` itself when none)."""
-    if not whatif.nics and not whatif.second_job:
+    """A copy of ``topology`` with the NIC and link what-ifs applied (``topology`` itself when
+    none). A link down is taken out of the graph: the fabric's up/down routing then goes
+    through the switch's other links (ValueError when it has none left up)."""
+    if not whatif.nics and not whatif.second_job and not whatif.links:
         return topology
     graph = topology.graph.copy()
+    for link in whatif.links:
+        a, b = link.between
+        for u, v in ((a, b), (b, a)):
+            if link.fraction == 0:
+                graph.remove_edge(u, v)
+            else:
+                for attr in _BANDWIDTHS:
+                    graph.edges[u, v][attr] *= link.fraction
+        if link.fraction == 0:
+            lower = a if graph.nodes[a]["tier"] < graph.nodes[b]["tier"] else b
+            if not any(graph.nodes[m].get("tier", 0) > graph.nodes[lower]["tier"]
+                       for m in graph.successors(lower)):  # fmt: skip
+                raise ValueError(
+                    f"whatif link {a}-{b} down: {lower} has no other link up the fabric"
+                )
     for job in whatif.second_job:
         nics = {
             _nic(topology, r)
@@ -131,7 +162,7 @@ def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
         fabric=topology.fabric,
     )
     everywhere = all(len(j.nodes) == topology.num_nodes for j in whatif.second_job)
-    degraded.uniform = topology.uniform and everywhere and not whatif.nics
+    degraded.uniform = topology.uniform and everywhere and not whatif.nics and not whatif.links
     return degraded
 
 

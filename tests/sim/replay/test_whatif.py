@@ -164,6 +164,53 @@ def test_an_expert_imbalance_what_if_slows_an_moe_plan_as_the_models_own_imbalan
         simulate_plan(_with(_plan(1, tp=8, pp=1, global_batch=64), "moe_imbalance=2"))
 
 
+def _two_leaves():
+    """Two DGX H100 on a fat tree of radix-16 switches, NICs in order: server 0 on leaf0,
+    server 1 on leaf1, eight spines between them."""
+    from topologies.config import cluster_from_mapping
+
+    fabric = {"base": "ib-ndr", "radix": 16, "rail_optimized": False}
+    return cluster_from_mapping({"node": "dgx-h100", "num_nodes": 2, "fabric": fabric}, where="t")
+
+
+def _flow_s(topology, op="send_recv", ranks=(0, 8), size=1 << 30) -> float:
+    import simpy
+
+    env = simpy.Environment()
+    env.run(CommModel(env, topology, fidelity="flow").run(op, ranks, size))
+    return env.now
+
+
+def test_a_switch_link_at_half_rate_halves_the_flows_through_it_and_down_reroutes() -> None:
+    """GPU 0 -> GPU 8 crosses leaf0 -> spine7 -> leaf1 (a 47 GB/s path). That uplink at half its
+    rate doubles the transfer's byte time (latency + S / 23.5 GB/s); down, the fabric routes
+    through another spine at the full rate."""
+    topology = _two_leaves()
+    path = topology.path(0, 8)
+    assert ("leaf0", "spine7") in path
+
+    def byte_time(top) -> float:  # seconds per GiB: the latency cancels
+        return _flow_s(top, size=2 << 30) - _flow_s(top, size=1 << 30)
+
+    base = _flow_s(topology)
+    assert byte_time(topology) == pytest.approx((1 << 30) / 47e9, rel=1e-6)
+    half = degraded_topology(topology, parse_flags(["link=leaf0-spine7:0.5"]))
+    assert byte_time(half) == pytest.approx(2 * byte_time(topology), rel=1e-9)
+    down = degraded_topology(topology, parse_flags(["link=leaf0-spine7:down"]))
+    assert ("leaf0", "spine7") not in down.path(0, 8)
+    assert _flow_s(down) == pytest.approx(base, rel=1e-12)
+    # the whole step: only the flow model sees one link; a link between leaves does not exist
+    plan = dataclasses.replace(_plan(2, tp=8, pp=1, global_batch=16), whatif=parse_flags([]))
+    with pytest.raises(ValueError, match="is not a switch of this cluster's fabric"):
+        simulate_plan(_with(plan, "link=leaf0-spine99:0.5"), topology=topology, fidelity="flow")
+    with pytest.raises(ValueError, match="leaf0-leaf1: those switches are not linked"):
+        simulate_plan(_with(plan, "link=leaf0-leaf1:0.5"), topology=topology, fidelity="flow")
+    with pytest.raises(ValueError, match="the flow model only"):
+        simulate_plan(_with(plan, "link=leaf0-spine7:0.5"), topology=topology)
+    slow = simulate_plan(_with(plan, "link=leaf0-spine7:0.5"), topology=topology, fidelity="flow")
+    assert slow.step_time_s >= simulate_plan(plan, topology=topology, fidelity="flow").step_time_s
+
+
 def _mixtral():
     from pathlib import Path
 
@@ -223,6 +270,7 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
             "nics": [{"rank": 17, "fraction": 0}],
             "second_job": [{"nodes": [0, 1], "share": 0.3}],
             "slow_nodes": [{"node": 3, "slowdown": 0.1}],
+            "links": [{"between": ["leaf0", "spine7"], "fraction": 0}],
             "moe_imbalance": 1.5,
         }
     )
@@ -232,6 +280,7 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
             "slow_node=3:0.1",
             "nic=17:down",
             "second_job=0-1:0.3",
+            "link=leaf0-spine7:down",
             "moe_imbalance=1.5",
         ]
     )
@@ -256,6 +305,8 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
         ({"nics": [{"rank": 1}]}, "missing key fraction"),
         ({"moe_imbalance": 0.5}, "whatif.moe_imbalance must be a number >= 1"),
         ({"moe_imbalance": {}}, "a number or a non-empty mapping of layer: factor"),
+        ({"links": [{"between": ["leaf0"], "fraction": 0.5}]}, "must name two different switches"),
+        ({"links": [{"between": ["a", "b"], "fraction": -1}]}, "fraction must be in [0, 1]"),
         ({"moe_imbalance": {"a": 2}}, "whatif.moe_imbalance.layer must be an integer >= 0"),
         ({"moe_imbalance": {3: 0.5}}, "whatif.moe_imbalance[3] must be a number >= 1"),
     ],
