@@ -100,6 +100,13 @@ class WhatIf:
     ``moe_imbalance``; a ``--whatif moe_imbalance=...`` flag replaces either."""
 
     def __post_init__(self) -> None:
+        seen: set[frozenset[str]] = set()
+        for link in self.links:
+            pair = frozenset(link.between)
+            if pair in seen:
+                a, b = link.between
+                raise ValueError(f"whatif link {a}-{b} given twice")
+            seen.add(pair)
         if self.moe_imbalance is not None and self.moe_layer_imbalance:
             raise ValueError(
                 "whatif moe_imbalance: give one factor for every MoE layer or a mapping of "

@@ -635,7 +635,8 @@ PLAN_FLAGS: dict[str, Sequence[str | None]] = {
     "--fidelity": ["analytical", "flow", "x", ""], "--bogus": ["1"],
     "--whatif": ["moe_imbalance=1.5", "moe_imbalance=3:2,7:1.5", "moe_imbalance=3:x",
                  "moe_imbalance=0:2,0:3", "moe_imbalance=", "slow_gpu=0:0.2", "nic=1:down",
-                 "moe_imbalance=999:2"],
+                 "moe_imbalance=999:2", "link=leaf0-spine7:0.5", "link=leaf0:x",
+                 "link=leaf0-spine99:down"],
 }  # fmt: skip
 COLLECTIVE_FLAGS: dict[str, Sequence[str | None]] = {
     "--topology": [*NODE_PRESETS, "input.yaml", "missing.yaml", "folder", "null-device", "x",

@@ -267,10 +267,14 @@ def _half_cut_max_flow(graph: nx.DiGraph, gpus: Sequence[str], attr: str) -> flo
 
 
 class _FabricRouting:
-    """Up/down routing tables of a tree fabric, read once from the graph."""
+    """Up/down routing tables of a tree fabric, read once from the graph. A link a what-if took
+    down (edge attribute ``down``) stays in the up tables, so the hash picks as on the intact
+    fabric, and a flow that would take it is routed through another up-link that still leads to
+    its destination."""
 
     def __init__(self, graph: nx.DiGraph) -> None:
         self.up: dict[str, tuple[str, ...]] = {}
+        self.live_up: dict[str, frozenset[str]] = {}
         self.down: dict[str, dict[Any, str]] = {}
         self.tier: dict[str, int] = {}
         self.pod: dict[str, Any] = {}
@@ -281,26 +285,37 @@ class _FabricRouting:
         for n in self.tier:
             ups: list[str] = []
             downs: dict[Any, str] = {}
-            for m in graph.successors(n):
+            for m, data in graph[n].items():
                 if m not in self.tier:
                     continue
                 if self.tier[m] > self.tier[n]:
                     ups.append(m)
+                elif data.get("down"):
+                    continue
                 elif self.tier[m] == 1:
                     downs[m] = m
                 else:
                     downs[self.pod[m]] = m
             self.up[n] = tuple(sorted(ups))
+            self.live_up[n] = frozenset(m for m in ups if not graph[n][m].get("down"))
             self.down[n] = downs
         for nic in (n for n, k in graph.nodes(data="kind") if k == "nic"):
             self.up[nic] = tuple(sorted(m for m in graph.successors(nic) if m in self.tier))
+            self.live_up[nic] = frozenset(self.up[nic])
+        # the leaves each switch reaches going down its live links
+        self.reach: dict[str, frozenset[str]] = {}
+        for n in sorted(self.tier, key=self.tier.__getitem__):
+            self.reach[n] = (
+                frozenset({n})
+                if self.tier[n] == 1
+                else frozenset().union(*(self.reach[m] for m in self.down[n].values()))
+            )
 
-    def _covers(self, switch: str, leaf: str) -> bool:
-        if switch not in self.tier:
-            return False
-        if self.tier[switch] == 1:
-            return switch == leaf
-        return self.pod[switch] is None or self.pod[switch] == self.pod[leaf]
+    def _viable(self, switch: str, leaf: str) -> bool:
+        """Whether ``leaf`` is reachable from ``switch`` going up, then down, on live links."""
+        return leaf in self.reach.get(switch, ()) or any(
+            self._viable(u, leaf) for u in self.live_up.get(switch, ())
+        )
 
     def route(self, src_nic: str, dst_nic: str, h: int) -> list[str]:
         """Hops from ``src_nic`` to ``dst_nic``: up to a common ancestor, then down."""
@@ -310,15 +325,27 @@ class _FabricRouting:
         dst_leaf = dst_leaves[h % len(dst_leaves)]
         h //= len(dst_leaves)
         hops = [src_nic]
-        while not self._covers(hops[-1], dst_leaf):
-            ups = self.up[hops[-1]]
-            if not ups:
-                raise ValueError(f"no up-link from {hops[-1]} towards {dst_nic}")
-            hops.append(ups[h % len(ups)])
-            h //= len(ups)
+        while hops[-1] == src_nic or dst_leaf not in self.reach[hops[-1]]:
+            here = hops[-1]
+            ups = self.up[here]
+            pick = ups[h % len(ups)] if ups else None
+            h //= max(len(ups), 1)
+            if pick is None or pick not in self.live_up[here] or not self._viable(pick, dst_leaf):
+                # a link what-if took the hashed way out: another up-link that still leads there
+                alive = [u for u in ups if u in self.live_up[here] and self._viable(u, dst_leaf)]
+                if not alive:
+                    raise ValueError(
+                        f"no route from {src_nic} to {dst_nic}: the fabric's links left no path "
+                        "(a link what-if cut them)"
+                    )
+                pick = alive[h % len(alive)]
+            hops.append(pick)
         while hops[-1] != dst_leaf:
             children = self.down[hops[-1]]
-            hops.append(children.get(dst_leaf) or children[self.pod[dst_leaf]])
+            child = children.get(dst_leaf) or children.get(self.pod[dst_leaf])
+            if child is None or dst_leaf not in self.reach[child]:
+                child = next(c for c in children.values() if dst_leaf in self.reach[c])
+            hops.append(child)
         hops.append(dst_nic)
         return hops
 

@@ -61,7 +61,12 @@ def run(args: argparse.Namespace) -> int:
     plans = [load_plan_file(path) for path in args.plans]
     for plan in plans:
         for flags in scenarios:
-            parse_flags(flags, plan.whatif)  # a bad flag fails here, before any simulation
+            # a bad flag fails here, before any simulation
+            if parse_flags(flags, plan.whatif).links:
+                raise ValueError(
+                    "commsim sweep runs the analytical model; a switch link what-if needs the "
+                    "flow model: commsim plan PLAN --fidelity flow --whatif link=..."
+                )
     labels = [plan.name or path.stem for plan, path in zip(plans, args.plans, strict=True)]
     if len(set(labels)) < len(labels):  # two plans of one name: tell them apart by file
         labels = [str(path) for path in args.plans]

@@ -116,11 +116,15 @@ def simulate_plan(
     step = describe_step(plan, gpus_per_node=topology.gpus_per_node)
     whatif = plan.whatif
     check_whatif(whatif, topology)
-    if whatif.links and fidelity != "flow":
-        raise ValueError(
-            "whatif links: one switch-to-switch link is seen by the flow model only "
-            "(--fidelity flow); the analytical model reads the fabric's bisection, not its links"
-        )
+    if whatif.links:
+        if fidelity != "flow":
+            raise ValueError(
+                "whatif links: one switch-to-switch link is seen by the flow model only "
+                "(--fidelity flow); the analytical model reads the fabric's bisection, not its "
+                "links"
+            )
+        # which ranks' flows cross the link depends on the routes of every rank: none folded
+        fold = False
     plain, topology = topology, degraded_topology(topology, whatif)
     signed = signatures(whatif, plain, topology)
     special = special_ranks(signed, plain)
@@ -289,6 +293,8 @@ def compare_whatif(plan: Plan, result: PlanResult, **options: Any) -> dict[str, 
     slowdown), its optimizer (with the waits it includes) and its waits per group, against the
     same rank of the plain step (its representative there when folded)."""
     options = {**options, "rank_breakdowns": True}
+    if plan.whatif.links:  # the what-if ran every rank (a link's load is every rank's routes)
+        options["fold"] = False
     baseline = simulate_plan(dataclasses.replace(plan, whatif=WhatIf()), **options)
     plain = baseline.extra["rank_breakdowns"]
     ranks = {}

@@ -23,6 +23,7 @@ rank per class of ranks the what-if cannot tell apart (``sim.replay.folding``).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Hashable, Mapping, Sequence
 
 import networkx as nx
@@ -59,16 +60,13 @@ def check_whatif(whatif: WhatIf, topology: Topology) -> None:
         if topology.graph.nodes[topology.gpus[nic.rank]].get("nic") is None:
             raise ValueError(f"whatif nic of rank {nic.rank}: that GPU has no NIC")
     graph = topology.graph
-    switches = sorted(n for n, kind in graph.nodes(data="kind") if kind in FABRIC_KINDS)
     for link in whatif.links:
         a, b = link.between
         for end in (a, b):
             if end not in graph or graph.nodes[end]["kind"] not in FABRIC_KINDS:
-                shown = ", ".join(switches[:6]) + (", ..." if len(switches) > 6 else "")
                 raise ValueError(
                     f"whatif link {a}-{b}: {end!r} is not a switch of this cluster's fabric "
-                    f"({shown or 'it has none'}; switches are named leaf<i>, spine<i>, "
-                    "pod<p>/agg<i>, core<g>.<i>)"
+                    f"({_switch_names(graph)})"
                 )
         if not graph.has_edge(a, b):
             raise ValueError(f"whatif link {a}-{b}: those switches are not linked")
@@ -104,6 +102,26 @@ def slowed_programs(programs: Sequence[Program], factors: dict[int, float]) -> l
     return out
 
 
+def _switch_names(graph: nx.DiGraph) -> str:
+    """The fabric's switches as name ranges, first to last in numeric order, per naming pattern:
+    "leaf0..leaf7 (8), spine0..spine31 (32)"."""
+    groups: dict[str, list[str]] = {}
+    for n, kind in graph.nodes(data="kind"):
+        if kind in FABRIC_KINDS:
+            groups.setdefault(re.sub(r"\d+", "#", n), []).append(n)
+    if not groups:
+        return "it has none: one switch or none between its servers"
+
+    def number(name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in re.findall(r"\d+", name))
+
+    parts = []
+    for names in groups.values():
+        names.sort(key=number)
+        parts.append(f"{names[0]}..{names[-1]} ({len(names)})" if len(names) > 1 else names[0])
+    return ", ".join(parts)
+
+
 def _nic(topology: Topology, rank: int) -> str:
     nic: str = topology.graph.nodes[topology.gpus[rank]]["nic"]
     return nic
@@ -127,15 +145,17 @@ def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
     for link in whatif.links:
         a, b = link.between
         for u, v in ((a, b), (b, a)):
-            if link.fraction == 0:
-                graph.remove_edge(u, v)
+            if link.fraction == 0:  # kept, marked: routing goes around it (topology.py)
+                graph.edges[u, v]["down"] = True
             else:
                 for attr in _BANDWIDTHS:
                     graph.edges[u, v][attr] *= link.fraction
         if link.fraction == 0:
             lower = a if graph.nodes[a]["tier"] < graph.nodes[b]["tier"] else b
-            if not any(graph.nodes[m].get("tier", 0) > graph.nodes[lower]["tier"]
-                       for m in graph.successors(lower)):  # fmt: skip
+            if not any(
+                graph.nodes[m].get("tier", 0) > graph.nodes[lower]["tier"] and not data.get("down")
+                for m, data in graph[lower].items()
+            ):
                 raise ValueError(
                     f"whatif link {a}-{b} down: {lower} has no other link up the fabric"
                 )

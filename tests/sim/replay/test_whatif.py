@@ -208,7 +208,41 @@ def test_a_switch_link_at_half_rate_halves_the_flows_through_it_and_down_reroute
     with pytest.raises(ValueError, match="the flow model only"):
         simulate_plan(_with(plan, "link=leaf0-spine7:0.5"), topology=topology)
     slow = simulate_plan(_with(plan, "link=leaf0-spine7:0.5"), topology=topology, fidelity="flow")
-    assert slow.step_time_s >= simulate_plan(plan, topology=topology, fidelity="flow").step_time_s
+    assert slow.num_simulated_ranks == 16  # a link's load is every rank's routes: none folded
+    plain = simulate_plan(plan, topology=topology, fidelity="flow", fold=False)
+    assert slow.step_time_s >= plain.step_time_s
+
+
+@pytest.mark.parametrize(
+    ("fabric", "nodes", "link"),
+    [
+        ({"radix": 16}, 2, "leaf0-spine7"),
+        ({"radix": 16}, 2, "leaf1-spine0"),
+        ({"radix": 8, "tiers": 3}, 4, "leaf0-pod0/agg0"),
+        ({"radix": 8, "tiers": 3}, 4, "pod0/agg0-core0.0"),
+        ({"radix": 8, "tiers": 3}, 4, "pod1/agg2-core2.1"),
+    ],
+)
+def test_a_link_taken_down_leaves_every_route_and_none_through_it(fabric, nodes, link) -> None:
+    from topologies.config import cluster_from_mapping
+
+    spec = {"base": "ib-ndr", "rail_optimized": False, **fabric}
+    topology = cluster_from_mapping(
+        {"node": "dgx-h100", "num_nodes": nodes, "fabric": spec}, where="t"
+    )
+    down = degraded_topology(topology, parse_flags([f"link={link}:down"]))
+    a, b = link.split("-")
+    pairs = [(s, d) for s in range(down.num_gpus) for d in range(down.num_gpus) if s != d]
+    routes = [down.path(s, d, key) for s, d in pairs for key in range(3)]  # every pair routes
+    assert all(routes) and not any((a, b) in r or (b, a) in r for r in routes)
+    # the intact fabric's routes are untouched where they did not cross the link
+    kept = [topology.path(s, d, 0) for s in range(8) for d in range(8, 16)]
+    assert [r for r in kept if (a, b) not in r and (b, a) not in r] == [
+        down.path(s, d, 0)
+        for s in range(8)
+        for d in range(8, 16)
+        if (a, b) not in topology.path(s, d, 0) and (b, a) not in topology.path(s, d, 0)
+    ]
 
 
 def _mixtral():
@@ -306,6 +340,15 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
         ({"moe_imbalance": 0.5}, "whatif.moe_imbalance must be a number >= 1"),
         ({"moe_imbalance": {}}, "a number or a non-empty mapping of layer: factor"),
         ({"links": [{"between": ["leaf0"], "fraction": 0.5}]}, "must name two different switches"),
+        (
+            {
+                "links": [
+                    {"between": ["leaf0", "spine7"], "fraction": 0},
+                    {"between": ["spine7", "leaf0"], "fraction": 0.5},
+                ]
+            },
+            "whatif link spine7-leaf0 given twice",
+        ),
         ({"links": [{"between": ["a", "b"], "fraction": -1}]}, "fraction must be in [0, 1]"),
         ({"moe_imbalance": {"a": 2}}, "whatif.moe_imbalance.layer must be an integer >= 0"),
         ({"moe_imbalance": {3: 0.5}}, "whatif.moe_imbalance[3] must be a number >= 1"),

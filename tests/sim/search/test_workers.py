@@ -72,6 +72,9 @@ def test_a_bad_scenario_is_refused_before_any_simulation(tmp_path, capsys) -> No
     path.write_text(yaml.safe_dump(PLAN))
     assert main(["sweep", str(path), "--whatif", "slow_gpu=3"]) == 2
     assert "expected slow_gpu=WHO:AMOUNT" in capsys.readouterr().err
+    # a switch link needs the flow model, which sweep does not run
+    assert main(["sweep", str(path), "--whatif", "link=leaf0-spine1:0.5"]) == 2
+    assert "commsim sweep runs the analytical model" in capsys.readouterr().err
 
 
 def test_ray_missing_says_how_to_install_it(monkeypatch) -> None:
