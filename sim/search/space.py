@@ -144,7 +144,9 @@ def screen(
             "training": {**training, "micro_batch_size": layout["micro_batch_size"]},
         }
         try:
-            candidate = resolve_plan(load_plan(document), world_size)
+            # a cluster file named relative to the plan stays so (base_dir)
+            loaded = dataclasses.replace(load_plan(document), base_dir=plan.base_dir)
+            candidate = resolve_plan(loaded, world_size)
         except ValueError as exc:
             out.rejected["refused (" + " ".join(str(exc).split()[:6]) + " ...)"] += 1
             continue

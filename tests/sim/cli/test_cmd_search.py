@@ -148,3 +148,17 @@ def test_moe_layouts_try_expert_parallelism_that_divides_the_experts() -> None:
     }
     dense = candidate_layouts(plan_of(0), gpus_per_node=8, world_size=16, space=space)
     assert all("ep" not in x["parallel"] for x in dense)
+
+
+def test_a_cluster_file_named_relative_to_the_plan_is_found_from_elsewhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    (folder / "cluster.yaml").write_text(yaml.safe_dump({"node": "dgx-h100", "num_nodes": 1}))
+    plan = _write_plan(folder, {**TINY_PLAN, "cluster": {"file": "cluster.yaml"}})
+    monkeypatch.chdir(tmp_path)
+    argv = ["search", str(plan), "--tp", "2", "--pp", "2", "--data-parallel", "ddp",
+            "--micro-batch", "1", "--recompute", "none", "--no-interleaved"]  # fmt: skip
+    assert main(argv) == 0
+    assert "1 simulated" in capsys.readouterr().out
