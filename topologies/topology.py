@@ -274,48 +274,67 @@ class _FabricRouting:
 
     def __init__(self, graph: nx.DiGraph) -> None:
         self.up: dict[str, tuple[str, ...]] = {}
-        self.live_up: dict[str, frozenset[str]] = {}
+        self.dead_up: dict[str, frozenset[str]] = {}
+        """Up-links a what-if took down, per switch (absent: none)."""
         self.down: dict[str, dict[Any, str]] = {}
         self.tier: dict[str, int] = {}
         self.pod: dict[str, Any] = {}
+        self.cut = False
+        """Whether a link is down: only then are routes checked against ``reach``."""
         for n, d in graph.nodes(data=True):
             if d["kind"] in FABRIC_KINDS:
                 self.tier[n] = d["tier"]
                 self.pod[n] = d.get("pod")
         for n in self.tier:
             ups: list[str] = []
+            dead: list[str] = []
             downs: dict[Any, str] = {}
-            for m, data in graph[n].items():
+            for m, data in graph.succ[n].items():
                 if m not in self.tier:
                     continue
+                if data.get("down"):
+                    dead.append(m)
+                elif self.tier[m] < self.tier[n]:
+                    downs[m if self.tier[m] == 1 else self.pod[m]] = m
                 if self.tier[m] > self.tier[n]:
                     ups.append(m)
-                elif data.get("down"):
-                    continue
-                elif self.tier[m] == 1:
-                    downs[m] = m
-                else:
-                    downs[self.pod[m]] = m
             self.up[n] = tuple(sorted(ups))
-            self.live_up[n] = frozenset(m for m in ups if not graph[n][m].get("down"))
             self.down[n] = downs
+            if dead:
+                self.cut = True
+                self.dead_up[n] = frozenset(dead)
         for nic in (n for n, k in graph.nodes(data="kind") if k == "nic"):
             self.up[nic] = tuple(sorted(m for m in graph.successors(nic) if m in self.tier))
-            self.live_up[nic] = frozenset(self.up[nic])
-        # the leaves each switch reaches going down its live links
+        # the leaves each switch reaches going down its live links: built only when a link is
+        # down (on an intact tree a switch reaches the leaves its pod holds, ``_covers``)
         self.reach: dict[str, frozenset[str]] = {}
-        for n in sorted(self.tier, key=self.tier.__getitem__):
-            self.reach[n] = (
-                frozenset({n})
-                if self.tier[n] == 1
-                else frozenset().union(*(self.reach[m] for m in self.down[n].values()))
-            )
+        if self.cut:
+            for n in sorted(self.tier, key=self.tier.__getitem__):
+                self.reach[n] = (
+                    frozenset({n})
+                    if self.tier[n] == 1
+                    else frozenset().union(*(self.reach[m] for m in self.down[n].values()))
+                )
+
+    def _covers(self, switch: str, leaf: str) -> bool:
+        """Whether ``switch`` reaches ``leaf`` going down."""
+        if switch not in self.tier:
+            return False
+        if self.cut:
+            return leaf in self.reach[switch]
+        if self.tier[switch] == 1:
+            return switch == leaf
+        return self.pod[switch] is None or self.pod[switch] == self.pod[leaf]
 
     def _viable(self, switch: str, leaf: str) -> bool:
         """Whether ``leaf`` is reachable from ``switch`` going up, then down, on live links."""
-        return leaf in self.reach.get(switch, ()) or any(
-            self._viable(u, leaf) for u in self.live_up.get(switch, ())
+        return self._covers(switch, leaf) or any(
+            self._viable(u, leaf) for u in self._live_up(switch)
         )
+
+    def _live_up(self, switch: str) -> list[str]:
+        dead = self.dead_up.get(switch, frozenset())
+        return [u for u in self.up.get(switch, ()) if u not in dead]
 
     def route(self, src_nic: str, dst_nic: str, h: int) -> list[str]:
         """Hops from ``src_nic`` to ``dst_nic``: up to a common ancestor, then down."""
@@ -325,14 +344,17 @@ class _FabricRouting:
         dst_leaf = dst_leaves[h % len(dst_leaves)]
         h //= len(dst_leaves)
         hops = [src_nic]
-        while hops[-1] == src_nic or dst_leaf not in self.reach[hops[-1]]:
+        while not self._covers(hops[-1], dst_leaf):
             here = hops[-1]
             ups = self.up[here]
             pick = ups[h % len(ups)] if ups else None
             h //= max(len(ups), 1)
-            if pick is None or pick not in self.live_up[here] or not self._viable(pick, dst_leaf):
+            if pick is None or (
+                self.cut
+                and (pick in self.dead_up.get(here, ()) or not self._viable(pick, dst_leaf))
+            ):
                 # a link what-if took the hashed way out: another up-link that still leads there
-                alive = [u for u in ups if u in self.live_up[here] and self._viable(u, dst_leaf)]
+                alive = [u for u in self._live_up(here) if self._viable(u, dst_leaf)]
                 if not alive:
                     raise ValueError(
                         f"no route from {src_nic} to {dst_nic}: the fabric's links left no path "
@@ -343,8 +365,8 @@ class _FabricRouting:
         while hops[-1] != dst_leaf:
             children = self.down[hops[-1]]
             child = children.get(dst_leaf) or children.get(self.pod[dst_leaf])
-            if child is None or dst_leaf not in self.reach[child]:
-                child = next(c for c in children.values() if dst_leaf in self.reach[c])
+            if child is None or not self._covers(child, dst_leaf):
+                child = next(c for c in children.values() if self._covers(c, dst_leaf))
             hops.append(child)
         hops.append(dst_nic)
         return hops
