@@ -382,6 +382,30 @@ def eager_rotary_launches(plan: Plan) -> dict[str, float]:
     return dict(EAGER_ROTARY_LAUNCHES) if runs else {"forward": 0.0, "backward": 0.0}
 
 
+AUTOCAST_BIAS_CASTS = 4.0
+"""Launches a layer's four biased linears add under autocast over fp32 weights, in the forward
+and again in the backward: each bias is cast to bf16 beside its weight, and its bf16 gradient
+cast back to fp32 (results/h100_heldout's GPT-style eager trace, 48 layer-micro-batches: 10
+casts per layer in the linears' forward against the 6 of the unbiased Llama-style trace, and
+4.25 more casts per layer in the backward). They ride on the layer's weight casts
+(``weight_cast``, ``grad_cast``), whose bytes already count the biases."""
+EAGER_GQA_REPEAT_LAUNCHES = {"forward": 2.0, "backward": 2.0}
+"""Kernels the eager stack's grouped-query attention launches per layer and micro-batch to
+repeat K and V to every query head (``repeat_interleave`` in ``commbench --step``'s model,
+``repeat_kv`` in torchtitan's): one copy each in the forward, one sum each in the backward
+(counted in results/h100_heldout/traced's trace of a 12-layer, 12/4-head step: 48
+``repeat_interleave`` copies and 48 sums over 24 layer-micro-batches). Part of the attention
+core, so a selective or full recompute launches them again."""
+
+
+def eager_gqa_repeat_launches(plan: Plan) -> dict[str, float]:
+    """``EAGER_GQA_REPEAT_LAUNCHES`` where the eager stack repeats K and V (fewer K/V heads
+    than query heads; the bytes are in ``elementwise_forward_bytes``), else none."""
+    model = plan.model
+    runs = kernel_stack(plan) == "eager" and model.num_kv_heads < model.num_heads
+    return dict(EAGER_GQA_REPEAT_LAUNCHES) if runs else {"forward": 0.0, "backward": 0.0}
+
+
 def unfused_norm(plan: Plan) -> bool:
     """Whether the plan's RMSNorms run as separate eager kernels (``training.fused_norm``)."""
     return (
@@ -513,6 +537,7 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
     _, dtype = dtypes(plan)
     shape = attention_shape(plan)
     seq_q, seq_kv, d = shape.seq_q, shape.seq_kv, shape.head_dim
+    repeat = eager_gqa_repeat_launches(plan)
     if plan.training.flash_attention:
         forward, backward = (
             attention(
@@ -530,13 +555,21 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
         )
         queries = shape.batch * shape.num_heads * seq_q * d
         aux = memory("attention_backward_aux", FUSED_ATTENTION_BACKWARD_AUX_BYTES * queries, "copy")
-        return (forward,), (aux, backward)
+        return (replace(forward, extra_launches=repeat["forward"]),), (
+            aux,
+            replace(backward, extra_launches=repeat["backward"]),
+        )
     scores = shape.batch * shape.num_heads * seq_q * seq_kv
     gemm_flops = 2.0 * scores * d
     qk = Kernel(name="scores", kind="gemm", dtype=dtype, flops=gemm_flops, dims=(seq_q, seq_kv, d))
     av = Kernel(name="context", kind="gemm", dtype=dtype, flops=gemm_flops, dims=(seq_q, d, seq_kv))
-    softmax = memory("softmax", 2 * ACTIVATION_BYTES * scores)
-    softmax_backward = memory("softmax_backward", 2 * 2 * ACTIVATION_BYTES * scores)
+    softmax = replace(
+        memory("softmax", 2 * ACTIVATION_BYTES * scores), extra_launches=repeat["forward"]
+    )
+    softmax_backward = replace(
+        memory("softmax_backward", 2 * 2 * ACTIVATION_BYTES * scores),
+        extra_launches=repeat["backward"],
+    )
     return (qk, av, softmax), (qk, av, qk, av, softmax_backward)
 
 
@@ -686,7 +719,12 @@ def layer_kernels(plan: Plan) -> PieceKernels:
     core_forward, core_backward = attention_core_kernels(plan)
     elementwise_bytes = elementwise_forward_bytes(plan)
     cast_bytes = weight_cast_bytes(plan, layer_params_per_gpu(plan.model, plan.parallel.tp)) / 2
-    casts = (memory("weight_cast", cast_bytes, "copy"),) if cast_bytes else ()
+    bias_casts = AUTOCAST_BIAS_CASTS if plan.model.linear_bias and autocast_weights(plan) else 0
+    casts = (
+        (replace(memory("weight_cast", cast_bytes, "copy"), extra_launches=bias_casts),)
+        if cast_bytes
+        else ()
+    )
     norm_casts = norm_cast_bytes(plan)
     layout = attention_layout_bytes(plan)
     layouts = (memory("attention_layout", layout, "copy", converts=False),) if layout else ()
@@ -720,7 +758,11 @@ def layer_kernels(plan: Plan) -> PieceKernels:
                 if norm_casts
                 else ()
             ),
-            *((memory("grad_cast", cast_bytes, "copy"),) if cast_bytes else ()),
+            *(
+                (replace(memory("grad_cast", cast_bytes, "copy"), extra_launches=bias_casts),)
+                if cast_bytes
+                else ()
+            ),
         ),
         backward_weight=(
             *gemms_wgrad,

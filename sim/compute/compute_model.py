@@ -101,33 +101,34 @@ the most host-bound step measured on one H100 (``commbench --step``, an 8-layer 
 micro-batches, 60% of the GPU idle; refdata/h100, a gVisor sandbox, so above bare metal);
 the same model compiled: 29.8 us per kernel (47.9 ms, 1,609 kernels)."""
 LAUNCHES_PER_KERNEL = {
-    "eager": 2.84,
-    "compile": 2.44,
-    "eager/bf16_weights": 2.60,
-    "compile/bf16_weights": 2.68,
+    "eager": 2.39,
+    "compile": 2.14,
+    "eager/bf16_weights": 2.20,
+    "compile/bf16_weights": 2.16,
     "megatron": 2.61,
 }
 """Kernels a training loop launches per kernel of the modelled inventory (``schedules.kernels``
 lists the work, not every launch: casts, views made contiguous, fills, bias and rotary pieces),
 per loop (``launch_loop``): the stack, and how the loop keeps its weights. Counted on one H100
-against the inventory of this version, the fused optimizer's launches left out
-(``OPTIMIZER_ELEMENTS_PER_LAUNCH``):
+against the inventory of this version, the fused optimizer's launches
+(``OPTIMIZER_ELEMENTS_PER_LAUNCH``) and the launches known per kernel (``known_launches``:
+cuBLAS's memsets, the eager rotary's and grouped-query repeat's kernels, autocast's bias casts)
+left out:
 
 - ``eager`` / ``compile`` (autocast over fp32 weights; ``commbench --step``'s reference model):
-  each ``commbench --step`` profile's kernels over the modelled ones (refdata/h100), the eager
-  rotary's own launches taken out (``schedules.kernels.EAGER_ROTARY_LAUNCHES``, counted from
-  its code): seven eager files 2.47-3.20 (mean 2.84; 4.08-4.78, mean 4.46, with the rotary's
-  launches in the ratio) and two compiled ones, 2.20 and 2.69 (mean 2.44). The held-out files
-  of results/h100_heldout, counted after: eager 2.87-3.09, Llama-style (rotary) and GPT-style
-  (learned positions) alike (4.46-4.61 against 2.87-3.04 with the rotary in the ratio),
-  compiled 2.61-3.06;
+  each ``commbench --step`` profile's kernels over the modelled ones (refdata/h100): seven eager
+  files 2.26-2.50 (mean 2.39; 2.47-3.20 before the memsets, repeats and bias casts were counted
+  apart, when the 8-layer h1024 model's 2.47 and 2.53 stood below every larger one) and two
+  compiled ones, 2.05 and 2.22 (mean 2.14). The held-out files of results/h100_heldout, counted
+  after: eager 2.33-2.46 (Llama-style and GPT-style alike), compiled 2.12-2.35;
 - ``/bf16_weights`` (bf16 weights with fp32 master weights, and FSDP or ZeRO, whose compute
   weights are bf16 too): the torch.profiler traces of a separate plain-PyTorch loop
-  (refdata/h100/traces): eager 2.41 (h1024, 8 layers) and 2.78 (h2048, 16 layers), compiled 2.68;
+  (refdata/h100/traces): eager 2.27 (h1024, 8 layers) and 2.14 (h2048, 16 layers; 2.41 and
+  2.78 before the memsets were counted apart), compiled 2.16;
 - ``megatron`` (Transformer Engine's fused kernels): not measured; the plain loop's first eager
   count, against an earlier inventory.
 
-The spread within one loop (about +-10%) is the error a launch-bound step takes from this
+The spread within one loop (about +-5%) is the error a launch-bound step takes from this
 default; ``commbench --step`` or a trace of the user's loop replaces it with its own count."""
 OPTIMIZER_ELEMENTS_PER_LAUNCH = 65536 * 320
 """Parameters one launch of the fused (or foreach) Adam kernel updates: PyTorch's
@@ -138,6 +139,37 @@ refdata/h100/traces count 72 and 10 ``FusedOptimizerTensorListMetadata`` launche
 0.20 B parameters, as the ratio gives (71.5, 9.5). They hide behind their own kernels (0.2 ms
 of GPU time each against tens of microseconds of host time), so they are not charged to the
 host; they are left out of the per-kernel launch count (``LAUNCHES_PER_KERNEL``)."""
+
+
+GEMM_MEMSET_OUTPUT_ELEMENTS = 2**23
+"""Output elements from which cuBLAS zeroes a workspace before a bf16 GEMM on the H100
+(``cudaMemsetAsync``: one more host launch, a ``Memset (Device)`` activity in the profile)
+when the output has more elements than this. Counted in five torch.profiler traces of two loops
+(torch 2.11, CUDA 13.0, cuBLAS's ``nvjet`` kernels; refdata/h100/traces and
+results/h100_heldout), 30 GEMM shapes of 8-element-aligned dimensions: every one with an output
+of 12.6 M elements or more had its memset (12.6 M to 263 M), none with 2^23 = 8.4 M or fewer did
+(1.0 M to 8.4 M), whatever the reduction dimension (768 to 128,256). The rule gives the traces'
+own counts: 104 memsets in the h1024 step's GEMMs, 222 in the traced 12-layer Llama step's.
+Shapes with a dimension not a multiple of 8 run other kernels (CUTLASS) and are not counted.
+PyTorch stacks only (the Megatron stack's launches are not measured)."""
+
+
+def gemm_memsets(kernel: Kernel, loop: str) -> int:
+    """1 where cuBLAS launches a memset before the GEMM ``kernel`` (``GEMM_MEMSET_OUTPUT_ELEMENTS``)
+    on the ``loop`` (``launch_loop``), else 0."""
+    if kernel.kind != "gemm" or kernel.dtype != "bf16" or len(kernel.dims) < 3:
+        return 0
+    if loop.split("/")[0] == "megatron":
+        return 0
+    m, n, k = kernel.dims[:3]
+    aligned = all(float(size) % 8 == 0 for size in (m, n, k))
+    return int(aligned and m * n > GEMM_MEMSET_OUTPUT_ELEMENTS)
+
+
+def known_launches(kernel: Kernel, loop: str) -> float:
+    """Launches ``kernel`` makes beyond the loop's per-kernel count: those its loop's code
+    gives it (``Kernel.extra_launches``) and cuBLAS's memset (``gemm_memsets``)."""
+    return kernel.extra_launches + gemm_memsets(kernel, loop)
 
 
 def optimizer_launches(params: float) -> int:
@@ -363,12 +395,12 @@ class ComputeModel:
 
     def launch_s(self, kernels: Iterable[Kernel], loop: str) -> float:
         """Host time to launch ``kernels`` as the ``loop`` (``launch_loop``) runs them: the
-        loop's launches per modelled kernel, plus the launches the code gives some of them
-        (``Kernel.extra_launches``)."""
+        loop's launches per modelled kernel, plus the launches the code or the library gives
+        some of them (``known_launches``)."""
         count = extra = 0.0
         for kernel in kernels:
             count += 1
-            extra += kernel.extra_launches
+            extra += known_launches(kernel, loop)
         return (count * self.launches_per_kernel(loop) + extra) * self.host_s_per_launch
 
     @property

@@ -35,7 +35,13 @@ from schedules.kernels import (
 )
 from schedules.plan import Plan, load_plan
 from schedules.resolve import resolve_plan
-from sim.compute.compute_model import ComputeModel, default_efficiency, optimizer_launches
+from sim.compute.compute_model import (
+    ComputeModel,
+    default_efficiency,
+    launch_loop,
+    optimizer_launches,
+)
+from sim.compute.compute_model import known_launches as kernel_launches
 from topologies.hardware import GPUSpec
 from vocab.compute_calibration import STEP_SCHEMA, TIME_SCALE_RANGE, ComputeCalibration
 
@@ -92,9 +98,10 @@ def modelled_launch_count(plan: Any, microbatches: int) -> int:
 
 
 def known_launches(plan: Any, microbatches: int) -> float:
-    """Launches the loop's code gives beyond the per-kernel count (``Kernel.extra_launches``)
-    in a step of ``microbatches``."""
-    return sum(kernel.extra_launches for kernel in _kernels(plan)) * microbatches
+    """Launches the loop's code and cuBLAS give beyond the per-kernel count
+    (``sim.compute.compute_model.known_launches``) in a step of ``microbatches``."""
+    loop = launch_loop(plan)
+    return sum(kernel_launches(kernel, loop) for kernel in _kernels(plan)) * microbatches
 
 
 def _check_measurement(measurement: Mapping[str, Any], gpu: GPUSpec) -> None:

@@ -26,8 +26,11 @@ def test_a_trace_fit_writes_a_calibration_that_plan_names(
     assert "396 of 396 with recorded shapes match the plan's GEMM shapes (100%)" in text
     assert "step time fitted to 58.000 ms: --step-time" in text
     assert "kernel time by class" in text and "GPU time by phase" in text
-    # 1,776 kernels less fused Adam's 10 launches, over 4 micro-batches of 183 modelled kernels
-    assert load_compute_calibration(out).launches_per_kernel == pytest.approx((1776 - 10) / 732)
+    # 1,776 kernels less fused Adam's 10 launches and cuBLAS's 104 memsets, over 4 micro-batches
+    # of 183 modelled kernels
+    assert load_compute_calibration(out).launches_per_kernel == pytest.approx(
+        (1776 - 10 - 104) / 732
+    )
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert main(["plan", str(PLAN), "--compute-calibration", str(out), "--json"]) == 0
     basis = json.loads(capsys.readouterr().out)["basis"]["compute"]

@@ -5,12 +5,19 @@ from __future__ import annotations
 import pytest
 
 from schedules.arithmetic import stage_params_per_gpu
+from schedules.kernels import gemm
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
-from sim.compute.compute_model import ComputeModel, default_efficiency, optimizer_launches
+from sim.compute.compute_model import (
+    ComputeModel,
+    default_efficiency,
+    gemm_memsets,
+    optimizer_launches,
+)
 from sim.replay.simulate import simulate_plan
 from sim.replay.step_fit import (
     PASS_CLASSES,
+    _kernels,
     calibration_from_step,
     known_launches,
     modelled_classes_s,
@@ -89,13 +96,14 @@ def test_a_launch_bound_step_fits_the_host_time_per_launch() -> None:
     gpu_only = _measurement(1, 1, 1, 0.0)
     busy = gpu_only["timings_s"]["step"]
     assert busy > 0
-    # 5 launches per modelled kernel, plus the eager rotary's own (18 + 24 per layer and
-    # micro-batch) and fused Adam's launches (one per 320 x 65536 params)
+    # 5 launches per modelled kernel, plus the known ones (the eager rotary's 18 + 24, the
+    # grouped-query repeat's 2 + 2 and cuBLAS's 4 memsets per layer and micro-batch, the head's
+    # 2 memsets) and fused Adam's launches (one per 320 x 65536 params)
     fused = optimizer_launches(stage_params_per_gpu(plan, 0))
     assert fused == -(-stage_params_per_gpu(plan, 0) // (320 * 65536))
-    rotary = known_launches(plan, 2)
-    assert rotary == 42 * plan.model.num_layers * 2
-    launches = 5 * kernels + rotary
+    known = known_launches(plan, 2)
+    assert known == ((42 + 4 + 4) * plan.model.num_layers + 2) * 2
+    launches = 5 * kernels + known
     measurement = _measurement(1, 1, 1, busy * 2.0, num_kernels=int(launches) + fused)  # idle 2/3
     calibration = calibration_from_step(measurement, H100)
     assert calibration.launches_per_kernel == pytest.approx(5.0)
@@ -135,13 +143,58 @@ def test_malformed_or_foreign_measurements_are_refused(change: dict, message: st
         calibration_from_step(measurement, H100)
 
 
-def test_only_the_reference_models_eager_rotary_carries_its_own_launches() -> None:
+def test_the_launches_known_per_kernel_follow_the_loop_and_the_shapes() -> None:
+    # per layer: the eager rotary 18 + 24, the 16/4-head repeat 2 + 2, and cuBLAS's memsets
+    # before the GEMMs whose output exceeds 2^23 elements (2,048 tokens: fc1 2048 x 11264 in the
+    # forward; fc2's input gradient 2048 x 5632; fc1's and fc2's weight gradients), 4; the head
+    # (vocabulary 32,000): the forward and the weight gradient, 2
     rope = resolve_plan(load_plan(PLAN), 1)
-    assert known_launches(rope, 1) == 42 * 2  # 18 forward + 24 backward, 2 layers
+    assert known_launches(rope, 1) == (42 + 4 + 4) * 2 + 2
+    # full recompute reruns the forward: its rotary, repeat and fc1 memset again
     full = resolve_plan(load_plan({**PLAN, "parallel": {"recompute": "full"}}), 1)
-    assert known_launches(full, 1) == (18 + 42) * 2  # the recomputed forward's rotary again
+    assert known_launches(full, 1) == (42 + 4 + 4 + 18 + 2 + 1) * 2 + 2
+    # selective reruns the attention core: its repeat
+    selective = resolve_plan(load_plan({**PLAN, "parallel": {"recompute": "selective"}}), 1)
+    assert known_launches(selective, 1) == (42 + 4 + 4 + 2) * 2 + 2
     learned = {**PLAN, "model": {**PLAN["model"], "position_embedding": "learned"}}
+    assert known_launches(resolve_plan(load_plan(learned), 1), 1) == (4 + 4) * 2 + 2
+    # 16 K/V heads: no repeat, but the QKV projection's output (2048 x 6144) and its weight
+    # gradient now pass 2^23 elements: 2 more memsets
+    mha = {**PLAN, "model": {**PLAN["model"], "num_kv_heads": 16}}
+    assert known_launches(resolve_plan(load_plan(mha), 1), 1) == (42 + 4 + 2) * 2 + 2
+    # compiled: Inductor's kernels, cuBLAS's memsets stay; bf16 weights: no autocast rotary
     compiled = {**PLAN, "training": {**PLAN["training"], "stack": "compile"}}
+    assert known_launches(resolve_plan(load_plan(compiled), 1), 1) == 4 * 2 + 2
     bf16 = {**PLAN, "training": {**PLAN["training"], "mixed_precision": "bf16_weights"}}
-    for raw in (learned, compiled, bf16):
-        assert known_launches(resolve_plan(load_plan(raw), 1), 1) == 0
+    assert known_launches(resolve_plan(load_plan(bf16), 1), 1) == (4 + 4) * 2 + 2
+    megatron = {
+        **PLAN,
+        "training": {k: v for k, v in PLAN["training"].items() if k != "mixed_precision"}
+        | {"stack": "megatron"},
+    }
+    assert known_launches(resolve_plan(load_plan(megatron), 1), 1) == 0
+
+
+def test_autocast_casts_each_biased_linears_bias_both_ways() -> None:
+    biased = {**PLAN, "model": {**PLAN["model"], "linear_bias": True}}
+    kernels = {k.name: k for k in _kernels(resolve_plan(load_plan(biased), 1))}
+    assert kernels["weight_cast"].extra_launches == kernels["grad_cast"].extra_launches == 4
+    plain = {k.name: k for k in _kernels(resolve_plan(load_plan(PLAN), 1))}
+    assert plain["weight_cast"].extra_launches == plain["grad_cast"].extra_launches == 0
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "dtype", "loop", "memsets"),
+    [
+        (4096, 2048, 1024, "bf16", "eager", 0),  # 2^23 outputs exactly: none
+        (4096, 2056, 1024, "bf16", "eager", 1),  # just above
+        (8192, 8192, 128256, "bf16", "compile/bf16_weights", 1),
+        (8192, 8191, 1024, "bf16", "eager", 0),  # unaligned: CUTLASS, not counted
+        (8192, 8192, 1024, "fp8", "eager", 0),  # not measured
+        (8192, 8192, 1024, "bf16", "megatron", 0),
+    ],
+)
+def test_cublas_memsets_before_large_aligned_bf16_gemms(
+    m: int, n: int, k: int, dtype: str, loop: str, memsets: int
+) -> None:
+    assert gemm_memsets(gemm("g", m, n, k, dtype), loop) == memsets
