@@ -154,10 +154,18 @@ Shapes with a dimension not a multiple of 8 run other kernels (CUTLASS) and are 
 PyTorch stacks only (the Megatron stack's launches are not measured)."""
 
 
+UNCOUNTED_GEMMS = ("scores", "context")
+"""GEMMs the memset rule leaves out, besides MoE's grouped expert GEMMs (``experts_*``): the
+unfused attention's batched score and context products, whose ``dims`` are one head's matrix.
+The rule was counted on linear layers' GEMMs only."""
+
+
 def gemm_memsets(kernel: Kernel, loop: str) -> int:
     """1 where cuBLAS launches a memset before the GEMM ``kernel`` (``GEMM_MEMSET_OUTPUT_ELEMENTS``)
     on the ``loop`` (``launch_loop``), else 0."""
     if kernel.kind != "gemm" or kernel.dtype != "bf16" or len(kernel.dims) < 3:
+        return 0
+    if kernel.name in UNCOUNTED_GEMMS or kernel.name.startswith("experts_"):
         return 0
     if loop.split("/")[0] == "megatron":
         return 0
