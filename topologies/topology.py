@@ -79,6 +79,8 @@ class Topology:
         self._routing: _FabricRouting | None = None
         self._injection: dict[tuple[int, str, bool], float] = {}
         self._sharers: dict[str, int] | None = None
+        self._bisection: dict[bool, float] = {}
+        self._nvls: bool | None = None
 
     def __repr__(self) -> str:
         return f"Topology({self.name!r}, num_nodes={self.num_nodes}, num_gpus={self.num_gpus})"
@@ -217,6 +219,12 @@ class Topology:
         One server: max-flow between its first and second half of GPUs. Several servers: the
         narrowest of half the servers' NIC capacity and the fabric's tier cuts.
         """
+        cached = self._bisection.get(effective)
+        if cached is None:
+            cached = self._bisection[effective] = self._bisection_bytes_per_s(effective)
+        return cached
+
+    def _bisection_bytes_per_s(self, effective: bool) -> float:
         if self.num_gpus < 2:
             return 0.0
         attr = "effective_bandwidth_bytes_per_s" if effective else "bandwidth_bytes_per_s"
@@ -242,11 +250,13 @@ class Topology:
 
     def nvls_capable(self) -> bool:
         """Whether the servers' NVSwitches can reduce in-switch (NVLink SHARP)."""
-        return any(
-            d.get("spec") is not None and d["spec"].supports_nvls
-            for _, d in self.graph.nodes(data=True)
-            if d["kind"] == "nvswitch"
-        )
+        if self._nvls is None:
+            self._nvls = any(
+                d.get("spec") is not None and d["spec"].supports_nvls
+                for _, d in self.graph.nodes(data=True)
+                if d["kind"] == "nvswitch"
+            )
+        return self._nvls
 
 
 def _edges(hops: Sequence[str]) -> Path:

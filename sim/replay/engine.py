@@ -26,13 +26,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import simpy
+from simpy.events import URGENT
 
 from schedules.actions import Action, Collective, Compute, Program, Transfer
 from schedules.offload import HOST_OPS
-from sim.replay.result import Span
+from sim.replay.result import LazySpans, Span
 
 
 class CommRunner(Protocol):
@@ -56,11 +58,15 @@ class ClosedFormRunner:
     def run(self, op: str, ranks: Sequence[int], size_bytes: float, repeat: int = 1) -> simpy.Event:
         """A timeout of the collective's closed-form duration (``repeat`` calls back to back:
         one timeout of their sum, as nothing else shares the network under this model)."""
+        return self.env.timeout(self.seconds(op, ranks, size_bytes) * repeat)
+
+    def seconds(self, op: str, ranks: Sequence[int], size_bytes: float) -> float:
+        """The collective's closed-form duration (memoised)."""
         key = (op, tuple(ranks), size_bytes)
         seconds = self._memo.get(key)
         if seconds is None:
             seconds = self._memo[key] = self.estimate_s(op, key[1], size_bytes)
-        return self.env.timeout(seconds * repeat)
+        return seconds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,8 +97,9 @@ class RankTimes:
 class Timeline:
     """Result of a replay: every span and per-rank accounting."""
 
-    spans: tuple[Span, ...]
-    """Compute, collective, transfer and wait spans, sorted by (rank, start, stream, name)."""
+    spans: Sequence[Span]
+    """Compute, collective, transfer and wait spans, sorted by (rank, start, stream, name)
+    (a replay's are built on first use: ``LazySpans``)."""
     ranks: dict[int, RankTimes]
     """Accounting per simulated rank."""
 
@@ -186,7 +193,13 @@ class Engine:
         """Simulate every program; raises RuntimeError if some action can never run."""
         for rank, state in self._states.items():
             for key, indices in state.streams.items():
-                self.env.process(self._stream(rank, key, indices))
+                if isinstance(key, tuple) and key[0] == "p2p":  # a transfer: callbacks, no process
+                    start = self.env.event()
+                    start.callbacks.append(partial(self._post, rank, indices[0], 0))
+                    start._ok, start._value = True, None  # as SimPy's process Initialize
+                    self.env.schedule(start, URGENT)
+                else:
+                    self.env.process(self._stream(rank, key, indices))
         self.env.run()
         stuck = [
             (rank, i)
@@ -234,6 +247,15 @@ class Engine:
                 if behind > 0:  # its last kernels were launched after the GPU got there
                     record.host_tail_s = behind
                     yield self.env.timeout(behind)
+            elif (alone := self._alone(rank, action)) is not None:
+                # the rank is the group's only simulated member: no rendezvous, one timer
+                seq += 1
+                record.start_s = self.env.now
+                if alone:
+                    self._comm_moved((rank,), +1)
+                yield self.env.timeout(self._closed_form_s(action))
+                if alone:
+                    self._comm_moved((rank,), -1)
             else:
                 meeting = self._arrive(action, key, seq)
                 seq += 1
@@ -245,6 +267,54 @@ class Engine:
             waiter = state.waiters.pop(index, None)
             if waiter is not None:
                 waiter.succeed()
+
+    def _post(self, rank: int, index: int, next_dep: int, _: Any = None) -> None:
+        """A transfer's own stream, as callbacks: once its dependencies are done (one at a
+        time, as ``_stream`` waits on them), it posts to its rendezvous and is recorded done
+        with it. The callbacks sit where ``_stream``'s resumption would, so events run in the
+        same order."""
+        state = self._states[rank]
+        action = self.programs[rank].actions[index]
+        deps = action.deps
+        for position in range(next_dep, len(deps)):
+            if not state.finished[deps[position]]:
+                waiter = self._waiter(state, deps[position])
+                waiter.callbacks.append(partial(self._post, rank, index, position + 1))
+                return
+        record = state.records[index]
+        record.issue_s = self.env.now
+        meeting = self._arrive(action, ("p2p", index), 0)
+        assert meeting.done is not None
+
+        def done(_: simpy.Event) -> None:
+            record.start_s = meeting.start_s
+            record.end_s = self.env.now
+            state.finished[index] = True
+            waiter = state.waiters.pop(index, None)
+            if waiter is not None:
+                waiter.succeed()
+
+        if meeting.done.callbacks is None:  # already processed
+            done(meeting.done)
+        else:
+            meeting.done.callbacks.append(done)
+
+    def _alone(self, rank: int, action: Action) -> bool | None:
+        """For a collective whose only simulated member is ``rank``, timed in closed form:
+        whether it slows the rank's compute while it runs (``_comm_moved``); None otherwise."""
+        if not isinstance(action, Collective) or not isinstance(self.comm, ClosedFormRunner):
+            return None
+        members = self._members.get(action.ranks)
+        if members is None:
+            members = self._members[action.ranks] = [r for r in action.ranks if r in self.programs]
+        if members != [rank]:
+            return None
+        return self.overlap_slowdown > 0 and action.op not in HOST_OPS
+
+    def _closed_form_s(self, action: Action) -> float:
+        """Closed-form duration of a collective's ``repeat`` calls."""
+        assert isinstance(action, Collective) and isinstance(self.comm, ClosedFormRunner)
+        return self.comm.seconds(action.op, action.ranks, action.size_bytes) * action.repeat
 
     def _compute(self, rank: int, duration_s: float) -> Generator[Any, Any, None]:
         """Run ``duration_s`` of work at the rate the rank's communication leaves it. Started
@@ -351,14 +421,18 @@ class Engine:
             event.callbacks.append(then)
 
     def _timeline(self) -> Timeline:
-        spans: list[Span] = []
-        ranks: dict[int, RankTimes] = {}
-        for rank, state in self._states.items():
-            rank_spans, times = _account(self.programs[rank], state.records)
-            spans += rank_spans
-            ranks[rank] = times
-        spans.sort(key=lambda s: (s.rank, s.start_s, s.stream, s.end_s, s.name))
-        return Timeline(spans=tuple(spans), ranks=ranks)
+        runs = [(self.programs[rank], state.records) for rank, state in self._states.items()]
+        ranks = {program.rank: _account(program, records)[1] for program, records in runs}
+        return Timeline(spans=LazySpans(partial(_all_spans, runs)), ranks=ranks)
+
+
+def _all_spans(runs: Sequence[tuple[Program, list[_Record]]]) -> tuple[Span, ...]:
+    """Every simulated rank's spans, waits included, in the ``Timeline`` order."""
+    spans: list[Span] = []
+    for program, records in runs:
+        spans += _account(program, records, with_spans=True)[0]
+    spans.sort(key=lambda s: (s.rank, s.start_s, s.stream, s.end_s, s.name))
+    return tuple(spans)
 
 
 def _span(rank: int, action: Action, record: _Record) -> Span:
@@ -411,10 +485,12 @@ def _wait_owner(
     return "", record.end_s
 
 
-def _account(program: Program, records: list[_Record]) -> tuple[list[Span], RankTimes]:
-    """Spans of one rank and the split of its compute-stream time."""
+def _account(
+    program: Program, records: list[_Record], *, with_spans: bool = False
+) -> tuple[list[Span], RankTimes]:
+    """The split of one rank's compute-stream time, and with ``with_spans`` its spans."""
     rank, actions = program.rank, program.actions
-    spans = [_span(rank, a, r) for a, r in zip(actions, records, strict=True)]
+    spans = [_span(rank, a, r) for a, r in zip(actions, records, strict=True)] if with_spans else []
     exposed: dict[str, float] = defaultdict(float)
     busy = {"compute": 0.0, "optimizer": 0.0}
     idle = slowed = kernel = 0.0
@@ -430,7 +506,7 @@ def _account(program: Program, records: list[_Record]) -> tuple[list[Span], Rank
                 exposed["host"] += launching
                 waited += launching
             idle += gap - waited
-            if waited > 0:
+            if waited > 0 and with_spans:
                 spans.append(
                     Span(
                         rank=rank,

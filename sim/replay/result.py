@@ -11,8 +11,9 @@ is the answer of ``commsim plan``; ``to_json()`` gives the keys documented in th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 SPAN_KINDS = ("compute", "collective", "p2p", "optimizer", "wait")
 """Kinds of work a span can be."""
@@ -95,8 +96,8 @@ class PlanResult:
     """World size of the plan."""
     num_simulated_ranks: int = 0
     """Ranks actually simulated after folding symmetric ones."""
-    spans: tuple[Span, ...] = field(default=(), repr=False)
-    """The timeline (not part of the JSON)."""
+    spans: Sequence[Span] = field(default=(), repr=False)
+    """The timeline (not part of the JSON; a replay's is built on first use: ``LazySpans``)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further figures (e.g. micro-batch count, peak activation micro-batches)."""
     hfu: float = 0.0
@@ -137,3 +138,48 @@ class PlanResult:
             **({"extra": dict(self.extra)} if self.extra else {}),
             **({"offload": dict(self.offload)} if self.offload else {}),
         }
+
+
+class LazySpans(Sequence[Span]):
+    """A replay's spans, built on first use: the step's figures need none of them, only the
+    trace, the timeline plot and the reports that read them. Pickled as the tuple they are."""
+
+    __slots__ = ("_build", "_spans")
+
+    def __init__(self, build: Callable[[], tuple[Span, ...]]) -> None:
+        self._build: Callable[[], tuple[Span, ...]] | None = build
+        self._spans: tuple[Span, ...] | None = None
+
+    def _all(self) -> tuple[Span, ...]:
+        if self._spans is None:
+            assert self._build is not None
+            self._spans, self._build = self._build(), None
+        return self._spans
+
+    @overload
+    def __getitem__(self, index: int) -> Span: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Span, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Span | tuple[Span, ...]:
+        return self._all()[index]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self) -> Iterator[Span]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return self._all() == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (tuple, (self._all(),))
+
+    def __repr__(self) -> str:
+        return f"LazySpans({len(self)} spans)"
