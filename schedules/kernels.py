@@ -522,6 +522,14 @@ def attention_shape(plan: Plan) -> AttentionShape:
     )
 
 
+def _with_launches(kernels: tuple[Kernel, ...], launches: float) -> tuple[Kernel, ...]:
+    """``kernels`` with ``launches`` more on the first (the repeat before the ring's rounds)."""
+    if not kernels or not launches:
+        return kernels
+    first = kernels[0]
+    return (replace(first, extra_launches=first.extra_launches + launches), *kernels[1:])
+
+
 def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
     """(forward, backward) kernels of the attention core on one GPU.
 
@@ -531,13 +539,16 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
     score GEMMs are priced by their FLOPs alone: the softmax kernel carries the scores' bytes.
     Under torch's context parallel: the kernels of its ring (``schedules.context_parallel``).
     """
+    repeat = eager_gqa_repeat_launches(plan)
     if runs_torch_ring(plan, kernel_stack(plan)):
         ring = ring_attention(plan, kernel_stack(plan))
-        return ring_kernels(plan, ring.forward), ring_kernels(plan, ring.backward, backward=True)
+        return (
+            _with_launches(ring_kernels(plan, ring.forward), repeat["forward"]),
+            _with_launches(ring_kernels(plan, ring.backward, backward=True), repeat["backward"]),
+        )
     _, dtype = dtypes(plan)
     shape = attention_shape(plan)
     seq_q, seq_kv, d = shape.seq_q, shape.seq_kv, shape.head_dim
-    repeat = eager_gqa_repeat_launches(plan)
     if plan.training.flash_attention:
         forward, backward = (
             attention(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schedules.arithmetic import stage_params_per_gpu
-from schedules.kernels import gemm
+from schedules.kernels import gemm, layer_kernels
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
 from sim.compute.compute_model import (
@@ -173,6 +173,26 @@ def test_the_launches_known_per_kernel_follow_the_loop_and_the_shapes() -> None:
         | {"stack": "megatron"},
     }
     assert known_launches(resolve_plan(load_plan(megatron), 1), 1) == 0
+
+
+def test_the_grouped_query_repeat_launches_before_torchs_ring_too() -> None:
+    cp = {
+        **PLAN,
+        "cluster": {"node": {"base": "dgx-h100", "num_gpus": 2}, "num_nodes": 1},
+        "parallel": {"recompute": "none", "cp": 2},
+        "training": {**PLAN["training"], "global_batch_size": 1},
+    }
+    mha = {**cp, "model": {**PLAN["model"], "num_kv_heads": 16}}
+
+    def extra(raw: dict) -> tuple[float, float]:
+        kernels = layer_kernels(resolve_plan(load_plan(raw), 2))
+        return tuple(  # type: ignore[return-value]
+            sum(k.extra_launches for k in phase)
+            for phase in (kernels.forward, kernels.backward_input)
+        )
+
+    (forward, backward), (mha_forward, mha_backward) = extra(cp), extra(mha)
+    assert (forward - mha_forward, backward - mha_backward) == (2, 2)
 
 
 def test_autocast_casts_each_biased_linears_bias_both_ways() -> None:
