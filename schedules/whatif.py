@@ -10,6 +10,8 @@ how the step changes when the cluster is not perfect::
                                                   # fraction 0: down (its GPUs use a peer's NIC)
       second_job: [{nodes: [0, 1], share: 0.3}]   # another job's traffic takes 30% of these
                                                   # servers' NIC bandwidth, both directions
+      # or in bursts: 30% of every 200 ms (its all-reduce each step), the first from 50 ms
+      # second_job: [{nodes: [0, 1], share: 0.5, period_ms: 200, busy: 0.3, offset_ms: 50}]
       links: [{between: [leaf0, spine7], fraction: 0.5}]  # one switch-to-switch link at half
                                                   # its rate, both directions (0: down, traffic
                                                   # re-routed); --fidelity flow only
@@ -20,7 +22,8 @@ how the step changes when the cluster is not perfect::
       # moe_imbalance: {3: 2.0, 7: 1.5}
 
 On the command line: ``--whatif slow_gpu=5:0.2``, ``slow_node=3:0.1``, ``nic=17:0.5``,
-``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``),
+``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``; in bursts
+``second_job=0-1:0.5:200:0.3[:50]``: share, period in ms, busy fraction, offset in ms),
 ``link=leaf0-spine7:0.5``, ``link=leaf0-spine7:down``, ``moe_imbalance=1.5``
 or per layer ``moe_imbalance=3:2.0,7:1.5``.
 How each is simulated: ``sim.replay.whatif``. Values are checked here; ranks and nodes against
@@ -68,10 +71,42 @@ class Nic:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SecondJob:
-    """Another job whose traffic takes ``share`` of the NIC bandwidth of ``nodes``."""
+    """Another job whose traffic takes ``share`` of the NIC bandwidth of ``nodes``: the whole
+    step, or in bursts of ``busy`` of every ``period_s`` from ``offset_s`` (a data-parallel job's
+    gradient traffic once per step of its own)."""
 
     nodes: tuple[int, ...]
     share: float
+    period_s: float | None = None
+    """Its traffic repeats every ``period_s`` (None: steady)."""
+    busy: float = 1.0
+    """Fraction of each period it holds the NICs (its first burst starts at ``offset_s``)."""
+    offset_s: float = 0.0
+    """Start of its first burst, from the start of the step."""
+
+    @property
+    def bursty(self) -> bool:
+        """Whether its traffic comes and goes within the step."""
+        return self.period_s is not None and self.busy < 1.0
+
+    def on_at(self, time_s: float) -> bool:
+        """Whether it holds the NICs at ``time_s``."""
+        if not self.bursty:
+            return True
+        assert self.period_s is not None
+        into = (time_s - self.offset_s) % self.period_s
+        return into < self.busy * self.period_s
+
+    def next_change_s(self, time_s: float) -> float:
+        """The first time after ``time_s`` at which it starts or stops (inf: steady)."""
+        if not self.bursty:
+            return math.inf
+        assert self.period_s is not None
+        start = self.offset_s + math.floor((time_s - self.offset_s) / self.period_s) * self.period_s
+        for edge in (start, start + self.busy * self.period_s, start + self.period_s):
+            if edge > time_s:
+                return edge
+        return start + self.period_s + self.busy * self.period_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +166,7 @@ class WhatIf:
         ]
         lines += [
             f"a second job takes {j.share:.0%} of the NICs of server(s) {_ranges(j.nodes)}"
+            + _burst_text(j)
             for j in self.second_job
         ]
         lines += [
@@ -161,9 +197,7 @@ class WhatIf:
         if self.nics:
             out["nics"] = [{"rank": n.rank, "fraction": n.fraction} for n in self.nics]
         if self.second_job:
-            out["second_job"] = [
-                {"nodes": list(j.nodes), "share": j.share} for j in self.second_job
-            ]
+            out["second_job"] = [_job_dict(j) for j in self.second_job]
         if self.links:
             out["links"] = [
                 {"between": list(link.between), "fraction": link.fraction} for link in self.links
@@ -173,6 +207,25 @@ class WhatIf:
         elif self.moe_layer_imbalance:
             out["moe_imbalance"] = dict(self.moe_layer_imbalance)
         return out
+
+
+def _burst_text(job: SecondJob) -> str:
+    if not job.bursty:
+        return ""
+    assert job.period_s is not None
+    return f", {job.busy:.0%} of every {job.period_s * 1e3:g} ms" + (
+        f" from {job.offset_s * 1e3:g} ms" if job.offset_s else ""
+    )
+
+
+def _job_dict(job: SecondJob) -> dict[str, Any]:
+    out: dict[str, Any] = {"nodes": list(job.nodes), "share": job.share}
+    if job.period_s is not None:
+        out["period_ms"] = job.period_s * 1e3
+        out["busy"] = job.busy
+        if job.offset_s:
+            out["offset_ms"] = job.offset_s * 1e3
+    return out
 
 
 _ENTRY_KEYS = {
@@ -229,15 +282,20 @@ def _layer_imbalance(where: str, raw: Mapping[Any, Any]) -> tuple[tuple[int, flo
     return tuple(sorted(pairs))
 
 
+_OPTIONAL_KEYS = {"second_job": ("period_ms", "busy", "offset_ms")}
+"""Keys an entry may leave out."""
+
+
 def _entry(where: str, key: str, raw: Any) -> Any:
     fields = _ENTRY_KEYS[key]
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where} must be a mapping with keys {', '.join(fields)}")
-    unknown = [k for k in raw if k not in fields]
+    allowed = (*fields, *_OPTIONAL_KEYS.get(key, ()))
+    unknown = [k for k in raw if k not in allowed]
     missing = [k for k in fields if k not in raw]
     if unknown or missing:
         what = f"unknown key {shorten(unknown[0])}" if unknown else f"missing key {missing[0]}"
-        raise ValueError(f"{where}: {what}; keys: {', '.join(fields)}")
+        raise ValueError(f"{where}: {what}; keys: {', '.join(allowed)}")
     if key == "slow_gpus":
         return SlowGpu(rank=_index(where, "rank", raw["rank"]), slowdown=_slowdown(where, raw))
     if key == "slow_nodes":
@@ -270,7 +328,26 @@ def _entry(where: str, key: str, raw: Any) -> Any:
     if not 0.0 < share < 1.0:
         raise ValueError(f"{where}.share must be in (0, 1), got {share:g}")
     indices = tuple(sorted({_index(where, "nodes", n) for n in nodes}))
-    return SecondJob(nodes=indices, share=share)
+    return SecondJob(nodes=indices, share=share, **_bursts(where, raw))
+
+
+def _bursts(where: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A second job's ``period_ms``, ``busy`` and ``offset_ms`` as ``SecondJob`` fields."""
+    if "period_ms" not in raw:
+        given = [k for k in ("busy", "offset_ms") if k in raw]
+        if given:
+            raise ValueError(f"{where}.{given[0]} needs period_ms (the bursts' period)")
+        return {}
+    period = _number(where, "period_ms", raw["period_ms"])
+    if period <= 0:
+        raise ValueError(f"{where}.period_ms must be > 0, got {period:g}")
+    busy = _number(where, "busy", raw["busy"]) if "busy" in raw else 1.0
+    if not 0.0 < busy <= 1.0:
+        raise ValueError(f"{where}.busy must be in (0, 1] (1: the whole step), got {busy:g}")
+    offset = _number(where, "offset_ms", raw["offset_ms"]) if "offset_ms" in raw else 0.0
+    if not 0.0 <= offset < period:
+        raise ValueError(f"{where}.offset_ms must be in [0, period_ms), got {offset:g}")
+    return {"period_s": period / 1e3, "busy": busy, "offset_s": offset / 1e3}
 
 
 def _index(where: str, name: str, value: Any) -> int:
@@ -349,7 +426,7 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
         section = _FLAGS[key]
         try:
             if key == "second_job":
-                raw: dict[str, Any] = {"nodes": _nodes(target), "share": float(amount)}
+                raw: dict[str, Any] = {"nodes": _nodes(target), **_burst_flag(where, amount)}
             elif key == "link":
                 fraction = 0.0 if amount.strip() == "down" else float(amount)
                 first, dash, second = target.partition("-")
@@ -371,10 +448,26 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
                     f"{where}: expected link=SWITCH-SWITCH:FRACTION or link=SWITCH-SWITCH:down, "
                     f"got the fraction {amount!r}"
                 ) from None
+            if key == "second_job" and target:
+                raise ValueError(
+                    f"{where}: expected second_job=NODES:SHARE or "
+                    f"NODES:SHARE:PERIOD_MS:BUSY[:OFFSET_MS] (e.g. 0-3:0.5:200:0.3), got "
+                    f"{amount!r} after the servers"
+                ) from None
             raise ValueError(f"{where}: {target!r} and {amount!r} must be numbers") from None
         entries: tuple[Any, ...] = (*getattr(whatif, section), _entry(where, section, raw))
         whatif = replace(whatif, **{section: entries})  # type: ignore[arg-type]
     return whatif
+
+
+def _burst_flag(where: str, amount: str) -> dict[str, Any]:
+    """``SHARE[:PERIOD_MS:BUSY[:OFFSET_MS]]`` as the entry's keys."""
+    parts = amount.split(":")
+    if len(parts) not in (1, 3, 4):
+        raise ValueError(f"{where}: {len(parts)} numbers")
+    values = [float(p) for p in parts]
+    keys = ("share", "period_ms", "busy", "offset_ms")
+    return dict(zip(keys, values, strict=False))
 
 
 def _ranges(values: tuple[int, ...]) -> str:

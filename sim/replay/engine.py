@@ -58,7 +58,13 @@ class ClosedFormRunner:
     def run(self, op: str, ranks: Sequence[int], size_bytes: float, repeat: int = 1) -> simpy.Event:
         """A timeout of the collective's closed-form duration (``repeat`` calls back to back:
         one timeout of their sum, as nothing else shares the network under this model)."""
-        return self.env.timeout(self.seconds(op, ranks, size_bytes) * repeat)
+        return self.env.timeout(self.duration_s(op, ranks, size_bytes, repeat))
+
+    def duration_s(
+        self, op: str, ranks: Sequence[int], size_bytes: float, repeat: int = 1
+    ) -> float:
+        """How long ``repeat`` calls started now take, back to back."""
+        return self.seconds(op, ranks, size_bytes) * repeat
 
     def seconds(self, op: str, ranks: Sequence[int], size_bytes: float) -> float:
         """The collective's closed-form duration (memoised)."""
@@ -314,7 +320,7 @@ class Engine:
     def _closed_form_s(self, action: Action) -> float:
         """Closed-form duration of a collective's ``repeat`` calls."""
         assert isinstance(action, Collective) and isinstance(self.comm, ClosedFormRunner)
-        return self.comm.seconds(action.op, action.ranks, action.size_bytes) * action.repeat
+        return self.comm.duration_s(action.op, action.ranks, action.size_bytes, action.repeat)
 
     def _compute(self, rank: int, duration_s: float) -> Generator[Any, Any, None]:
         """Run ``duration_s`` of work at the rate the rank's communication leaves it. Started

@@ -41,6 +41,8 @@ from sim.replay.offload import offload_replay, offload_summary
 from sim.replay.result import Breakdown, PlanResult
 from sim.replay.step_replay import replay_plan
 from sim.replay.whatif import (
+    bursty_jobs,
+    bursty_runner,
     check_whatif,
     culprits,
     degraded_topology,
@@ -133,6 +135,18 @@ def simulate_plan(
     comm = CommModel(env, topology, fidelity=fidelity, calibration=comm_calibration)
     compute = ComputeModel(gpu, compute_calibration, distributed=topology.num_gpus > 1)
     runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
+    if bursty_jobs(whatif):
+        if comm.network is not None:
+            raise ValueError(
+                "whatif second_job with period_ms: bursts of another job's traffic are priced "
+                "by the analytical model; under --fidelity flow give it a steady share (no "
+                "period_ms)"
+            )
+
+        def estimate_on(degraded: Topology) -> Callable[..., float]:
+            return CommModel(env, degraded, calibration=comm_calibration).estimate_s
+
+        runner = bursty_runner(env, whatif, plain, estimate_on)
     host = offload_replay(plan, topology, calibration=compute_calibration)
     ranks = whatif_ranks(step.layout, signed, fold=fold, by_classes=follows_axes(step))
     timeline = replay_plan(

@@ -23,14 +23,17 @@ rank per class of ranks the what-if cannot tell apart (``sim.replay.folding``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import networkx as nx
+import simpy
 
 from schedules.actions import Compute, Program
 from schedules.layout import Layout
-from schedules.whatif import WhatIf
+from schedules.whatif import SecondJob, WhatIf
+from sim.replay.engine import ClosedFormRunner
 from sim.replay.folding import class_ranks, simulated_ranks
 from topologies.topology import FABRIC_KINDS, Topology
 
@@ -243,3 +246,96 @@ def culprits(whatif: WhatIf, topology: Topology) -> list[int]:
     found += [n.node * topology.gpus_per_node for n in whatif.slow_nodes]
     found += [n.rank for n in whatif.nics]
     return list(dict.fromkeys(found))
+
+
+class BurstyRunner(ClosedFormRunner):
+    """Closed-form collectives while second jobs' traffic comes and goes (``SecondJob.bursty``):
+    a collective advances at the pace of the network of each moment, ``1 / T(state)`` of its
+    work per second where ``T(state)`` is its closed-form time with the jobs that hold the NICs
+    then, from one burst edge to the next, until its work is done. A job whose bursts are much
+    shorter than the collective gives the harmonic mean of the two paces, weighted by its busy
+    fraction; one burst longer than the step is the steady share while it lasts. The latency
+    part of the closed form is paced the same way (a simplification: it does not depend on the
+    NICs' rate)."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        jobs: Sequence[SecondJob],
+        estimate_for: Callable[[frozenset[int]], Callable[..., float]],
+    ) -> None:
+        super().__init__(env, estimate_for(frozenset()))
+        self.jobs = tuple(jobs)
+        self._estimate_for = estimate_for
+        self._estimates: dict[frozenset[int], Callable[..., float]] = {}
+        self._times: dict[tuple[frozenset[int], str, tuple[int, ...], float], float] = {}
+
+    def _seconds_in(
+        self, state: frozenset[int], op: str, ranks: tuple[int, ...], size_bytes: float
+    ) -> float:
+        key = (state, op, ranks, size_bytes)
+        found = self._times.get(key)
+        if found is None:
+            estimate = self._estimates.get(state)
+            if estimate is None:
+                estimate = self._estimates[state] = self._estimate_for(state)
+            found = self._times[key] = estimate(op, ranks, size_bytes)
+        return found
+
+    def duration_s(
+        self, op: str, ranks: Sequence[int], size_bytes: float, repeat: int = 1
+    ) -> float:
+        """How long ``repeat`` calls started now take, through the bursts they meet."""
+        group = tuple(ranks)
+        now = self.env.now
+        jobs = self.jobs
+        work, elapsed = float(repeat), 0.0
+        while True:
+            state = frozenset(i for i, job in enumerate(jobs) if job.on_at(now))
+            pace = self._seconds_in(state, op, group, size_bytes)
+            if pace <= 0:
+                return elapsed
+            edge = min(job.next_change_s(now) for job in jobs)
+            if edge == math.inf or (edge - now) / pace >= work:
+                return elapsed + work * pace
+            if len(jobs) == 1:  # whole periods at once: on and off paces alternate
+                job = jobs[0]
+                assert job.period_s is not None
+                on = self._seconds_in(frozenset({0}), op, group, size_bytes)
+                off = self._seconds_in(frozenset(), op, group, size_bytes)
+                if on == off:
+                    return elapsed + work * pace
+                per_period = job.busy * job.period_s / on + (1 - job.busy) * job.period_s / off
+                periods = math.floor(work / per_period) - 1
+                if periods > 0:
+                    work -= periods * per_period
+                    elapsed += periods * job.period_s
+                    now += periods * job.period_s
+                    continue
+            work -= (edge - now) / pace
+            elapsed += edge - now
+            now = edge
+
+
+def bursty_jobs(whatif: WhatIf) -> tuple[SecondJob, ...]:
+    """The second jobs whose traffic comes and goes within the step."""
+    return tuple(job for job in whatif.second_job if job.bursty)
+
+
+def bursty_runner(
+    env: simpy.Environment,
+    whatif: WhatIf,
+    plain: Topology,
+    estimate_on: Callable[[Topology], Callable[..., float]],
+) -> BurstyRunner:
+    """A ``BurstyRunner`` over ``plain`` with the what-if's other changes applied throughout
+    and each bursty job's share while it holds the NICs (``estimate_on`` prices a topology)."""
+    jobs = bursty_jobs(whatif)
+    steady = tuple(job for job in whatif.second_job if not job.bursty)
+
+    def estimate_for(state: frozenset[int]) -> Callable[..., float]:
+        held = tuple(dataclasses.replace(jobs[i], period_s=None, busy=1.0) for i in sorted(state))
+        now = dataclasses.replace(whatif, second_job=steady + held)
+        return estimate_on(degraded_topology(plain, now))
+
+    return BurstyRunner(env, jobs, estimate_for)

@@ -352,6 +352,26 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
         ({"links": [{"between": ["a", "b"], "fraction": -1}]}, "fraction must be in [0, 1]"),
         ({"moe_imbalance": {"a": 2}}, "whatif.moe_imbalance.layer must be an integer >= 0"),
         ({"moe_imbalance": {3: 0.5}}, "whatif.moe_imbalance[3] must be a number >= 1"),
+        (
+            {"second_job": [{"nodes": [0], "share": 0.5, "busy": 0.3}]},
+            "whatif.second_job[0].busy needs period_ms",
+        ),
+        (
+            {"second_job": [{"nodes": [0], "share": 0.5, "period_ms": 0}]},
+            "whatif.second_job[0].period_ms must be > 0, got 0",
+        ),
+        (
+            {"second_job": [{"nodes": [0], "share": 0.5, "period_ms": 100, "busy": 1.5}]},
+            "whatif.second_job[0].busy must be in (0, 1]",
+        ),
+        (
+            {"second_job": [{"nodes": [0], "share": 0.5, "period_ms": 100, "offset_ms": 100}]},
+            "whatif.second_job[0].offset_ms must be in [0, period_ms), got 100",
+        ),
+        (
+            {"second_job": [{"nodes": [0], "share": 0.5, "period": 100}]},
+            "unknown key 'period'; keys: nodes, share, period_ms, busy, offset_ms",
+        ),
     ],
 )
 def test_a_bad_whatif_names_the_key_and_value(raw, message) -> None:
@@ -380,8 +400,83 @@ def test_a_whatif_outside_the_cluster_is_refused(flag: str, message: str, nodes:
         ("second_job=0-99999999999:0.3", "at most 65,536 servers"),
         ("moe_imbalance=abc", "must be a number >= 1 (1: balanced), got 'abc'"),
         ("slow_gpu=3", "expected slow_gpu=WHO:AMOUNT"),
+        ("second_job=0-3:0.5:200", "expected second_job=NODES:SHARE or NODES:SHARE:PERIOD_MS"),
     ],
 )
 def test_a_bad_whatif_flag_names_itself(flag: str, message: str) -> None:
     with pytest.raises(ValueError, match=__import__("re").escape(message)):
         parse_flags([flag])
+
+
+def test_a_bursty_second_job_reads_alike_from_the_plan_and_the_flags() -> None:
+    section = parse_whatif(
+        {"second_job": [{"nodes": [0, 1], "share": 0.5, "period_ms": 200, "busy": 0.3,
+                         "offset_ms": 50}]}
+    )  # fmt: skip
+    assert section == parse_flags(["second_job=0-1:0.5:200:0.3:50"])
+    assert parse_whatif(section.to_dict()) == section
+    job = section.second_job[0]
+    assert job.bursty and job.period_s == pytest.approx(0.2)
+    # on from 50 to 110 ms of every 200 ms
+    assert [job.on_at(t) for t in (0.0, 0.06, 0.109, 0.111, 0.26)] == [
+        False, True, True, False, True
+    ]  # fmt: skip
+    assert job.next_change_s(0.0) == pytest.approx(0.05)
+    assert job.next_change_s(0.06) == pytest.approx(0.11)
+    assert job.next_change_s(0.2) == pytest.approx(0.25)
+    assert "30% of every 200 ms from 50 ms" in section.describe()[0]
+
+
+class _Paces:
+    """Closed-form times by state: 1 s with the NICs free, 2 s while the job holds them."""
+
+    def __call__(self, state: frozenset) -> object:
+        return lambda op, ranks, size: 2.0 if state else 1.0
+
+
+@pytest.mark.parametrize(
+    ("start", "repeat", "expected"),
+    [
+        # from 0: on for 0.5 s at half pace (0.25 done), off 0.5 s (0.75), on: 0.25 more takes
+        # 0.5 s -> 1.5 s
+        (0.0, 1, 1.5),
+        # from 0.5: off 0.5 s (0.5 done), on 0.5 s (0.75), off: 0.25 more -> 1.25 s
+        (0.5, 1, 1.25),
+        # ten calls from 0: 0.75 of a call per period, 13 periods (9.75), 0.25 more at half
+        # pace -> 13.5 s
+        (0.0, 10, 13.5),
+    ],
+)
+def test_a_collective_advances_at_the_pace_of_each_burst(start, repeat, expected) -> None:
+    import simpy
+
+    from sim.replay.whatif import BurstyRunner
+
+    env = simpy.Environment()
+    env.run(until=start) if start else None
+    job = parse_flags(["second_job=0:0.5:1000:0.5"]).second_job[0]
+    runner = BurstyRunner(env, [job], _Paces())  # type: ignore[arg-type]
+    assert runner.duration_s("all_reduce", (0, 8), 1.0, repeat) == pytest.approx(expected)
+
+
+def test_a_second_jobs_bursts_slow_the_step_between_none_and_all_the_time() -> None:
+    """DP all-reduces across 128 servers: bursts of half of every NIC slow the step less than
+    the job holding them throughout; bursts much shorter than the collectives give each the
+    harmonic mean of its two paces, a third of the steady job's extra time where the rings are
+    NIC-bound (1 / (0.5 / 2 + 0.5 / 1) = 4/3 of the free time, against 2x); a burst covering
+    the step is the steady job, one starting after it none."""
+    plan = _plan(128, tp=8, pp=1, global_batch=128)
+    free = simulate_plan(plan).step_time_s
+    steady = simulate_plan(_with(plan, "second_job=0-127:0.5")).step_time_s
+    assert steady > free
+    every = simulate_plan(_with(plan, "second_job=0-127:0.5:100:1")).step_time_s
+    assert every == steady  # busy 1: steady
+    fine = simulate_plan(_with(plan, "second_job=0-127:0.5:0.01:0.5")).step_time_s
+    assert 0.25 < (fine - free) / (steady - free) < 0.4
+    covering = simulate_plan(_with(plan, "second_job=0-127:0.5:1000000:0.5")).step_time_s
+    assert covering == pytest.approx(steady, rel=1e-9)
+    later = simulate_plan(_with(plan, "second_job=0-127:0.5:1000000:0.5:500000")).step_time_s
+    assert later == pytest.approx(free, rel=1e-9)
+    with pytest.raises(ValueError, match="under --fidelity flow give it a steady share"):
+        simulate_plan(_with(_plan(2, tp=8, pp=1, global_batch=16), "second_job=0:0.5:10:0.5"),
+                      fidelity="flow")  # fmt: skip
