@@ -102,6 +102,21 @@ class FlowNetwork:
             self._admit(flow)
         return done
 
+    def set_capacities(self, capacities: Mapping[Edge, float]) -> None:
+        """Change links' capacities from now on (another job's traffic coming or going): the
+        transfers crossing them are re-rated, their bytes so far moved at the old rates."""
+        affected: list[int] = []
+        for edge, capacity in capacities.items():
+            if edge not in self._capacity:
+                raise ValueError(f"link {edge} is not in the network")
+            if not capacity > 0:
+                raise ValueError(f"link {edge} must have a capacity > 0 bytes/s, got {capacity}")
+            if self._capacity[edge] != capacity:
+                self._capacity[edge] = float(capacity)
+                affected.extend(self._on_link.get(edge, {}))
+        if affected:
+            self._mark_dirty(affected)
+
     def rate_of_active(self) -> list[float]:
         """Current rates (bytes/s) of the transfers moving bytes, in start order."""
         return [flow.rate for flow in self._active.values()]

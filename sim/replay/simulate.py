@@ -43,12 +43,14 @@ from sim.replay.step_replay import replay_plan
 from sim.replay.whatif import (
     bursty_jobs,
     bursty_runner,
+    calm_topology,
     check_whatif,
     culprits,
     degraded_topology,
     signatures,
     slowdowns,
     special_ranks,
+    toggle_bursts,
     whatif_ranks,
 )
 from topologies.config import load_cluster
@@ -132,16 +134,15 @@ def simulate_plan(
     special = special_ranks(signed, plain)
     gpu = topology.gpu_spec(0)
     env = simpy.Environment()
-    comm = CommModel(env, topology, fidelity=fidelity, calibration=comm_calibration)
+    bursts = bursty_jobs(whatif)
+    # with bursts the flow model starts from the links free of them and re-rates at each edge
+    network_topology = calm_topology(plain, whatif) if bursts and fidelity == "flow" else topology
+    comm = CommModel(env, network_topology, fidelity=fidelity, calibration=comm_calibration)
     compute = ComputeModel(gpu, compute_calibration, distributed=topology.num_gpus > 1)
     runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
-    if bursty_jobs(whatif):
-        if comm.network is not None:
-            raise ValueError(
-                "whatif second_job with period_ms: bursts of another job's traffic are priced "
-                "by the analytical model; under --fidelity flow give it a steady share (no "
-                "period_ms)"
-            )
+    if bursts and comm.network is not None:
+        toggle_bursts(env, comm.network, whatif, plain)
+    elif bursts:
 
         def estimate_on(degraded: Topology) -> Callable[..., float]:
             return CommModel(env, degraded, calibration=comm_calibration).estimate_s

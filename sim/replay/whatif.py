@@ -25,7 +25,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
+from typing import Any
 
 import networkx as nx
 import simpy
@@ -33,6 +34,7 @@ import simpy
 from schedules.actions import Compute, Program
 from schedules.layout import Layout
 from schedules.whatif import SecondJob, WhatIf
+from sim.network.flow import Edge, FlowNetwork
 from sim.replay.engine import ClosedFormRunner
 from sim.replay.folding import class_ranks, simulated_ranks
 from topologies.topology import FABRIC_KINDS, Topology
@@ -322,6 +324,64 @@ def bursty_jobs(whatif: WhatIf) -> tuple[SecondJob, ...]:
     return tuple(job for job in whatif.second_job if job.bursty)
 
 
+def _holding(whatif: WhatIf, state: frozenset[int]) -> WhatIf:
+    """The what-if with its bursty jobs in ``state`` holding the NICs steadily, the others
+    gone (steady jobs and every other change kept)."""
+    jobs = bursty_jobs(whatif)
+    steady = tuple(job for job in whatif.second_job if not job.bursty)
+    held = tuple(dataclasses.replace(jobs[i], period_s=None, busy=1.0) for i in sorted(state))
+    return dataclasses.replace(whatif, second_job=steady + held)
+
+
+def calm_topology(plain: Topology, whatif: WhatIf) -> Topology:
+    """``plain`` with the what-if applied while no bursty job holds the NICs."""
+    return degraded_topology(plain, _holding(whatif, frozenset()))
+
+
+MIN_FLOW_BURST_PERIOD_S = 1e-3
+"""Shortest burst period the flow model re-rates through (two re-ratings per period)."""
+
+
+def toggle_bursts(
+    env: simpy.Environment, network: FlowNetwork, whatif: WhatIf, plain: Topology
+) -> None:
+    """Under the flow model: at every edge of the bursty jobs' bursts, set the NIC links to
+    the capacities of the jobs that hold them from then on (the links that differ between
+    states only); stops once nothing else is left to happen."""
+    jobs = bursty_jobs(whatif)
+    for job in jobs:
+        assert job.period_s is not None
+        if job.period_s < MIN_FLOW_BURST_PERIOD_S:
+            raise ValueError(
+                f"whatif second_job period_ms {job.period_s * 1e3:g}: the flow model re-rates "
+                f"the links at every burst edge, so bursts need period_ms >= "
+                f"{MIN_FLOW_BURST_PERIOD_S * 1e3:g} there; finer ones: the analytical model"
+            )
+    attr = "effective_bandwidth_bytes_per_s"
+    calm = degraded_topology(plain, _holding(whatif, frozenset())).graph
+    busy = degraded_topology(plain, _holding(whatif, frozenset(range(len(jobs))))).graph
+    varying = [(u, v) for u, v, d in calm.edges(data=True) if busy.edges[u, v][attr] != d[attr]]
+    capacities: dict[frozenset[int], dict[Edge, float]] = {}
+
+    def capacities_in(state: frozenset[int]) -> dict[Edge, float]:
+        found = capacities.get(state)
+        if found is None:
+            graph = degraded_topology(plain, _holding(whatif, state)).graph
+            found = capacities[state] = {e: float(graph.edges[e][attr]) for e in varying}
+        return found
+
+    def run() -> Generator[simpy.Event, Any, None]:
+        while True:
+            state = frozenset(i for i, job in enumerate(jobs) if job.on_at(env.now))
+            network.set_capacities(capacities_in(state))
+            edge = min(job.next_change_s(env.now) for job in jobs)
+            yield env.timeout(edge - env.now)
+            if env.peek() == math.inf:  # nothing but this left: the step is over
+                return
+
+    env.process(run())
+
+
 def bursty_runner(
     env: simpy.Environment,
     whatif: WhatIf,
@@ -330,12 +390,8 @@ def bursty_runner(
 ) -> BurstyRunner:
     """A ``BurstyRunner`` over ``plain`` with the what-if's other changes applied throughout
     and each bursty job's share while it holds the NICs (``estimate_on`` prices a topology)."""
-    jobs = bursty_jobs(whatif)
-    steady = tuple(job for job in whatif.second_job if not job.bursty)
 
     def estimate_for(state: frozenset[int]) -> Callable[..., float]:
-        held = tuple(dataclasses.replace(jobs[i], period_s=None, busy=1.0) for i in sorted(state))
-        now = dataclasses.replace(whatif, second_job=steady + held)
-        return estimate_on(degraded_topology(plain, now))
+        return estimate_on(degraded_topology(plain, _holding(whatif, state)))
 
-    return BurstyRunner(env, jobs, estimate_for)
+    return BurstyRunner(env, bursty_jobs(whatif), estimate_for)

@@ -51,6 +51,29 @@ def test_rates_are_recomputed_when_a_flow_starts_and_ends():
     assert times == pytest.approx([1.5, 2.0], rel=1e-12)
 
 
+def test_a_capacity_change_re_rates_the_flows_on_the_link_from_then_on():
+    # 1 GB at 1 GB/s; at 0.5 s the link drops to 0.25 GB/s: 0.5 GB left takes 2 s more; the
+    # flow on L2 alone is untouched
+    env = simpy.Environment()
+    net = FlowNetwork(env, {L1: 1e9, L2: 1e9})
+    first, second = net.transfer([(L1,)], 1e9), net.transfer([(L2,)], 1e9)
+    ends: dict[str, float] = {}
+    first.callbacks.append(lambda _: ends.setdefault("L1", env.now))
+    second.callbacks.append(lambda _: ends.setdefault("L2", env.now))
+
+    def drop():
+        yield env.timeout(0.5)
+        net.set_capacities({L1: 0.25e9, L2: 1e9})
+
+    env.process(drop())
+    env.run()
+    assert ends == pytest.approx({"L1": 2.5, "L2": 1.0}, rel=1e-12)
+    with pytest.raises(ValueError, match="must have a capacity > 0"):
+        net.set_capacities({L1: 0.0})
+    with pytest.raises(ValueError, match="is not in the network"):
+        net.set_capacities({("x", "y"): 1.0})
+
+
 def test_latency_comes_before_the_bytes():
     assert _run({L1: 2e9}, [([(L1,)], 1e9, 0.25, 0.0)]) == [0.75]
 

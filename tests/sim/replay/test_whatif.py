@@ -477,6 +477,23 @@ def test_a_second_jobs_bursts_slow_the_step_between_none_and_all_the_time() -> N
     assert covering == pytest.approx(steady, rel=1e-9)
     later = simulate_plan(_with(plan, "second_job=0-127:0.5:1000000:0.5:500000")).step_time_s
     assert later == pytest.approx(free, rel=1e-9)
-    with pytest.raises(ValueError, match="under --fidelity flow give it a steady share"):
-        simulate_plan(_with(_plan(2, tp=8, pp=1, global_batch=16), "second_job=0:0.5:10:0.5"),
-                      fidelity="flow")  # fmt: skip
+
+
+def test_the_flow_model_re_rates_the_nic_links_at_each_burst_edge() -> None:
+    """Under the flow model the bursts set the NIC links' capacities as they come and go: a
+    job holding them throughout (busy 1, or one burst covering the step) is the steady job, one
+    whose burst starts after the step is none, and bursts in between fall between the two."""
+    plan = _plan(4, tp=8, pp=1, global_batch=32)
+    free = simulate_plan(plan, fidelity="flow").step_time_s
+    steady = simulate_plan(_with(plan, "second_job=0-3:0.5"), fidelity="flow").step_time_s
+    assert steady > free
+
+    def step(flag: str) -> float:
+        return simulate_plan(_with(plan, flag), fidelity="flow").step_time_s
+
+    assert step("second_job=0-3:0.5:100:1") == steady
+    assert step("second_job=0-3:0.5:1000000:0.5") == pytest.approx(steady, rel=1e-9)
+    assert step("second_job=0-3:0.5:1000000:0.5:500000") == pytest.approx(free, rel=1e-9)
+    assert free < step("second_job=0-3:0.5:10:0.5") < steady
+    with pytest.raises(ValueError, match="bursts need period_ms >= 1 there"):
+        step("second_job=0-3:0.5:0.1:0.5")
