@@ -331,6 +331,11 @@ def _entry(where: str, key: str, raw: Any) -> Any:
     return SecondJob(nodes=indices, share=share, **_bursts(where, raw))
 
 
+MIN_BURST_PERIOD_MS = 0.001
+"""Shortest burst period accepted (1 us: far below any collective, far above the clock's
+grain over a step)."""
+
+
 def _bursts(where: str, raw: Mapping[str, Any]) -> dict[str, Any]:
     """A second job's ``period_ms``, ``busy`` and ``offset_ms`` as ``SecondJob`` fields."""
     if "period_ms" not in raw:
@@ -339,8 +344,8 @@ def _bursts(where: str, raw: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{where}.{given[0]} needs period_ms (the bursts' period)")
         return {}
     period = _number(where, "period_ms", raw["period_ms"])
-    if period <= 0:
-        raise ValueError(f"{where}.period_ms must be > 0, got {period:g}")
+    if period < MIN_BURST_PERIOD_MS:
+        raise ValueError(f"{where}.period_ms must be >= {MIN_BURST_PERIOD_MS:g}, got {period:g}")
     busy = _number(where, "busy", raw["busy"]) if "busy" in raw else 1.0
     if not 0.0 < busy <= 1.0:
         raise ValueError(f"{where}.busy must be in (0, 1] (1: the whole step), got {busy:g}")

@@ -210,6 +210,7 @@ def signatures(whatif: WhatIf, topology: Topology, degraded: Topology) -> dict[i
     factors = slowdowns(whatif, topology)
     out: dict[int, Hashable] = {}
     changed_network = degraded is not topology
+    jobs = bursty_jobs(whatif)
     for rank in range(topology.num_gpus):
         ratio = 1.0
         if changed_network:
@@ -217,8 +218,13 @@ def signatures(whatif: WhatIf, topology: Topology, degraded: Topology) -> dict[i
             now = degraded.injection_bandwidth_bytes_per_s(rank, "network")
             ratio = round(now / plain, 9) if plain > 0 else 1.0
         factor = factors.get(rank, 1.0)
-        if factor != 1.0 or ratio != 1.0:
-            out[rank] = (factor, ratio)
+        node = topology.node_index(rank)
+        # the bursts its NICs see (steady and bursty jobs of one share are not alike)
+        bursts = tuple(
+            (job.period_s, job.busy, job.offset_s, job.share) for job in jobs if node in job.nodes
+        )
+        if factor != 1.0 or ratio != 1.0 or bursts:
+            out[rank] = (factor, ratio, bursts)
     return out
 
 
@@ -293,11 +299,11 @@ class BurstyRunner(ClosedFormRunner):
         jobs = self.jobs
         work, elapsed = float(repeat), 0.0
         while True:
-            state = frozenset(i for i, job in enumerate(jobs) if job.on_at(now))
+            edge = min(job.next_change_s(now) for job in jobs)
+            state = state_between(jobs, now, edge)
             pace = self._seconds_in(state, op, group, size_bytes)
             if pace <= 0:
                 return elapsed
-            edge = min(job.next_change_s(now) for job in jobs)
             if edge == math.inf or (edge - now) / pace >= work:
                 return elapsed + work * pace
             if len(jobs) == 1:  # whole periods at once: on and off paces alternate
@@ -319,6 +325,14 @@ class BurstyRunner(ClosedFormRunner):
             now = edge
 
 
+def state_between(jobs: Sequence[SecondJob], start_s: float, edge_s: float) -> frozenset[int]:
+    """The jobs that hold the NICs from ``start_s`` to the next edge ``edge_s``, read in the
+    middle of the stretch (an edge computed in floating point may fall a hair before or after
+    the phase it opens)."""
+    middle = start_s + 1.0 if edge_s == math.inf else (start_s + edge_s) / 2
+    return frozenset(i for i, job in enumerate(jobs) if job.on_at(middle))
+
+
 def bursty_jobs(whatif: WhatIf) -> tuple[SecondJob, ...]:
     """The second jobs whose traffic comes and goes within the step."""
     return tuple(job for job in whatif.second_job if job.bursty)
@@ -338,6 +352,9 @@ def calm_topology(plain: Topology, whatif: WhatIf) -> Topology:
     return degraded_topology(plain, _holding(whatif, frozenset()))
 
 
+MIN_SHARED_BURST_PERIOD_S = 1e-3
+"""Shortest burst period of each job when several are in bursts (the analytical pace walks
+from edge to edge; one job's whole periods are skipped at once)."""
 MIN_FLOW_BURST_PERIOD_S = 1e-3
 """Shortest burst period the flow model re-rates through (two re-ratings per period)."""
 
@@ -372,9 +389,8 @@ def toggle_bursts(
 
     def run() -> Generator[simpy.Event, Any, None]:
         while True:
-            state = frozenset(i for i, job in enumerate(jobs) if job.on_at(env.now))
-            network.set_capacities(capacities_in(state))
             edge = min(job.next_change_s(env.now) for job in jobs)
+            network.set_capacities(capacities_in(state_between(jobs, env.now, edge)))
             yield env.timeout(edge - env.now)
             if env.peek() == math.inf:  # nothing but this left: the step is over
                 return
@@ -390,8 +406,15 @@ def bursty_runner(
 ) -> BurstyRunner:
     """A ``BurstyRunner`` over ``plain`` with the what-if's other changes applied throughout
     and each bursty job's share while it holds the NICs (``estimate_on`` prices a topology)."""
+    jobs = bursty_jobs(whatif)
+    if len(jobs) > 1 and any((job.period_s or 0) < MIN_SHARED_BURST_PERIOD_S for job in jobs):
+        raise ValueError(
+            f"whatif second_job: with {len(jobs)} jobs in bursts each needs period_ms >= "
+            f"{MIN_SHARED_BURST_PERIOD_S * 1e3:g} (their collectives are paced from edge to "
+            "edge); one job alone may burst faster"
+        )
 
     def estimate_for(state: frozenset[int]) -> Callable[..., float]:
         return estimate_on(degraded_topology(plain, _holding(whatif, state)))
 
-    return BurstyRunner(env, bursty_jobs(whatif), estimate_for)
+    return BurstyRunner(env, jobs, estimate_for)

@@ -358,7 +358,7 @@ def test_the_plan_section_and_the_flags_read_alike() -> None:
         ),
         (
             {"second_job": [{"nodes": [0], "share": 0.5, "period_ms": 0}]},
-            "whatif.second_job[0].period_ms must be > 0, got 0",
+            "whatif.second_job[0].period_ms must be >= 0.001, got 0",
         ),
         (
             {"second_job": [{"nodes": [0], "share": 0.5, "period_ms": 100, "busy": 1.5}]},
@@ -401,6 +401,7 @@ def test_a_whatif_outside_the_cluster_is_refused(flag: str, message: str, nodes:
         ("moe_imbalance=abc", "must be a number >= 1 (1: balanced), got 'abc'"),
         ("slow_gpu=3", "expected slow_gpu=WHO:AMOUNT"),
         ("second_job=0-3:0.5:200", "expected second_job=NODES:SHARE or NODES:SHARE:PERIOD_MS"),
+        ("second_job=0-3:0.5:0.0001:0.5", "period_ms must be >= 0.001, got 0.0001"),
     ],
 )
 def test_a_bad_whatif_flag_names_itself(flag: str, message: str) -> None:
@@ -457,6 +458,45 @@ def test_a_collective_advances_at_the_pace_of_each_burst(start, repeat, expected
     job = parse_flags(["second_job=0:0.5:1000:0.5"]).second_job[0]
     runner = BurstyRunner(env, [job], _Paces())  # type: ignore[arg-type]
     assert runner.duration_s("all_reduce", (0, 8), 1.0, repeat) == pytest.approx(expected)
+
+
+def test_a_burst_edge_in_floating_point_opens_the_right_phase() -> None:
+    """A 700 ms period busy 10%: on from 700 to 770 ms. From 768.91 ms a call takes 1.09 ms
+    at the busy pace (0.07 s a call: 0.01557 of it), the rest at the free pace (0.035 s):
+    35.545 ms in all (770 ms is not a round number in binary)."""
+    import simpy
+
+    from sim.replay.whatif import BurstyRunner
+
+    class Paces:
+        def __call__(self, state: frozenset) -> object:
+            return lambda op, ranks, size: 0.07 if state else 0.035
+
+    env = simpy.Environment()
+    env.run(until=0.76891)
+    job = parse_flags(["second_job=0:0.5:700:0.1"]).second_job[0]
+    runner = BurstyRunner(env, [job], Paces())  # type: ignore[arg-type]
+    assert runner.duration_s("all_reduce", (0, 8), 1.0) == pytest.approx(0.035545, rel=1e-9)
+
+
+def test_ranks_under_a_burst_and_under_a_steady_job_are_not_folded_together() -> None:
+    """Server 0's job bursts only after the step, server 1's holds 90% throughout: the step is
+    server 1's alone, folded or not."""
+    plan = _with(
+        _plan(4, tp=8, pp=2, global_batch=64),
+        "second_job=0:0.9:100000:0.5:50000",
+        "second_job=1:0.9",
+    )
+    alone = simulate_plan(_with(_plan(4, tp=8, pp=2, global_batch=64), "second_job=1:0.9"))
+    folded = simulate_plan(plan)
+    assert folded.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
+    assert folded.step_time_s == pytest.approx(simulate_plan(plan, fold=False).step_time_s)
+
+
+def test_several_jobs_in_bursts_need_periods_of_a_millisecond() -> None:
+    plan = _plan(4, tp=8, pp=1, global_batch=32)
+    with pytest.raises(ValueError, match="with 2 jobs in bursts each needs period_ms >= 1"):
+        simulate_plan(_with(plan, "second_job=0:0.5:0.5:0.5", "second_job=1:0.5:10:0.5"))
 
 
 def test_a_second_jobs_bursts_slow_the_step_between_none_and_all_the_time() -> None:
