@@ -146,9 +146,9 @@ GEMM_MEMSET_OUTPUT_ELEMENTS = 2**23
 (``cudaMemsetAsync``: one more host launch, a ``Memset (Device)`` activity in the profile)
 when the output has more elements than this. Counted in five torch.profiler traces of two loops
 (torch 2.11, CUDA 13.0, cuBLAS's ``nvjet`` kernels; refdata/h100/traces and
-results/h100_heldout), 30 GEMM shapes of 8-element-aligned dimensions: every one with an output
-of 12.6 M elements or more had its memset (12.6 M to 263 M), none with 2^23 = 8.4 M or fewer did
-(1.0 M to 8.4 M), whatever the reduction dimension (768 to 128,256). The rule gives the traces'
+results/h100_heldout), 51 GEMM shapes of 8-element-aligned dimensions: every one with an output
+of 12.6 M elements or more had its memset (12.6 M to 1.05 G), none with 2^23 = 8.4 M or fewer did
+(0.6 M to 8.4 M), whatever the reduction dimension (768 to 128,256). The rule gives the traces'
 own counts: 104 memsets in the h1024 step's GEMMs, 222 in the traced 12-layer Llama step's.
 Shapes with a dimension not a multiple of 8 run other kernels (CUTLASS) and are not counted.
 PyTorch stacks only (the Megatron stack's launches are not measured)."""
