@@ -175,6 +175,8 @@ def render_files(
     if (output := targets.get("--output")) is not None:
         document = json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
         files.append((output, document.encode()))
+    if "--trace" not in targets and "--timeline" not in targets:
+        return files  # the spans are built only for a trace or a timeline
     titles = culprit_titles(result, rank_titles(result, plan))
     if (trace := targets.get("--trace")) is not None:
         files.append((trace, trace_json(chrome_trace(result.spans, rank_titles=titles)).encode()))
