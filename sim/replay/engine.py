@@ -268,11 +268,15 @@ class Engine:
                 assert meeting.done is not None
                 yield meeting.done
                 record.start_s = meeting.start_s
-            record.end_s = self.env.now
-            state.finished[index] = True
-            waiter = state.waiters.pop(index, None)
-            if waiter is not None:
-                waiter.succeed()
+            self._finish(state, index)
+
+    def _finish(self, state: _State, index: int) -> None:
+        """Action ``index`` ends now: recorded, and whatever waits on it woken."""
+        state.records[index].end_s = self.env.now
+        state.finished[index] = True
+        waiter = state.waiters.pop(index, None)
+        if waiter is not None:
+            waiter.succeed()
 
     def _post(self, rank: int, index: int, next_dep: int, _: Any = None) -> None:
         """A transfer's own stream, as callbacks: once its dependencies are done (one at a
@@ -294,26 +298,26 @@ class Engine:
 
         def done(_: simpy.Event) -> None:
             record.start_s = meeting.start_s
-            record.end_s = self.env.now
-            state.finished[index] = True
-            waiter = state.waiters.pop(index, None)
-            if waiter is not None:
-                waiter.succeed()
+            self._finish(state, index)
 
         if meeting.done.callbacks is None:  # already processed
             done(meeting.done)
         else:
             meeting.done.callbacks.append(done)
 
+    def _simulated(self, ranks: tuple[int, ...]) -> list[int]:
+        """The simulated members of a group's ranks (looked up once per group)."""
+        members = self._members.get(ranks)
+        if members is None:
+            members = self._members[ranks] = [r for r in ranks if r in self.programs]
+        return members
+
     def _alone(self, rank: int, action: Action) -> bool | None:
         """For a collective whose only simulated member is ``rank``, timed in closed form:
         whether it slows the rank's compute while it runs (``_comm_moved``); None otherwise."""
         if not isinstance(action, Collective) or not isinstance(self.comm, ClosedFormRunner):
             return None
-        members = self._members.get(action.ranks)
-        if members is None:
-            members = self._members[action.ranks] = [r for r in action.ranks if r in self.programs]
-        if members != [rank]:
+        if self._simulated(action.ranks) != [rank]:
             return None
         return self.overlap_slowdown > 0 and action.op not in HOST_OPS
 
@@ -374,11 +378,7 @@ class Engine:
 
     def _arrive(self, action: Action, key: Hashable, seq: int) -> _Meeting:
         if isinstance(action, Collective):
-            members = self._members.get(action.ranks)
-            if members is None:
-                members = self._members[action.ranks] = [
-                    r for r in action.ranks if r in self.programs
-                ]
+            members = self._simulated(action.ranks)
             meeting_key: Hashable = (key, seq)
         else:
             assert isinstance(action, Transfer)
