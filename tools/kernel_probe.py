@@ -16,6 +16,14 @@ Each part times real kernels with CUDA events and writes what it saw to one JSON
   RMSNorm forward, bf16 GeLU; bytes per second at the bytes the compute model counts.
 - ``sustained``: one 8192^3 bf16 GEMM back to back for ``--sustained-s`` seconds, rate per second,
   with the SM clock, power and temperature ``nvidia-smi`` reports each second.
+- ``cp_ring``: one rank's side of torch's context-parallel ring attention (``context_parallel``,
+  load-balanced, ``allgather`` rotater, fp32 merge), forward and backward, run by torch's own
+  ``_templated_ring_attention`` under a fake process group of CP 2, 4 and 8 (the exchanges cost
+  nothing; every kernel of the rank runs), next to plain causal SDPA on the same local tokens
+  (CP 1) and to each round's attention call alone.
+- ``float8_gemm``: ``torch._scaled_mm`` with tensor-wise and row-wise scales, with and without
+  fast accumulation, next to the bf16 GEMM, at the linear layers of Llama 3 8B and of 70B and
+  405B under TP 8, in the forward, input-gradient and weight-gradient shapes.
 
     python tools/kernel_probe.py --output probe.json [--sustained-s 40]
 """
@@ -23,6 +31,7 @@ Each part times real kernels with CUDA events and writes what it saw to one JSON
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -199,7 +208,166 @@ def sustained(seconds: float) -> dict[str, Any]:
     return {"tflops_per_second": rates, "nvidia_smi": samples}
 
 
-PARTS = ("gemm_alignment", "attention_head_dim", "fused_adamw", "memory_kernels", "sustained")
+def _ring_module() -> Any:
+    """torch's context-parallel attention module (its path moved between releases)."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel import _attention
+    except ImportError:  # torch before the move
+        from torch.distributed.tensor.experimental import _attention  # type: ignore[no-redef]
+    return _attention
+
+
+def _flash_rates(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> dict[str, float]:
+    """Milliseconds of one flash attention call and of its backward."""
+    aten = torch.ops.aten
+    out, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_flash_attention(
+        q, k, v, is_causal=causal
+    )
+    grad = torch.randn_like(out)
+
+    def forward() -> Any:
+        return aten._scaled_dot_product_flash_attention(q, k, v, is_causal=causal)
+
+    def backward() -> Any:
+        return aten._scaled_dot_product_flash_attention_backward(
+            grad, q, k, v, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset
+        )
+
+    return {
+        "forward_ms": timed_ms(forward, iters=5, warmup=1),
+        "backward_ms": timed_ms(backward, iters=5, warmup=1),
+    }
+
+
+def _ring_rates(
+    ring: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, rank: int
+) -> dict[str, float]:
+    """Milliseconds of rank ``rank``'s ring forward and backward at degree ``cp`` (fake group)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    aten = torch.ops.aten
+    dist.init_process_group("fake", rank=rank, world_size=cp, store=FakeStore())
+    group = dist.group.WORLD
+    op = aten._scaled_dot_product_flash_attention
+    try:
+        out, lse, cq, ck, mq, mk, seed, offset, *_ = ring._templated_ring_attention(
+            group, 2, op, q, k, v, is_causal=True
+        )
+        grad = torch.randn_like(out)
+
+        def forward() -> Any:
+            return ring._templated_ring_attention(group, 2, op, q, k, v, is_causal=True)
+
+        def backward() -> Any:
+            return ring._templated_ring_attention_backward(
+                group, 2, aten._scaled_dot_product_flash_attention_backward.default,
+                grad_out=grad, grad_out_name="grad_out", query=q, key=k, value=v, out=out,
+                logsumexp=lse, is_causal=True, cum_seq_q=cq, cum_seq_k=ck, max_q=mq, max_k=mk,
+                dropout_p=0.0, philox_seed=seed, philox_offset=offset, scale=None,
+            )  # fmt: skip
+
+        return {
+            "forward_ms": timed_ms(forward, iters=3, warmup=1),
+            "backward_ms": timed_ms(backward, iters=3, warmup=1),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def cp_ring(local_seq: int = 32768, head_dim: int = 128) -> list[dict[str, Any]]:
+    """One rank of torch's CP ring (fake process group) at CP 1, 2, 4, 8, per local head count."""
+    ring = _ring_module()
+    rows: list[dict[str, Any]] = []
+    half = local_seq // 2
+    for heads in (32, 16):
+        # torchtitan's layout: (batch, seq, heads, dim) transposed to (batch, heads, seq, dim)
+        shape = (1, local_seq, heads, head_dim)
+        q, k, v = (
+            torch.randn(shape, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            for _ in range(3)
+        )
+        base = {"heads": heads, "local_seq": local_seq}
+        for name, qq, kk, vv, causal in (
+            ("causal_local", q, k, v, True),
+            ("all_q_half_kv", q, k[:, :, :half], v[:, :, :half], False),
+            ("half_q_all_kv", q[:, :, half:], k, v, False),
+        ):
+            rates = _flash_rates(qq.contiguous(), kk.contiguous(), vv.contiguous(), causal)
+            rows.append({"part": "call", **base, "call": name, **rates})
+        for cp in (1, 2, 4, 8):
+            for rank in sorted({0, cp - 1}):
+                # forward FLOPs of one rank (every rank alike); the backward's are 2.5x
+                flops = 2.0 * cp * local_seq**2 * heads * head_dim
+                rates = (
+                    _flash_rates(q, k, v, True) if cp == 1 else _ring_rates(ring, q, k, v, cp, rank)
+                )
+                row = {"part": "ring", **base, "cp": cp, "rank": rank, "forward_flops": flops}
+                rows.append({**row, **rates})
+                print(rows[-1], flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+FLOAT8_LINEARS = {
+    "8b": ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)),
+    "70b_tp8": ((1024, 8192), (128, 8192), (3584, 8192), (8192, 3584), (8192, 1024)),
+    "405b_tp8": ((2048, 16384), (6656, 16384), (16384, 6656), (16384, 2048)),
+}
+"""(out_features, in_features) of each linear per GPU: wq, wk/wv, w1/w3, w2 (and wo under TP)."""
+
+
+def _scaled_mm_ms(m: int, n: int, k: int, scaling: str, fast: bool) -> float:
+    """``torch._scaled_mm`` of (m, k) by (k, n) e4m3 operands, bf16 out."""
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()  # column-major
+    if scaling == "rowwise":
+        sa = torch.ones(m, 1, device="cuda")
+        sb = torch.ones(1, n, device="cuda")
+    else:
+        sa = torch.ones((), device="cuda")
+        sb = torch.ones((), device="cuda")
+    gemm = functools.partial(
+        torch._scaled_mm, a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast
+    )
+    return timed_ms(gemm, iters=10)
+
+
+def float8_gemm(tokens: int = 8192) -> list[dict[str, Any]]:
+    """Each linear's three GEMMs in bf16 and in float8 with each scaling and accumulation."""
+    rows = []
+    for model, linears in FLOAT8_LINEARS.items():
+        for out_features, in_features in linears:
+            for layout, (m, n, k) in (
+                ("forward", (tokens, out_features, in_features)),
+                ("input_grad", (tokens, in_features, out_features)),
+                ("weight_grad", (out_features, in_features, tokens)),
+            ):
+                a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+                row: dict[str, Any] = {"model": model, "layout": layout, "m": m, "n": n, "k": k}
+                row["bf16_ms"] = timed_ms(functools.partial(torch.mm, a, b), iters=10)
+                for scaling in ("tensorwise", "rowwise"):
+                    for fast in (True, False):
+                        key = f"{scaling}_{'fast' if fast else 'exact'}_ms"
+                        try:
+                            row[key] = _scaled_mm_ms(m, n, k, scaling, fast)
+                        except RuntimeError as error:  # a layout the kernel refuses
+                            row[key] = None
+                            row[key.replace("_ms", "_error")] = str(error).splitlines()[0]
+                row["tflops_bf16"] = 2.0 * m * n * k / row["bf16_ms"] / 1e9
+                rows.append(row)
+                del a, b
+    return rows
+
+
+PARTS = (
+    "gemm_alignment", "attention_head_dim", "fused_adamw", "memory_kernels", "sustained",
+    "cp_ring", "float8_gemm",
+)  # fmt: skip
 
 
 def main() -> None:
@@ -220,6 +388,8 @@ def main() -> None:
         ("fused_adamw", fused_adamw),
         ("memory_kernels", memory_kernels),
         ("sustained", lambda: sustained(args.sustained_s)),
+        ("cp_ring", cp_ring),
+        ("float8_gemm", float8_gemm),
     ):
         if name not in wanted:
             continue
