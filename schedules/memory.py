@@ -24,7 +24,8 @@ the first forward (``reshard_after_forward`` False; with True they are still all
 each backward, since backward never reshards before the stage's ``REDUCE_GRAD``) and its
 gradients accumulate unsharded (gradient sync off) until that final reduce-scatter.
 The working set of torch's context-parallel ring in a layer's backward is a transient buffer
-too (``schedules.context_parallel.ring_buffer_bytes``).
+too (``schedules.context_parallel.ring_buffer_bytes``). A layer on the eager stack keeps a few
+tensors more than the fused count (``eager_saved_bytes``).
 Not modelled: the CUDA context and NCCL buffers (a few GiB). The caching allocator's reserve
 above the live peak is ``ALLOCATOR_RESERVE`` of it (``reserved_bytes``).
 The worst pipeline stage (largest total) is reported.
@@ -167,6 +168,39 @@ def moe_layer_extra_bytes(plan: Plan) -> float:
     return moe_activation_bytes(plan) - ACTIVATION_BYTES * tokens * dense_hidden
 
 
+def eager_saved_bytes(plan: Plan) -> float:
+    """What a layer on the eager stack keeps beyond the fused count of
+    ``schedules.activations``, per micro-batch on one GPU, when nothing of it is recomputed.
+
+    Counted from the tensors autograd saves for one layer of ``commbench --step``'s model (the
+    same operations as torchtitan's Llama), against the held-out steps' peaks (below):
+
+    - grouped-query attention repeats K and V to every query head before SDPA
+      (``repeat_interleave``; torchtitan's ``repeat_kv``), and SDPA saves its inputs: K and V
+      are kept h wide, not kd (2 (h - kd) elements per token). The kd-wide ones are not kept:
+      the repeat's backward is a sum that needs no input.
+    - SDPA saves its output in (batch, heads, seq, dim) order, and the output projection saves
+      the contiguous copy it is given: the attention output is kept twice (h more).
+    - a gated MLP's unfused activation (``silu(gate) * up``) saves ``silu(gate)`` for the
+      product's backward, beside the gate, the up projection and the product (f more).
+
+    All three are inside the TP region. Under selective, per-op or full recompute the attention
+    core or the whole layer runs again in the backward (a selectively recomputed core leaves the
+    projection's copy only). Compiled, Inductor fuses the activation and keeps the kd-wide K and
+    V: the compiled held-out steps' peaks show none of it. On results/h100_heldout4 the eager
+    Llama steps without recompute were 7.6 % and 12.4 % low with the repeat alone; the
+    remaining deficit was 13,480 and 5,950 bytes per layer and token, where the output copy and
+    the activation give 13,312 and 5,632."""
+    model, parallel = plan.model, plan.parallel
+    if kernel_stack(plan) != "eager":
+        return 0.0
+    elements = max(model.hidden_size - model.kv_size, 0) * 2 + model.hidden_size
+    if model.gated_mlp:
+        elements += model.ffn_hidden_size
+    tokens = plan.training.micro_batch_size * model.seq_len / parallel.cp
+    return ACTIVATION_BYTES * elements * tokens / parallel.tp
+
+
 def _per_layer_bytes(plan: Plan, stage: int) -> float:
     """What one layer of ``stage`` stores per micro-batch under the plan's recompute, its MoE
     layers averaged in."""
@@ -180,6 +214,8 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
         recompute=parallel.recompute,
         flash_attention=training.flash_attention,
     )
+    if parallel.recompute == "none":
+        per_layer += eager_saved_bytes(plan)
     if autocast_weights(plan):
         saved = 1 if parallel.recompute == "full" else 2
         per_layer += saved * FP32_RESIDUAL_EXTRA_BYTES * residual_stream_elements(plan)
@@ -228,7 +264,8 @@ def activation_bytes(plan: Plan, stage: int) -> float:
             sequence_parallel=parallel.sequence_parallel,
             recompute="none",
             flash_attention=training.flash_attention,
-        ) + (max(moe_layer_extra_bytes(whole), 0.0) if stage_moe_layers(plan, stage) else 0.0)
+        ) + eager_saved_bytes(plan)
+        total += max(moe_layer_extra_bytes(whole), 0.0) if stage_moe_layers(plan, stage) else 0.0
     return total + _head_bytes(plan, stage)
 
 

@@ -16,7 +16,8 @@ without a calibration (``commbench --compute`` measures the real curve):
   on A100; FlashAttention-3, Shah et al. 2024: ~75% on H100; cuDNN's fused attention in
   between). The backward kernel does 2.5x the forward FLOPs (it recomputes QK^T).
   ``training.attention_backend: flash2`` (FlashAttention-2, torch SDPA's flash backend) runs at
-  ``FLASH2_ON_HOPPER`` of that on Hopper, whose TMA and warp-group MMAs it does not use.
+  ``FLASH2_ON_HOPPER`` of that forward and ``FLASH2_BACKWARD_ON_HOPPER`` backward on Hopper,
+  whose TMA and warp-group MMAs it does not use.
 - memory-bound kernels (norms, residual adds, activations, rotary, softmax) at 0.80 of the HBM
   bandwidth (STREAM-like kernels reach ~80-90%).
 
@@ -65,12 +66,19 @@ GEMM_DIM_HALF = 128.0
 ATTENTION_DIM_HALF = 256.0
 """Default attention saturation length for the query and key sequence lengths."""
 FLASH2_ON_HOPPER = 0.35 / 0.60
-"""FlashAttention-2's speed on Hopper relative to the fused-attention defaults (cuDNN,
+"""FlashAttention-2's forward speed on Hopper relative to the fused-attention default (cuDNN,
 FlashAttention-3): it reaches about 35% of the H100's dense peak (Shah et al. 2024,
 FlashAttention-3, arXiv:2407.08608, abstract), against the 60% forward default; torch SDPA's
 default (flash) backend measured 329 TFLOP/s where cuDNN and FA3 ran 631 on one H100 at
-(1, 24, 4608, 128) (pytorch/pytorch#142132, torch 2.6 nightly, December 2024): 0.52. The
-backward keeps the forward's ratio. On Ampere FlashAttention-2 is the reference: no change."""
+(1, 24, 4608, 128) (pytorch/pytorch#142132, torch 2.6 nightly, December 2024): 0.52. Measured
+here on one H100 SXM (torch 2.11's flash kernel, head dimension 128, 16 and 32 heads, 32k
+queries against 16k-32k keys, causal and not; ``results/mechanisms/probe_cp_fp8.json``): 343
+TFLOP/s, 0.347 of the peak. On Ampere FlashAttention-2 is the reference: no change."""
+FLASH2_BACKWARD_ON_HOPPER = 0.319 / 0.50
+"""FlashAttention-2's backward on Hopper relative to the backward default: measured on the same
+calls as the forward (``FLASH2_ON_HOPPER``), 315 TFLOP/s at 2.5x the forward's FLOPs, 0.319 of
+the H100's peak (304-323 over the six calls): 0.92 of its forward rate, where the defaults' own
+backward runs at 0.83 of theirs."""
 ROWWISE_SCALED_MM = 0.90
 """Speed of ``torch._scaled_mm`` with row-wise scales (PyTorch's CUTLASS kernel, fast
 accumulation: the forward GEMM of torchao's rowwise recipes) relative to the tensorwise cuBLAS
@@ -355,7 +363,9 @@ class ComputeModel:
         if efficiency is None:
             efficiency = default_efficiency(self.gpu, kind, dtype)
         if backend == "flash2" and kind != "gemm" and self.gpu.family == "hopper":
-            efficiency *= FLASH2_ON_HOPPER
+            efficiency *= (
+                FLASH2_BACKWARD_ON_HOPPER if kind == "attention_backward" else FLASH2_ON_HOPPER
+            )
         if backend == ROWWISE_GEMM_BACKEND and kind == "gemm":
             efficiency *= ROWWISE_SCALED_MM
         dim_half = GEMM_DIM_HALF if kind == "gemm" else ATTENTION_DIM_HALF

@@ -36,6 +36,9 @@ SMALL = ModelConfig(
     seq_len=2048,
 )
 GIB = 2**30
+EAGER_EXTRA = 2 * (2 * (1024 - 256) + 1024 + 4096) * 2048
+"""What a layer of SMALL keeps on the eager stack beyond the fused count, one micro-batch of 2048
+tokens: K and V repeated from 4 to 16 heads, the attention output's copy and silu(gate), bf16."""
 
 
 def make_plan(
@@ -97,7 +100,7 @@ def test_hsdp_shards_over_the_node_and_cp_counts_as_replica() -> None:
 
 
 def test_activations_under_1f1b_gpipe_and_interleaved() -> None:
-    per_layer = layer_activation_bytes(SMALL, 1, flash_attention=True)
+    per_layer = layer_activation_bytes(SMALL, 1, flash_attention=True) + EAGER_EXTRA
     one_f_one_b = make_plan(4, pp=4, global_batch_size=8)
     # Rank 0 holds min(p, m) = 4 micro-batches of its 2 layers.
     assert memory.activation_bytes(one_f_one_b, 0) == pytest.approx(4 * 2 * per_layer)
@@ -113,7 +116,7 @@ def test_last_stage_head_and_logits() -> None:
     plan = make_plan(2, pp=2, global_batch_size=8)
     tokens_h = 2048 * 1024
     head = 2 * tokens_h + 2 * tokens_h  # final-norm input + LM-head input
-    per_layer = layer_activation_bytes(SMALL, 1, flash_attention=True)
+    per_layer = layer_activation_bytes(SMALL, 1, flash_attention=True) + EAGER_EXTRA
     assert memory.activation_bytes(plan, 1) == pytest.approx(4 * per_layer + head)
     stage = memory.stage_memory_bytes(plan, 1)
     # eager backward: saved fp32 log-softmax, its dense fp32 gradient and the fp32 input
@@ -235,7 +238,10 @@ def test_full_recompute_holds_one_layer_in_full_and_fp8_caches_weights() -> None
     inputs = layer_activation_bytes(SMALL, 1, recompute="full", flash_attention=True)
     whole = layer_activation_bytes(SMALL, 1, recompute="none", flash_attention=True)
     head = 2 * 2048 * 1024 * 2  # final-norm input + LM-head input
-    assert memory.activation_bytes(plan, 0) == pytest.approx(8 * inputs + whole + head)
+    # the layer being recomputed keeps everything, the eager stack's extra tensors included
+    assert memory.activation_bytes(plan, 0) == pytest.approx(
+        8 * inputs + whole + EAGER_EXTRA + head
+    )
     assert memory.stage_memory_bytes(plan, 0)["fp8_weights"] == 0
     fp8 = make_plan(1, precision="fp8", global_batch_size=1)
     assert (
@@ -271,3 +277,24 @@ def test_per_op_recompute_saves_every_other_matmul_output_of_llama3_8b() -> None
     assert recompute_flops(plain, 1, recompute="op", causal=True) == 2 * tokens * 4096 * (
         1024 + 4096
     )
+
+
+def test_the_eager_stack_keeps_repeated_kv_the_output_copy_and_the_activation() -> None:
+    """Per layer and micro-batch: 2 (h - kd) + h (+ f when gated) bf16 elements per token,
+    inside the TP region and per CP shard; none compiled, on Megatron or under recompute."""
+    plan = make_plan(1, global_batch_size=1)
+    assert memory.eager_saved_bytes(plan) == EAGER_EXTRA
+    sharded = make_plan(8, tp=4, cp=2, global_batch_size=1)
+    assert memory.eager_saved_bytes(sharded) == pytest.approx(EAGER_EXTRA / 4 / 2)
+    gpt = dataclasses.replace(
+        plan, model=dataclasses.replace(SMALL, num_kv_heads=16, gated_mlp=False)
+    )
+    assert memory.eager_saved_bytes(gpt) == 2 * 1024 * 2048  # the output's copy only
+    for stack in ("compile", "megatron"):
+        other = dataclasses.replace(plan, training=dataclasses.replace(plan.training, stack=stack))
+        assert memory.eager_saved_bytes(other) == 0.0
+    none = memory.activation_bytes(plan, 0)
+    selective = memory.activation_bytes(make_plan(1, recompute="selective", global_batch_size=1), 0)
+    fused = layer_activation_bytes(SMALL, 1, flash_attention=True, recompute="none")
+    kept = layer_activation_bytes(SMALL, 1, flash_attention=True, recompute="selective")
+    assert none - selective == pytest.approx(8 * (fused + EAGER_EXTRA - kept))
