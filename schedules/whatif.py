@@ -12,6 +12,9 @@ how the step changes when the cluster is not perfect::
                                                   # servers' NIC bandwidth, both directions
       # or in bursts: 30% of every 200 ms (its all-reduce each step), the first from 50 ms
       # second_job: [{nodes: [0, 1], share: 0.5, period_ms: 200, busy: 0.3, offset_ms: 50}]
+      # or as its own collectives: a 512 MiB all-reduce over servers 0-3 every 200 ms, which
+      # shares their NICs fairly with this job while it runs (share and busy follow from it)
+      # second_job: [{nodes: [0, 1, 2, 3], op: all_reduce, size_mib: 512, period_ms: 200}]
       links: [{between: [leaf0, spine7], fraction: 0.5}]  # one switch-to-switch link at half
                                                   # its rate, both directions (0: down, traffic
                                                   # re-routed); --fidelity flow only
@@ -23,7 +26,9 @@ how the step changes when the cluster is not perfect::
 
 On the command line: ``--whatif slow_gpu=5:0.2``, ``slow_node=3:0.1``, ``nic=17:0.5``,
 ``nic=17:down``, ``second_job=0-1:0.3`` (nodes as ``a-b`` or ``a,b,c``; in bursts
-``second_job=0-1:0.5:200:0.3[:50]``: share, period in ms, busy fraction, offset in ms),
+``second_job=0-1:0.5:200:0.3[:50]``: share, period in ms, busy fraction, offset in ms; as
+collectives ``second_job=0-3:all_reduce:512:200[:50]``: op, size in MiB, period in ms, offset in
+ms),
 ``link=leaf0-spine7:0.5``, ``link=leaf0-spine7:down``, ``moe_imbalance=1.5``
 or per layer ``moe_imbalance=3:2.0,7:1.5``.
 How each is simulated: ``sim.replay.whatif``. Values are checked here; ranks and nodes against
@@ -83,6 +88,14 @@ class SecondJob:
     """Fraction of each period it holds the NICs (its first burst starts at ``offset_s``)."""
     offset_s: float = 0.0
     """Start of its first burst, from the start of the step."""
+    op: str | None = None
+    """The collective the job runs once every ``period_s`` over all GPUs of ``nodes`` (None:
+    ``share`` and ``busy`` given). Its ``share`` is then ``COLLECTIVE_JOB_SHARE`` and its
+    ``busy`` follows from the collective's time (``sim.replay.whatif.collective_jobs``)."""
+    size_bytes: float = 0.0
+    """Bytes of each of its collectives (with ``op``)."""
+    collective_s: float | None = None
+    """One of its collectives alone on the network, once priced (with ``op``)."""
 
     @property
     def bursty(self) -> bool:
@@ -165,7 +178,9 @@ class WhatIf:
             for n in self.nics
         ]
         lines += [
-            f"a second job takes {j.share:.0%} of the NICs of server(s) {_ranges(j.nodes)}"
+            _collective_job_text(j)
+            if j.op is not None
+            else f"a second job takes {j.share:.0%} of the NICs of server(s) {_ranges(j.nodes)}"
             + _burst_text(j)
             for j in self.second_job
         ]
@@ -218,7 +233,40 @@ def _burst_text(job: SecondJob) -> str:
     )
 
 
+def _collective_job_text(job: SecondJob) -> str:
+    assert job.period_s is not None
+    text = (
+        f"a second job runs {job.op} of {_size_text(job.size_bytes)} over server(s) "
+        f"{_ranges(job.nodes)} every {job.period_s * 1e3:g} ms"
+        + (f" from {job.offset_s * 1e3:g} ms" if job.offset_s else "")
+    )
+    if job.collective_s is None:
+        return text + f", at {job.share:.0%} of their NICs while it runs"
+    return text + (
+        f" ({job.collective_s * 1e3:.3g} ms alone): {job.share:.0%} of their NICs for "
+        f"{job.busy:.0%} of the time"
+    )
+
+
+def _size_text(size_bytes: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size_bytes >= scale:
+            return f"{size_bytes / scale:g} {unit}"
+    return f"{size_bytes:g} B"
+
+
 def _job_dict(job: SecondJob) -> dict[str, Any]:
+    if job.op is not None:
+        assert job.period_s is not None
+        entry: dict[str, Any] = {
+            "nodes": list(job.nodes),
+            "op": job.op,
+            "size_mib": job.size_bytes / MIB,
+            "period_ms": job.period_s * 1e3,
+        }
+        if job.offset_s:
+            entry["offset_ms"] = job.offset_s * 1e3
+        return entry
     out: dict[str, Any] = {"nodes": list(job.nodes), "share": job.share}
     if job.period_s is not None:
         out["period_ms"] = job.period_s * 1e3
@@ -284,13 +332,33 @@ def _layer_imbalance(where: str, raw: Mapping[Any, Any]) -> tuple[tuple[int, flo
 
 _OPTIONAL_KEYS = {"second_job": ("period_ms", "busy", "offset_ms")}
 """Keys an entry may leave out."""
+_COLLECTIVE_JOB_KEYS = ("nodes", "op", "size_mib", "period_ms")
+"""A second job given as its collectives (``offset_ms`` optional)."""
+COLLECTIVE_JOB_OPS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+)
+"""The collectives a second job may run over its servers' GPUs (nccl-tests' names, such as
+``allreduce``, are read as these)."""
+MIB = 1 << 20
+COLLECTIVE_JOB_SHARE = 0.5
+"""The part of a NIC a second job's collective takes while it runs: NCCL's flows of two jobs
+through one NIC share it fairly (max-min), so each gets half; the job's collective then takes
+``1 / COLLECTIVE_JOB_SHARE`` times as long as alone (``sim.replay.whatif.collective_jobs``)."""
 
 
 def _entry(where: str, key: str, raw: Any) -> Any:
-    fields = _ENTRY_KEYS[key]
+    fields: tuple[str, ...] = _ENTRY_KEYS[key]
+    if key == "second_job" and isinstance(raw, Mapping) and "op" in raw:
+        fields = _COLLECTIVE_JOB_KEYS
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where} must be a mapping with keys {', '.join(fields)}")
-    allowed = (*fields, *_OPTIONAL_KEYS.get(key, ()))
+    optional = ("offset_ms",) if fields is _COLLECTIVE_JOB_KEYS else _OPTIONAL_KEYS.get(key, ())
+    allowed = (*fields, *optional)
     unknown = [k for k in raw if k not in allowed]
     missing = [k for k in fields if k not in raw]
     if unknown or missing:
@@ -324,11 +392,37 @@ def _entry(where: str, key: str, raw: Any) -> Any:
     nodes = raw["nodes"]
     if not isinstance(nodes, list) or not nodes:
         raise ValueError(f"{where}.nodes must be a non-empty list of server indices")
+    indices = tuple(sorted({_index(where, "nodes", n) for n in nodes}))
+    if fields is _COLLECTIVE_JOB_KEYS:
+        return _collective_job(where, indices, raw)
     share = _number(where, "share", raw["share"])
     if not 0.0 < share < 1.0:
         raise ValueError(f"{where}.share must be in (0, 1), got {share:g}")
-    indices = tuple(sorted({_index(where, "nodes", n) for n in nodes}))
     return SecondJob(nodes=indices, share=share, **_bursts(where, raw))
+
+
+def _collective_job(where: str, nodes: tuple[int, ...], raw: Mapping[str, Any]) -> SecondJob:
+    """A second job given as ``op`` of ``size`` over ``nodes`` every ``period_ms``."""
+    names = {name.replace("_", ""): name for name in COLLECTIVE_JOB_OPS}
+    given = raw["op"]
+    op = names.get(given.strip().lower().replace("_", "")) if isinstance(given, str) else None
+    if op is None:
+        raise ValueError(
+            f"{where}.op must be a collective over the servers' GPUs "
+            f"({', '.join(COLLECTIVE_JOB_OPS)}), got {shorten(given)}"
+        )
+    if len(nodes) < 2:
+        raise ValueError(
+            f"{where}: a collective over server {nodes[0]} alone never leaves it (no NIC); "
+            "give two servers or more"
+        )
+    size_mib = _number(where, "size_mib", raw["size_mib"])
+    if size_mib <= 0:
+        raise ValueError(f"{where}.size_mib must be > 0, got {size_mib:g}")
+    bursts = _bursts(where, {k: raw[k] for k in ("period_ms", "offset_ms") if k in raw})
+    return SecondJob(
+        nodes=nodes, share=COLLECTIVE_JOB_SHARE, op=op, size_bytes=size_mib * MIB, **bursts
+    )
 
 
 MIN_BURST_PERIOD_MS = 0.001
@@ -430,8 +524,10 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
         where = f"--whatif {shorten(text)}"
         section = _FLAGS[key]
         try:
-            if key == "second_job":
-                raw: dict[str, Any] = {"nodes": _nodes(target), **_burst_flag(where, amount)}
+            if key == "second_job" and amount.split(":")[0].strip()[:1].isalpha():
+                raw: dict[str, Any] = {"nodes": _nodes(target), **_collective_flag(where, amount)}
+            elif key == "second_job":
+                raw = {"nodes": _nodes(target), **_burst_flag(where, amount)}
             elif key == "link":
                 fraction = 0.0 if amount.strip() == "down" else float(amount)
                 first, dash, second = target.partition("-")
@@ -455,8 +551,9 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
                 ) from None
             if key == "second_job" and target:
                 raise ValueError(
-                    f"{where}: expected second_job=NODES:SHARE or "
-                    f"NODES:SHARE:PERIOD_MS:BUSY[:OFFSET_MS] (e.g. 0-3:0.5:200:0.3), got "
+                    f"{where}: expected second_job=NODES:SHARE, "
+                    f"NODES:SHARE:PERIOD_MS:BUSY[:OFFSET_MS] (e.g. 0-3:0.5:200:0.3) or "
+                    f"NODES:OP:SIZE_MIB:PERIOD_MS[:OFFSET_MS] (e.g. 0-3:all_reduce:512:200), got "
                     f"{amount!r} after the servers"
                 ) from None
             raise ValueError(f"{where}: {target!r} and {amount!r} must be numbers") from None
@@ -473,6 +570,21 @@ def _burst_flag(where: str, amount: str) -> dict[str, Any]:
     values = [float(p) for p in parts]
     keys = ("share", "period_ms", "busy", "offset_ms")
     return dict(zip(keys, values, strict=False))
+
+
+def _collective_flag(where: str, amount: str) -> dict[str, Any]:
+    """``OP:SIZE_MIB:PERIOD_MS[:OFFSET_MS]`` as the entry's keys."""
+    parts = [p.strip() for p in amount.split(":")]
+    if len(parts) not in (3, 4):
+        raise ValueError(f"{where}: {len(parts)} fields")
+    raw: dict[str, Any] = {
+        "op": parts[0],
+        "size_mib": float(parts[1]),
+        "period_ms": float(parts[2]),
+    }
+    if len(parts) == 4:
+        raw["offset_ms"] = float(parts[3])
+    return raw
 
 
 def _ranges(values: tuple[int, ...]) -> str:

@@ -45,6 +45,7 @@ from sim.replay.whatif import (
     bursty_runner,
     calm_topology,
     check_whatif,
+    collective_jobs,
     culprits,
     degraded_topology,
     signatures,
@@ -120,6 +121,9 @@ def simulate_plan(
     step = describe_step(plan, gpus_per_node=topology.gpus_per_node)
     whatif = plan.whatif
     check_whatif(whatif, topology)
+    if any(job.op is not None for job in whatif.second_job):
+        alone = CommModel(simpy.Environment(), topology, calibration=comm_calibration)
+        whatif = collective_jobs(whatif, topology, alone.estimate_s)
     if whatif.links:
         if fidelity != "flow":
             raise ValueError(
@@ -282,8 +286,14 @@ def whatif_summary(
     simulated = sorted(
         timeline.ranks, key=lambda r: (r not in first, first.get(r, 0), r not in special, r)
     )
+    collective = [
+        {"share": job.share, "busy": job.busy, "collective_ms": job.collective_s * 1e3}
+        for job in whatif.second_job
+        if job.op is not None and job.collective_s is not None
+    ]
     return {
         **whatif.to_dict(),
+        **({"second_job_as_bursts": collective} if collective else {}),
         "changes": whatif.describe(),
         "culprits": culprits,
         "singled_out_ranks": sorted(special),

@@ -12,7 +12,11 @@
   through the NIC of the next GPU of the same server (PXN over NVLink, ``NCCL_PXN_DISABLE=0``
   is NCCL's default on NVSwitch servers), which then carries two GPUs' traffic;
 - **second job**: another job's traffic holds ``share`` of every NIC link of those servers, both
-  directions, for the whole step (its own collectives at a steady rate).
+  directions, for the whole step (its own collectives at a steady rate) or in bursts; given as
+  its own collectives (an op of a size every period), ``collective_jobs`` turns it into a
+  share and bursts: while it runs it holds ``COLLECTIVE_JOB_SHARE`` of the NICs (two jobs'
+  flows share a NIC fairly), so its collective takes ``1 / COLLECTIVE_JOB_SHARE`` times its
+  time alone, and that is its busy part of each period.
 
 Ranks stay identical unless a what-if singles some out; ``whatif_ranks`` then simulates one
 rank per class of ranks the what-if cannot tell apart (``sim.replay.folding``).
@@ -75,6 +79,24 @@ def check_whatif(whatif: WhatIf, topology: Topology) -> None:
                 )
         if not graph.has_edge(a, b):
             raise ValueError(f"whatif link {a}-{b}: those switches are not linked")
+
+
+def collective_jobs(whatif: WhatIf, topology: Topology, estimate_s: Callable[..., float]) -> WhatIf:
+    """The what-if with each second job given as its collectives turned into a share and
+    bursts: one of its collectives over every GPU of its servers alone on ``topology``
+    (``estimate_s``, the closed form) takes ``collective_s``; at its ``share`` of the NICs it
+    takes ``collective_s / share``, which is its ``busy`` part of each period (1: it never
+    stops, and holds its share steadily)."""
+    jobs = []
+    for job in whatif.second_job:
+        if job.op is not None:
+            assert job.period_s is not None
+            ranks = [r for r in range(topology.num_gpus) if topology.node_index(r) in job.nodes]
+            alone = estimate_s(job.op, ranks, job.size_bytes)
+            busy = min(1.0, alone / job.share / job.period_s)
+            job = dataclasses.replace(job, busy=busy, collective_s=alone)
+        jobs.append(job)
+    return dataclasses.replace(whatif, second_job=tuple(jobs))
 
 
 def slowdowns(whatif: WhatIf, topology: Topology) -> dict[int, float]:
@@ -165,6 +187,8 @@ def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
                     f"whatif link {a}-{b} down: {lower} has no other link up the fabric"
                 )
     for job in whatif.second_job:
+        if job.op is not None and job.collective_s is None:
+            raise RuntimeError("a second job given as collectives needs collective_jobs first")
         nics = {
             _nic(topology, r)
             for r in range(topology.num_gpus)

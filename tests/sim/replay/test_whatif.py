@@ -400,7 +400,7 @@ def test_a_whatif_outside_the_cluster_is_refused(flag: str, message: str, nodes:
         ("second_job=0-99999999999:0.3", "at most 65,536 servers"),
         ("moe_imbalance=abc", "must be a number >= 1 (1: balanced), got 'abc'"),
         ("slow_gpu=3", "expected slow_gpu=WHO:AMOUNT"),
-        ("second_job=0-3:0.5:200", "expected second_job=NODES:SHARE or NODES:SHARE:PERIOD_MS"),
+        ("second_job=0-3:0.5:200", "expected second_job=NODES:SHARE, NODES:SHARE:PERIOD_MS"),
         ("second_job=0-3:0.5:0.0001:0.5", "period_ms must be >= 0.001, got 0.0001"),
     ],
 )

@@ -1,0 +1,127 @@
+"""A second job given as its own collectives: an op of a size over its servers every period,
+turned into a share of their NICs and bursts (``sim.replay.whatif.collective_jobs``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import simpy
+
+from schedules.whatif import COLLECTIVE_JOB_SHARE, parse_flags, parse_whatif
+from sim.network.comm_model import CommModel
+from sim.replay.simulate import plan_topology, simulate_plan
+from sim.replay.whatif import collective_jobs
+
+from .test_whatif import _plan, _with
+
+GIB = 1 << 30
+
+
+def _alone_s(plan, op: str, nodes: int, size: int) -> float:
+    """One collective over every GPU of servers 0..nodes-1, alone on the plan's network."""
+    topology = plan_topology(plan)
+    ranks = list(range(nodes * topology.gpus_per_node))
+    return CommModel(simpy.Environment(), topology).estimate_s(op, ranks, size)
+
+
+def test_a_collective_job_reads_alike_from_the_plan_and_the_flags() -> None:
+    section = parse_whatif(
+        {"second_job": [{"nodes": [0, 1, 2, 3], "op": "allreduce", "size_mib": 512,
+                         "period_ms": 200, "offset_ms": 50}]}
+    )  # fmt: skip
+    flags = parse_flags(["second_job=0-3:all_reduce:512:200:50"])
+    assert section == flags
+    (job,) = section.second_job
+    assert (job.op, job.size_bytes, job.period_s, job.offset_s) == (
+        "all_reduce",
+        1 << 29,
+        0.2,
+        0.05,
+    )
+    assert job.share == COLLECTIVE_JOB_SHARE == 0.5
+    assert parse_whatif(section.to_dict()) == section
+    assert section.describe() == [
+        "a second job runs all_reduce of 512 MiB over server(s) 0-3 every 200 ms from 50 ms, "
+        "at 50% of their NICs while it runs"
+    ]
+
+
+def test_its_busy_part_is_its_collective_at_half_the_nics() -> None:
+    """busy = (time alone) / share / period; the step is the one the same share and bursts
+    given by hand give, and the report says both."""
+    plan = _plan(4, tp=8, pp=1, global_batch=32)
+    alone = _alone_s(plan, "all_reduce", 4, GIB)
+    period_ms = 40 * alone * 1e3
+    job = _with(plan, f"second_job=0-3:all_reduce:1024:{period_ms!r}")
+    resolved = collective_jobs(job.whatif, plan_topology(plan), _estimate(plan))
+    (entry,) = resolved.second_job
+    assert entry.collective_s == pytest.approx(alone, rel=1e-12)
+    assert entry.busy == pytest.approx(alone / 0.5 / (period_ms / 1e3), rel=1e-12)
+    assert entry.busy == pytest.approx(0.05)
+    by_hand = parse_whatif(
+        {"second_job": [{"nodes": [0, 1, 2, 3], "share": 0.5, "period_ms": period_ms,
+                         "busy": entry.busy}]}
+    )  # fmt: skip
+    result = simulate_plan(job)
+    assert (
+        result.step_time_s == simulate_plan(dataclasses.replace(plan, whatif=by_hand)).step_time_s
+    )
+    (change,) = result.extra["whatif"]["changes"]
+    assert change.endswith(": 50% of their NICs for 5% of the time")
+    (bursts,) = result.extra["whatif"]["second_job_as_bursts"]
+    assert bursts == {"share": 0.5, "busy": entry.busy, "collective_ms": alone * 1e3}
+
+
+def _estimate(plan):
+    return CommModel(simpy.Environment(), plan_topology(plan)).estimate_s
+
+
+def test_a_collective_longer_than_half_its_period_holds_the_nics_throughout() -> None:
+    plan = _plan(4, tp=8, pp=1, global_batch=32)
+    alone = _alone_s(plan, "all_gather", 4, GIB)
+    busy = _with(plan, f"second_job=0-3:all_gather:1024:{1.5 * alone * 1e3!r}")
+    (entry,) = collective_jobs(busy.whatif, plan_topology(plan), _estimate(plan)).second_job
+    assert entry.busy == 1.0 and not entry.bursty
+    steady = simulate_plan(_with(plan, "second_job=0-3:0.5")).step_time_s
+    assert simulate_plan(busy).step_time_s == steady
+
+
+def test_bigger_or_more_frequent_collectives_never_speed_the_step() -> None:
+    """DP all-reduces across 16 servers: no job, then 64 MiB and 1 GiB every 100 ms, then 1 GiB
+    every 10 ms, then the job holding half the NICs throughout."""
+    plan = _plan(16, tp=8, pp=1, global_batch=64)
+    free = simulate_plan(plan).step_time_s
+    steps = [
+        simulate_plan(_with(plan, flag)).step_time_s
+        for flag in (
+            "second_job=0-15:all_reduce:64:100",
+            "second_job=0-15:all_reduce:1024:100",
+            "second_job=0-15:all_reduce:1024:10",
+            "second_job=0-15:0.5",
+        )
+    ]
+    assert free <= steps[0] <= steps[1] <= steps[2] <= steps[3]
+    assert free < steps[3]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"nodes": [3], "op": "all_reduce", "size_mib": 1, "period_ms": 10},
+         "a collective over server 3 alone never leaves it"),
+        ({"nodes": [0, 1], "op": "send_recv", "size_mib": 1, "period_ms": 10},
+         ".op must be a collective over the servers' GPUs (all_reduce, all_gather, "
+         "reduce_scatter, all_to_all, broadcast, reduce), got 'send_recv'"),
+        ({"nodes": [0, 1], "op": "all_reduce", "size_mib": -1, "period_ms": 10},
+         ".size_mib must be > 0, got -1"),
+        ({"nodes": [0, 1], "op": "all_reduce", "size_mib": "1M", "period_ms": 10},
+         ".size_mib must be a finite number, got '1M'"),
+        ({"nodes": [0, 1], "op": "all_reduce", "size_mib": 1}, "missing key period_ms"),
+        ({"nodes": [0, 1], "op": "all_reduce", "size_mib": 1, "period_ms": 10, "busy": 0.5},
+         "unknown key 'busy'"),
+    ],
+)  # fmt: skip
+def test_a_bad_collective_job_names_the_key_and_value(raw, message) -> None:
+    with pytest.raises(ValueError, match=__import__("re").escape(message)):
+        parse_whatif({"second_job": [raw]})
