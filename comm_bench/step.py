@@ -38,6 +38,7 @@ from comm_bench.compute import UsageError, detect_gpu_key, resolve_device
 from comm_bench.step_model import batch_of, build_model
 from fileio.output import Target, check_output, write_bytes, write_text
 from schedules.activations import layer_activation_bytes, logits_bytes
+from schedules.memory import eager_saved_bytes
 from schedules.params import embedding_params, layer_params, lm_head_params
 from schedules.plan import Plan, load_plan, plan_to_dict
 from topologies.hardware import GPUS
@@ -105,6 +106,7 @@ def slice_layers(plan: Plan, free_bytes: float) -> int:
     per_layer = layer_params(model) * STATE_BYTES_PER_PARAM + layer_activation_bytes(
         model, training.micro_batch_size, recompute=recompute, flash_attention=True
     )
+    per_layer += eager_saved_bytes(plan)
     budget = free_bytes * MEMORY_HEADROOM - fixed
     return max(1, min(model.num_layers, int(budget // per_layer)))
 

@@ -56,7 +56,7 @@ from schedules.kernels import (
     torch_ddp_step,
 )
 from schedules.messages import PARAM_BYTES
-from schedules.moe import expert_data_parallel, moe_activation_bytes
+from schedules.moe import expert_data_parallel, expert_tokens, expert_width, moe_activation_bytes
 from schedules.offload import gpu_offload_buffer_bytes, gpu_state_bytes_per_param
 from schedules.params import (
     layer_params_per_gpu,
@@ -168,37 +168,55 @@ def moe_layer_extra_bytes(plan: Plan) -> float:
     return moe_activation_bytes(plan) - ACTIVATION_BYTES * tokens * dense_hidden
 
 
-def eager_saved_bytes(plan: Plan) -> float:
+def eager_saved_bytes(
+    plan: Plan, *, recompute: str | None = None, moe_layer: bool = False
+) -> float:
     """What a layer on the eager stack keeps beyond the fused count of
-    ``schedules.activations``, per micro-batch on one GPU, when nothing of it is recomputed.
+    ``schedules.activations``, per micro-batch on one GPU, under ``recompute`` (the plan's by
+    default); ``moe_layer``: an MoE layer's (its experts' activations instead of the MLP's).
 
-    Counted from the tensors autograd saves for one layer of ``commbench --step``'s model (the
-    same operations as torchtitan's Llama), against the held-out steps' peaks (below):
+    Counted from the tensors autograd saves for one layer of ``commbench --step``'s model
+    (torchtitan's Llama runs the same operations but the rotary's layout), against the held-out
+    steps' peaks (below):
 
     - grouped-query attention repeats K and V to every query head before SDPA
       (``repeat_interleave``; torchtitan's ``repeat_kv``), and SDPA saves its inputs: K and V
       are kept h wide, not kd (2 (h - kd) elements per token). The kd-wide ones are not kept:
       the repeat's backward is a sum that needs no input.
-    - SDPA saves its output in (batch, heads, seq, dim) order, and the output projection saves
-      the contiguous copy it is given: the attention output is kept twice (h more).
+    - ``commbench --step``'s rotary (rope on the eager stack under autocast) leaves Q in
+      (batch, heads, seq, dim) order, and SDPA's output follows Q's layout, so the output
+      projection is given a contiguous copy and the output is kept twice (h more). Where Q is
+      a transposed view (learned positions; torchtitan's rotary before the transpose) the
+      projection's input is a view of SDPA's output: nothing more.
     - a gated MLP's unfused activation (``silu(gate) * up``) saves ``silu(gate)`` for the
-      product's backward, beside the gate, the up projection and the product (f more).
+      product's backward, beside the gate, the up projection and the product (f more; an MoE
+      layer: its routed experts' width per expert token copy, and its shared experts').
 
-    All three are inside the TP region. Under selective, per-op or full recompute the attention
-    core or the whole layer runs again in the backward (a selectively recomputed core leaves the
-    projection's copy only). Compiled, Inductor fuses the activation and keeps the kd-wide K and
-    V: the compiled held-out steps' peaks show none of it. On results/h100_heldout4 the eager
-    Llama steps without recompute were 7.6 % and 12.4 % low with the repeat alone; the
-    remaining deficit was 13,480 and 5,950 bytes per layer and token, where the output copy and
-    the activation give 13,312 and 5,632."""
+    All are inside the TP region. Selective recompute runs the attention core again in the
+    backward, so only the activation's term stays; per-op and full recompute keep none (the
+    layer being recomputed holds them all: ``recompute="none"``). Compiled, Inductor fuses the
+    activation and keeps the kd-wide K and V: the compiled held-out steps' peaks show none of
+    it. On results/h100_heldout4 the eager Llama steps without recompute were 7.6 % and 12.4 %
+    low with the repeat alone; the remaining deficit was 13,480 and 5,950 bytes per layer and
+    token, where the output copy and the activation give 13,312 and 5,632."""
     model, parallel = plan.model, plan.parallel
-    if kernel_stack(plan) != "eager":
+    recompute = parallel.recompute if recompute is None else recompute
+    if kernel_stack(plan) != "eager" or recompute not in ("none", "selective"):
         return 0.0
-    elements = max(model.hidden_size - model.kv_size, 0) * 2 + model.hidden_size
-    if model.gated_mlp:
-        elements += model.ffn_hidden_size
     tokens = plan.training.micro_batch_size * model.seq_len / parallel.cp
-    return ACTIVATION_BYTES * elements * tokens / parallel.tp
+    attention = 0.0
+    if recompute == "none":
+        attention = 2 * max(model.hidden_size - model.kv_size, 0)
+        if model.position_embedding == "rope" and autocast_weights(plan):
+            attention += model.hidden_size
+    total = attention * tokens / parallel.tp
+    if not model.gated_mlp:
+        return ACTIVATION_BYTES * total
+    if not moe_layer:
+        return ACTIVATION_BYTES * (total + model.ffn_hidden_size * tokens / parallel.tp)
+    experts = expert_tokens(plan) * expert_width(model) / parallel.expert_tp
+    shared = tokens * model.moe_shared_expert_ffn_hidden_size / parallel.tp
+    return ACTIVATION_BYTES * (total + experts + shared)
 
 
 def _per_layer_bytes(plan: Plan, stage: int) -> float:
@@ -214,15 +232,15 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
         recompute=parallel.recompute,
         flash_attention=training.flash_attention,
     )
-    if parallel.recompute == "none":
-        per_layer += eager_saved_bytes(plan)
+    per_layer += eager_saved_bytes(plan)
     if autocast_weights(plan):
         saved = 1 if parallel.recompute == "full" else 2
         per_layer += saved * FP32_RESIDUAL_EXTRA_BYTES * residual_stream_elements(plan)
     layers = layers_per_stage(plan, stage)
     num_moe = stage_moe_layers(plan, stage)
     if num_moe:
-        moe_layer = per_layer + moe_layer_extra_bytes(plan)
+        experts = eager_saved_bytes(plan, moe_layer=True) - eager_saved_bytes(plan)
+        moe_layer = per_layer + moe_layer_extra_bytes(plan) + experts
         per_layer = ((layers - num_moe) * per_layer + num_moe * moe_layer) / layers
     return per_layer
 
@@ -264,8 +282,10 @@ def activation_bytes(plan: Plan, stage: int) -> float:
             sequence_parallel=parallel.sequence_parallel,
             recompute="none",
             flash_attention=training.flash_attention,
-        ) + eager_saved_bytes(plan)
-        total += max(moe_layer_extra_bytes(whole), 0.0) if stage_moe_layers(plan, stage) else 0.0
+        )
+        moe = bool(stage_moe_layers(plan, stage))
+        total += eager_saved_bytes(plan, recompute="none", moe_layer=moe)
+        total += max(moe_layer_extra_bytes(whole), 0.0) if moe else 0.0
     return total + _head_bytes(plan, stage)
 
 

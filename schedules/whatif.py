@@ -345,6 +345,8 @@ COLLECTIVE_JOB_OPS = (
 """The collectives a second job may run over its servers' GPUs (nccl-tests' names, such as
 ``allreduce``, are read as these)."""
 MIB = 1 << 20
+MAX_COLLECTIVE_JOB_MIB = float(1 << 30)
+"""Largest collective a second job may run (1 PiB: far beyond any GPU's memory)."""
 COLLECTIVE_JOB_SHARE = 0.5
 """The part of a NIC a second job's collective takes while it runs: NCCL's flows of two jobs
 through one NIC share it fairly (max-min), so each gets half; the job's collective then takes
@@ -417,8 +419,10 @@ def _collective_job(where: str, nodes: tuple[int, ...], raw: Mapping[str, Any]) 
             "give two servers or more"
         )
     size_mib = _number(where, "size_mib", raw["size_mib"])
-    if size_mib <= 0:
-        raise ValueError(f"{where}.size_mib must be > 0, got {size_mib:g}")
+    if not 0 < size_mib <= MAX_COLLECTIVE_JOB_MIB:
+        raise ValueError(
+            f"{where}.size_mib must be in (0, {MAX_COLLECTIVE_JOB_MIB:g}] (1 PiB), got {size_mib:g}"
+        )
     bursts = _bursts(where, {k: raw[k] for k in ("period_ms", "offset_ms") if k in raw})
     return SecondJob(
         nodes=nodes, share=COLLECTIVE_JOB_SHARE, op=op, size_bytes=size_mib * MIB, **bursts

@@ -287,7 +287,13 @@ def whatif_summary(
         timeline.ranks, key=lambda r: (r not in first, first.get(r, 0), r not in special, r)
     )
     collective = [
-        {"share": job.share, "busy": job.busy, "collective_ms": job.collective_s * 1e3}
+        {
+            "nodes": list(job.nodes),
+            "op": job.op,
+            "share": job.share,
+            "busy": job.busy,
+            "collective_ms": job.collective_s * 1e3,
+        }
         for job in whatif.second_job
         if job.op is not None and job.collective_s is not None
     ]

@@ -36,9 +36,9 @@ SMALL = ModelConfig(
     seq_len=2048,
 )
 GIB = 2**30
-EAGER_EXTRA = 2 * (2 * (1024 - 256) + 1024 + 4096) * 2048
+EAGER_EXTRA = 2 * (2 * (1024 - 256) + 4096) * 2048
 """What a layer of SMALL keeps on the eager stack beyond the fused count, one micro-batch of 2048
-tokens: K and V repeated from 4 to 16 heads, the attention output's copy and silu(gate), bf16."""
+tokens, bf16: K and V repeated from 4 to 16 heads, and silu(gate)."""
 
 
 def make_plan(
@@ -280,21 +280,34 @@ def test_per_op_recompute_saves_every_other_matmul_output_of_llama3_8b() -> None
 
 
 def test_the_eager_stack_keeps_repeated_kv_the_output_copy_and_the_activation() -> None:
-    """Per layer and micro-batch: 2 (h - kd) + h (+ f when gated) bf16 elements per token,
-    inside the TP region and per CP shard; none compiled, on Megatron or under recompute."""
+    """Per layer and micro-batch, bf16 elements per token: 2 (h - kd) repeated K/V, h more for
+    the attention output under commbench's rotary (rope under autocast), f for silu(gate);
+    selective recompute keeps the last only, full and per-op none; inside the TP region and
+    per CP shard; none compiled or on Megatron; an MoE layer's routed and shared experts."""
     plan = make_plan(1, global_batch_size=1)
     assert memory.eager_saved_bytes(plan) == EAGER_EXTRA
+    autocast = dataclasses.replace(
+        plan, training=dataclasses.replace(plan.training, mixed_precision="autocast")
+    )
+    assert memory.eager_saved_bytes(autocast) == 2 * (2 * 768 + 1024 + 4096) * 2048
+    selective = make_plan(1, recompute="selective", global_batch_size=1)
+    assert memory.eager_saved_bytes(selective) == 2 * 4096 * 2048
+    for mode in ("full", "op"):
+        assert memory.eager_saved_bytes(make_plan(1, recompute=mode, global_batch_size=1)) == 0
+    assert memory.eager_saved_bytes(selective, recompute="none") == EAGER_EXTRA
     sharded = make_plan(8, tp=4, cp=2, global_batch_size=1)
     assert memory.eager_saved_bytes(sharded) == pytest.approx(EAGER_EXTRA / 4 / 2)
-    gpt = dataclasses.replace(
-        plan, model=dataclasses.replace(SMALL, num_kv_heads=16, gated_mlp=False)
-    )
-    assert memory.eager_saved_bytes(gpt) == 2 * 1024 * 2048  # the output's copy only
+    gpt = dataclasses.replace(SMALL, num_kv_heads=16, gated_mlp=False, position_embedding="learned")
+    assert memory.eager_saved_bytes(dataclasses.replace(autocast, model=gpt)) == 0.0
     for stack in ("compile", "megatron"):
         other = dataclasses.replace(plan, training=dataclasses.replace(plan.training, stack=stack))
         assert memory.eager_saved_bytes(other) == 0.0
+    moe = dataclasses.replace(SMALL, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=1024)
+    routed = memory.eager_saved_bytes(dataclasses.replace(plan, model=moe), moe_layer=True)
+    assert routed == 2 * (2 * 768 * 2048 + 2 * 2048 * 1024)  # two expert copies per token
     none = memory.activation_bytes(plan, 0)
-    selective = memory.activation_bytes(make_plan(1, recompute="selective", global_batch_size=1), 0)
     fused = layer_activation_bytes(SMALL, 1, flash_attention=True, recompute="none")
     kept = layer_activation_bytes(SMALL, 1, flash_attention=True, recompute="selective")
-    assert none - selective == pytest.approx(8 * (fused + EAGER_EXTRA - kept))
+    assert none - memory.activation_bytes(selective, 0) == pytest.approx(
+        8 * (fused + EAGER_EXTRA - kept - 2 * 4096 * 2048)
+    )

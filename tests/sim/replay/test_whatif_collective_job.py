@@ -70,7 +70,8 @@ def test_its_busy_part_is_its_collective_at_half_the_nics() -> None:
     (change,) = result.extra["whatif"]["changes"]
     assert change.endswith(": 50% of their NICs for 5% of the time")
     (bursts,) = result.extra["whatif"]["second_job_as_bursts"]
-    assert bursts == {"share": 0.5, "busy": entry.busy, "collective_ms": alone * 1e3}
+    assert bursts == {"nodes": [0, 1, 2, 3], "op": "all_reduce", "share": 0.5,
+                      "busy": entry.busy, "collective_ms": alone * 1e3}  # fmt: skip
 
 
 def _estimate(plan):
@@ -114,7 +115,9 @@ def test_bigger_or_more_frequent_collectives_never_speed_the_step() -> None:
          ".op must be a collective over the servers' GPUs (all_reduce, all_gather, "
          "reduce_scatter, all_to_all, broadcast, reduce), got 'send_recv'"),
         ({"nodes": [0, 1], "op": "all_reduce", "size_mib": -1, "period_ms": 10},
-         ".size_mib must be > 0, got -1"),
+         ".size_mib must be in (0, 1.07374e+09] (1 PiB), got -1"),
+        ({"nodes": [0, 1], "op": "all_reduce", "size_mib": 1e308, "period_ms": 10},
+         ".size_mib must be in (0, 1.07374e+09] (1 PiB), got 1e+308"),
         ({"nodes": [0, 1], "op": "all_reduce", "size_mib": "1M", "period_ms": 10},
          ".size_mib must be a finite number, got '1M'"),
         ({"nodes": [0, 1], "op": "all_reduce", "size_mib": 1}, "missing key period_ms"),
