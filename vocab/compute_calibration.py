@@ -17,9 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from fileio.output import Target, write_text
 from fileio.strict import load_json, read_input, shorten
@@ -35,7 +33,12 @@ EFFICIENCY_KEYS = (*KERNEL_KINDS, "memory", "memory_elementwise", "memory_loss",
 """Keys of ``ComputeCalibration.efficiency``."""
 MIN_EFFICIENCY = 1e-3
 """Smallest fraction of peak accepted: below it kernel times reach 1e300 s and overflow."""
-_DIM_HALF_GRID = np.geomspace(1.0, 16384.0, 241)
+_DIM_HALF_GRID_POINTS = 241
+"""dim_half values ``fit_kernel`` tries: a log grid from 1 to 16384 (numpy, imported by the fit
+alone: a plan on default figures never loads it)."""
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -366,6 +369,8 @@ def save_compute_calibration(calibration: ComputeCalibration, target: Target | s
 
 def _fit_at(dims: np.ndarray, flops: np.ndarray, times: np.ndarray, dim_half: float) -> tuple:
     """Least-squares (relative error) latency and 1/rate for one dim_half; returns (cost, fit)."""
+    import numpy as np
+
     saturation = np.prod(dims / (dims + dim_half), axis=1)
     work = flops / saturation / times  # coefficient of 1/rate, relative to the measured time
     ones = 1.0 / times  # coefficient of the latency
@@ -387,6 +392,8 @@ def fit_kernel(samples: Sequence[tuple[Sequence[float], float, float]]) -> Kerne
     """
     if not samples:
         raise ValueError("fit_kernel needs at least one sample")
+    import numpy as np
+
     dims = np.array([list(d) for d, _, _ in samples], dtype=float)
     flops = np.array([f for _, f, _ in samples], dtype=float)
     times = np.array([t for _, _, t in samples], dtype=float)
@@ -394,5 +401,6 @@ def fit_kernel(samples: Sequence[tuple[Sequence[float], float, float]]) -> Kerne
         raise ValueError("fit_kernel needs positive dims, FLOPs and times")
     if len(samples) < 3:  # too few points for a curve: a plain rate
         return _fit_at(dims, flops, times, 0.0)[1]
-    fits = [_fit_at(dims, flops, times, dim_half) for dim_half in _DIM_HALF_GRID]
+    grid = np.geomspace(1.0, 16384.0, _DIM_HALF_GRID_POINTS)
+    fits = [_fit_at(dims, flops, times, dim_half) for dim_half in grid]
     return min(fits, key=lambda cost_fit: cost_fit[0])[1]

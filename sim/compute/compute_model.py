@@ -30,11 +30,10 @@ GEMM with row-wise float8 scales (``schedules.float8``) runs at ``ROWWISE_SCALED
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import numpy
 
 from schedules.float8 import ROWWISE_GEMM_BACKEND
 from schedules.kernels import (
@@ -281,6 +280,18 @@ def gemm_alignment(dims: Iterable[float], dtype: str) -> float:
     return UNALIGNED_GEMM[4] if worst >= 4 else UNALIGNED_GEMM[2]
 
 
+def _interp(x: float, xs: list[int], ys: list[float]) -> float:
+    """``numpy.interp(x, xs, ys)`` for increasing ``xs``: linear between the points, the end
+    values beyond them (the same arithmetic, so the same floats)."""
+    if x <= xs[0]:
+        return float(ys[0])
+    if x >= xs[-1]:
+        return float(ys[-1])
+    j = bisect.bisect_right(xs, x) - 1
+    slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+    return float(slope * (x - xs[j]) + ys[j])
+
+
 def attention_head_dim_factor(head_dim: float, kind: str, backend: str, family: str) -> float:
     """Rate factor of fused attention at ``head_dim``: the useful share of the padded head
     dimension (``ATTENTION_HEAD_DIM_TILE``), times Hopper's fused kernels' rate at that padded
@@ -294,7 +305,7 @@ def attention_head_dim_factor(head_dim: float, kind: str, backend: str, family: 
         column = 1 if kind == "attention_backward" else 0
         sizes = sorted(HOPPER_ATTENTION_HEAD_DIM)
         rates = [HOPPER_ATTENTION_HEAD_DIM[size][column] for size in sizes]
-        factor *= float(numpy.interp(padded, sizes, rates))  # held flat beyond both ends
+        factor *= _interp(padded, sizes, rates)  # held flat beyond both ends
     return factor
 
 

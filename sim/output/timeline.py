@@ -25,12 +25,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from sim.output.trace import stream_ids
 from sim.replay.result import Span
 
-if TYPE_CHECKING:  # matplotlib loads when a figure is drawn, not for every plan
+if TYPE_CHECKING:  # matplotlib and numpy load when a figure is drawn, not for every plan
+    import numpy as np
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -231,6 +230,8 @@ def column_shares(
     ``sum(t - start for start < t) - sum(t - end for end < t)``, read at the column edges from
     sorted starts and ends, so a lane of 100k spans costs two sorts.
     """
+    import numpy as np
+
     edges_ms = np.linspace(0.0, end_ms, num_columns + 1)
     by_category: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for span in spans:
@@ -246,6 +247,8 @@ def column_shares(
 
 def _covered_before(edges: np.ndarray, points: np.ndarray) -> np.ndarray:
     """``sum(max(0, edge - p) for p in points)`` at every edge (``points`` sorted)."""
+    import numpy as np
+
     count = np.searchsorted(points, edges, side="left")
     prefix = np.concatenate(([0.0], np.cumsum(points)))
     return count * edges - prefix[count]
@@ -254,6 +257,8 @@ def _covered_before(edges: np.ndarray, points: np.ndarray) -> np.ndarray:
 def _draw_shares(ax: Axes, y: int, spans: list[Span], *, compute: bool, end_ms: float) -> set[str]:
     """Draw a crowded lane column by column: each category's share of the column, stacked
     from the lane's foot in legend order (shares summing past 1 are scaled down to fit)."""
+    import numpy as np
+
     height = _COMPUTE_HEIGHT if compute else _COMM_HEIGHT
     shares = column_shares(spans, end_ms=end_ms)
     order = _legend_order(set(shares))
