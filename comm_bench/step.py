@@ -97,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def slice_layers(plan: Plan, free_bytes: float) -> int:
-    """Layers whose weights, optimizer state and one micro-batch's activations fit."""
+def slice_layers(plan: Plan, free_bytes: float, *, compiled: bool = False) -> int:
+    """Layers whose weights, optimizer state and one micro-batch's activations fit, in the loop
+    that runs them (one GPU, autocast, eager or ``compiled``)."""
     model, training = plan.model, plan.training
     recompute = plan.parallel.recompute
     fixed = float(embedding_params(model) + lm_head_params(model)) * STATE_BYTES_PER_PARAM
@@ -106,7 +107,8 @@ def slice_layers(plan: Plan, free_bytes: float) -> int:
     per_layer = layer_params(model) * STATE_BYTES_PER_PARAM + layer_activation_bytes(
         model, training.micro_batch_size, recompute=recompute, flash_attention=True
     )
-    per_layer += eager_saved_bytes(plan)
+    loop = load_plan(measured_plan(plan, num_layers=1, microbatches=1, compiled=compiled))
+    per_layer += eager_saved_bytes(loop)
     budget = free_bytes * MEMORY_HEADROOM - fixed
     return max(1, min(model.num_layers, int(budget // per_layer)))
 
@@ -312,9 +314,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if kind == "cpu":
         torch.set_num_threads(args.threads)
     layers = args.layers
+    compiled = wants_compile(plan.training.stack, args.compile)
     if layers is None:  # on a GPU what fits it; on CPU the plan's model, if it fits the RAM
         free = torch.cuda.mem_get_info(device)[0] if kind == "cuda" else _available_ram()
-        layers = slice_layers(plan, free) if free is not None else plan.model.num_layers
+        fitting = slice_layers(plan, free, compiled=compiled) if free is not None else None
+        layers = plan.model.num_layers if fitting is None else fitting
     if kind == "cpu":
         _check_cpu_work(plan, layers, args.microbatches, steps + warmup + 1, args.max_minutes)
     dtype = args.dtype or ("bf16" if kind == "cuda" else "fp32")
@@ -322,7 +326,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(plan.model, num_layers=layers, recompute=plan.parallel.recompute)
     model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=kind == "cuda")
-    compiled = wants_compile(plan.training.stack, args.compile)
     runnable: torch.nn.Module = torch.compile(model) if compiled else model  # type: ignore[assignment]
     batch = batch_of(plan.model, plan.training.micro_batch_size, device)
     step = _step_fn(runnable, optimizer, batch, microbatches=args.microbatches,

@@ -175,26 +175,32 @@ def eager_saved_bytes(
     ``schedules.activations``, per micro-batch on one GPU, under ``recompute`` (the plan's by
     default); ``moe_layer``: an MoE layer's (its experts' activations instead of the MLP's).
 
-    Counted from the tensors autograd saves for one layer of ``commbench --step``'s model
-    (torchtitan's Llama runs the same operations but the rotary's layout), against the held-out
-    steps' peaks (below):
+    Counted from the tensors autograd saves for one layer (on the CPU, with saved-tensor hooks),
+    against the held-out steps' peaks. The fused count keeps Q, K and V (h + 2 kd per token);
+    the eager stack keeps instead what SDPA (or, under selective recompute, the checkpointed
+    core) is given:
 
-    - grouped-query attention repeats K and V to every query head before SDPA
-      (``repeat_interleave``; torchtitan's ``repeat_kv``), and SDPA saves its inputs: K and V
-      are kept h wide, not kd (2 (h - kd) elements per token). The kd-wide ones are not kept:
-      the repeat's backward is a sum that needs no input.
-    - ``commbench --step``'s rotary (rope on the eager stack under autocast) leaves Q in
-      (batch, heads, seq, dim) order, and SDPA's output follows Q's layout, so the output
-      projection is given a contiguous copy and the output is kept twice (h more). Where Q is
-      a transposed view (learned positions; torchtitan's rotary before the transpose) the
-      projection's input is a view of SDPA's output: nothing more.
+    - grouped-query attention repeats K and V to every query head before SDPA (``repeat_kv``,
+      ``repeat_interleave``), and SDPA saves its inputs: K and V h wide. The kd-wide ones are
+      not kept (the repeat's backward is a sum that needs no input).
+    - ``commbench --step``'s model (the loop under autocast: ``autocast_weights``) computes Q, K
+      and V in one projection and splits its output into views. A view that SDPA or the
+      checkpoint keeps keeps that whole output (h + 2 kd): with learned positions Q is one, and
+      without grouped-query attention V is one. Its rotary writes new Q and K, laid out
+      (batch, heads, seq, dim), so SDPA's output follows that layout and the output projection
+      is given a contiguous copy: the output is kept twice (h more). torchtitan's Llama
+      (separate projections, the rotary before the transpose) keeps neither.
     - a gated MLP's unfused activation (``silu(gate) * up``) saves ``silu(gate)`` for the
       product's backward, beside the gate, the up projection and the product (f more; an MoE
       layer: its routed experts' width per expert token copy, and its shared experts').
 
-    All are inside the TP region. Selective recompute runs the attention core again in the
-    backward, so only the activation's term stays; per-op and full recompute keep none (the
-    layer being recomputed holds them all: ``recompute="none"``). Compiled, Inductor fuses the
+    Per token and layer, in elements, with recompute none: 2 (h - kd) with separate
+    projections; in ``commbench --step``'s model with rope 3h - 2kd (grouped-query) or
+    2h + kd, and with learned positions 2h (grouped-query) or 0. Selective recompute runs the
+    attention core again, so only what the checkpoint holds beyond Q, K and V stays: h + kd
+    in that model with rope (the new Q and K; V's view keeps the projection's output), and
+    ``silu(gate)``. Per-op and full recompute keep none (the layer being recomputed holds them
+    all: ``recompute="none"``). All are inside the TP region. Compiled, Inductor fuses the
     activation and keeps the kd-wide K and V: the compiled held-out steps' peaks show none of
     it. On results/h100_heldout4 the eager Llama steps without recompute were 7.6 % and 12.4 %
     low with the repeat alone; the remaining deficit was 13,480 and 5,950 bytes per layer and
@@ -203,12 +209,22 @@ def eager_saved_bytes(
     recompute = parallel.recompute if recompute is None else recompute
     if kernel_stack(plan) != "eager" or recompute not in ("none", "selective"):
         return 0.0
+    h, kd = model.hidden_size, min(model.kv_size, model.hidden_size)
+    grouped, rope = kd < h, model.position_embedding == "rope"
+    fused_qkv = autocast_weights(plan)  # commbench --step's model
+    counted = h + 2 * kd  # Q, K and V in the fused count
+    if recompute == "selective":
+        attention = h + kd if fused_qkv and rope else 0.0
+    elif not fused_qkv:
+        attention = 2 * (h - kd)
+    else:
+        view_kept = not rope or not grouped  # Q's view (learned) or V's view (no repeat)
+        new_q = h if rope else 0
+        new_k = h if grouped else (kd if rope else 0)
+        new_v = h if grouped else 0
+        output_copy = h if rope else 0
+        attention = (counted if view_kept else 0) + new_q + new_k + new_v - counted + output_copy
     tokens = plan.training.micro_batch_size * model.seq_len / parallel.cp
-    attention = 0.0
-    if recompute == "none":
-        attention = 2 * max(model.hidden_size - model.kv_size, 0)
-        if model.position_embedding == "rope" and autocast_weights(plan):
-            attention += model.hidden_size
     total = attention * tokens / parallel.tp
     if not model.gated_mlp:
         return ACTIVATION_BYTES * total

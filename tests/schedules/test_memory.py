@@ -289,7 +289,23 @@ def test_the_eager_stack_keeps_repeated_kv_the_output_copy_and_the_activation() 
     autocast = dataclasses.replace(
         plan, training=dataclasses.replace(plan.training, mixed_precision="autocast")
     )
+    # commbench's model (one QKV projection split into views, rope writing new Q and K in
+    # heads-first order): 3h - 2kd = 2 (h - kd) + the output's copy h
     assert memory.eager_saved_bytes(autocast) == 2 * (2 * 768 + 1024 + 4096) * 2048
+
+    def autocast_with(**model: object) -> Plan:
+        return dataclasses.replace(autocast, model=dataclasses.replace(SMALL, **model))
+
+    mha = autocast_with(num_kv_heads=16)  # V's view keeps the QKV output: 2h + kd = 3h
+    assert memory.eager_saved_bytes(mha) == 2 * (3 * 1024 + 4096) * 2048
+    learned = autocast_with(position_embedding="learned")  # Q's view keeps it: 2h
+    assert memory.eager_saved_bytes(learned) == 2 * (2 * 1024 + 4096) * 2048
+    plain = autocast_with(position_embedding="learned", num_kv_heads=16)  # views only: 0
+    assert memory.eager_saved_bytes(plain) == 2 * 4096 * 2048
+    checkpointed = dataclasses.replace(
+        autocast, parallel=dataclasses.replace(autocast.parallel, recompute="selective")
+    )  # the checkpoint holds the new Q and K and V's view: h + kd, and silu(gate)
+    assert memory.eager_saved_bytes(checkpointed) == 2 * (1024 + 256 + 4096) * 2048
     selective = make_plan(1, recompute="selective", global_batch_size=1)
     assert memory.eager_saved_bytes(selective) == 2 * 4096 * 2048
     for mode in ("full", "op"):
@@ -305,6 +321,9 @@ def test_the_eager_stack_keeps_repeated_kv_the_output_copy_and_the_activation() 
     moe = dataclasses.replace(SMALL, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=1024)
     routed = memory.eager_saved_bytes(dataclasses.replace(plan, model=moe), moe_layer=True)
     assert routed == 2 * (2 * 768 * 2048 + 2 * 2048 * 1024)  # two expert copies per token
+    shared = dataclasses.replace(moe, moe_shared_expert_ffn_hidden_size=512)
+    both = memory.eager_saved_bytes(dataclasses.replace(plan, model=shared), moe_layer=True)
+    assert both == routed + 2 * 2048 * 512  # and every token's shared expert
     none = memory.activation_bytes(plan, 0)
     fused = layer_activation_bytes(SMALL, 1, flash_attention=True, recompute="none")
     kept = layer_activation_bytes(SMALL, 1, flash_attention=True, recompute="selective")

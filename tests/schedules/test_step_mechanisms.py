@@ -181,9 +181,11 @@ def test_an_autocast_loop_keeps_fp32_weights_and_two_moments() -> None:
 
 
 def test_the_fp32_residual_stream_is_saved_at_four_bytes() -> None:
-    """Two residual-stream tensors per layer saved 2 bytes wider under autocast, and the
-    attention output's contiguous copy that ``commbench --step``'s rotary leads to (rope under
-    autocast: ``schedules.memory.eager_saved_bytes``), 2 bytes x h; two layers."""
+    """Two residual-stream tensors per layer saved 2 bytes wider under autocast; and what
+    ``commbench --step``'s own model keeps beyond separate projections (autocast is its loop:
+    ``schedules.memory.eager_saved_bytes``): without grouped-query attention V's view keeps the
+    QKV output (h + 2h) beside the new Q and K (2h) and the output's copy (h), 3h more than the
+    3h counted; two layers."""
     autocast, bf16 = _memory(micro=2), _memory(micro=2, mixed_precision="bf16_weights")
-    residual, output_copy = 2 * 2 * 2 * TOKENS * H, 2 * 2 * TOKENS * H
-    assert autocast["activations"] - bf16["activations"] == pytest.approx(residual + output_copy)
+    residual, fused_qkv = 2 * 2 * 2 * TOKENS * H, 2 * 2 * 3 * TOKENS * H
+    assert autocast["activations"] - bf16["activations"] == pytest.approx(residual + fused_qkv)
