@@ -184,7 +184,8 @@ class Engine:
         )
         streams: dict[Hashable, list[int]] = defaultdict(list)
         for index, action in enumerate(program.actions):
-            if any(d >= index or d < 0 for d in action.deps):
+            deps = action.deps
+            if deps and (max(deps) >= index or min(deps) < 0):
                 raise ValueError(f"rank {program.rank} action {index} depends on a later action")
             if isinstance(action, Compute):
                 streams[action.stream].append(index)
