@@ -343,7 +343,8 @@ COLLECTIVE_JOB_OPS = (
     "reduce",
 )
 """The collectives a second job may run over its servers' GPUs (nccl-tests' names, such as
-``allreduce``, are read as these)."""
+``allreduce``, are read as these): ``vocab.collectives.OPS`` but the point-to-point one, spelled
+out because ``schedules`` imports nothing from ``vocab`` (a test keeps the two alike)."""
 MIB = 1 << 20
 MAX_COLLECTIVE_JOB_MIB = float(1 << 30)
 """Largest collective a second job may run (1 PiB: far beyond any GPU's memory)."""

@@ -25,6 +25,13 @@ def _alone_s(plan, op: str, nodes: int, size: int) -> float:
     return CommModel(simpy.Environment(), topology).estimate_s(op, ranks, size)
 
 
+def test_a_second_job_runs_any_collective_of_the_vocabulary_but_send_recv() -> None:
+    from schedules.whatif import COLLECTIVE_JOB_OPS
+    from vocab.collectives import OPS
+
+    assert set(COLLECTIVE_JOB_OPS) == set(OPS) - {"send_recv"}
+
+
 def test_a_collective_job_reads_alike_from_the_plan_and_the_flags() -> None:
     section = parse_whatif(
         {"second_job": [{"nodes": [0, 1, 2, 3], "op": "allreduce", "size_mib": 512,
