@@ -408,6 +408,8 @@ class ProgramBuilder:
     def after_compute(self, *extra: int) -> tuple[int, ...]:
         """Deps for something issued now: the latest compute plus ``extra``."""
         base = () if self.last_compute is None else (self.last_compute,)
+        if not extra:
+            return base
         return tuple(sorted({*base, *extra}))
 
     def collective(
@@ -458,7 +460,7 @@ class ProgramBuilder:
                     Compute(
                         name=f"{label} {step.name}",
                         duration_s=step.duration_s,
-                        deps=tuple(sorted(set(waits))),
+                        deps=tuple(waits) if len(waits) < 2 else tuple(sorted(set(waits))),
                         launch_s=step.launch_s,
                     )
                 )
