@@ -127,12 +127,17 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _first_failure(procs: Sequence[subprocess.Popen[bytes]]) -> int | None:
-    """Rank of the failed child to blame: killed by a signal first, then the lowest rank."""
+def _first_failure(
+    procs: Sequence[subprocess.Popen[bytes]], spared: frozenset[int] = frozenset()
+) -> int | None:
+    """Rank of the failed child to blame: killed by a signal first, then the lowest rank; ranks
+    in ``spared`` (the launcher killed them itself) are not blamed."""
     failed = [
         (p.returncode, r)
         for r, p in enumerate(procs)
-        if p.returncode is not None and p.returncode not in (0, EXIT_WRONG, EXIT_NOTHING)
+        if r not in spared
+        and p.returncode is not None
+        and p.returncode not in (0, EXIT_WRONG, EXIT_NOTHING)
     ]
     if not failed:
         return None
@@ -143,23 +148,31 @@ def _wait_all(
     procs: Sequence[subprocess.Popen[bytes]], timeout_s: float, received: list[int]
 ) -> int | None:
     """Wait for every child; after a failure, give the rest ``timeout_s`` then kill them.
-    Returns at once when a signal was ``received`` (the caller stops the ranks)."""
+    Returns at once when a signal was ``received`` (the caller stops the ranks).
+
+    The rank blamed is chosen once every exit is known: a rank killed by a signal takes its
+    peers down with it, and a peer's error can be reaped before the killed rank's own exit."""
     culprit: int | None = None
     deadline = float("inf")
+    killed: set[int] = set()
     while any(p.poll() is None for p in procs) and not received:
         if culprit is None:
             culprit = _first_failure(procs)
             if culprit is not None:
                 deadline = time.monotonic() + timeout_s
         if time.monotonic() > deadline:
-            for p in procs:
+            for rank, p in enumerate(procs):
                 if p.poll() is None:
                     p.kill()
+                    killed.add(rank)
             for p in procs:
                 p.wait()
             break
         time.sleep(POLL_S)
-    return culprit if culprit is not None else _first_failure(procs)
+    if received:
+        return culprit
+    blamed = _first_failure(procs, frozenset(killed))
+    return blamed if blamed is not None else culprit
 
 
 def _saved_count(output: Path) -> int | None:

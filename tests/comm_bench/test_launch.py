@@ -59,3 +59,37 @@ def test_a_hung_rank_is_detected_within_the_timeout(commbench):
     assert run.elapsed_s < 3 * 3 + 30
     assert "all_reduce 2048 B" in run.stderr
     assert [r.size_bytes for r in read_results(run.output)] == [1024, 1024]
+
+
+class _Child:
+    """A stand-in for a rank's process whose exit shows up at a given poll."""
+
+    def __init__(self, code: int | None, after_polls: int = 0) -> None:
+        self.code, self.after_polls, self.returncode = code, after_polls, None
+        self.killed = False
+
+    def poll(self) -> int | None:
+        if self.after_polls > 0:
+            self.after_polls -= 1
+        elif self.returncode is None and self.code is not None:
+            self.returncode = self.code
+        return self.returncode
+
+    def kill(self) -> None:
+        self.killed, self.code, self.after_polls = True, -9, 0
+
+    def wait(self) -> int | None:
+        return self.poll()
+
+
+def test_the_rank_killed_by_a_signal_is_blamed_though_a_peer_exits_first() -> None:
+    """Rank 1 fails because rank 2 died; rank 2's SIGKILL is reaped a few polls later: the
+    launcher still blames rank 2. A rank it kills itself after the timeout is never blamed."""
+    from comm_bench.launch import _wait_all
+
+    failure = 3  # comm_bench.faults.EXIT_FAILURE: a collective failed
+    peer_first = [_Child(0), _Child(failure), _Child(-9, after_polls=3)]
+    assert _wait_all(peer_first, 30.0, []) == 2  # type: ignore[arg-type]
+    hung = [_Child(failure), _Child(None)]  # rank 1 never exits: killed at the timeout
+    assert _wait_all(hung, 0.0, []) == 0  # type: ignore[arg-type]
+    assert hung[1].killed
