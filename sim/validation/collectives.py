@@ -6,10 +6,10 @@ tables, each with its node count). Each cluster is predicted twice:
 
 - **uncalibrated**: the presets and NCCL's own tuning tables, nothing fitted;
 - **leave-one-cluster-out**: the network model's parameters (latencies, efficiency, protocol
-  scale per op, algorithm and scope; ``sim.network.fitting``) fitted on every OTHER cluster's
-  measurements pooled, each priced on its own topology (across servers: the other clusters on
-  the same transport, InfiniBand / RoCE, EFA or TCPX, where there are some), then the cluster
-  is predicted.
+  scale per op, algorithm and scope; ``sim.network.fitting``) fitted on each OTHER cluster's
+  measurements, priced on its own topology, and the median taken over the clusters like the one
+  predicted (within a server: the same GPU generation and NVLink kind; across servers: the same
+  fabric preset; ``fit_on``), then the cluster is predicted.
 
 Errors are on bus bandwidth (simulated / measured - 1), scored on sizes >= 1 MiB, per cluster,
 op, node count and size band. The fabric presets' checks (``commsim topo``) come from the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ from typing import Any
 
 from fileio.strict import did_you_mean, load_json, read_input, shorten
 from refdata import COLLECTIVES_DIR
-from sim.network.calibration import Calibration
+from sim.network.analytical import CommParams
+from sim.network.calibration import Calibration, FitQuality
 from sim.network.compare import SIZE_BANDS, Point, compare_records, size_band
 from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory, fit_groups, make_samples
 from topologies.fabrics import NCCL_ALGORITHM_NAMES, NCCL_PROTOCOLS, FabricSpec
+from topologies.hardware import gpu_family
 from topologies.presets import FABRIC_PRESETS, NODE_PRESETS, build_cluster, cluster_topology
 from topologies.topology import Topology
 from vocab.collectives import canonical_op
@@ -293,33 +296,81 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def transport(cluster: Cluster) -> str | None:
-    """How NCCL reaches the cluster's NICs (``ib``, ``ofi``, ``tcpx``; None: one server)."""
-    return None if cluster.fabric is None else FABRIC_PRESETS[cluster.fabric].transport
+def server_kind(cluster: Cluster) -> tuple[str, str]:
+    """What sets a collective's time inside one server: the GPU generation (SM clocks, NVLink
+    generation, NCCL's per-generation tables) and how the GPUs are joined (NVSwitch, bridge)."""
+    node = NODE_PRESETS[cluster.server]
+    return gpu_family(node.gpu), node.intra
 
 
-def fit_on(clusters: Sequence[Cluster], *, like: Cluster | None = None) -> Calibration:
-    """The network model's parameters fitted on these clusters' records pooled, each record
-    priced on its own cluster's topology.
-
-    With ``like``, the parameters across servers come from the clusters on the same transport
-    as ``like`` (a user calibrates an InfiniBand cluster on InfiniBand measurements), or from all
-    of them when none is; those within a server from all of them."""
-    priced = [
-        (c, make_samples(records, factory)) for c in clusters for records, factory in c.groups()
-    ]
-    samples = [s for _, found in priced for s in found]
-    if like is not None and transport(like) is not None:
-        same = [
-            s
-            for c, found in priced
-            for s in found
-            if s.scope == "intra" or transport(c) == transport(like)
-        ]
-        if any(s.scope == "inter" for s in same):
-            samples = same
-    calibration, _notes = fit_groups(samples, "pooled clusters", min_points=3)
+def cluster_fit(cluster: Cluster) -> Calibration:
+    """The network model's parameters fitted on one cluster's own records (each group of >= 3
+    sizes; ``sim.network.fitting.fit_groups``)."""
+    samples = [s for records, factory in cluster.groups() for s in make_samples(records, factory)]
+    calibration, _notes = fit_groups(samples, cluster.name, min_points=3)
     return calibration
+
+
+def fit_on(
+    clusters: Sequence[Cluster],
+    *,
+    like: Cluster | None = None,
+    fits: dict[str, Calibration] | None = None,
+) -> Calibration:
+    """The network model's parameters learnt from these clusters, as a user would calibrate
+    ``like`` from measurements of other machines: each cluster fitted on its own records
+    (``cluster_fit``), then per (op, algorithm, scope) the median of each parameter over the
+    clusters that fitted it, so that one cluster's odd run (a transport misconfigured, a
+    plateau at half the NICs) moves the result by one rank, not by its share of the points.
+
+    With ``like``, only the clusters that resemble it are used: within a server the clusters of
+    the same GPU generation and NVLink kind (an A100 node is calibrated on A100 nodes), across
+    servers the clusters on the same fabric preset; where none is, the presets' own figures
+    stay (uncalibrated). ``fits`` caches ``cluster_fit`` by cluster name."""
+    fits = {} if fits is None else fits
+    for cluster in clusters:
+        if cluster.name not in fits:
+            fits[cluster.name] = cluster_fit(cluster)
+    donors_of: dict[str, list[Cluster]] = {}
+    for cluster in clusters:
+        for group_key in fits[cluster.name].params:
+            donors_of.setdefault(group_key, []).append(cluster)
+    params: dict[str, CommParams] = {}
+    quality: dict[str, FitQuality] = {}
+    for group_key, donors in sorted(donors_of.items()):
+        if like is not None:
+            donors = _resembling(donors, like, scope=group_key.rsplit("/", 1)[-1])
+        if not donors:
+            continue
+        fitted = [fits[c.name].params[group_key] for c in donors]
+        params[group_key] = _median_params(fitted)
+        counts = [fits[c.name].quality[group_key] for c in donors]
+        quality[group_key] = FitQuality(
+            num_points=sum(q.num_points for q in counts),
+            mape=statistics.median(q.mape for q in counts),
+            min_size_bytes=min(q.min_size_bytes for q in counts),
+            max_size_bytes=max(q.max_size_bytes for q in counts),
+        )
+    names = ", ".join(c.name for c in clusters)
+    return Calibration(params=params, quality=quality, topology=f"median of {names}")
+
+
+def _resembling(donors: Sequence[Cluster], like: Cluster, *, scope: str) -> list[Cluster]:
+    """The donors ``fit_on`` uses for ``like`` in ``scope``."""
+    if scope == "inter":
+        return [c for c in donors if like.fabric is not None and c.fabric == like.fabric]
+    return [c for c in donors if server_kind(c) == server_kind(like)]
+
+
+def _median_params(fitted: Sequence[CommParams]) -> CommParams:
+    """Each numeric parameter's median over ``fitted`` (the others as the first has them)."""
+    first = fitted[0]
+    changes = {
+        f.name: statistics.median(getattr(p, f.name) for p in fitted)
+        for f in dataclasses.fields(first)
+        if isinstance(getattr(first, f.name), float)
+    }
+    return dataclasses.replace(first, **changes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -348,9 +399,10 @@ def busbw_mape(points: Sequence[Point]) -> float | None:
 def validate_collectives(clusters: Sequence[Cluster]) -> list[ClusterPoints]:
     """Each cluster uncalibrated and fitted on all the others."""
     results = []
+    fits: dict[str, Calibration] = {}
     for cluster in clusters:
         others = [c for c in clusters if c.name != cluster.name]
-        calibration = fit_on(others, like=cluster) if others else None
+        calibration = fit_on(others, like=cluster, fits=fits) if others else None
         for mode, fitted in (("uncalibrated", None), ("leave-one-cluster-out", calibration)):
             points = [
                 p

@@ -44,9 +44,11 @@ def _cluster(folder: Path, name: str, rows: list[tuple[str, int, int, int, float
     (path / "cluster.json").write_text(json.dumps(doc))
 
 
-def _model_busbw(nodes: int, fabric: str | None, efficiency: float = 1.0) -> list[float]:
-    """The model's all_reduce busbw on ``nodes`` DGX H100 servers, per size: uncalibrated, or
-    with every link at ``efficiency`` of its rate (latencies unchanged)."""
+def _model_busbw(
+    nodes: int, fabric: str | None, efficiency: float = 1.0, server: str = "dgx-h100"
+) -> list[float]:
+    """The model's all_reduce busbw on ``nodes`` servers, per size: uncalibrated, or with every
+    link at ``efficiency`` of its rate (latencies unchanged)."""
     from dataclasses import replace
 
     from sim.network.analytical import ALGORITHMS
@@ -68,7 +70,7 @@ def _model_busbw(nodes: int, fabric: str | None, efficiency: float = 1.0) -> lis
         )
         for s in SIZES
     ]
-    topology = build_cluster("dgx-h100", nodes, fabric if nodes > 1 else None)
+    topology = build_cluster(server, nodes, fabric if nodes > 1 else None)
     calibration = Calibration(
         params={
             key("all_reduce", algo, scope): replace(DEFAULT_PARAMS[algo], efficiency_max=efficiency)
@@ -107,6 +109,58 @@ def test_leave_one_cluster_out_carries_a_machine_efficiency_to_the_held_out_clus
             assert all(0 < e <= 25.0 + 1e-6 for e in errors)
         else:
             assert busbw_mape(r.scored()) < 1.0, (r.cluster, errors)
+
+
+def _loco_mape(tmp_path, held_out: str) -> float:
+    results = validate_collectives(load_clusters(tmp_path))
+    row = next(r for r in results if r.cluster == held_out and r.mode == MODES[1])
+    mape = busbw_mape(row.scored())
+    assert mape is not None
+    return mape
+
+
+def test_one_odd_cluster_does_not_move_what_the_others_agree_on(tmp_path) -> None:
+    """Three nodes at 80% of their links' rate and one at 40% (a misconfigured run): held out,
+    an 80% node is calibrated on the median of the other three's fits, the 80% one, and is
+    predicted within a percent (pooled least squares would land between the two rates)."""
+    for name, efficiency in (("a", 0.8), ("b", 0.8), ("c", 0.8), ("d", 0.4)):
+        busbw = _model_busbw(1, None, efficiency=efficiency)
+        _cluster(
+            tmp_path, name, [("all_reduce", 1, 8, s, b) for s, b in zip(SIZES, busbw, strict=True)]
+        )
+    assert _loco_mape(tmp_path, "a") < 1.0
+
+
+def test_a_server_is_calibrated_on_servers_of_its_own_generation(tmp_path) -> None:
+    """Two A100 nodes at 70% of their links' rate and two H100 nodes at the model's rate: held
+    out, an A100 node takes the other A100's fit (within a percent), not the H100s' (which would
+    predict it 1/0.7 - 1 = 43% fast)."""
+    for name, server, efficiency in (
+        ("a100-a", "dgx-a100", 0.7), ("a100-b", "dgx-a100", 0.7),
+        ("h100-a", "dgx-h100", 1.0), ("h100-b", "dgx-h100", 1.0),
+    ):  # fmt: skip
+        busbw = _model_busbw(1, None, efficiency=efficiency, server=server)
+        rows = [("all_reduce", 1, 8, s, b) for s, b in zip(SIZES, busbw, strict=True)]
+        _cluster(tmp_path, name, rows, server=server)
+    assert _loco_mape(tmp_path, "a100-a") < 1.0
+    assert _loco_mape(tmp_path, "h100-a") < 1.0
+
+
+def test_across_servers_only_clusters_on_the_same_fabric_calibrate(tmp_path) -> None:
+    """Two InfiniBand clusters whose links run at 80%, and a RoCE cluster measured as the model
+    predicts: held out, the RoCE cluster has no other cluster on its fabric, so its presets stand
+    (error 0, where the InfiniBand fits would make it 20% slow); an InfiniBand cluster takes the
+    other's fit."""
+    for name, fabric, efficiency in (
+        ("ib-a", "ib-ndr", 0.8),
+        ("ib-b", "ib-ndr", 0.8),
+        ("roce", "roce-400g", 1.0),
+    ):
+        busbw = _model_busbw(2, fabric, efficiency=efficiency)
+        rows = [("all_reduce", 2, 8, s, b) for s, b in zip(SIZES, busbw, strict=True)]
+        _cluster(tmp_path, name, rows, fabric=fabric)
+    assert _loco_mape(tmp_path, "roce") == pytest.approx(0.0, abs=1e-3)
+    assert _loco_mape(tmp_path, "ib-a") < 1.0
 
 
 def test_the_fabric_check_scores_only_points_across_servers(tmp_path) -> None:
