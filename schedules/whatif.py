@@ -17,7 +17,7 @@ how the step changes when the cluster is not perfect::
       # second_job: [{nodes: [0, 1, 2, 3], op: all_reduce, size_mib: 512, period_ms: 200}]
       links: [{between: [leaf0, spine7], fraction: 0.5}]  # one switch-to-switch link at half
                                                   # its rate, both directions (0: down, traffic
-                                                  # re-routed); --fidelity flow only
+                                                  # re-routed)
 
       moe_imbalance: 1.5                          # the busiest expert of every MoE layer
                                                   # gets 1.5x the mean tokens

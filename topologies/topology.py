@@ -68,6 +68,9 @@ class Topology:
         self.uniform = node is not None
         """Whether every server is built alike (a what-if that degrades one NIC clears it):
         queries may then look at one server for all."""
+        self.intact: Topology | None = None
+        """The cluster before a what-if changed its fabric's switch links (None: unchanged):
+        the analytical model compares a group's routes on both (``fabric_factor``)."""
         gpus = [n for n, kind in graph.nodes(data="kind") if kind == "gpu"]
         gpus.sort(key=lambda n: (graph.nodes[n]["node_index"], graph.nodes[n]["local_index"]))
         self.gpus: tuple[str, ...] = tuple(gpus)

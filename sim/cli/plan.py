@@ -89,8 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a what-if on top of the plan's whatif: section, repeatable: slow_gpu=RANK:0.2, "
         "slow_node=NODE:0.1, nic=RANK:0.5, nic=RANK:down, second_job=NODES:0.3 (nodes 0-3 or "
         "0,2; in bursts NODES:0.5:PERIOD_MS:BUSY[:OFFSET_MS]; as its own collectives "
-        "NODES:all_reduce:SIZE_MIB:PERIOD_MS[:OFFSET_MS]), link=leaf0-spine7:0.5 or :down "
-        "(with --fidelity flow), moe_imbalance=1.5 "
+        "NODES:all_reduce:SIZE_MIB:PERIOD_MS[:OFFSET_MS]), link=leaf0-spine7:0.5 or :down, "
+        "moe_imbalance=1.5 "
         "(every MoE layer) or moe_imbalance=3:2.0,7:1.5 (per layer); "
         "the report compares the step with the plan without them (docs/whatif.md)",
     )

@@ -150,11 +150,6 @@ def run(args: argparse.Namespace) -> int:
     )
     space = _space(args)
     plan = _base_plan(args)
-    if plan.whatif.links:
-        raise ValueError(
-            "commsim search runs the analytical model; the plan's switch link what-if needs the "
-            "flow model: commsim plan PLAN --fidelity flow"
-        )
     topology = plan_topology(plan)
     gpu = topology.gpu_spec(0)
     comm, source = load_calibrations(args.calibration, args.compute_calibration)

@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Simulate every (plan, scenario), print the table, write the files asked for."""
     from schedules.whatif import parse_flags
+    from sim.replay.simulate import plan_topology
+    from sim.replay.whatif import check_whatif
     from sim.search.run import run_calls
     from sim.search.sweep import simulate_scenario, with_deltas
 
@@ -60,13 +62,12 @@ def run(args: argparse.Namespace) -> int:
     scenarios = [()] + [tuple(f.strip() for f in s.split(";") if f.strip()) for s in args.whatif]
     plans = [load_plan_file(path) for path in args.plans]
     for plan in plans:
+        topology = None
         for flags in scenarios:
-            # a bad flag fails here, before any simulation
-            if parse_flags(flags, plan.whatif).links:
-                raise ValueError(
-                    "commsim sweep runs the analytical model; a switch link what-if needs the "
-                    "flow model: commsim plan PLAN --fidelity flow --whatif link=..."
-                )
+            # a bad flag, rank, server or switch fails here, before any simulation
+            whatif = parse_flags(flags, plan.whatif)
+            topology = topology or plan_topology(plan)
+            check_whatif(whatif, topology)
     labels = [plan.name or path.stem for plan, path in zip(plans, args.plans, strict=True)]
     if len(set(labels)) < len(labels):  # two plans of one name: tell them apart by file
         labels = [str(path) for path in args.plans]

@@ -117,6 +117,7 @@ def placement_of(topology: Topology, ranks: Sequence[int]) -> GroupPlacement:
         inter_lat = topology.path_latency_s(cross)
         bisection = topology.bisection_bandwidth_bytes_per_s(effective=True) * len(nodes)
         bisection /= topology.num_nodes
+        net_bw *= fabric_factor(topology, nodes)
     return GroupPlacement(
         num_ranks=len(ranks),
         num_nodes=len(nodes),
@@ -132,6 +133,41 @@ def placement_of(topology: Topology, ranks: Sequence[int]) -> GroupPlacement:
         intra_hw="nvlink" if nvlink_any else "pci",
         nvswitch=_has_nvswitch(topology, ranks[0]),
         **_network_fields(topology, len(nodes) > 1),
+    )
+
+
+def fabric_factor(topology: Topology, nodes: Sequence[Sequence[int]]) -> float:
+    """The share of its network rate a group keeps on a fabric whose switch links a what-if
+    changed (``Topology.intact``; 1 otherwise): its traffic across servers taken as the rail
+    flows of its ring (local GPU c of each server to local GPU c of the next, one channel per
+    local GPU, as ``analytical._ring`` times it), each routed as the fabric routes it, sharing
+    each link with the group's other flows on it; the group moves at its slowest flow's rate,
+    relative to the same flows on the intact fabric (at most 1: a re-route that happens to
+    spread the group's flows better does not make the fabric faster than the analytical model's
+    non-blocking one)."""
+    intact = topology.intact
+    if intact is None or len(nodes) < 2:
+        return 1.0
+    return min(1.0, _slowest_rail_flow(topology, nodes) / _slowest_rail_flow(intact, nodes))
+
+
+def _slowest_rail_flow(topology: Topology, nodes: Sequence[Sequence[int]]) -> float:
+    """Bytes/s of the slowest of the group's rail flows across servers (``fabric_factor``),
+    each link's effective rate shared evenly among the group's flows on it."""
+    width = min(len(members) for members in nodes)
+    flows = [
+        (nodes[i][c], nodes[(i + 1) % len(nodes)][c])
+        for c in range(width)
+        for i in range(len(nodes))
+    ]
+    edges = topology.graph.edges
+    routes = [[e for e in topology.path(a, b) if edges[e]["kind"] == "network"] for a, b in flows]
+    load: dict[tuple[str, str], int] = {}
+    for route in routes:
+        for edge in route:
+            load[edge] = load.get(edge, 0) + 1
+    return min(
+        edges[e]["effective_bandwidth_bytes_per_s"] / load[e] for route in routes for e in route
     )
 
 

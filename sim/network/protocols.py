@@ -165,7 +165,9 @@ class Protocol:
         # per-chunk costs
         wave = min(self.chunk_ops * self.chunk(size_bytes), size_bytes)
         fill = rate_s * self.num_fill_waves * wave / size_bytes
-        return steady * (1.0 + self.chunk_bytes / size_bytes) + fill
+        # start-up: one buffer slot ahead of the steady rate, or the whole message where it is
+        # smaller than a slot (it cannot fill more than itself)
+        return steady * (1.0 + min(self.chunk_bytes, size_bytes) / size_bytes) + fill
 
     def chunk(self, size_bytes: float) -> int:
         """NVLS / NVLSTree: the chunk NCCL moves ``size_bytes`` in (0 elsewhere)."""

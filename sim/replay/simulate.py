@@ -48,6 +48,7 @@ from sim.replay.whatif import (
     collective_jobs,
     culprits,
     degraded_topology,
+    link_signatures,
     signatures,
     slowdowns,
     special_ranks,
@@ -124,17 +125,13 @@ def simulate_plan(
     if any(job.op is not None for job in whatif.second_job):
         alone = CommModel(simpy.Environment(), topology, calibration=comm_calibration)
         whatif = collective_jobs(whatif, topology, alone.estimate_s)
-    if whatif.links:
-        if fidelity != "flow":
-            raise ValueError(
-                "whatif links: one switch-to-switch link is seen by the flow model only "
-                "(--fidelity flow); the analytical model reads the fabric's bisection, not its "
-                "links"
-            )
+    if whatif.links and fidelity == "flow":
         # which ranks' flows cross the link depends on the routes of every rank: none folded
         fold = False
     plain, topology = topology, degraded_topology(topology, whatif)
     signed = signatures(whatif, plain, topology)
+    if whatif.links:  # analytical: each group at its rail flows' rate (``fabric_factor``)
+        signed = {**signed, **link_signatures(step.layout, topology, signed)}
     special = special_ranks(signed, plain)
     gpu = topology.gpu_spec(0)
     env = simpy.Environment()
@@ -324,8 +321,8 @@ def compare_whatif(plan: Plan, result: PlanResult, **options: Any) -> dict[str, 
     slowdown), its optimizer (with the waits it includes) and its waits per group, against the
     same rank of the plain step (its representative there when folded)."""
     options = {**options, "rank_breakdowns": True}
-    if plan.whatif.links:  # the what-if ran every rank (a link's load is every rank's routes)
-        options["fold"] = False
+    if plan.whatif.links and options.get("fidelity") == "flow":
+        options["fold"] = False  # the what-if ran every rank (its flows' routes set the load)
     baseline = simulate_plan(dataclasses.replace(plan, whatif=WhatIf()), **options)
     plain = baseline.extra["rank_breakdowns"]
     ranks = {}

@@ -38,6 +38,7 @@ import simpy
 from schedules.actions import Compute, Program
 from schedules.layout import Layout
 from schedules.whatif import SecondJob, WhatIf
+from sim.network.algorithms import fabric_factor, group_nodes
 from sim.network.flow import Edge, FlowNetwork
 from sim.replay.engine import ClosedFormRunner
 from sim.replay.folding import class_ranks, simulated_ranks
@@ -212,6 +213,8 @@ def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
     )
     everywhere = all(len(j.nodes) == topology.num_nodes for j in whatif.second_job)
     degraded.uniform = topology.uniform and everywhere and not whatif.nics and not whatif.links
+    if whatif.links:
+        degraded.intact = topology
     return degraded
 
 
@@ -249,6 +252,32 @@ def signatures(whatif: WhatIf, topology: Topology, degraded: Topology) -> dict[i
         )
         if factor != 1.0 or ratio != 1.0 or bursts:
             out[rank] = (factor, ratio, bursts)
+    return out
+
+
+LINK_GROUP_KINDS = ("tp", "cp", "dp", "dpcp", "pp")
+"""The groups whose collectives a class of folded ranks shares (``folding.class_ranks``)."""
+
+
+def link_signatures(
+    layout: Layout, degraded: Topology, signed: Mapping[int, Hashable]
+) -> dict[int, Hashable]:
+    """How a switch link what-if treats each rank under the analytical model: the share of its
+    rate each of the rank's groups keeps (``algorithms.fabric_factor``), merged with what
+    ``signed`` already says of the rank. Ranks whose groups all keep their rate are left out."""
+    factors: dict[tuple[int, ...], float] = {}
+
+    def factor(group: tuple[int, ...]) -> float:
+        found = factors.get(group)
+        if found is None:
+            found = factors[group] = round(fabric_factor(degraded, group_nodes(degraded, group)), 9)
+        return found
+
+    out: dict[int, Hashable] = {}
+    for rank in range(layout.world_size):
+        shares = tuple(factor(layout.group(kind, rank)) for kind in LINK_GROUP_KINDS)
+        if any(share != 1.0 for share in shares):
+            out[rank] = (signed.get(rank), shares)
     return out
 
 

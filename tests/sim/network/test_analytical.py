@@ -197,3 +197,49 @@ def test_a_zero_byte_collective_has_no_fill_and_no_division():
     assert proto.bandwidth_s(1e-3, 1.0, 0.0) == pytest.approx(
         1e-3 / proto.bandwidth_factor * proto.chunk_factor(0.0)
     )
+
+
+def test_a_message_smaller_than_a_buffer_slot_fills_with_its_own_bytes():
+    """The start-up is one buffer slot (512 KiB for Simple: 4 MiB / NCCL_STEPS) ahead of the
+    steady rate, or the whole message where it is smaller: at most twice the steady time."""
+    from sim.network.protocols import protocols_for
+
+    two = placement_of(build_cluster("dgx-h100", 2, "ib-ndr"), range(16)).hardware()
+    simple = next(p for p in protocols_for("all_gather", "ring", two) if p.name == "simple")
+    assert simple.chunk_bytes == 512 * 1024
+    rate_s = 1e-6
+    # a 2 MiB message: the slot is a quarter of it
+    assert simple.bandwidth_s(rate_s, 0.0, 2 * 2**20) == pytest.approx(rate_s * 1.25, rel=1e-12)
+    # 4 KiB: the message itself, not a 512 KiB slot (which was 129 x its steady time)
+    assert simple.bandwidth_s(rate_s, 0.0, 4096) == pytest.approx(rate_s * 2.0, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("node", "fabric", "nodes"),
+    [("dgx-h100", None, 1), ("dgx-a100", None, 1), ("dgx-h100", "ib-ndr", 8),
+     ("p5-h100", "efa-p5", 4), ("a3-mega-h100", "gcp-a3-mega", 2)],
+)  # fmt: skip
+def test_a_simple_collective_never_gets_faster_as_it_grows(node, fabric, nodes):
+    """With its algorithm and the Simple protocol held, a bigger message never takes less time
+    (8 B - 1 GiB, powers of two, every op and algorithm the layout runs)."""
+    from sim.network.analytical import OP_ALGORITHMS
+    from sim.network.calibration import DEFAULT_PARAMS
+
+    topology = build_cluster(node, nodes, fabric)
+    layout = placement_of(topology, range(topology.num_gpus))
+    sizes = [2**k for k in range(3, 31)]
+    checked = 0
+    for op, algorithms in OP_ALGORITHMS.items():
+        for algo in algorithms:
+            try:
+                terms = [cost_terms(op, algo, layout, s, "simple") for s in sizes]
+            except ValueError:  # not run on this layout
+                continue
+            if not terms[0].protocols:
+                continue
+            times = [t.time_s(DEFAULT_PARAMS[algo], s) for t, s in zip(terms, sizes, strict=True)]
+            pairs = zip(sizes[1:], times[:-1], times[1:], strict=True)
+            falls = [(s, a, b) for s, a, b in pairs if b < a]
+            assert not falls, (op, algo, falls[:3])
+            checked += 1
+    assert checked >= 4

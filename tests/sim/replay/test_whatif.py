@@ -181,6 +181,47 @@ def _flow_s(topology, op="send_recv", ranks=(0, 8), size=1 << 30) -> float:
     return env.now
 
 
+def test_the_analytical_model_slows_the_groups_whose_rail_flows_cross_a_degraded_link() -> None:
+    """Under the analytical model a group moves at its slowest rail flow (local GPU c of one
+    server to local GPU c of the next): GPU 0 -> GPU 8 crosses leaf0 -> spine7, so at half that
+    link's rate the pair's network rate halves (47 -> 23.5 GB/s) and down it is re-routed at the
+    full rate; a pair whose routes avoid the link keeps it. A step whose data-parallel pairs are
+    (c, 8 + c): the pairs crossing the link run as slowly as pair (0, 8) with GPU 0's NIC at half
+    rate, so the step is the NIC what-if's, to the last digit; folded, it is the unfolded step."""
+    from sim.network.algorithms import placement_of
+
+    topology = _two_leaves()
+    link = ("leaf0", "spine7")
+    half = degraded_topology(topology, parse_flags(["link=leaf0-spine7:0.5"]))
+    down = degraded_topology(topology, parse_flags(["link=leaf0-spine7:down"]))
+
+    def rate(top, ranks) -> float:
+        return placement_of(top, ranks).net_bandwidth_bytes_per_s
+
+    assert rate(topology, [0, 8]) == pytest.approx(47e9)
+    assert rate(half, [0, 8]) == pytest.approx(23.5e9)
+    assert rate(down, [0, 8]) == pytest.approx(47e9)
+    for c in range(8):
+        crosses = any(
+            e in (link, link[::-1]) for e in topology.path(c, 8 + c) + topology.path(8 + c, c)
+        )
+        assert rate(half, [c, 8 + c]) == pytest.approx(23.5e9 if crosses else 47e9), c
+    assert rate(half, list(range(16))) == pytest.approx(23.5e9)  # its ring holds 0 -> 8
+
+    plan = dataclasses.replace(_plan(2, tp=8, pp=1, global_batch=16), whatif=parse_flags([]))
+    slow = simulate_plan(_with(plan, "link=leaf0-spine7:0.5"), topology=topology)
+    nic = simulate_plan(_with(plan, "nic=0:0.5"), topology=topology)
+    assert slow.step_time_s == pytest.approx(nic.step_time_s, rel=1e-12)
+    assert slow.step_time_s > simulate_plan(plan, topology=topology).step_time_s
+    unfolded = simulate_plan(_with(plan, "link=leaf0-spine7:0.5"), topology=topology, fold=False)
+    assert slow.num_simulated_ranks < unfolded.num_simulated_ranks == 16
+    assert slow.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-12)
+    rerouted = simulate_plan(_with(plan, "link=leaf0-spine7:down"), topology=topology)
+    assert rerouted.step_time_s == pytest.approx(
+        simulate_plan(plan, topology=topology).step_time_s, rel=1e-12
+    )
+
+
 def test_a_switch_link_at_half_rate_halves_the_flows_through_it_and_down_reroutes() -> None:
     """GPU 0 -> GPU 8 crosses leaf0 -> spine7 -> leaf1 (a 47 GB/s path). That uplink at half its
     rate doubles the transfer's byte time (latency + S / 23.5 GB/s); down, the fabric routes
@@ -199,14 +240,12 @@ def test_a_switch_link_at_half_rate_halves_the_flows_through_it_and_down_reroute
     down = degraded_topology(topology, parse_flags(["link=leaf0-spine7:down"]))
     assert ("leaf0", "spine7") not in down.path(0, 8)
     assert _flow_s(down) == pytest.approx(base, rel=1e-12)
-    # the whole step: only the flow model sees one link; a link between leaves does not exist
+    # the whole step; a link between leaves does not exist
     plan = dataclasses.replace(_plan(2, tp=8, pp=1, global_batch=16), whatif=parse_flags([]))
     with pytest.raises(ValueError, match="is not a switch of this cluster's fabric"):
         simulate_plan(_with(plan, "link=leaf0-spine99:0.5"), topology=topology, fidelity="flow")
     with pytest.raises(ValueError, match="leaf0-leaf1: those switches are not linked"):
         simulate_plan(_with(plan, "link=leaf0-leaf1:0.5"), topology=topology, fidelity="flow")
-    with pytest.raises(ValueError, match="the flow model only"):
-        simulate_plan(_with(plan, "link=leaf0-spine7:0.5"), topology=topology)
     slow = simulate_plan(_with(plan, "link=leaf0-spine7:0.5"), topology=topology, fidelity="flow")
     assert slow.num_simulated_ranks == 16  # a link's load is every rank's routes: none folded
     plain = simulate_plan(plan, topology=topology, fidelity="flow", fold=False)

@@ -72,9 +72,11 @@ def test_a_bad_scenario_is_refused_before_any_simulation(tmp_path, capsys) -> No
     path.write_text(yaml.safe_dump(PLAN))
     assert main(["sweep", str(path), "--whatif", "slow_gpu=3"]) == 2
     assert "expected slow_gpu=WHO:AMOUNT" in capsys.readouterr().err
-    # a switch link needs the flow model, which sweep does not run
-    assert main(["sweep", str(path), "--whatif", "link=leaf0-spine1:0.5"]) == 2
-    assert "commsim sweep runs the analytical model" in capsys.readouterr().err
+    # a switch the cluster does not have, or a rank it does not have
+    assert main(["sweep", str(path), "--whatif", "link=leaf0-spine999:0.5"]) == 2
+    assert "'spine999' is not a switch of this cluster's fabric" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--whatif", "slow_gpu=99:0.5"]) == 2
+    assert "whatif rank 99: the cluster has ranks 0..15" in capsys.readouterr().err
 
 
 def test_ray_missing_says_how_to_install_it(monkeypatch) -> None:
