@@ -38,6 +38,12 @@ def format_summary(document: dict[str, Any], results: list[ClusterPoints]) -> li
         f"(worst {raw['worst_cluster']}), leave-one-cluster-out {_pct(loco['busbw_mape_pct'])} "
         f"(worst {loco['worst_cluster']})"
     )
+    lines.append(
+        f"  leave-one-cluster-out calibrated {loco['num_calibrated_points']} of the "
+        f"{loco['num_points']} points ({_pct(loco['calibrated_busbw_mape_pct'])} over them; "
+        "uncalibrated where no other cluster has the same GPU generation and NVLink kind within "
+        "a server, or the same fabric preset across)"
+    )
     lines.append("  (cells: busbw MAPE, then the mean signed error)")
     lines.append("leave-one-cluster-out by op, nodes and size band (all clusters):")
     scored = [p for r in results if r.mode == MODES[1] for p in r.scored()]

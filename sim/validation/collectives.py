@@ -31,15 +31,14 @@ from typing import Any
 
 from fileio.strict import did_you_mean, load_json, read_input, shorten
 from refdata import COLLECTIVES_DIR
-from sim.network.analytical import CommParams
-from sim.network.calibration import Calibration, FitQuality
+from sim.network.calibration import Calibration
 from sim.network.compare import SIZE_BANDS, Point, compare_records, size_band
 from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory, fit_groups, make_samples
 from topologies.fabrics import NCCL_ALGORITHM_NAMES, NCCL_PROTOCOLS, FabricSpec
-from topologies.hardware import gpu_family
+from topologies.hardware import GPUS
 from topologies.presets import FABRIC_PRESETS, NODE_PRESETS, build_cluster, cluster_topology
 from topologies.topology import Topology
-from vocab.collectives import canonical_op
+from vocab.collectives import busbw_gbps, canonical_op
 from vocab.readers import read_results
 from vocab.records import Record
 
@@ -300,7 +299,7 @@ def server_kind(cluster: Cluster) -> tuple[str, str]:
     """What sets a collective's time inside one server: the GPU generation (SM clocks, NVLink
     generation, NCCL's per-generation tables) and how the GPUs are joined (NVSwitch, bridge)."""
     node = NODE_PRESETS[cluster.server]
-    return gpu_family(node.gpu), node.intra
+    return GPUS[node.gpu].family, node.intra
 
 
 def cluster_fit(cluster: Cluster) -> Calibration:
@@ -311,66 +310,82 @@ def cluster_fit(cluster: Cluster) -> Calibration:
     return calibration
 
 
-def fit_on(
-    clusters: Sequence[Cluster],
-    *,
-    like: Cluster | None = None,
-    fits: dict[str, Calibration] | None = None,
-) -> Calibration:
-    """The network model's parameters learnt from these clusters, as a user would calibrate
-    ``like`` from measurements of other machines: each cluster fitted on its own records
-    (``cluster_fit``), then per (op, algorithm, scope) the median of each parameter over the
-    clusters that fitted it, so that one cluster's odd run (a transport misconfigured, a
-    plateau at half the NICs) moves the result by one rank, not by its share of the points.
+def resembles(donor: Cluster, like: Cluster, scope: str) -> bool:
+    """Whether ``donor``'s fit of ``scope`` may calibrate ``like``, as a user would calibrate
+    from measurements of the same kind of machine: within a server, the same GPU generation
+    and NVLink kind (an A100 node from A100 nodes); across servers, the same fabric preset."""
+    if scope == "inter":
+        return like.fabric is not None and donor.fabric == like.fabric
+    return server_kind(donor) == server_kind(like)
 
-    With ``like``, only the clusters that resemble it are used: within a server the clusters of
-    the same GPU generation and NVLink kind (an A100 node is calibrated on A100 nodes), across
-    servers the clusters on the same fabric preset; where none is, the presets' own figures
-    stay (uncalibrated). ``fits`` caches ``cluster_fit`` by cluster name."""
+
+def donor_calibrations(
+    clusters: Sequence[Cluster], like: Cluster, fits: dict[str, Calibration] | None = None
+) -> dict[str, Calibration]:
+    """Per cluster of ``clusters`` that resembles ``like`` in some scope, its own fit
+    (``cluster_fit``) kept to the scopes it resembles ``like`` in; clusters that resemble it in
+    none are left out. ``fits`` caches ``cluster_fit`` by cluster name."""
     fits = {} if fits is None else fits
+    out: dict[str, Calibration] = {}
     for cluster in clusters:
+        if cluster.name == like.name:
+            continue
         if cluster.name not in fits:
             fits[cluster.name] = cluster_fit(cluster)
-    donors_of: dict[str, list[Cluster]] = {}
-    for cluster in clusters:
-        for group_key in fits[cluster.name].params:
-            donors_of.setdefault(group_key, []).append(cluster)
-    params: dict[str, CommParams] = {}
-    quality: dict[str, FitQuality] = {}
-    for group_key, donors in sorted(donors_of.items()):
-        if like is not None:
-            donors = _resembling(donors, like, scope=group_key.rsplit("/", 1)[-1])
-        if not donors:
-            continue
-        fitted = [fits[c.name].params[group_key] for c in donors]
-        params[group_key] = _median_params(fitted)
-        counts = [fits[c.name].quality[group_key] for c in donors]
-        quality[group_key] = FitQuality(
-            num_points=sum(q.num_points for q in counts),
-            mape=statistics.median(q.mape for q in counts),
-            min_size_bytes=min(q.min_size_bytes for q in counts),
-            max_size_bytes=max(q.max_size_bytes for q in counts),
-        )
-    names = ", ".join(c.name for c in clusters)
-    return Calibration(params=params, quality=quality, topology=f"median of {names}")
+        fitted = fits[cluster.name]
+        keys = [k for k in fitted.params if resembles(cluster, like, k.rsplit("/", 1)[-1])]
+        if keys:
+            out[cluster.name] = dataclasses.replace(
+                fitted,
+                params={k: fitted.params[k] for k in keys},
+                quality={k: fitted.quality[k] for k in keys if k in fitted.quality},
+            )
+    return out
 
 
-def _resembling(donors: Sequence[Cluster], like: Cluster, *, scope: str) -> list[Cluster]:
-    """The donors ``fit_on`` uses for ``like`` in ``scope``."""
-    if scope == "inter":
-        return [c for c in donors if like.fabric is not None and c.fabric == like.fabric]
-    return [c for c in donors if server_kind(c) == server_kind(like)]
+def predict_from_others(
+    cluster: Cluster, donors: dict[str, Calibration], plain: Sequence[Point]
+) -> tuple[list[Point], list[bool]]:
+    """``cluster``'s points predicted from its resembling clusters' fits (``donors``): each
+    point at the median of the times the donors' calibrations give it, over the donors that
+    calibrate its scope; a point no donor calibrates keeps its uncalibrated time (``plain``,
+    in the same order). Also whether each point was calibrated.
 
-
-def _median_params(fitted: Sequence[CommParams]) -> CommParams:
-    """Each numeric parameter's median over ``fitted`` (the others as the first has them)."""
-    first = fitted[0]
-    changes = {
-        f.name: statistics.median(getattr(p, f.name) for p in fitted)
-        for f in dataclasses.fields(first)
-        if isinstance(getattr(first, f.name), float)
+    The median is of predictions, not of parameters: each donor's latencies, efficiency and
+    protocol scale were fitted together, and one odd cluster among three moves the result by
+    one rank, not by its share of the points."""
+    predicted = {
+        name: [
+            p
+            for records, factory in cluster.groups()
+            for p in compare_records(records, factory, cal)
+        ]
+        for name, cal in donors.items()
     }
-    return dataclasses.replace(first, **changes)
+    scopes = {name: {k.rsplit("/", 1)[-1] for k in cal.params} for name, cal in donors.items()}
+    points, calibrated = [], []
+    for i, base in enumerate(plain):
+        scope = "intra" if base.num_nodes == 1 else "inter"
+        times = [predicted[name][i].simulated_time_us for name in donors if scope in scopes[name]]
+        if not times:
+            points.append(base)
+            calibrated.append(False)
+            continue
+        points.append(_with_time(base, statistics.median(times)))
+        calibrated.append(True)
+    return points, calibrated
+
+
+def _with_time(point: Point, simulated_us: float) -> Point:
+    """``point`` simulated in ``simulated_us`` instead."""
+    busbw = busbw_gbps(point.op, point.size_bytes, simulated_us * 1e-6, point.world_size)
+    return dataclasses.replace(
+        point,
+        simulated_time_us=simulated_us,
+        simulated_busbw_gbps=busbw,
+        error_pct=(simulated_us / point.measured_time_us - 1.0) * 100.0,
+        busbw_error_pct=(busbw / point.measured_busbw_gbps - 1.0) * 100.0,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -383,10 +398,25 @@ class ClusterPoints:
     """One of ``MODES``."""
     points: tuple[Point, ...]
     """Every record next to its simulation."""
+    calibrated: tuple[bool, ...] = ()
+    """Leave-one-cluster-out: whether each point was calibrated from other clusters (False:
+    none like it calibrates its scope, the presets stand); empty uncalibrated."""
+    donors: tuple[str, ...] = ()
+    """Leave-one-cluster-out: the clusters whose fits calibrated some of its points."""
 
     def scored(self) -> list[Point]:
         """Points of sizes >= ``MIN_SCORED_BYTES``."""
         return [p for p in self.points if p.size_bytes >= MIN_SCORED_BYTES]
+
+    def scored_calibrated(self) -> list[Point]:
+        """Scored points calibrated from other clusters (none uncalibrated)."""
+        if not self.calibrated:
+            return []
+        return [
+            p
+            for p, fitted in zip(self.points, self.calibrated, strict=True)
+            if fitted and p.size_bytes >= MIN_SCORED_BYTES
+        ]
 
 
 def busbw_mape(points: Sequence[Point]) -> float | None:
@@ -397,19 +427,25 @@ def busbw_mape(points: Sequence[Point]) -> float | None:
 
 
 def validate_collectives(clusters: Sequence[Cluster]) -> list[ClusterPoints]:
-    """Each cluster uncalibrated and fitted on all the others."""
+    """Each cluster uncalibrated and predicted from the clusters like it
+    (``predict_from_others``)."""
     results = []
     fits: dict[str, Calibration] = {}
     for cluster in clusters:
-        others = [c for c in clusters if c.name != cluster.name]
-        calibration = fit_on(others, like=cluster, fits=fits) if others else None
-        for mode, fitted in (("uncalibrated", None), ("leave-one-cluster-out", calibration)):
-            points = [
-                p
-                for records, factory in cluster.groups()
-                for p in compare_records(records, factory, fitted)
-            ]
-            results.append(ClusterPoints(cluster=cluster.name, mode=mode, points=tuple(points)))
+        plain = [
+            p
+            for records, factory in cluster.groups()
+            for p in compare_records(records, factory, None)
+        ]
+        donors = donor_calibrations(clusters, cluster, fits)
+        held_out, calibrated = predict_from_others(cluster, donors, plain)
+        results.append(ClusterPoints(cluster=cluster.name, mode=MODES[0], points=tuple(plain)))
+        results.append(
+            ClusterPoints(
+                cluster=cluster.name, mode=MODES[1], points=tuple(held_out),
+                calibrated=tuple(calibrated), donors=tuple(sorted(donors)),
+            )
+        )  # fmt: skip
     return results
 
 
@@ -453,6 +489,7 @@ def summary(results: Sequence[ClusterPoints], clusters: Sequence[Cluster]) -> di
                     else None
                 ),
                 "bands": breakdown(r.scored()),
+                **_calibration_share(r),
             }
             for r in rows
         }
@@ -461,13 +498,29 @@ def summary(results: Sequence[ClusterPoints], clusters: Sequence[Cluster]) -> di
             key=lambda c: c[1]["busbw_mape_pct"],
             default=None,
         )
+        fitted = [p for r in rows for p in r.scored_calibrated()]
         out["modes"][mode] = {
             "num_points": len(every),
             "busbw_mape_pct": busbw_mape(every),
             "worst_cluster": worst[0] if worst else None,
+            **(
+                {
+                    "num_calibrated_points": len(fitted),
+                    "calibrated_busbw_mape_pct": busbw_mape(fitted),
+                }
+                if mode == MODES[1]
+                else {}
+            ),
             "clusters": per_cluster,
         }
     return out
+
+
+def _calibration_share(row: ClusterPoints) -> dict[str, Any]:
+    """Leave-one-cluster-out: the donors, and how many scored points they calibrated."""
+    if row.mode != MODES[1]:
+        return {}
+    return {"donors": list(row.donors), "num_calibrated_points": len(row.scored_calibrated())}
 
 
 def fabric_checks(results: Sequence[ClusterPoints], clusters: Sequence[Cluster]) -> dict[str, Any]:

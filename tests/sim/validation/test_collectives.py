@@ -161,6 +161,11 @@ def test_across_servers_only_clusters_on_the_same_fabric_calibrate(tmp_path) -> 
         _cluster(tmp_path, name, rows, fabric=fabric)
     assert _loco_mape(tmp_path, "roce") == pytest.approx(0.0, abs=1e-3)
     assert _loco_mape(tmp_path, "ib-a") < 1.0
+    rows = {
+        r.cluster: r for r in validate_collectives(load_clusters(tmp_path)) if r.mode == MODES[1]
+    }
+    assert rows["roce"].donors == () and not any(rows["roce"].calibrated)
+    assert rows["ib-a"].donors == ("ib-b",) and all(rows["ib-a"].calibrated)
 
 
 def test_the_fabric_check_scores_only_points_across_servers(tmp_path) -> None:
