@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from schedules.plan import plan_to_dict
     from sim.output.progress import LOG_EVERY, progress_bar
     from sim.replay.simulate import plan_topology
+    from sim.replay.whatif import check_whatif, degraded_topology
     from sim.search.run import pareto_front, simulate_layouts
     from sim.search.space import candidate_layouts, screen
 
@@ -151,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
     space = _space(args)
     plan = _base_plan(args)
     topology = plan_topology(plan)
+    check_whatif(plan.whatif, topology)  # a bad rank, server or switch fails before any layout
+    if plan.whatif.links:
+        degraded_topology(topology, plan.whatif)
     gpu = topology.gpu_spec(0)
     comm, source = load_calibrations(args.calibration, args.compute_calibration)
     compute = compute_calibration_for(source, gpu, warn=_warn)

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     """Simulate every (plan, scenario), print the table, write the files asked for."""
     from schedules.whatif import parse_flags
     from sim.replay.simulate import plan_topology
-    from sim.replay.whatif import check_whatif
+    from sim.replay.whatif import check_whatif, degraded_topology
     from sim.search.run import run_calls
     from sim.search.sweep import simulate_scenario, with_deltas
 
@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
             whatif = parse_flags(flags, plan.whatif)
             topology = topology or plan_topology(plan)
             check_whatif(whatif, topology)
+            if whatif.links:  # a link down needs another way up
+                degraded_topology(topology, whatif)
     labels = [plan.name or path.stem for plan, path in zip(plans, args.plans, strict=True)]
     if len(set(labels)) < len(labels):  # two plans of one name: tell them apart by file
         labels = [str(path) for path in args.plans]

@@ -48,7 +48,7 @@ from sim.network.plugin_tuner import region_pick
 from sim.network.terms import FlowGroup
 from sim.network.tiered_flows import inter_groups, intra_groups, nvls_groups, switch_edges
 from topologies.hardware import LINKS, GPUSpec
-from topologies.topology import Path, Topology
+from topologies.topology import FABRIC_KINDS, Path, Topology
 from vocab.collectives import get
 
 __all__ = [
@@ -148,7 +148,8 @@ def fabric_factor(topology: Topology, nodes: Sequence[Sequence[int]]) -> float:
     intact = topology.intact
     if intact is None or len(nodes) < 2:
         return 1.0
-    return min(1.0, _slowest_rail_flow(topology, nodes) / _slowest_rail_flow(intact, nodes))
+    now, before = _slowest_rail_flow(topology, nodes), _slowest_rail_flow(intact, nodes)
+    return 1.0 if math.isinf(before) else min(1.0, now / before)
 
 
 def _slowest_rail_flow(topology: Topology, nodes: Sequence[Sequence[int]]) -> float:
@@ -160,14 +161,18 @@ def _slowest_rail_flow(topology: Topology, nodes: Sequence[Sequence[int]]) -> fl
         for c in range(width)
         for i in range(len(nodes))
     ]
-    edges = topology.graph.edges
-    routes = [[e for e in topology.path(a, b) if edges[e]["kind"] == "network"] for a, b in flows]
+    graph = topology.graph
+    switches = {n for n, kind in graph.nodes(data="kind") if kind in FABRIC_KINDS}
+    edges = graph.edges
+    # switch-to-switch links only: the NICs' own rates are the injection bandwidth's
+    routes = [[e for e in topology.path(a, b) if set(e) <= switches] for a, b in flows]
     load: dict[tuple[str, str], int] = {}
     for route in routes:
         for edge in route:
             load[edge] = load.get(edge, 0) + 1
     return min(
-        edges[e]["effective_bandwidth_bytes_per_s"] / load[e] for route in routes for e in route
+        (edges[e]["effective_bandwidth_bytes_per_s"] / load[e] for route in routes for e in route),
+        default=math.inf,
     )
 
 

@@ -213,8 +213,8 @@ def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
     )
     everywhere = all(len(j.nodes) == topology.num_nodes for j in whatif.second_job)
     degraded.uniform = topology.uniform and everywhere and not whatif.nics and not whatif.links
-    if whatif.links:
-        degraded.intact = topology
+    if whatif.links:  # the same cluster with every what-if but the links
+        degraded.intact = degraded_topology(topology, dataclasses.replace(whatif, links=()))
     return degraded
 
 
@@ -255,16 +255,20 @@ def signatures(whatif: WhatIf, topology: Topology, degraded: Topology) -> dict[i
     return out
 
 
-LINK_GROUP_KINDS = ("tp", "cp", "dp", "dpcp", "pp")
-"""The groups whose collectives a class of folded ranks shares (``folding.class_ranks``)."""
+LINK_GROUP_KINDS = ("tp", "cp", "dp", "dpcp", "embd", "mp", "world")
+"""The groups a rank's collectives run on in the replay (``step_replay``: tp, cp, the gradient
+sync over dp or dp x cp, the tied embeddings' first and last stage, the gradient norm's
+model-parallel or world group), besides its pipeline neighbours."""
 
 
 def link_signatures(
     layout: Layout, degraded: Topology, signed: Mapping[int, Hashable]
 ) -> dict[int, Hashable]:
     """How a switch link what-if treats each rank under the analytical model: the share of its
-    rate each of the rank's groups keeps (``algorithms.fabric_factor``), merged with what
-    ``signed`` already says of the rank. Ranks whose groups all keep their rate are left out."""
+    rate each group the rank communicates in keeps (``algorithms.fabric_factor``): its
+    ``LINK_GROUP_KINDS`` groups and the pairs with its previous and next pipeline stage, merged
+    with what ``signed`` already says of the rank. Ranks whose groups all keep their rate are
+    left out. Ranks of one class (``folding.class_ranks``) then time every collective alike."""
     factors: dict[tuple[int, ...], float] = {}
 
     def factor(group: tuple[int, ...]) -> float:
@@ -275,7 +279,13 @@ def link_signatures(
 
     out: dict[int, Hashable] = {}
     for rank in range(layout.world_size):
-        shares = tuple(factor(layout.group(kind, rank)) for kind in LINK_GROUP_KINDS)
+        coords = layout.coords(rank)
+        groups = [layout.group(kind, rank) for kind in LINK_GROUP_KINDS]
+        if layout.pp > 1:
+            for step in (-1, 1):
+                peer = layout.rank(**{**coords, "pp": (coords["pp"] + step) % layout.pp})
+                groups.append((rank, peer))
+        shares = tuple(factor(group) for group in groups)
         if any(share != 1.0 for share in shares):
             out[rank] = (signed.get(rank), shares)
     return out

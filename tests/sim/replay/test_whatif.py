@@ -222,6 +222,46 @@ def test_the_analytical_model_slows_the_groups_whose_rail_flows_cross_a_degraded
     )
 
 
+def test_a_link_what_if_folds_by_every_group_a_rank_talks_in() -> None:
+    """Four servers, TP 2 and four pipeline stages: a rank's pipeline neighbours and tied
+    embeddings cross servers, so its pipeline pairs' shares, not only its dp group's, decide its
+    class; folded, the step is the unfolded one to the last digit for each of the fabric's
+    leaf-spine links at half rate (before: 11 of 32 differed, one by 5%). With GPU 0's NIC at
+    half rate too, a link its routes do not cross changes nothing: the NIC is counted once."""
+    from topologies.config import cluster_from_mapping
+
+    fabric = {"base": "ib-ndr", "radix": 16, "rail_optimized": False}
+    topology = cluster_from_mapping(
+        {"node": "dgx-h100", "num_nodes": 4, "fabric": fabric}, where="t"
+    )
+    plan = load_plan(
+        {
+            "model": {**GPT_13B, "num_layers": 8},
+            "cluster": {"node": "dgx-h100", "num_nodes": 4, "fabric": "ib-ndr"},
+            "parallel": {"recompute": "full", "data_parallel": "ddp", "tp": 2, "pp": 4},
+            "training": {"micro_batch_size": 1, "global_batch_size": 16, "precision": "bf16",
+                         "stack": "megatron"},
+        }
+    )  # fmt: skip
+    links = [(u, v) for u, v in topology.graph.edges if u.startswith("leaf") and "spine" in v]
+    plain = simulate_plan(plan, topology=topology).step_time_s
+    changed = 0
+    for u, v in links:
+        flags = f"link={u}-{v}:0.5"
+        folded = simulate_plan(_with(plan, flags), topology=topology)
+        every = simulate_plan(_with(plan, flags), topology=topology, fold=False)
+        assert folded.step_time_s == pytest.approx(every.step_time_s, rel=1e-12), flags
+        changed += folded.step_time_s > plain
+    assert changed > 0
+    two = _two_leaves()
+    base = dataclasses.replace(_plan(2, tp=8, pp=1, global_batch=16), whatif=parse_flags([]))
+    nic = simulate_plan(_with(base, "nic=0:0.5"), topology=two).step_time_s
+    both = simulate_plan(_with(base, "nic=0:0.5", "link=leaf0-spine5:0.5"), topology=two)
+    routes = {e for c in range(8) for e in two.path(c, 8 + c) + two.path(8 + c, c)}
+    assert not {("leaf0", "spine5"), ("spine5", "leaf0")} & routes
+    assert both.step_time_s == pytest.approx(nic, rel=1e-12)
+
+
 def test_a_switch_link_at_half_rate_halves_the_flows_through_it_and_down_reroutes() -> None:
     """GPU 0 -> GPU 8 crosses leaf0 -> spine7 -> leaf1 (a 47 GB/s path). That uplink at half its
     rate doubles the transfer's byte time (latency + S / 23.5 GB/s); down, the fabric routes
