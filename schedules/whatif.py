@@ -96,6 +96,9 @@ class SecondJob:
     """Bytes of each of its collectives (with ``op``)."""
     collective_s: float | None = None
     """One of its collectives alone on the network, once priced (with ``op``)."""
+    flow_by_flow: bool = False
+    """Under the flow model: its collectives' flows share the links with this job's one by one
+    (``sim.replay.whatif.start_flowing_jobs``) instead of a share and bursts."""
 
     @property
     def bursty(self) -> bool:
@@ -240,6 +243,9 @@ def _collective_job_text(job: SecondJob) -> str:
         f"{_ranges(job.nodes)} every {job.period_s * 1e3:g} ms"
         + (f" from {job.offset_s * 1e3:g} ms" if job.offset_s else "")
     )
+    if job.flow_by_flow:
+        alone = f" ({job.collective_s * 1e3:.3g} ms alone)" if job.collective_s else ""
+        return text + f"{alone}: its flows share the links with this job's, flow by flow"
     if job.collective_s is None:
         return text + f", at {job.share:.0%} of their NICs while it runs"
     return text + (

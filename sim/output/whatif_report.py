@@ -27,6 +27,15 @@ def whatif_lines(result: PlanResult) -> list[str]:
     if not info:
         return []
     lines = ["What-if:", *(f"  {change}" for change in info["changes"])]
+    for job in info.get("second_job_flows", ()):
+        took = [end - start for start, end in job["runs_ms"]]
+        if took:
+            lines.append(
+                f"  the second job's {job['op']} over server(s) "
+                f"{','.join(map(str, job['nodes']))} ran {len(took)} time(s) in the step, "
+                f"{min(took):.3g}-{max(took):.3g} ms each "
+                f"({job['collective_alone_ms']:.3g} ms alone)"
+            )
     compared = info.get("compared")
     if compared is None:
         return lines

@@ -159,7 +159,10 @@ class Engine:
         programs: Sequence[Program],
         *,
         overlap_slowdown: float = 0.0,
+        finished: simpy.Event | None = None,
     ):
+        """``finished``, when given, succeeds as the programs' last action ends (a second job's
+        traffic, ``sim.replay.whatif.start_flowing_jobs``, stops there)."""
         if not 0.0 <= overlap_slowdown <= 10.0:
             raise ValueError(f"overlap_slowdown must be in [0, 10], got {overlap_slowdown}")
         self.env = env
@@ -176,6 +179,8 @@ class Engine:
         # the simulated members of each group's ranks (a group of 1,024 has 8 when folded)
         self._members: dict[tuple[int, ...], list[int]] = {}
         self._states = {rank: self._state(p) for rank, p in sorted(self.programs.items())}
+        self._finished = finished
+        self._unfinished = sum(len(p.actions) for p in programs)
 
     def _state(self, program: Program) -> _State:
         state = _State(
@@ -198,6 +203,8 @@ class Engine:
 
     def run(self) -> Timeline:
         """Simulate every program; raises RuntimeError if some action can never run."""
+        if not self._unfinished and self._finished is not None:
+            self._finished.succeed()
         for rank, state in self._states.items():
             for key, indices in state.streams.items():
                 if isinstance(key, tuple) and key[0] == "p2p":  # a transfer: callbacks, no process
@@ -278,6 +285,9 @@ class Engine:
         waiter = state.waiters.pop(index, None)
         if waiter is not None:
             waiter.succeed()
+        self._unfinished -= 1
+        if not self._unfinished and self._finished is not None:
+            self._finished.succeed()
 
     def _post(self, rank: int, index: int, next_dep: int, _: Any = None) -> None:
         """A transfer's own stream, as callbacks: once its dependencies are done (one at a

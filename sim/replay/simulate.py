@@ -14,7 +14,7 @@ optimizer, and the remaining idle time as the pipeline bubble.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from schedules.plan import Plan, num_microbatches
 from schedules.resolve import resolve_plan
 from schedules.stacks import stack_source
 from schedules.step import StepDescription, describe_step
-from schedules.whatif import WhatIf
+from schedules.whatif import SecondJob, WhatIf
 from sim.compute.compute_model import ComputeModel
 from sim.network.calibration import Calibration
 from sim.network.comm_model import CommModel
@@ -52,6 +52,7 @@ from sim.replay.whatif import (
     signatures,
     slowdowns,
     special_ranks,
+    start_flowing_jobs,
     toggle_bursts,
     whatif_ranks,
 )
@@ -122,38 +123,60 @@ def simulate_plan(
     step = describe_step(plan, gpus_per_node=topology.gpus_per_node)
     whatif = plan.whatif
     check_whatif(whatif, topology)
+    flowing: tuple[SecondJob, ...] = ()
     if any(job.op is not None for job in whatif.second_job):
         alone = CommModel(simpy.Environment(), topology, calibration=comm_calibration)
         whatif = collective_jobs(whatif, topology, alone.estimate_s)
+        if fidelity == "flow":  # its collectives' own flows, not a share and bursts
+            jobs = tuple(
+                dataclasses.replace(j, flow_by_flow=True) if j.op else j for j in whatif.second_job
+            )
+            whatif = dataclasses.replace(whatif, second_job=jobs)
+            flowing = tuple(j for j in jobs if j.flow_by_flow)
+            fold = False  # its flows meet every rank's
+    simulated = dataclasses.replace(
+        whatif, second_job=tuple(j for j in whatif.second_job if not j.flow_by_flow)
+    )
     if whatif.links and fidelity == "flow":
         # which ranks' flows cross the link depends on the routes of every rank: none folded
         fold = False
-    plain, topology = topology, degraded_topology(topology, whatif)
-    signed = signatures(whatif, plain, topology)
+    plain, topology = topology, degraded_topology(topology, simulated)
+    signed = signatures(simulated, plain, topology)
     if whatif.links:  # analytical: each group at its rail flows' rate (``fabric_factor``)
         signed = {**signed, **link_signatures(step.layout, topology, signed)}
     special = special_ranks(signed, plain)
+    special |= {
+        r for r in range(plain.num_gpus) if any(plain.node_index(r) in j.nodes for j in flowing)
+    }
     gpu = topology.gpu_spec(0)
     env = simpy.Environment()
-    bursts = bursty_jobs(whatif)
+    bursts = bursty_jobs(simulated)
     # with bursts the flow model starts from the links free of them and re-rates at each edge
-    network_topology = calm_topology(plain, whatif) if bursts and fidelity == "flow" else topology
+    network_topology = (
+        calm_topology(plain, simulated) if bursts and fidelity == "flow" else topology
+    )
     comm = CommModel(env, network_topology, fidelity=fidelity, calibration=comm_calibration)
     compute = ComputeModel(gpu, compute_calibration, distributed=topology.num_gpus > 1)
     runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
     if bursts and comm.network is not None:
-        toggle_bursts(env, comm.network, whatif, plain)
+        toggle_bursts(env, comm.network, simulated, plain)
     elif bursts:
 
         def estimate_on(degraded: Topology) -> Callable[..., float]:
             return CommModel(env, degraded, calibration=comm_calibration).estimate_s
 
-        runner = bursty_runner(env, whatif, plain, estimate_on)
+        runner = bursty_runner(env, simulated, plain, estimate_on)
+    finished = env.event()
+    job_runs = (
+        start_flowing_jobs(env, comm.network, flowing, topology, finished)
+        if flowing and comm.network is not None
+        else []
+    )
     host = offload_replay(plan, topology, calibration=compute_calibration)
     ranks = whatif_ranks(step.layout, signed, fold=fold, by_classes=follows_axes(step))
     timeline = replay_plan(
         step, env=env, comm=runner, compute=compute, fold=fold, host=host, ranks=ranks,
-        slowdowns=slowdowns(whatif, topology),
+        slowdowns=slowdowns(simulated, topology), finished=finished,
     )  # fmt: skip
     step_s = timeline.step_time_s
     flops, definition = model_flops_per_step(plan)
@@ -203,6 +226,7 @@ def simulate_plan(
                         culprits(whatif, topology),
                         like=lambda r: representative_of(step.layout, r) if fold else r,
                         in_step_slowdown=compute.in_step_slowdown,
+                        job_runs=job_runs,
                     )
                 }
                 if whatif
@@ -273,6 +297,7 @@ def whatif_summary(
     *,
     like: Callable[[int], int],
     in_step_slowdown: float = 0.0,
+    job_runs: Sequence[Sequence[tuple[float, float]]] = (),
 ) -> dict[str, Any]:
     """The what-if for the JSON result: its changes, the ranks it singles out (``culprits``
     first: the slowed GPUs and those behind a changed NIC), and where the step went on the
@@ -292,11 +317,23 @@ def whatif_summary(
             "collective_ms": job.collective_s * 1e3,
         }
         for job in whatif.second_job
-        if job.op is not None and job.collective_s is not None
+        if job.op is not None and job.collective_s is not None and not job.flow_by_flow
+    ]
+    flowing = [
+        {
+            "nodes": list(job.nodes),
+            "op": job.op,
+            "collective_alone_ms": (job.collective_s or 0.0) * 1e3,
+            "runs_ms": [[a * 1e3, b * 1e3] for a, b in runs],
+        }
+        for job, runs in zip(
+            [j for j in whatif.second_job if j.flow_by_flow], job_runs, strict=True
+        )
     ]
     return {
         **whatif.to_dict(),
         **({"second_job_as_bursts": collective} if collective else {}),
+        **({"second_job_flows": flowing} if flowing else {}),
         "changes": whatif.describe(),
         "culprits": culprits,
         "singled_out_ranks": sorted(special),
@@ -321,7 +358,8 @@ def compare_whatif(plan: Plan, result: PlanResult, **options: Any) -> dict[str, 
     slowdown), its optimizer (with the waits it includes) and its waits per group, against the
     same rank of the plain step (its representative there when folded)."""
     options = {**options, "rank_breakdowns": True}
-    if plan.whatif.links and options.get("fidelity") == "flow":
+    flowing = any(job.op is not None for job in plan.whatif.second_job)
+    if (plan.whatif.links or flowing) and options.get("fidelity") == "flow":
         options["fold"] = False  # the what-if ran every rank (its flows' routes set the load)
     baseline = simulate_plan(dataclasses.replace(plan, whatif=WhatIf()), **options)
     plain = baseline.extra["rank_breakdowns"]

@@ -162,18 +162,22 @@ def replay_plan(
     host: OffloadReplay | None = None,
     ranks: tuple[int, ...] | None = None,
     slowdowns: dict[int, float] | None = None,
+    finished: simpy.Event | None = None,
 ) -> Timeline:
     """Simulate one steady-state step of a described plan; ``comm`` must be bound to ``env``.
     ``host`` times an offloading plan's CPU step and host copies (``sim.replay.offload``);
     ``ranks`` are simulated instead of the folding's, and ``slowdowns`` stretch the kernels of
-    some ranks (``sim.replay.whatif``)."""
+    some ranks (``sim.replay.whatif``); ``finished`` succeeds when the step's last action ends."""
     with gc_paused():
         programs = build_programs(step, compute, fold=fold, ranks=ranks)
         if slowdowns:
             programs = slowed_programs(programs, slowdowns)
         if host is not None:
             programs, comm = host.apply(programs), HostCopyRunner(env, comm, host.rates)
-        return Engine(env, comm, programs, overlap_slowdown=compute.overlap_slowdown).run()
+        engine = Engine(
+            env, comm, programs, overlap_slowdown=compute.overlap_slowdown, finished=finished
+        )
+        return engine.run()
 
 
 @contextlib.contextmanager

@@ -40,6 +40,7 @@ from schedules.layout import Layout
 from schedules.whatif import SecondJob, WhatIf
 from sim.network.algorithms import fabric_factor, group_nodes
 from sim.network.flow import Edge, FlowNetwork
+from sim.network.hierarchy import ring_wire_bytes
 from sim.replay.engine import ClosedFormRunner
 from sim.replay.folding import class_ranks, simulated_ranks
 from topologies.topology import FABRIC_KINDS, Topology
@@ -98,6 +99,80 @@ def collective_jobs(whatif: WhatIf, topology: Topology, estimate_s: Callable[...
             job = dataclasses.replace(job, busy=busy, collective_s=alone)
         jobs.append(job)
     return dataclasses.replace(whatif, second_job=tuple(jobs))
+
+
+def job_flows(job: SecondJob, topology: Topology) -> tuple[list[tuple[Edge, ...]], float]:
+    """The network paths of one of a second job's collectives over every GPU of its servers,
+    and the bytes each path carries, as the analytical ring times it: a ring's rail flows (local
+    GPU c of one server to local GPU c of the next, each NIC carrying the ring's bytes over its
+    servers' GPUs, ``ring_wire_bytes / g``), an all-to-all's every pair across servers (``S /
+    n`` each). Only the NIC and fabric links: the job's traffic inside its servers is not
+    this job's business."""
+    ranks = [r for r in range(topology.num_gpus) if topology.node_index(r) in job.nodes]
+    nodes = group_nodes(topology, ranks)
+    edges = topology.graph.edges
+
+    def network(a: int, b: int) -> tuple[Edge, ...]:
+        return tuple(e for e in topology.path(a, b) if edges[e]["kind"] == "network")
+
+    if job.op == "all_to_all":
+        pairs = [
+            (a, b) for a in ranks for b in ranks if topology.node_index(a) != topology.node_index(b)
+        ]
+        return [network(a, b) for a, b in pairs], job.size_bytes / len(ranks)
+    width = min(len(members) for members in nodes)
+    paths = [
+        network(nodes[i][c], nodes[(i + 1) % len(nodes)][c])
+        for c in range(width)
+        for i in range(len(nodes))
+    ]
+    assert job.op is not None
+    return paths, ring_wire_bytes(job.op, job.size_bytes, len(ranks)) / width
+
+
+def start_flowing_jobs(
+    env: simpy.Environment,
+    network: FlowNetwork,
+    jobs: Sequence[SecondJob],
+    topology: Topology,
+    stop: simpy.Event,
+) -> list[list[tuple[float, float]]]:
+    """Under the flow model: run each second job's collectives on ``network`` beside this
+    job's flows, from its offset and then at the first period boundary after the last one
+    ended (a job does not run two at once), until ``stop`` (this job's step is over; one
+    collective under way then runs to its end). Returns, per job, the (start, end) seconds of
+    each collective as they happen."""
+    runs: list[list[tuple[float, float]]] = []
+    for job in jobs:
+        paths, size = job_flows(job, topology)
+        done: list[tuple[float, float]] = []
+        runs.append(done)
+        env.process(_flowing(env, network, job, (paths, size), done, stop))
+    return runs
+
+
+def _flowing(
+    env: simpy.Environment,
+    network: FlowNetwork,
+    job: SecondJob,
+    flows: tuple[Sequence[tuple[Edge, ...]], float],
+    done: list[tuple[float, float]],
+    stop: simpy.Event,
+) -> Generator[simpy.Event, Any, None]:
+    assert job.period_s is not None
+    paths, size = flows
+    start = job.offset_s
+    while not stop.triggered:
+        if start > env.now:
+            yield env.timeout(start - env.now) | stop
+            if stop.triggered:
+                return
+        began = env.now
+        yield network.transfer(paths, size)
+        done.append((began, env.now))
+        start = job.offset_s + math.ceil((env.now - job.offset_s) / job.period_s) * job.period_s
+        if start <= began:
+            start = began + job.period_s
 
 
 def slowdowns(whatif: WhatIf, topology: Topology) -> dict[int, float]:

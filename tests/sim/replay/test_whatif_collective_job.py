@@ -4,6 +4,7 @@ turned into a share of their NICs and bursts (``sim.replay.whatif.collective_job
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import simpy
@@ -135,3 +136,82 @@ def test_bigger_or_more_frequent_collectives_never_speed_the_step() -> None:
 def test_a_bad_collective_job_names_the_key_and_value(raw, message) -> None:
     with pytest.raises(ValueError, match=__import__("re").escape(message)):
         parse_whatif({"second_job": [raw]})
+
+
+def _rail_cluster():
+    """Two DGX H100 on rail switches: NIC c of either server reaches NIC c of the other through
+    rail leaf c alone (47 GB/s links), so rails never share a link."""
+    from topologies.config import cluster_from_mapping
+
+    fabric = {"base": "ib-ndr", "radix": 16, "rail_optimized": True}
+    return cluster_from_mapping({"node": "dgx-h100", "num_nodes": 2, "fabric": fabric}, where="t")
+
+
+def _send_with_jobs(topology, size: int, jobs) -> tuple[float, list]:
+    """GPU 0 -> GPU 8 under the flow model, with ``jobs`` running flow by flow beside it: when
+    it ends, and each job's (start, end) runs."""
+    from sim.replay.whatif import start_flowing_jobs
+
+    env = simpy.Environment()
+    comm = CommModel(env, topology, fidelity="flow")
+    end: list[float] = []
+
+    def send():
+        yield comm.run("send_recv", (0, 8), size)
+        end.append(env.now)
+
+    sent = env.process(send())
+    assert comm.network is not None
+    runs = start_flowing_jobs(env, comm.network, jobs, topology, stop=sent)
+    env.run()
+    return end[0], runs
+
+
+def test_a_second_job_flow_by_flow_shares_the_nic_links_max_min() -> None:
+    """A second job's 8 GiB all-reduce over both servers puts b = 2 x 15/16 x 8 GiB / 8 on each
+    rail (``job_flows``), at R = 47 GB/s alone. Started at 1 ms, after this job's 16 GiB send
+    from GPU 0 is moving on rail 0, the two share rail 0 (R/2 each) until the job's ends:
+    the job takes 2b/R, and the send ends b/R later than alone. Two such jobs together
+    each take 2b/R with no send beside them."""
+    from schedules.whatif import SecondJob
+    from sim.replay.whatif import job_flows
+
+    topology = _rail_cluster()
+    rate = topology.graph.edges["n0/nic0", "leaf0"]["effective_bandwidth_bytes_per_s"]
+    assert rate == 47e9
+    job = SecondJob(
+        nodes=(0, 1), share=COLLECTIVE_JOB_SHARE, period_s=10.0, offset_s=1e-3,
+        op="all_reduce", size_bytes=8 * GIB, flow_by_flow=True,
+    )  # fmt: skip
+    paths, per_rail = job_flows(job, topology)
+    assert len(paths) == 16 and per_rail == 2 * 15 / 16 * 8 * GIB / 8
+    alone, _ = _send_with_jobs(topology, 16 * GIB, [])
+    shared, ((run,),) = _send_with_jobs(topology, 16 * GIB, [job])
+    assert run[0] == pytest.approx(1e-3, rel=1e-12)
+    assert run[1] - run[0] == pytest.approx(2 * per_rail / rate, rel=1e-9)
+    assert shared - alone == pytest.approx(per_rail / rate, rel=1e-9)
+    at_once = dataclasses.replace(job, offset_s=0.0)
+    _, runs = _send_with_jobs(topology, 0, [at_once, at_once])
+    assert [r[0][1] - r[0][0] for r in runs] == pytest.approx([2 * per_rail / rate] * 2)
+
+
+def test_under_the_flow_model_a_collective_job_runs_its_own_flows_in_the_step() -> None:
+    """A plan on two servers with a second job's all-reduce every 20 ms: under the flow model
+    its collectives run flow by flow (recorded, one per period at most), the step grows, and the
+    report says so; under the analytical model it stays a share and bursts."""
+    plan = _with(_plan(2, tp=8, pp=1, global_batch=16), "second_job=0-1:all_reduce:1024:20")
+    topology = _rail_cluster()
+    base = simulate_plan(_with(plan), topology=topology, fidelity="flow")
+    flowing = simulate_plan(plan, topology=topology, fidelity="flow")
+    assert flowing.step_time_s > base.step_time_s
+    info = flowing.extra["whatif"]
+    (job,) = info["second_job_flows"]
+    runs = job["runs_ms"]
+    assert runs and "second_job_as_bursts" not in info
+    starts = [a for a, _ in runs]
+    assert starts[0] == 0.0
+    assert all(b - a >= 20.0 - 1e-9 for a, b in itertools.pairwise(starts))
+    assert all(b > a for a, b in runs) and runs[-1][0] < flowing.step_time_s * 1e3
+    assert "flow by flow" in info["changes"][0]
+    analytical = simulate_plan(plan, topology=topology)
+    assert "second_job_as_bursts" in analytical.extra["whatif"]
