@@ -166,7 +166,7 @@ def _record(
         algbw_gbps=coll.algbw_gbps(counts.size_bytes, timing.mean_s),
         busbw_gbps=coll.busbw_gbps(op, counts.size_bytes, timing.mean_s, n),
         num_wrong=num_wrong,
-        redop=o.redop if definition.reduces else "none",
+        redop=o.redop if definition.prints_redop else "none",
         root=o.root if definition.rooted else -1,
         time_min_us=timing.min_s * 1e6,
         time_median_us=timing.median_s * 1e6,

@@ -118,6 +118,14 @@ class Collective:
     bus_kind: str
     """Which busbw factor applies: ``"allreduce"``, ``"shard"`` or ``"one"``."""
 
+    @property
+    def prints_redop(self) -> bool:
+        """Whether nccl-tests prints the ``-o`` reduction in the redop column: the reducing ops,
+        and sendrecv, which loops over the reductions although it reduces nothing
+        (NVIDIA/nccl-tests ``src/sendrecv.cu``; all_gather, alltoall and broadcast print
+        ``none``)."""
+        return self.reduces or self.name == "send_recv"
+
     def busbw_factor(self, world_size: int) -> float:
         """busbw / algbw for ``world_size`` ranks (nccl-tests' ``*GetBw``)."""
         n = _check_world(world_size)

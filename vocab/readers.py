@@ -401,7 +401,9 @@ def _row_fits(op: str, row: _Row, world: int) -> bool:
     definition = get(op)
     t = row.tokens
     elem = dtype_bytes(NCCL_TESTS_DTYPES[t[2]])
-    if definition.reduces != (t[3] != "none") or definition.rooted != (int(t[4]) >= 0):
+    # sendrecv's redop column reads as nccl-tests prints it ("sum") or as older tables did
+    redop_as_printed = definition.prints_redop == (t[3] != "none") or op == "send_recv"
+    if not redop_as_printed or definition.rooted != (int(t[4]) >= 0):
         return False
     if definition.size_from_count(int(t[1]), elem, world) != row.size_bytes:
         return False
@@ -501,7 +503,7 @@ def _row_records(
                 algbw_gbps=algbw,
                 busbw_gbps=busbw,
                 num_wrong=_wrong(block[3]),
-                redop=t[3] if definition.reduces else "none",
+                redop=t[3] if definition.prints_redop else "none",
                 root=int(t[4]),
                 time_min_us=extras[0],
                 time_median_us=extras[1],

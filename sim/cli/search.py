@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -153,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
     plan = _base_plan(args)
     topology = plan_topology(plan)
     check_whatif(plan.whatif, topology)  # a bad rank, server or switch fails before any layout
-    if plan.whatif.links:
-        degraded_topology(topology, plan.whatif)
+    if plan.whatif.links:  # a link down needs another way up
+        degraded_topology(topology, dataclasses.replace(plan.whatif, second_job=()))
     gpu = topology.gpu_spec(0)
     comm, source = load_calibrations(args.calibration, args.compute_calibration)
     compute = compute_calibration_for(source, gpu, warn=_warn)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import sys
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             topology = topology or plan_topology(plan)
             check_whatif(whatif, topology)
             if whatif.links:  # a link down needs another way up
-                degraded_topology(topology, whatif)
+                degraded_topology(topology, dataclasses.replace(whatif, second_job=()))
     labels = [plan.name or path.stem for plan, path in zip(plans, args.plans, strict=True)]
     if len(set(labels)) < len(labels):  # two plans of one name: tell them apart by file
         labels = [str(path) for path in args.plans]

@@ -22,7 +22,7 @@ import simpy
 from sim.network.algorithms import choose, decompose, placement_of
 from sim.network.analytical import ALGORITHMS, CommParams, CostTerms, GroupPlacement, cost_terms
 from sim.network.calibration import UNCALIBRATED, Calibration
-from sim.network.flow import FlowNetwork
+from sim.network.flow import FlowNetwork, Path
 from topologies.topology import Topology
 from vocab.collectives import canonical_op
 
@@ -131,19 +131,35 @@ class CommModel:
             raise ValueError(f"root {root} out of range for a group of {len(ranks)} ranks")
         if self.network is None:
             return self.env.timeout(self.estimate_s(op, ranks, size_bytes, algo=algo))
+        latency_s, transfers = self.transfers(op, ranks, size_bytes, algo=algo, root=root)
+        if not transfers:
+            return self.env.timeout(latency_s)
+        events = [
+            self.network.transfer(paths, size, latency_s=latency_s) for paths, size in transfers
+        ]
+        return self.env.all_of(events)
+
+    def transfers(
+        self,
+        op: str,
+        ranks: Sequence[int],
+        size_bytes: float,
+        *,
+        algo: str | None = None,
+        root: int = 0,
+    ) -> tuple[float, list[tuple[tuple[Path, ...], float]]]:
+        """What the flow model moves for one collective: its latency, and per flow group its
+        paths and bytes (the algorithm's bytes times the protocol's factor, cap, start-up and
+        the efficiency curve, as a byte multiplier); no groups when nothing moves."""
+        op = canonical_op(op)
         layout = self.layout(ranks)
         chosen, params, terms = self._priced(op, ranks, size_bytes, algo)
         _, latency_s, bandwidth_s = terms.split_s(params, size_bytes)
         groups = decompose(op, chosen, self.topology, ranks, size_bytes, root=root, layout=layout)
         if not groups or terms.bandwidth_time_s == 0:
-            return self.env.timeout(latency_s)
-        # The protocol's factor, cap, start-up and the efficiency curve, as a byte multiplier.
+            return latency_s, []
         scale = bandwidth_s / terms.bandwidth_time_s
-        events = [
-            self.network.transfer(group.paths, group.size_bytes * scale, latency_s=latency_s)
-            for group in groups
-        ]
-        return self.env.all_of(events)
+        return latency_s, [(tuple(g.paths), g.size_bytes * scale) for g in groups]
 
 
 def scope_of(layout: GroupPlacement) -> str:

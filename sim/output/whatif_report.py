@@ -27,14 +27,18 @@ def whatif_lines(result: PlanResult) -> list[str]:
     if not info:
         return []
     lines = ["What-if:", *(f"  {change}" for change in info["changes"])]
+    step_ms = result.step_time_s * 1e3
     for job in info.get("second_job_flows", ()):
-        took = [end - start for start, end in job["runs_ms"]]
-        if took:
+        runs = job["runs_ms"]
+        took = [end - start for start, end in runs if end <= step_ms]
+        cut = len(runs) - len(took)
+        if runs:
+            each = f", {min(took):.3g}-{max(took):.3g} ms each" if took else ""
+            more = " (one more still running at the step's end)" if cut else ""
             lines.append(
                 f"  the second job's {job['op']} over server(s) "
-                f"{','.join(map(str, job['nodes']))} ran {len(took)} time(s) in the step, "
-                f"{min(took):.3g}-{max(took):.3g} ms each "
-                f"({job['collective_alone_ms']:.3g} ms alone)"
+                f"{','.join(map(str, job['nodes']))} ran {len(took)} time(s) in the step"
+                f"{each}{more}; {job['collective_alone_ms']:.3g} ms alone"
             )
     compared = info.get("compared")
     if compared is None:

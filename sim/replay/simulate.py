@@ -145,9 +145,10 @@ def simulate_plan(
     if whatif.links:  # analytical: each group at its rail flows' rate (``fabric_factor``)
         signed = {**signed, **link_signatures(step.layout, topology, signed)}
     special = special_ranks(signed, plain)
-    special |= {
-        r for r in range(plain.num_gpus) if any(plain.node_index(r) in j.nodes for j in flowing)
-    }
+    # the GPUs of the servers a flowing job shares, unless it shares every server alike
+    shared = {n for job in flowing for n in job.nodes}
+    if shared and len(shared) < plain.num_nodes:
+        special |= {r for r in range(plain.num_gpus) if plain.node_index(r) in shared}
     gpu = topology.gpu_spec(0)
     env = simpy.Environment()
     bursts = bursty_jobs(simulated)
@@ -168,7 +169,7 @@ def simulate_plan(
         runner = bursty_runner(env, simulated, plain, estimate_on)
     finished = env.event()
     job_runs = (
-        start_flowing_jobs(env, comm.network, flowing, topology, finished)
+        start_flowing_jobs(env, comm, flowing, finished)
         if flowing and comm.network is not None
         else []
     )

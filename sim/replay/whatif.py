@@ -39,8 +39,8 @@ from schedules.actions import Compute, Program
 from schedules.layout import Layout
 from schedules.whatif import SecondJob, WhatIf
 from sim.network.algorithms import fabric_factor, group_nodes
+from sim.network.comm_model import CommModel
 from sim.network.flow import Edge, FlowNetwork
-from sim.network.hierarchy import ring_wire_bytes
 from sim.replay.engine import ClosedFormRunner
 from sim.replay.folding import class_ranks, simulated_ranks
 from topologies.topology import FABRIC_KINDS, Topology
@@ -101,53 +101,52 @@ def collective_jobs(whatif: WhatIf, topology: Topology, estimate_s: Callable[...
     return dataclasses.replace(whatif, second_job=tuple(jobs))
 
 
-def job_flows(job: SecondJob, topology: Topology) -> tuple[list[tuple[Edge, ...]], float]:
-    """The network paths of one of a second job's collectives over every GPU of its servers,
-    and the bytes each path carries, as the analytical ring times it: a ring's rail flows (local
-    GPU c of one server to local GPU c of the next, each NIC carrying the ring's bytes over its
-    servers' GPUs, ``ring_wire_bytes / g``), an all-to-all's every pair across servers (``S /
-    n`` each). Only the NIC and fabric links: the job's traffic inside its servers is not
-    this job's business."""
+MAX_JOB_RUNS = 1_000_000
+"""Most collectives a second job runs flow by flow in one step: past them the step is taken not
+to end (a replay that deadlocks would otherwise run the job forever)."""
+
+
+def job_flows(
+    job: SecondJob, comm: CommModel
+) -> tuple[float, list[tuple[tuple[tuple[Edge, ...], ...], float]]]:
+    """One of a second job's collectives over every GPU of its servers as the flow model would
+    run it (``CommModel.transfers``: the algorithm NCCL's tuner picks, its flow groups and
+    bytes, its latency), kept to the NIC and fabric links: the job's traffic inside its
+    servers is its own. Flow groups left without a link are dropped."""
+    topology = comm.topology
     ranks = [r for r in range(topology.num_gpus) if topology.node_index(r) in job.nodes]
-    nodes = group_nodes(topology, ranks)
-    edges = topology.graph.edges
-
-    def network(a: int, b: int) -> tuple[Edge, ...]:
-        return tuple(e for e in topology.path(a, b) if edges[e]["kind"] == "network")
-
-    if job.op == "all_to_all":
-        pairs = [
-            (a, b) for a in ranks for b in ranks if topology.node_index(a) != topology.node_index(b)
-        ]
-        return [network(a, b) for a, b in pairs], job.size_bytes / len(ranks)
-    width = min(len(members) for members in nodes)
-    paths = [
-        network(nodes[i][c], nodes[(i + 1) % len(nodes)][c])
-        for c in range(width)
-        for i in range(len(nodes))
-    ]
     assert job.op is not None
-    return paths, ring_wire_bytes(job.op, job.size_bytes, len(ranks)) / width
+    latency_s, transfers = comm.transfers(job.op, ranks, job.size_bytes)
+    edges = topology.graph.edges
+    kept = []
+    for paths, size in transfers:
+        network = tuple(
+            path
+            for path in (tuple(e for e in p if edges[e]["kind"] == "network") for p in paths)
+            if path
+        )
+        if network:
+            kept.append((network, size))
+    return latency_s, kept
 
 
 def start_flowing_jobs(
     env: simpy.Environment,
-    network: FlowNetwork,
+    comm: CommModel,
     jobs: Sequence[SecondJob],
-    topology: Topology,
     stop: simpy.Event,
 ) -> list[list[tuple[float, float]]]:
-    """Under the flow model: run each second job's collectives on ``network`` beside this
-    job's flows, from its offset and then at the first period boundary after the last one
-    ended (a job does not run two at once), until ``stop`` (this job's step is over; one
-    collective under way then runs to its end). Returns, per job, the (start, end) seconds of
-    each collective as they happen."""
+    """Under the flow model: run each second job's collectives on ``comm``'s network beside
+    this job's flows (``job_flows``), from its offset and then at the first period boundary
+    after the last one ended (a job does not run two at once), until ``stop`` (this job's step
+    is over; one collective under way then runs to its end). Returns, per job, the (start, end)
+    seconds of each collective as they happen."""
+    assert comm.network is not None
     runs: list[list[tuple[float, float]]] = []
     for job in jobs:
-        paths, size = job_flows(job, topology)
         done: list[tuple[float, float]] = []
         runs.append(done)
-        env.process(_flowing(env, network, job, (paths, size), done, stop))
+        env.process(_flowing(env, comm.network, job, job_flows(job, comm), done, stop))
     return runs
 
 
@@ -155,20 +154,26 @@ def _flowing(
     env: simpy.Environment,
     network: FlowNetwork,
     job: SecondJob,
-    flows: tuple[Sequence[tuple[Edge, ...]], float],
+    flows: tuple[float, list[tuple[tuple[tuple[Edge, ...], ...], float]]],
     done: list[tuple[float, float]],
     stop: simpy.Event,
 ) -> Generator[simpy.Event, Any, None]:
     assert job.period_s is not None
-    paths, size = flows
+    latency_s, transfers = flows
     start = job.offset_s
     while not stop.triggered:
         if start > env.now:
             yield env.timeout(start - env.now) | stop
             if stop.triggered:
                 return
+        if len(done) >= MAX_JOB_RUNS:
+            raise RuntimeError(
+                f"a second job ran {MAX_JOB_RUNS:,} collectives and the step has not ended: "
+                "the replay does not finish"
+            )
         began = env.now
-        yield network.transfer(paths, size)
+        events = [network.transfer(p, size, latency_s=latency_s) for p, size in transfers]
+        yield env.all_of(events) if events else env.timeout(latency_s)
         done.append((began, env.now))
         start = job.offset_s + math.ceil((env.now - job.offset_s) / job.period_s) * job.period_s
         if start <= began:

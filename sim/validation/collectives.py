@@ -348,8 +348,8 @@ def predict_from_others(
 ) -> tuple[list[Point], list[bool]]:
     """``cluster``'s points predicted from its resembling clusters' fits (``donors``): each
     point at the median of the times the donors' calibrations give it, over the donors that
-    calibrate its scope; a point no donor calibrates keeps its uncalibrated time (``plain``,
-    in the same order). Also whether each point was calibrated.
+    fitted its algorithm in its scope; a point no donor calibrates keeps its uncalibrated time
+    (``plain``, in the same order). Also whether each point was calibrated.
 
     The median is of predictions, not of parameters: each donor's latencies, efficiency and
     protocol scale were fitted together, and one odd cluster among three moves the result by
@@ -362,11 +362,18 @@ def predict_from_others(
         ]
         for name, cal in donors.items()
     }
-    scopes = {name: {k.rsplit("/", 1)[-1] for k in cal.params} for name, cal in donors.items()}
+    # (algorithm, scope) pairs each donor fitted: a donor calibrates a point of an algorithm
+    # it fitted, for that op or another (``Calibration.lookup``'s first fallback), never through
+    # another algorithm's machine overhead (a send/recv fit says nothing of a ring's latencies)
+    fitted = {name: {tuple(k.split("/")[1:]) for k in cal.params} for name, cal in donors.items()}
     points, calibrated = [], []
     for i, base in enumerate(plain):
         scope = "intra" if base.num_nodes == 1 else "inter"
-        times = [predicted[name][i].simulated_time_us for name in donors if scope in scopes[name]]
+        times = [
+            predicted[name][i].simulated_time_us
+            for name in donors
+            if (base.algo, scope) in fitted[name]
+        ]
         if not times:
             points.append(base)
             calibrated.append(False)

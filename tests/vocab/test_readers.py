@@ -253,3 +253,34 @@ def test_one_rank_blocks_beside_real_runs_are_skipped_with_a_warning():
     with pytest.warns(UserWarning, match=r"log block 1 .*: a 1-rank run .*; skipped"):
         records = parse_nccl_tests_text(text)
     assert len(records) == 4 and {r.world_size for r in records} == {2}
+
+
+SENDRECV = "\n".join(
+    [
+        "# nThread 1 nGpus 8 minBytes 134217728 maxBytes 268435456 step: 2(factor)",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+        "     time   algbw   busbw #wrong",
+        "   134217728      33554432     float     sum      -1   1211.2  110.81  110.81      0"
+        "   1211.8  110.76  110.76    N/A",
+        "   268435456      67108864     float     sum      -1   1423.3  188.60  188.60      0"
+        "   1420.2  189.01  189.01    N/A",
+        "",
+    ]
+)
+
+
+def test_a_sendrecv_table_prints_its_reduction_and_reads_as_send_recv():
+    """nccl-tests' sendrecv loops over the reductions (src/sendrecv.cu), so its redop column
+    reads ``sum`` although nothing is reduced: the block is send_recv (busbw = algbw), with the
+    redop as printed; the older ``none`` spelling reads too."""
+    from vocab.collectives import get
+
+    assert get("send_recv").prints_redop and not get("all_gather").prints_redop
+    records = parse_nccl_tests_text(SENDRECV, name="sendrecv.txt", op="send_recv", world=8)
+    out = [r for r in records if not r.in_place]
+    assert [(r.op, r.size_bytes, r.time_us, r.redop) for r in out] == [
+        ("send_recv", 134217728, 1211.2, "sum"),
+        ("send_recv", 268435456, 1423.3, "sum"),
+    ]
+    older = parse_nccl_tests_text(SENDRECV.replace(" sum ", "none"), op="send_recv", world=8)
+    assert [r.size_bytes for r in older if not r.in_place] == [134217728, 268435456]

@@ -161,18 +161,18 @@ def _send_with_jobs(topology, size: int, jobs) -> tuple[float, list]:
         end.append(env.now)
 
     sent = env.process(send())
-    assert comm.network is not None
-    runs = start_flowing_jobs(env, comm.network, jobs, topology, stop=sent)
+    runs = start_flowing_jobs(env, comm, jobs, stop=sent)
     env.run()
     return end[0], runs
 
 
 def test_a_second_job_flow_by_flow_shares_the_nic_links_max_min() -> None:
-    """A second job's 8 GiB all-reduce over both servers puts b = 2 x 15/16 x 8 GiB / 8 on each
-    rail (``job_flows``), at R = 47 GB/s alone. Started at 1 ms, after this job's 16 GiB send
-    from GPU 0 is moving on rail 0, the two share rail 0 (R/2 each) until the job's ends:
-    the job takes 2b/R, and the send ends b/R later than alone. Two such jobs together
-    each take 2b/R with no send beside them."""
+    """A second job's 8 GiB all-gather over both servers runs as NCCL's tuner picks (a ring:
+    one channel per rail, each carrying b = 15/16 x 8 GiB / 8, times the Simple protocol's
+    start-up 1 + 512 KiB / 8 GiB), on the NICs and rail switches only, at R = 47 GB/s alone.
+    Started at 1 ms, once this job's 16 GiB send from GPU 0 is moving on rail 0, the two share
+    rail 0 (R/2 each) until the job's channel there ends: the job takes its latency + 2b/R, and
+    the send ends b/R later than alone. Two such jobs together each take latency + 2b/R."""
     from schedules.whatif import SecondJob
     from sim.replay.whatif import job_flows
 
@@ -181,18 +181,20 @@ def test_a_second_job_flow_by_flow_shares_the_nic_links_max_min() -> None:
     assert rate == 47e9
     job = SecondJob(
         nodes=(0, 1), share=COLLECTIVE_JOB_SHARE, period_s=10.0, offset_s=1e-3,
-        op="all_reduce", size_bytes=8 * GIB, flow_by_flow=True,
+        op="all_gather", size_bytes=8 * GIB, flow_by_flow=True,
     )  # fmt: skip
-    paths, per_rail = job_flows(job, topology)
-    assert len(paths) == 16 and per_rail == 2 * 15 / 16 * 8 * GIB / 8
+    latency, transfers = job_flows(job, CommModel(simpy.Environment(), topology, fidelity="flow"))
+    per_rail = 15 / 16 * 8 * GIB / 8 * (1 + 512 * 1024 / (8 * GIB))
+    assert [size for _, size in transfers] == pytest.approx([per_rail] * 8, rel=1e-12)
+    assert all(len(paths) == 2 for paths, _ in transfers)  # each rail, both ways
     alone, _ = _send_with_jobs(topology, 16 * GIB, [])
     shared, ((run,),) = _send_with_jobs(topology, 16 * GIB, [job])
     assert run[0] == pytest.approx(1e-3, rel=1e-12)
-    assert run[1] - run[0] == pytest.approx(2 * per_rail / rate, rel=1e-9)
+    assert run[1] - run[0] == pytest.approx(latency + 2 * per_rail / rate, rel=1e-9)
     assert shared - alone == pytest.approx(per_rail / rate, rel=1e-9)
     at_once = dataclasses.replace(job, offset_s=0.0)
     _, runs = _send_with_jobs(topology, 0, [at_once, at_once])
-    assert [r[0][1] - r[0][0] for r in runs] == pytest.approx([2 * per_rail / rate] * 2)
+    assert [r[0][1] - r[0][0] for r in runs] == pytest.approx([latency + 2 * per_rail / rate] * 2)
 
 
 def test_under_the_flow_model_a_collective_job_runs_its_own_flows_in_the_step() -> None:
@@ -215,3 +217,22 @@ def test_under_the_flow_model_a_collective_job_runs_its_own_flows_in_the_step() 
     assert "flow by flow" in info["changes"][0]
     analytical = simulate_plan(plan, topology=topology)
     assert "second_job_as_bursts" in analytical.extra["whatif"]
+
+
+def test_a_flowing_job_whose_step_never_ends_stops_with_an_error(monkeypatch) -> None:
+    """A replay that never finishes (its ``stop`` never fires) would keep a flowing job running
+    forever; past ``MAX_JOB_RUNS`` collectives the job stops the simulation with one error."""
+    from schedules.whatif import SecondJob
+    from sim.replay import whatif
+
+    monkeypatch.setattr(whatif, "MAX_JOB_RUNS", 5)
+    env = simpy.Environment()
+    comm = CommModel(env, _rail_cluster(), fidelity="flow")
+    job = SecondJob(
+        nodes=(0, 1), share=COLLECTIVE_JOB_SHARE, period_s=1e-3, op="all_gather",
+        size_bytes=GIB, flow_by_flow=True,
+    )  # fmt: skip
+    (runs,) = whatif.start_flowing_jobs(env, comm, [job], stop=env.event())
+    with pytest.raises(RuntimeError, match="ran 5 collectives and the step has not ended"):
+        env.run()
+    assert len(runs) == 5

@@ -77,6 +77,9 @@ def test_a_bad_scenario_is_refused_before_any_simulation(tmp_path, capsys) -> No
     assert "'spine999' is not a switch of this cluster's fabric" in capsys.readouterr().err
     assert main(["sweep", str(path), "--whatif", "slow_gpu=99:0.5"]) == 2
     assert "whatif rank 99: the cluster has ranks 0..15" in capsys.readouterr().err
+    # a link with a second job given as its collectives is checked and simulated
+    both = "link=leaf0-spine1:0.5;second_job=0-1:all_reduce:64:100"
+    assert main(["sweep", str(path), "--whatif", both]) == 0, capsys.readouterr().err
 
 
 def test_ray_missing_says_how_to_install_it(monkeypatch) -> None:
