@@ -314,3 +314,35 @@ def test_the_host_runs_ahead_while_the_gpu_waits_for_communication() -> None:
     timeline = replay(program)
     assert log(timeline) == [("ar", 0.0, 5.0), ("b", 5.0, 6.0)]
     assert timeline.ranks[0].exposed_comm_s == {"dp": 5.0}
+
+
+def test_finished_fires_when_the_last_action_of_every_program_ends() -> None:
+    """The ``finished`` event (a second job's traffic stops there) succeeds at the end of the
+    last action, transfers and collectives included, not before; with nothing to run, at 0."""
+    sender = Program(
+        rank=0,
+        actions=(
+            Compute(name="F", duration_s=2.0),
+            Transfer(name="send", src=0, dst=1, tag="x", size_bytes=0.5, deps=(0,)),
+            Collective(name="dp", group="dp", ranks=(0, 1), op="all_reduce", size_bytes=1.0),
+        ),
+    )
+    receiver = Program(
+        rank=1,
+        actions=(
+            Transfer(name="recv", src=0, dst=1, tag="x", size_bytes=0.5),
+            Compute(name="F", duration_s=1.0, deps=(0,)),
+            Collective(name="dp", group="dp", ranks=(0, 1), op="all_reduce", size_bytes=1.0,
+                       deps=(1,)),
+        ),
+    )  # fmt: skip
+    env = simpy.Environment()
+    finished = env.event()
+    seen: list[float] = []
+    finished.callbacks.append(lambda _event: seen.append(env.now))
+    timeline = Engine(env, UnitComm(env), (sender, receiver), finished=finished).run()
+    assert seen == [4.5] == [max(t.end_s for t in timeline.ranks.values())]
+    empty = simpy.Environment()
+    done = empty.event()
+    Engine(empty, UnitComm(empty), (Program(rank=0, actions=()),), finished=done).run()
+    assert done.triggered and empty.now == 0.0
