@@ -234,7 +234,7 @@ def parse_busbw_csv(text: str, *, name: str = "<busbw table>") -> list[Record]:
                 time_us=size / (algbw * 1e9) * 1e6 if algbw > 0 else 0.0,
                 algbw_gbps=algbw,
                 busbw_gbps=busbw,
-                redop="sum" if definition.reduces else "none",
+                redop="sum" if definition.prints_redop else "none",
                 root=0 if definition.rooted else -1,
                 source="nccl-tests",
             )
@@ -423,9 +423,14 @@ def _resolve_op(section: _Section, world: int, where: str) -> str | None:
     declared = section.declared_op
     if declared in candidates:
         return declared
+    if set(candidates) == {"all_reduce", "send_recv"}:
+        # two ranks: all_reduce's busbw factor is 1, as send_recv's, and both print the
+        # reduction; a block that does not say it is a sendrecv reads as the all_reduce
+        candidates = ["all_reduce"]
     if len(candidates) == 1:
+        named = f"not {declared}" if declared else "no op named"
         warnings.warn(
-            f"{where}: columns are those of {candidates[0]}, not {declared}; "
+            f"{where}: columns are those of {candidates[0]}, {named}; "
             f"read as {candidates[0]} (algorithm unknown)",
             stacklevel=3,
         )

@@ -97,7 +97,7 @@ def simulate_sweep(
                 "op": op, "size_bytes": counts.size_bytes, "count": counts.count, "dtype": dtype,
                 "world_size": n, "num_nodes": num_nodes, "time_us": time_s * 1e6,
                 "algbw_gbps": counts.size_bytes / time_s / 1e9 if time_s > 0 else 0.0,
-                "busbw_gbps": 0.0, "redop": redop if definition.reduces else "none",
+                "busbw_gbps": 0.0, "redop": redop if definition.prints_redop else "none",
                 "root": root if definition.rooted else -1, "algo": algo, "source": "simulated",
             }  # fmt: skip
             fields["busbw_gbps"] = fields["algbw_gbps"] * definition.busbw_factor(n)

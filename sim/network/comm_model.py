@@ -152,6 +152,7 @@ class CommModel:
         paths and bytes (the algorithm's bytes times the protocol's factor, cap, start-up and
         the efficiency curve, as a byte multiplier); no groups when nothing moves."""
         op = canonical_op(op)
+        _check_op_ranks(op, ranks)
         layout = self.layout(ranks)
         chosen, params, terms = self._priced(op, ranks, size_bytes, algo)
         _, latency_s, bandwidth_s = terms.split_s(params, size_bytes)

@@ -149,6 +149,12 @@ class _State:
     streams: dict[Hashable, list[int]] = field(default_factory=dict)
 
 
+STALL_S = 100.0
+"""Simulated seconds with no action ending after which a replay beside other traffic (a second
+job's flows) is taken to be deadlocked: no kernel, collective or transfer of a training step
+lasts that long."""
+
+
 class Engine:
     """Runs programs to completion on a SimPy environment (state changes over simulated time)."""
 
@@ -162,7 +168,9 @@ class Engine:
         finished: simpy.Event | None = None,
     ):
         """``finished``, when given, succeeds as the programs' last action ends (a second job's
-        traffic, ``sim.replay.whatif.start_flowing_jobs``, stops there)."""
+        traffic, ``sim.replay.whatif.start_flowing_jobs``, stops there); with it, a replay in
+        which no action ends for ``STALL_S`` of simulated time raises, since such traffic would
+        otherwise keep a deadlocked replay running forever."""
         if not 0.0 <= overlap_slowdown <= 10.0:
             raise ValueError(f"overlap_slowdown must be in [0, 10], got {overlap_slowdown}")
         self.env = env
@@ -205,6 +213,8 @@ class Engine:
         """Simulate every program; raises RuntimeError if some action can never run."""
         if not self._unfinished and self._finished is not None:
             self._finished.succeed()
+        if self._finished is not None and not self._finished.triggered:
+            self.env.process(self._watch(self._finished))
         for rank, state in self._states.items():
             for key, indices in state.streams.items():
                 if isinstance(key, tuple) and key[0] == "p2p":  # a transfer: callbacks, no process
@@ -229,6 +239,20 @@ class Engine:
                 f"action {i} ({action.name})"
             )
         return self._timeline()
+
+    def _watch(self, finished: simpy.Event) -> Generator[Any, Any, None]:
+        """Raise if no action ends for ``STALL_S`` of simulated time before ``finished``."""
+        last = self._unfinished
+        while True:
+            yield self.env.timeout(STALL_S) | finished
+            if finished.triggered:
+                return
+            if self._unfinished == last:
+                raise RuntimeError(
+                    f"replay deadlock: no action ended in {STALL_S:g} s of simulated time, "
+                    f"{self._unfinished} never ran (other traffic kept the simulation going)"
+                )
+            last = self._unfinished
 
     def _stream(self, rank: int, key: Hashable, indices: list[int]) -> Generator[Any, Any, None]:
         state = self._states[rank]

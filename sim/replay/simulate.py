@@ -159,20 +159,17 @@ def simulate_plan(
     comm = CommModel(env, network_topology, fidelity=fidelity, calibration=comm_calibration)
     compute = ComputeModel(gpu, compute_calibration, distributed=topology.num_gpus > 1)
     runner = ClosedFormRunner(env, comm.estimate_s) if comm.network is None else comm
+    # a second job run flow by flow stops with the step (``finished``), and bursts with it
+    finished = env.event() if flowing and comm.network is not None else None
     if bursts and comm.network is not None:
-        toggle_bursts(env, comm.network, simulated, plain)
+        toggle_bursts(env, comm.network, simulated, plain, stop=finished)
     elif bursts:
 
         def estimate_on(degraded: Topology) -> Callable[..., float]:
             return CommModel(env, degraded, calibration=comm_calibration).estimate_s
 
         runner = bursty_runner(env, simulated, plain, estimate_on)
-    finished = env.event()
-    job_runs = (
-        start_flowing_jobs(env, comm, flowing, finished)
-        if flowing and comm.network is not None
-        else []
-    )
+    job_runs = start_flowing_jobs(env, comm, flowing, finished) if finished is not None else []
     host = offload_replay(plan, topology, calibration=compute_calibration)
     ranks = whatif_ranks(step.layout, signed, fold=fold, by_classes=follows_axes(step))
     timeline = replay_plan(

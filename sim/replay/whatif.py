@@ -101,33 +101,45 @@ def collective_jobs(whatif: WhatIf, topology: Topology, estimate_s: Callable[...
     return dataclasses.replace(whatif, second_job=tuple(jobs))
 
 
-MAX_JOB_RUNS = 1_000_000
-"""Most collectives a second job runs flow by flow in one step: past them the step is taken not
-to end (a replay that deadlocks would otherwise run the job forever)."""
+JobFlows = list[tuple[tuple[tuple[Edge, ...], ...], float, float]]
+"""A second job's flow groups on the network: (paths, bytes, the rate its links inside its
+servers allow)."""
 
 
-def job_flows(
-    job: SecondJob, comm: CommModel
-) -> tuple[float, list[tuple[tuple[tuple[Edge, ...], ...], float]]]:
+def job_flows(job: SecondJob, comm: CommModel) -> tuple[float, float, JobFlows]:
     """One of a second job's collectives over every GPU of its servers as the flow model would
     run it (``CommModel.transfers``: the algorithm NCCL's tuner picks, its flow groups and
-    bytes, its latency), kept to the NIC and fabric links: the job's traffic inside its
-    servers is its own. Flow groups left without a link are dropped."""
+    bytes, its latency): (latency, the seconds its flow groups inside its servers take alone,
+    its groups on the NIC and fabric links). The job's traffic inside its servers is its own:
+    groups with no network link only set how long the collective lasts at least (an NVLSTree's
+    NVLink phases), and the others are capped at the rate their links inside the servers give
+    them, so alone it takes as long as the whole collective."""
     topology = comm.topology
     ranks = [r for r in range(topology.num_gpus) if topology.node_index(r) in job.nodes]
     assert job.op is not None
     latency_s, transfers = comm.transfers(job.op, ranks, job.size_bytes)
     edges = topology.graph.edges
-    kept = []
+    kept: JobFlows = []
+    inside_s = 0.0
     for paths, size in transfers:
-        network = tuple(
-            path
-            for path in (tuple(e for e in p if edges[e]["kind"] == "network") for p in paths)
-            if path
+        inside: dict[Edge, int] = {}
+        network = []
+        for path in paths:
+            own = tuple(e for e in path if edges[e]["kind"] == "network")
+            for e in path:
+                if edges[e]["kind"] != "network":
+                    inside[e] = inside.get(e, 0) + 1
+            if own:
+                network.append(own)
+        cap = min(
+            (edges[e]["effective_bandwidth_bytes_per_s"] / n for e, n in inside.items()),
+            default=math.inf,
         )
         if network:
-            kept.append((network, size))
-    return latency_s, kept
+            kept.append((tuple(network), size, cap))
+        elif math.isfinite(cap):
+            inside_s = max(inside_s, size / cap)
+    return latency_s, inside_s, kept
 
 
 def start_flowing_jobs(
@@ -144,6 +156,13 @@ def start_flowing_jobs(
     assert comm.network is not None
     runs: list[list[tuple[float, float]]] = []
     for job in jobs:
+        assert job.period_s is not None
+        if job.period_s < MIN_FLOW_BURST_PERIOD_S:
+            raise ValueError(
+                f"whatif second_job period_ms {job.period_s * 1e3:g}: under the flow model its "
+                f"collectives run flow by flow, so their period needs period_ms >= "
+                f"{MIN_FLOW_BURST_PERIOD_S * 1e3:g}; finer ones: the analytical model"
+            )
         done: list[tuple[float, float]] = []
         runs.append(done)
         env.process(_flowing(env, comm.network, job, job_flows(job, comm), done, stop))
@@ -154,26 +173,24 @@ def _flowing(
     env: simpy.Environment,
     network: FlowNetwork,
     job: SecondJob,
-    flows: tuple[float, list[tuple[tuple[tuple[Edge, ...], ...], float]]],
+    flows: tuple[float, float, JobFlows],
     done: list[tuple[float, float]],
     stop: simpy.Event,
 ) -> Generator[simpy.Event, Any, None]:
     assert job.period_s is not None
-    latency_s, transfers = flows
+    latency_s, inside_s, transfers = flows
     start = job.offset_s
     while not stop.triggered:
         if start > env.now:
             yield env.timeout(start - env.now) | stop
             if stop.triggered:
                 return
-        if len(done) >= MAX_JOB_RUNS:
-            raise RuntimeError(
-                f"a second job ran {MAX_JOB_RUNS:,} collectives and the step has not ended: "
-                "the replay does not finish"
-            )
         began = env.now
-        events = [network.transfer(p, size, latency_s=latency_s) for p, size in transfers]
-        yield env.all_of(events) if events else env.timeout(latency_s)
+        events = [
+            network.transfer(p, size, latency_s=latency_s, max_rate_bytes_per_s=cap)
+            for p, size, cap in transfers
+        ]
+        yield env.all_of([*events, env.timeout(latency_s + inside_s)])
         done.append((began, env.now))
         start = job.offset_s + math.ceil((env.now - job.offset_s) / job.period_s) * job.period_s
         if start <= began:
@@ -503,7 +520,12 @@ MIN_FLOW_BURST_PERIOD_S = 1e-3
 
 
 def toggle_bursts(
-    env: simpy.Environment, network: FlowNetwork, whatif: WhatIf, plain: Topology
+    env: simpy.Environment,
+    network: FlowNetwork,
+    whatif: WhatIf,
+    plain: Topology,
+    *,
+    stop: simpy.Event | None = None,
 ) -> None:
     """Under the flow model: at every edge of the bursty jobs' bursts, set the NIC links to
     the capacities of the jobs that hold them from then on (the links that differ between
@@ -535,7 +557,8 @@ def toggle_bursts(
             edge = min(job.next_change_s(env.now) for job in jobs)
             network.set_capacities(capacities_in(state_between(jobs, env.now, edge)))
             yield env.timeout(edge - env.now)
-            if env.peek() == math.inf:  # nothing but this left: the step is over
+            # nothing but this left, or the step over: stop
+            if env.peek() == math.inf or (stop is not None and stop.triggered):
                 return
 
     env.process(run())

@@ -345,11 +345,12 @@ def donor_calibrations(
 
 def predict_from_others(
     cluster: Cluster, donors: dict[str, Calibration], plain: Sequence[Point]
-) -> tuple[list[Point], list[bool]]:
+) -> tuple[list[Point], list[bool], list[str]]:
     """``cluster``'s points predicted from its resembling clusters' fits (``donors``): each
     point at the median of the times the donors' calibrations give it, over the donors that
     fitted its algorithm in its scope; a point no donor calibrates keeps its uncalibrated time
-    (``plain``, in the same order). Also whether each point was calibrated.
+    (``plain``, in the same order). Also whether each point was calibrated, and the donors that
+    calibrated some point.
 
     The median is of predictions, not of parameters: each donor's latencies, efficiency and
     protocol scale were fitted together, and one odd cluster among three moves the result by
@@ -367,20 +368,19 @@ def predict_from_others(
     # another algorithm's machine overhead (a send/recv fit says nothing of a ring's latencies)
     fitted = {name: {tuple(k.split("/")[1:]) for k in cal.params} for name, cal in donors.items()}
     points, calibrated = [], []
+    used: set[str] = set()
     for i, base in enumerate(plain):
         scope = "intra" if base.num_nodes == 1 else "inter"
-        times = [
-            predicted[name][i].simulated_time_us
-            for name in donors
-            if (base.algo, scope) in fitted[name]
-        ]
+        names = [name for name in donors if (base.algo, scope) in fitted[name]]
+        used.update(names)
+        times = [predicted[name][i].simulated_time_us for name in names]
         if not times:
             points.append(base)
             calibrated.append(False)
             continue
         points.append(_with_time(base, statistics.median(times)))
         calibrated.append(True)
-    return points, calibrated
+    return points, calibrated, sorted(used)
 
 
 def _with_time(point: Point, simulated_us: float) -> Point:
@@ -445,12 +445,12 @@ def validate_collectives(clusters: Sequence[Cluster]) -> list[ClusterPoints]:
             for p in compare_records(records, factory, None)
         ]
         donors = donor_calibrations(clusters, cluster, fits)
-        held_out, calibrated = predict_from_others(cluster, donors, plain)
+        held_out, calibrated, used = predict_from_others(cluster, donors, plain)
         results.append(ClusterPoints(cluster=cluster.name, mode=MODES[0], points=tuple(plain)))
         results.append(
             ClusterPoints(
                 cluster=cluster.name, mode=MODES[1], points=tuple(held_out),
-                calibrated=tuple(calibrated), donors=tuple(sorted(donors)),
+                calibrated=tuple(calibrated), donors=tuple(used),
             )
         )  # fmt: skip
     return results

@@ -284,3 +284,15 @@ def test_a_sendrecv_table_prints_its_reduction_and_reads_as_send_recv():
     ]
     older = parse_nccl_tests_text(SENDRECV.replace(" sum ", "none"), op="send_recv", world=8)
     assert [r.size_bytes for r in older if not r.in_place] == [134217728, 268435456]
+
+
+def test_a_two_rank_table_with_a_reduction_and_no_op_reads_as_all_reduce():
+    """On two ranks all_reduce's busbw factor is 1, as send_recv's, and both print the
+    reduction: a block that does not say it is a sendrecv stays the all_reduce it was read as;
+    one that says so is the send_recv."""
+    table = SENDRECV.replace("nGpus 8", "nGpus 2")
+    with pytest.warns(UserWarning, match="columns are those of all_reduce, no op named"):
+        records = parse_nccl_tests_text(table, name="t.txt", world=2)
+    assert {r.op for r in records} == {"all_reduce"}
+    declared = parse_nccl_tests_text(table, name="t.txt", op="send_recv", world=2)
+    assert {r.op for r in declared} == {"send_recv"}

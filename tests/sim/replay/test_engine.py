@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -346,3 +347,30 @@ def test_finished_fires_when_the_last_action_of_every_program_ends() -> None:
     done = empty.event()
     Engine(empty, UnitComm(empty), (Program(rank=0, actions=()),), finished=done).run()
     assert done.triggered and empty.now == 0.0
+
+
+def test_a_deadlock_beside_other_traffic_raises_instead_of_running_forever() -> None:
+    """Two ranks issue two collectives in opposite orders: neither can start. Alone the replay
+    stops and says so; with another endless process on the environment (a second job's
+    traffic) and ``finished`` given, no action ends for ``STALL_S`` and it raises too."""
+    from sim.replay.engine import STALL_S
+
+    def programs():
+        a = Collective(name="g", group="g", ranks=(0, 1), op="all_reduce", size_bytes=1.0)
+        b = Collective(name="h", group="h", ranks=(0, 1), op="all_reduce", size_bytes=1.0)
+        first = Program(rank=0, actions=(a, dataclasses.replace(b, deps=(0,))))
+        second = Program(rank=1, actions=(b, dataclasses.replace(a, deps=(0,))))
+        return first, second
+
+    with pytest.raises(RuntimeError, match="replay deadlock"):
+        replay(*programs())
+    env = simpy.Environment()
+
+    def traffic():
+        while True:
+            yield env.timeout(1.0)
+
+    env.process(traffic())
+    with pytest.raises(RuntimeError, match=f"no action ended in {STALL_S:g} s"):
+        Engine(env, UnitComm(env), programs(), finished=env.event()).run()
+    assert env.now == pytest.approx(STALL_S)

@@ -183,10 +183,12 @@ def test_a_second_job_flow_by_flow_shares_the_nic_links_max_min() -> None:
         nodes=(0, 1), share=COLLECTIVE_JOB_SHARE, period_s=10.0, offset_s=1e-3,
         op="all_gather", size_bytes=8 * GIB, flow_by_flow=True,
     )  # fmt: skip
-    latency, transfers = job_flows(job, CommModel(simpy.Environment(), topology, fidelity="flow"))
+    comm = CommModel(simpy.Environment(), topology, fidelity="flow")
+    latency, inside_s, transfers = job_flows(job, comm)
     per_rail = 15 / 16 * 8 * GIB / 8 * (1 + 512 * 1024 / (8 * GIB))
-    assert [size for _, size in transfers] == pytest.approx([per_rail] * 8, rel=1e-12)
-    assert all(len(paths) == 2 for paths, _ in transfers)  # each rail, both ways
+    assert [size for _, size, _ in transfers] == pytest.approx([per_rail] * 8, rel=1e-12)
+    assert all(len(paths) == 2 for paths, _, _ in transfers)  # each rail, both ways
+    assert inside_s == 0.0 and all(cap > rate for _, _, cap in transfers)  # NVLink is faster
     alone, _ = _send_with_jobs(topology, 16 * GIB, [])
     shared, ((run,),) = _send_with_jobs(topology, 16 * GIB, [job])
     assert run[0] == pytest.approx(1e-3, rel=1e-12)
@@ -219,20 +221,44 @@ def test_under_the_flow_model_a_collective_job_runs_its_own_flows_in_the_step() 
     assert "second_job_as_bursts" in analytical.extra["whatif"]
 
 
-def test_a_flowing_job_whose_step_never_ends_stops_with_an_error(monkeypatch) -> None:
-    """A replay that never finishes (its ``stop`` never fires) would keep a flowing job running
-    forever; past ``MAX_JOB_RUNS`` collectives the job stops the simulation with one error."""
+@pytest.mark.parametrize(
+    ("node", "fabric", "nodes", "op", "size"),
+    [("dgx-h100", "ib-ndr", 2, "all_reduce", GIB), ("dgx-h100", "ib-ndr", 2, "all_reduce", 1 << 20),
+     ("p5-h100", "efa-p5", 2, "all_reduce", GIB), ("dgx-a100", "ib-hdr", 2, "all_to_all", 1 << 28),
+     ("dgx-h100", "ib-ndr", 4, "broadcast", 1 << 26)],
+)  # fmt: skip
+def test_a_job_alone_takes_as_long_as_its_whole_collective(node, fabric, nodes, op, size) -> None:
+    """Kept to the NIC and fabric links, a job's collective still lasts as long alone as the
+    flow model's whole collective: its groups inside the servers (NVLSTree's NVLink phases, a
+    tree's chains) set a floor and cap the rate of the groups that cross servers."""
     from schedules.whatif import SecondJob
-    from sim.replay import whatif
+    from sim.replay.whatif import start_flowing_jobs
+    from topologies.presets import build_cluster
 
-    monkeypatch.setattr(whatif, "MAX_JOB_RUNS", 5)
+    topology = build_cluster(node, nodes, fabric)
+    ranks = list(range(topology.num_gpus))
     env = simpy.Environment()
-    comm = CommModel(env, _rail_cluster(), fidelity="flow")
+    env.run(CommModel(env, topology, fidelity="flow").run(op, ranks, size))
+    whole = env.now
+    env = simpy.Environment()
+    stop = env.event()
+
+    def step():
+        yield env.timeout(1.0)
+        stop.succeed()
+
+    env.process(step())
     job = SecondJob(
-        nodes=(0, 1), share=COLLECTIVE_JOB_SHARE, period_s=1e-3, op="all_gather",
-        size_bytes=GIB, flow_by_flow=True,
+        nodes=tuple(range(nodes)), share=COLLECTIVE_JOB_SHARE, period_s=10.0, op=op,
+        size_bytes=size, flow_by_flow=True,
     )  # fmt: skip
-    (runs,) = whatif.start_flowing_jobs(env, comm, [job], stop=env.event())
-    with pytest.raises(RuntimeError, match="ran 5 collectives and the step has not ended"):
-        env.run()
-    assert len(runs) == 5
+    (runs,) = start_flowing_jobs(env, CommModel(env, topology, fidelity="flow"), [job], stop)
+    env.run()
+    ((start, end),) = runs
+    assert end - start == pytest.approx(whole, rel=1e-9)
+
+
+def test_a_flowing_job_needs_a_period_of_a_millisecond() -> None:
+    plan = _with(_plan(2, tp=8, pp=1, global_batch=16), "second_job=0-1:all_reduce:64:0.5")
+    with pytest.raises(ValueError, match=r"period_ms 0\.5: under the flow model"):
+        simulate_plan(plan, topology=_rail_cluster(), fidelity="flow")
