@@ -98,7 +98,7 @@ class SecondJob:
     """One of its collectives alone on the network, once priced (with ``op``)."""
     flow_by_flow: bool = False
     """Under the flow model: its collectives' flows share the links with this job's one by one
-    (``sim.replay.whatif.start_flowing_jobs``) instead of a share and bursts."""
+    (``sim.replay.flowing_jobs.start_flowing_jobs``) instead of a share and bursts."""
 
     @property
     def bursty(self) -> bool:

@@ -168,7 +168,7 @@ class Engine:
         finished: simpy.Event | None = None,
     ):
         """``finished``, when given, succeeds as the programs' last action ends (a second job's
-        traffic, ``sim.replay.whatif.start_flowing_jobs``, stops there); with it, a replay in
+        traffic, ``sim.replay.flowing_jobs.start_flowing_jobs``, stops there); with it, a replay in
         which no action ends for ``STALL_S`` of simulated time raises, since such traffic would
         otherwise keep a deadlocked replay running forever."""
         if not 0.0 <= overlap_slowdown <= 10.0:

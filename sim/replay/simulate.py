@@ -36,6 +36,7 @@ from sim.network.calibration import Calibration
 from sim.network.comm_model import CommModel
 from sim.replay.basis import bottleneck, compute_basis, network_basis
 from sim.replay.engine import ClosedFormRunner, Timeline
+from sim.replay.flowing_jobs import start_flowing_jobs
 from sim.replay.folding import representative_of
 from sim.replay.offload import offload_replay, offload_summary
 from sim.replay.result import Breakdown, PlanResult
@@ -52,7 +53,6 @@ from sim.replay.whatif import (
     signatures,
     slowdowns,
     special_ranks,
-    start_flowing_jobs,
     toggle_bursts,
     whatif_ranks,
 )

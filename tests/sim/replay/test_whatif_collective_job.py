@@ -150,7 +150,7 @@ def _rail_cluster():
 def _send_with_jobs(topology, size: int, jobs) -> tuple[float, list]:
     """GPU 0 -> GPU 8 under the flow model, with ``jobs`` running flow by flow beside it: when
     it ends, and each job's (start, end) runs."""
-    from sim.replay.whatif import start_flowing_jobs
+    from sim.replay.flowing_jobs import start_flowing_jobs
 
     env = simpy.Environment()
     comm = CommModel(env, topology, fidelity="flow")
@@ -174,7 +174,7 @@ def test_a_second_job_flow_by_flow_shares_the_nic_links_max_min() -> None:
     rail 0 (R/2 each) until the job's channel there ends: the job takes its latency + 2b/R, and
     the send ends b/R later than alone. Two such jobs together each take latency + 2b/R."""
     from schedules.whatif import SecondJob
-    from sim.replay.whatif import job_flows
+    from sim.replay.flowing_jobs import job_flows
 
     topology = _rail_cluster()
     rate = topology.graph.edges["n0/nic0", "leaf0"]["effective_bandwidth_bytes_per_s"]
@@ -232,7 +232,7 @@ def test_a_job_alone_takes_as_long_as_its_whole_collective(node, fabric, nodes, 
     flow model's whole collective: its groups inside the servers (NVLSTree's NVLink phases, a
     tree's chains) set a floor and cap the rate of the groups that cross servers."""
     from schedules.whatif import SecondJob
-    from sim.replay.whatif import start_flowing_jobs
+    from sim.replay.flowing_jobs import start_flowing_jobs
     from topologies.presets import build_cluster
 
     topology = build_cluster(node, nodes, fabric)
