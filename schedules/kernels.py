@@ -359,6 +359,8 @@ def elementwise_forward_bytes(plan: Plan) -> float:
     if unfused_norm(plan):
         norm = UNFUSED_RMSNORM_BYTES
     stream = residual_stream_elements(plan)
+    if model.dropout:  # each add drops out the branch it adds, writing its mask
+        residual += DROPOUT_MASK_BYTES
     norms, residuals = 2 * norm * stream, 2 * residual * stream  # 2 norms, 2 adds
     rotary = 0.0
     if model.position_embedding == "rope":
@@ -540,7 +542,9 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
     (the causal mask is applied after the product) plus a softmax reading and writing them; the
     backward runs each of them twice (dS/dV and dQ/dK products, softmax backward). The eager
     score GEMMs are priced by their FLOPs alone: the softmax kernel carries the scores' bytes.
-    Under torch's context parallel: the kernels of its ring (``schedules.context_parallel``).
+    With dropout, eager attention drops out the probabilities in a kernel of its own, forward
+    and backward (``DROPOUT_BYTES``). Under torch's context parallel: the kernels of its ring
+    (``schedules.context_parallel``).
     """
     repeat = eager_gqa_repeat_launches(plan)
     if runs_torch_ring(plan, kernel_stack(plan)):
@@ -584,7 +588,25 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
         memory("softmax_backward", 2 * 2 * ACTIVATION_BYTES * scores),
         extra_launches=repeat["backward"],
     )
-    return (qk, av, softmax), (qk, av, qk, av, softmax_backward)
+    if not plan.model.dropout:
+        return (qk, av, softmax), (qk, av, qk, av, softmax_backward)
+    dropout = memory("attention_dropout", DROPOUT_BYTES * scores)
+    dropout_backward = memory("attention_dropout_backward", DROPOUT_BYTES * scores)
+    return (qk, softmax, dropout, av), (qk, av, dropout_backward, qk, av, softmax_backward)
+
+
+DROPOUT_BYTES = 2 * ACTIVATION_BYTES + 1
+"""Bytes per element of a dropout on 16-bit activations, forward and backward alike: torch's
+``native_dropout`` reads the input and writes the output and a one-byte mask (``b8``);
+``native_dropout_backward`` reads the gradient and the mask and writes the gradient. Unfused
+attention runs one on the s x s probabilities after the softmax (Megatron-LM's
+``attention_probs = self.attention_dropout(attention_probs)``, in ``ParallelAttention`` of 2021
+and ``megatron/core/transformer/dot_product_attention.py`` since; a fused attention kernel drops
+out inside itself)."""
+DROPOUT_MASK_BYTES = 1
+"""Bytes per element a dropout fused into the residual add adds to it: the one-byte mask it
+writes (Megatron-LM's ``bias_dropout_add_fused_train``, after the attention projection and
+after the MLP; read back in the backward)."""
 
 
 def ring_work_kernels(plan: Plan, work: RingWork, *, backward: bool = False) -> tuple[Kernel, ...]:

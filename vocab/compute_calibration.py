@@ -104,9 +104,10 @@ class ComputeCalibration:
     default (``sim.compute.compute_model.DEFAULT_OVERLAP_SLOWDOWN``)."""
     in_step_slowdown: float | None = None
     """How much longer a kernel runs inside a training step than its curve says (0.2: 20%
-    longer); None for the default (``sim.compute.compute_model.DEFAULT_IN_STEP_SLOWDOWN``), which
-    applies to the default curves and to ``commbench --compute``'s isolated measurements; fits to
-    measured steps (``commbench --step``) write 0."""
+    longer); None for the default of the GPU's generation
+    (``sim.compute.compute_model.IN_STEP_SLOWDOWN``), which applies to the default curves and to
+    ``commbench --compute``'s isolated measurements; fits to measured steps (``commbench
+    --step``) write 0."""
     cpu_adam_params_per_s: float | None = None
     """Measured CPU Adam step rate of the whole host (parameters per second, every core;
     ``commbench --compute`` on the host): the CPU step of offloaded optimizers. None keeps the

@@ -125,7 +125,7 @@ def fit_time_scale(
 def run(args: argparse.Namespace) -> int:
     """Fit the factor, print it, write the calibration; returns 0."""
     from schedules.resolve import resolve_plan
-    from sim.compute.compute_model import DEFAULT_IN_STEP_SLOWDOWN, default_efficiency
+    from sim.compute.compute_model import default_efficiency, default_in_step_slowdown
     from sim.replay.simulate import plan_topology, simulate_plan
     from vocab.compute_calibration import ComputeCalibration, save_compute_calibration
 
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = topology.gpu_spec(0)
     base = compute_calibration_for(source, gpu, warn=_warn) or ComputeCalibration()
     if base.in_step_slowdown is None:  # the fit is relative to the default in effect: keep it
-        default = DEFAULT_IN_STEP_SLOWDOWN if topology.num_gpus > 1 else 0.0
+        default = default_in_step_slowdown(gpu.family) if topology.num_gpus > 1 else 0.0
         base = dataclasses.replace(base, in_step_slowdown=default)
     dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
     gemm = base.efficiency.get("gemm", default_efficiency(gpu, "gemm", dtype))

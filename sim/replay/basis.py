@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.compute.compute_model import ComputeModel
+from sim.compute.compute_model import IN_STEP_SLOWDOWN, ComputeModel
 from sim.replay.result import Breakdown
 
-VALIDATED_ERROR = {"megatron": (0.069, 42), "compile": (0.087, 26), "eager": (0.039, 2)}
+VALIDATED_ERROR = {"megatron": (0.065, 42), "compile": (0.087, 26), "eager": (0.039, 2)}
 """Per kernel stack: (MAPE, published runs) of uncalibrated predictions (``commsim validate
 --calibrate-on none``, ``summary_by_stack``). The Megatron figure includes the ten runs the
-default in-step slowdown was fitted on (``sim.compute.compute_model.DEFAULT_IN_STEP_SLOWDOWN``); the
-compile and eager runs are torchtitan's (FSDP2, TP, PP and CP on H100 and H200), all held out."""
+default in-step slowdown of their GPU generation was fitted on, as every other published run
+(``sim.compute.compute_model.IN_STEP_SLOWDOWN``; ``commsim validate --leave-one-source-out``
+scores each source without them)."""
 
 
 def compute_basis(compute: ComputeModel, stack: str, source: str = "") -> str:
@@ -42,9 +43,14 @@ def compute_basis(compute: ComputeModel, stack: str, source: str = "") -> str:
         else "no published runs of this stack validate these defaults: calibrate with "
         "commbench --step or commsim fit"
     )
+    family = compute.gpu.family
+    scope = (
+        f"fitted on the published {family} runs"
+        if family in IN_STEP_SLOWDOWN
+        else f"fitted on every published run: none on {family} GPUs"
+    )
     slowdown = (
-        f"in-step slowdown {compute.in_step_slowdown:.0%} (one factor for multi-GPU plans, "
-        "fitted on Narayanan et al. Table 1)"
+        f"in-step slowdown {compute.in_step_slowdown:.1%} (a factor for multi-GPU plans, {scope})"
         if compute.in_step_slowdown
         else "no in-step slowdown (one GPU)"
     )

@@ -25,9 +25,10 @@ from schedules.params import layer_params_per_gpu
 from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
 from sim.compute.compute_model import (
     CAST_EFFICIENCY,
-    DEFAULT_IN_STEP_SLOWDOWN,
     FLASH2_BACKWARD_ON_HOPPER,
     FLASH2_ON_HOPPER,
+    IN_STEP_SLOWDOWN,
+    IN_STEP_SLOWDOWN_ELSEWHERE,
     MOVE_EFFICIENCY,
     ROWWISE_SCALED_MM,
     UNALIGNED_GEMM,
@@ -47,6 +48,7 @@ from vocab.compute_calibration import (
 
 H100 = GPUS["h100-sxm"]
 A100 = GPUS["a100-sxm-80gb"]
+REPO = Path(__file__).resolve().parents[3]
 ISOLATED = ComputeCalibration(in_step_slowdown=0.0)
 """The kernel curves as they are, without the in-step slowdown."""
 
@@ -250,7 +252,7 @@ def test_every_kernel_runs_the_in_step_slowdown_longer_by_default() -> None:
     a calibration fitted to measured steps (0) keeps the curves."""
     isolated, default = ComputeModel(H100, ISOLATED), ComputeModel(H100)
     measured = ComputeModel(H100, ComputeCalibration(efficiency={"gemm": 0.7}))
-    factor = 1.0 + DEFAULT_IN_STEP_SLOWDOWN
+    factor = 1.0 + IN_STEP_SLOWDOWN["hopper"]
     assert default.gemm_time_s(8192, 8192, 8192) == pytest.approx(
         factor * isolated.gemm_time_s(8192, 8192, 8192)
     )
@@ -260,6 +262,30 @@ def test_every_kernel_runs_the_in_step_slowdown_longer_by_default() -> None:
     )
     half = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.5))
     assert half.memory_time_s(1e9) == pytest.approx(1.5 * isolated.memory_time_s(1e9))
+
+
+def test_the_in_step_slowdown_is_its_gpu_generations() -> None:
+    """Each generation with published runs has its own fitted factor (an A100 job's, an H100
+    and an H200 job's); a generation without any takes the fit over every run; one GPU none."""
+    assert ComputeModel(A100).in_step_slowdown == IN_STEP_SLOWDOWN["ampere"]
+    assert ComputeModel(H100).in_step_slowdown == IN_STEP_SLOWDOWN["hopper"]
+    assert ComputeModel(GPUS["h200"]).in_step_slowdown == IN_STEP_SLOWDOWN["hopper"]
+    assert ComputeModel(GPUS["v100-sxm3-32gb"]).in_step_slowdown == IN_STEP_SLOWDOWN_ELSEWHERE
+    assert ComputeModel(A100, distributed=False).in_step_slowdown == 0.0
+
+
+def test_the_in_step_slowdowns_are_the_stored_leave_one_source_out_fits() -> None:
+    """The defaults are the in-sample fits of results/validation/loso.json, per generation and
+    over every run, to the three decimals they are written with."""
+    stored = json.loads((REPO / "results" / "validation" / "loso.json").read_text())
+    fits = stored["fitted_on_all"]
+    for family, value in IN_STEP_SLOWDOWN.items():
+        assert fits[family] == pytest.approx(value, abs=5e-4)
+    assert fits["all"] == pytest.approx(IN_STEP_SLOWDOWN_ELSEWHERE, abs=5e-4)
+    assert stored["default_in_step_slowdown"] == {
+        **IN_STEP_SLOWDOWN,
+        "other": IN_STEP_SLOWDOWN_ELSEWHERE,
+    }
 
 
 def test_flash_attention_2_runs_slower_on_hopper_only() -> None:

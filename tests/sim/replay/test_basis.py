@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from schedules.arithmetic import model_flops_per_step
@@ -21,8 +23,15 @@ def test_defaults_quote_the_measured_error_of_their_stack(monkeypatch) -> None:
         mape, runs = VALIDATED_ERROR[stack]
         assert result.basis["stack"] == stack
         assert f"off by {mape:.1%} (MAPE) on {runs} published runs" in result.basis["compute"]
-        assert "in-step slowdown 21%" in result.basis["compute"]
+        assert "in-step slowdown 21.0%" in result.basis["compute"]
+        assert "fitted on the published hopper runs" in result.basis["compute"]
         assert result.basis["network"].startswith("defaults")
+    h100 = plan_of({"tp": 2})
+    a100 = dataclasses.replace(h100, cluster=dataclasses.replace(h100.cluster, node="dgx-a100"))
+    assert (
+        "in-step slowdown 11.8% (a factor for multi-GPU plans, fitted on the published ampere"
+        in (simulate_plan(a100).basis["compute"])
+    )
     monkeypatch.delitem(VALIDATED_ERROR, "eager")
     eager = simulate_plan(plan_of({"tp": 2}))
     assert "no published runs of this stack" in eager.basis["compute"]
