@@ -19,19 +19,22 @@ def format_summary(document: dict[str, Any], results: list[ClusterPoints]) -> li
     """The printed report: per cluster, where the errors sit, the fabric checks."""
     summary = document["summary"]
     raw, loco = (summary["modes"][m] for m in MODES)
+    clusters = document["clusters"]
+    wide = max([len("cluster"), *map(len, clusters)])
+    fabric_wide = max([13, *(len(c["fabric"] or "-") for c in clusters.values())])
     lines = [
-        f"commsim validate --collectives: {len(document['clusters'])} clusters, busbw error "
+        f"commsim validate --collectives: {len(clusters)} clusters, busbw error "
         "(simulated / measured - 1) on sizes >= 1 MiB",
-        f"  {'cluster':<26} {'server':<13} {'fabric':<13} {'nodes':<14} {'points':>6} "
-        f"{'uncalibrated':>13} {'leave-one-out':>14}",
+        f"  {'cluster':<{wide}} {'server':<13} {'fabric':<{fabric_wide}} {'nodes':<14} "
+        f"{'points':>6} {'uncalibrated':>13} {'leave-one-out':>14}",
     ]
-    for name, described in document["clusters"].items():
+    for name, described in clusters.items():
         a, b = raw["clusters"][name], loco["clusters"][name]
         nodes = described["nodes"]
         lines.append(
-            f"  {name:<26} {described['server']:<13} {described['fabric'] or '-':<13} "
-            f"{','.join(map(str, nodes)):<14} {a['num_points']:>6} "
-            f"{_cell(a):>13} {_cell(b):>14}"
+            f"  {name:<{wide}} {described['server']:<13} "
+            f"{described['fabric'] or '-':<{fabric_wide}} {','.join(map(str, nodes)):<14} "
+            f"{a['num_points']:>6} {_cell(a):>13} {_cell(b):>14}"
         )
     lines.append(
         f"  all: uncalibrated {_pct(raw['busbw_mape_pct'])} over {raw['num_points']} points "
@@ -57,7 +60,8 @@ def format_summary(document: dict[str, Any], results: list[ClusterPoints]) -> li
     for fabric, checks in sorted(document["fabric_checks"].items()):
         for check in checks:
             lines.append(
-                f"  {fabric:<13} {check['cluster']:<26} nodes {','.join(map(str, check['nodes']))}"
+                f"  {fabric:<{fabric_wide}} {check['cluster']:<{wide}} "
+                f"nodes {','.join(map(str, check['nodes']))}"
                 f": {_pct(check['busbw_mape_pct'])} ({check['mean_busbw_error_pct']:+.1f}% mean, "
                 f"{check['num_points']} points)" + (", in-sample" if check.get("in_sample") else "")
             )
