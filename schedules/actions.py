@@ -210,6 +210,7 @@ def tp_forward_steps(
     tp_comm_overlap: bool = False,
     extra: tuple[Step, ...] = (),
     per_layer: int = 2,
+    gather_bytes: float | None = None,
 ) -> tuple[Step, ...]:
     """Forward of ``num_layers`` layers (each ``forward_s``) with their TP collectives.
 
@@ -217,18 +218,20 @@ def tp_forward_steps(
     critical path (Megatron), or hidden behind the GEMMs under ``tp_comm_overlap`` (TE
     userbuffers: the comm runs beside the layer compute, only the excess is exposed).
     ``per_layer`` is 1 for MoE layers without shared experts (their MLP leaves TP for the
-    expert-parallel dispatcher: only the attention block's pair remains).
+    expert-parallel dispatcher: only the attention block's pair remains). ``gather_bytes``: the
+    all-gathers' size where it differs from ``tp_bytes`` (float8 operands).
     """
     steps: list[Step] = []
     if tp > 1:
         ops = ("all_gather", "reduce_scatter") if sequence_parallel else ("all_reduce",)
         per_op = per_layer * num_layers
+        gathered = tp_bytes if gather_bytes is None else gather_bytes
         steps = [
             CommStep(
                 name=op,
                 group="tp",
                 op=op,
-                size_bytes=tp_bytes,
+                size_bytes=gathered if op == "all_gather" else tp_bytes,
                 repeat=per_op,
                 overlap=tp_comm_overlap,
             )
@@ -254,6 +257,7 @@ def tp_backward_steps(
     per_layer: int = 2,
     dtensor: bool = False,
     regather: bool = False,
+    gather_bytes: float | None = None,
 ) -> tuple[Step, ...]:
     """Backward of ``num_layers`` layers with TP collectives placed where Megatron puts them.
 
@@ -271,7 +275,8 @@ def tp_backward_steps(
     blocks: with SP 2 gradient all-gathers and 2 dgrad reduce-scatters per layer, without SP 2
     dgrad all-reduces; ``regather`` adds what a recompute policy saving no norm output and no
     all-gather or all-reduce output (torchtitan's per-op AC) runs again in the backward: the 2
-    input all-gathers with SP, the attention output's all-reduce without.
+    input all-gathers with SP, the attention output's all-reduce without. ``gather_bytes``: the
+    DTensor all-gathers' size where it differs from ``tp_bytes`` (float8 operands).
     """
     n = num_layers
     if split == "weight":
@@ -287,6 +292,7 @@ def tp_backward_steps(
                 tp=tp,
                 sequence_parallel=sequence_parallel,
                 per_layer=per_layer,
+                gather_bytes=gather_bytes,
             )
     if tp == 1:
         wgrad = 0.0 if split == "input" else backward_weight_s
@@ -297,6 +303,7 @@ def tp_backward_steps(
             backward_s=backward_input_s + (0.0 if split == "input" else backward_weight_s),
             num_layers=n,
             tp_bytes=tp_bytes,
+            gather_bytes=tp_bytes if gather_bytes is None else gather_bytes,
             sequence_parallel=sequence_parallel,
             regather=regather and not full_recompute,
             per_layer=per_layer,
@@ -355,6 +362,7 @@ def _dtensor_backward_steps(
     backward_s: float,
     num_layers: int,
     tp_bytes: float,
+    gather_bytes: float,
     sequence_parallel: bool,
     regather: bool,
     per_layer: int,
@@ -368,7 +376,11 @@ def _dtensor_backward_steps(
         names = ["AG grad", "AG input"] if regather else ["AG grad"]
         steps += [
             CommStep(
-                name=name, group="tp", op="all_gather", size_bytes=tp_bytes, repeat=per_layer * n
+                name=name,
+                group="tp",
+                op="all_gather",
+                size_bytes=gather_bytes,
+                repeat=per_layer * n,
             )
             for name in names
         ]

@@ -91,7 +91,7 @@ tensorwise (torchtitan's float8 TP plan, torchao ``float8_tensor_parallel.py``):
 ``PrepareFloat8ModuleInput`` / ``Float8ColwiseParallel`` cast the sharded input of qkv and fc1
 (and of wk and w3 where per-op recompute reruns them) once for all its linears,
 ``Float8RowwiseParallel`` the sharded output gradient of proj and fc2; the all-gathers then move
-float8 (not modelled: they stay bf16 in the step)."""
+float8 (``schedules.kernels.tp_gather_bytes``)."""
 SHARD_CAST_BYTES = {"compile": 3, "eager": 33}
 """Bytes per element of the sequence shard cast before a TP all-gather (amax fused under compile,
 read 2, write 1; eager's 33)."""

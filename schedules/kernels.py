@@ -28,8 +28,10 @@ from schedules.float8 import (
     cast_bytes,
     float8_recipe,
     forward_backend,
+    sharded_casts,
     wgrad_dtype,
 )
+from schedules.messages import tp_message_bytes
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import Plan, num_microbatches
 from schedules.stacks import kernel_stack, loss_compiled
@@ -677,10 +679,12 @@ def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, 
                 for kernel in _float8_linear(plan, name, (m, n, k), label=f"{name}_recompute")[0]
             ),
             memory("elementwise", elementwise_bytes),
+            *_sequence_copies(plan, "op_recompute"),
         )
     return (
         *(gemm(f"{name}_recompute", m, n, k, gemm_dtype) for name, m, n, k in shapes),
         memory("elementwise", elementwise_bytes),
+        *_sequence_copies(plan, "op_recompute"),
     )
 
 
@@ -749,6 +753,58 @@ def _te_linear(plan: Plan, name: str, shape: tuple[float, float, float]) -> Phas
     )
 
 
+DTENSOR_SEQUENCE_COPIES = {"forward": (2, 2), "backward": (2, 2), "op_recompute": (2, 0)}
+"""Chunk + cat copies per layer and micro-batch, (after all-gathers, before reduce-scatters),
+of PyTorch's tensor parallelism with sequence parallelism (DTensor ``SequenceParallel`` with
+``ColwiseParallel(input_layouts=Shard(1))`` and ``RowwiseParallel(output_layouts=Shard(1))``,
+torchtitan's plan): the activations are (batch, sequence, hidden) and shard on the sequence,
+dim 1, while NCCL gathers and scatters along dim 0, so ``torch.distributed.
+_functional_collectives`` rearranges every one: an all-gather on dim 1 returns
+``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)`` of its output, a
+reduce-scatter on dim 1 runs ``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))`` on
+its input first. Forward: the attention's and the MLP's input all-gathers and output
+reduce-scatters; backward: their gradients, a reduce-scatter and an all-gather each;
+torchtitan's per-op recompute gathers the two inputs again (a full recompute reruns the
+forward's). Each reads and writes the whole gathered tensor, in the collective's element size
+(``tp_gather_bytes``: float8 under torchtitan's float8 TP). Since pytorch/pytorch#169404
+(December 2025) an all-gather at micro-batch 1 is a view instead; the published runs here
+predate it, and the copies are priced at every micro-batch size. Not with asynchronous TP (its
+fused kernels lay the chunks out themselves) nor on the Megatron stack (sequence-first
+activations: dim 0)."""
+
+
+def dtensor_sequence_copies(plan: Plan) -> bool:
+    """Whether the plan's TP collectives are DTensor's on the sequence dimension, each with a
+    chunk + cat copy (``DTENSOR_SEQUENCE_COPIES``)."""
+    parallel = plan.parallel
+    return (
+        parallel.tp > 1
+        and parallel.sequence_parallel
+        and not parallel.tp_comm_overlap
+        and kernel_stack(plan) != "megatron"
+    )
+
+
+def tp_gather_bytes(plan: Plan) -> float:
+    """Bytes of one sequence-parallel all-gather: ``tp_message_bytes``, halved where torchtitan's
+    float8 TP casts the gathered operands on their shard first (``schedules.float8.
+    sharded_casts``: the inputs of qkv and fc1 forward, the output gradients of proj and fc2
+    backward, all in float8 on the wire)."""
+    size = tp_message_bytes(plan.model, plan.training.micro_batch_size, cp=plan.parallel.cp)
+    return size / ACTIVATION_BYTES if sharded_casts(plan, kernel_stack(plan)) else size
+
+
+def _sequence_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
+    """The phase's DTensor sequence-parallel copies as one kernel (each a launch of its own)."""
+    if not dtensor_sequence_copies(plan):
+        return ()
+    gathers, scatters = DTENSOR_SEQUENCE_COPIES[phase]
+    scatter = tp_message_bytes(plan.model, plan.training.micro_batch_size, cp=plan.parallel.cp)
+    size = 2 * (gathers * tp_gather_bytes(plan) + scatters * scatter)  # read and write each
+    copy = memory("dtensor_sequence_copy", size, "copy", converts=False)
+    return (replace(copy, extra_launches=gathers + scatters - 1),)
+
+
 def layer_kernels(plan: Plan) -> PieceKernels:
     """One transformer layer, one micro-batch, one GPU: forward, backward split, recompute."""
     gemms_forward, gemms_dgrad, gemms_wgrad = weight_gemm_kernels(plan)
@@ -772,6 +828,7 @@ def layer_kernels(plan: Plan) -> PieceKernels:
         *layouts,
         replace(memory("elementwise", elementwise_bytes), extra_launches=rotary["forward"]),
         *((memory("norm_output_cast", norm_casts, "copy"),) if norm_casts else ()),
+        *_sequence_copies(plan, "forward"),
     )
     recompute = recompute_kernels(plan, forward, core_forward, elementwise_bytes)
     return PieceKernels(
@@ -789,6 +846,7 @@ def layer_kernels(plan: Plan) -> PieceKernels:
                 memory("elementwise_backward", 2 * elementwise_bytes),
                 extra_launches=rotary["backward"],
             ),
+            *_sequence_copies(plan, "backward"),
             *(
                 (memory("norm_grad_cast", FP32_RESIDUAL_GRAD_CASTS * norm_casts, "copy"),)
                 if norm_casts

@@ -34,6 +34,7 @@ from schedules.kernels import (
     kernel_stack,
     master_copy_bytes,
     ring_work_kernels,
+    tp_gather_bytes,
     weight_gemm_shapes,
 )
 from schedules.moe import dispatch_bytes, expert_tokens, is_moe
@@ -58,6 +59,9 @@ class StepCosts:
     """Column-parallel wgrad shares of a layer (TP overlap windows)."""
     tp_bytes: float
     """One TP collective message."""
+    tp_gather_bytes: float
+    """One sequence-parallel all-gather (``schedules.kernels.tp_gather_bytes``: float8 operands
+    under torchtitan's float8 TP, else ``tp_bytes``)."""
     cp_bytes: float
     """One CP ring step's K and V."""
     cp_forward: tuple[Step, ...] = ()
@@ -95,6 +99,7 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         head=compute.head_times(plan),
         shares=LinearShares(qkv=wgrad[0] / total, fc1=wgrad[2] / total),
         tp_bytes=tp_message_bytes(model, b, cp=parallel.cp),
+        tp_gather_bytes=tp_gather_bytes(plan),
         cp_bytes=cp_kv_message_bytes(model, b, tp=parallel.tp, cp=parallel.cp),
         cp_forward=cp_forward,
         cp_backward=cp_backward,
@@ -339,6 +344,7 @@ def _uniform_recipes(
             per_layer=per_layer,
             dtensor=kernel_stack(plan) != "megatron" and not parallel.tp_comm_overlap,
             regather=parallel.recompute == "op",
+            gather_bytes=costs.tp_gather_bytes,
         )
         if not ring:
             return steps
@@ -352,6 +358,7 @@ def _uniform_recipes(
         sequence_parallel=parallel.sequence_parallel,
         tp_comm_overlap=parallel.tp_comm_overlap,
         per_layer=per_layer,
+        gather_bytes=costs.tp_gather_bytes,
     ) + _repeat(ring_fwd, num_layers)
     cp_fwd = tuple(_cp_steps(plan, costs, num_layers, "all_gather"))
     cp_bwd = tuple(_cp_steps(plan, costs, num_layers, "reduce_scatter"))

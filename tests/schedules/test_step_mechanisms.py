@@ -243,3 +243,62 @@ def test_korthikanti_selective_recompute_overhead_is_the_attention_core_with_dro
     without = compute.price(attention_core_kernels(resolve_plan(load_plan(raw), 8))[0])
     assert with_dropout == pytest.approx(1.3e-3, rel=0.05)
     assert without < 0.7 * 1.3e-3
+
+
+def _tp_plan(stack: str = "compile", precision: str = "bf16", **parallel: Any) -> Any:
+    """A layer on 8 GPUs at TP 8 with sequence parallelism (micro-batch 2, 1024 tokens)."""
+    raw = {
+        "model": {"name": "m", "num_layers": 2, "hidden_size": H, "num_heads": 16,
+                  "ffn_hidden_size": F, "vocab_size": 32000, "seq_len": 1024},
+        "cluster": {"node": "dgx-h100", "num_nodes": 1},
+        "parallel": {"tp": 8, "sequence_parallel": True, **parallel},
+        "training": {"micro_batch_size": 2, "global_batch_size": 2, "stack": stack,
+                     "precision": precision},
+    }  # fmt: skip
+    return resolve_plan(load_plan(raw), 8)
+
+
+def test_dtensor_sequence_parallel_collectives_copy_what_they_gather() -> None:
+    """DTensor gathers and scatters (b, s, h) on the sequence, dim 1, where NCCL works on dim 0:
+    each all-gather's output and each reduce-scatter's input is copied by chunk + cat, read and
+    written whole (M = 2 b s h bytes): forward 2 + 2, backward 2 + 2, the per-op recompute's two
+    re-gathers; float8 TP gathers float8 (M / 2). None on the Megatron stack (sequence-first)
+    or under asynchronous TP."""
+    from schedules.kernels import dtensor_sequence_copies, tp_gather_bytes
+
+    m = 2 * 2 * 1024 * H  # 2 bytes x micro-batch 2 x 1024 tokens x hidden
+
+    def copies(plan: Any, phase: str) -> list[float]:
+        return [k.bytes for k in getattr(layer_kernels(plan), phase) if "sequence_copy" in k.name]
+
+    plain = _tp_plan()
+    assert dtensor_sequence_copies(plain) and tp_gather_bytes(plain) == m
+    assert copies(plain, "forward") == [2 * 4 * m] and copies(plain, "backward_input") == [8 * m]
+    assert copies(_tp_plan(recompute="op"), "recompute") == [2 * 2 * m]
+    assert copies(_tp_plan(recompute="full"), "recompute") == [8 * m]
+    float8 = _tp_plan(precision="fp8")
+    assert tp_gather_bytes(float8) == m / 2
+    assert copies(float8, "forward") == [2 * (2 * m / 2 + 2 * m)]
+    for other in (_tp_plan("megatron"), _tp_plan(tp_comm_overlap=True)):
+        assert not dtensor_sequence_copies(other)
+        assert copies(other, "forward") == [] and copies(other, "backward_input") == []
+
+
+def test_float8_tp_gathers_float8_on_the_wire() -> None:
+    """The forward's all-gathers (and the backward's, and the full recompute's) take the gather
+    size; the reduce-scatters keep the 16-bit message."""
+    from schedules.actions import CommStep, LinearShares, tp_backward_steps, tp_forward_steps
+
+    forward = tp_forward_steps(
+        forward_s=1.0, num_layers=2, tp_bytes=100.0, tp=8, sequence_parallel=True, gather_bytes=50.0
+    )
+    sizes = {s.op: s.size_bytes for s in forward if isinstance(s, CommStep)}
+    assert sizes == {"all_gather": 50.0, "reduce_scatter": 100.0}
+    backward = tp_backward_steps(
+        backward_input_s=1.0, backward_weight_s=1.0, recompute_s=1.0, num_layers=2,
+        tp_bytes=100.0, shares=LinearShares(qkv=0.2, fc1=0.5), tp=8, sequence_parallel=True,
+        full_recompute=True, dtensor=True, gather_bytes=50.0,
+    )  # fmt: skip
+    gathers = [s.size_bytes for s in backward if isinstance(s, CommStep) and s.op == "all_gather"]
+    scatters = [s.size_bytes for s in backward if isinstance(s, CommStep) and s.op != "all_gather"]
+    assert gathers and set(gathers) == {50.0} and set(scatters) == {100.0}
