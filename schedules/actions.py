@@ -187,6 +187,10 @@ class LinearShares:
     """QKV projection share of the wgrad (also its dgrad share: same FLOPs)."""
     fc1: float = 0.0
     """MLP input projection(s) share of the wgrad."""
+    forward: tuple[float, ...] = ()
+    """Shares of the layer's forward time of its QKV, projection, MLP input and MLP output
+    GEMMs (``schedules.kernels.WEIGHT_GEMMS`` order): the windows the overlapped TP
+    collectives of ``tp_forward_steps`` run in; empty: unknown."""
 
 
 def _drop_empty(steps: list[Step]) -> tuple[Step, ...]:
@@ -211,21 +215,36 @@ def tp_forward_steps(
     extra: tuple[Step, ...] = (),
     per_layer: int = 2,
     gather_bytes: float | None = None,
+    shares: LinearShares | None = None,
 ) -> tuple[Step, ...]:
     """Forward of ``num_layers`` layers (each ``forward_s``) with their TP collectives.
 
     Without SP: 2 all-reduces per layer; with SP: 2 all-gathers + 2 reduce-scatters, all on the
-    critical path (Megatron), or hidden behind the GEMMs under ``tp_comm_overlap`` (TE
-    userbuffers: the comm runs beside the layer compute, only the excess is exposed).
+    critical path (Megatron), or hidden behind the GEMMs under ``tp_comm_overlap``. With SP and
+    the forward GEMMs' ``shares`` each collective overlaps only the GEMM it is fused with: the
+    input all-gathers the QKV and MLP-input GEMMs that consume them, the reduce-scatters the
+    projection and MLP-output GEMMs that produce them (Transformer Engine's userbuffers
+    all-gather + GEMM and GEMM + reduce-scatter, torch's ``fused_all_gather_matmul`` and
+    ``fused_matmul_reduce_scatter``), so a pair takes the longer of the two and the rest of the
+    layer runs alone; without ``shares`` the collectives run beside the whole layer compute.
     ``per_layer`` is 1 for MoE layers without shared experts (their MLP leaves TP for the
     expert-parallel dispatcher: only the attention block's pair remains). ``gather_bytes``: the
     all-gathers' size where it differs from ``tp_bytes`` (float8 operands).
     """
+    gathered = tp_bytes if gather_bytes is None else gather_bytes
+    if tp > 1 and tp_comm_overlap and sequence_parallel and shares and shares.forward:
+        return _fused_forward_steps(
+            forward_s=forward_s,
+            num_layers=num_layers,
+            sizes={"all_gather": gathered, "reduce_scatter": tp_bytes},
+            shares=shares.forward,
+            per_layer=per_layer,
+            extra=extra,
+        )
     steps: list[Step] = []
     if tp > 1:
         ops = ("all_gather", "reduce_scatter") if sequence_parallel else ("all_reduce",)
         per_op = per_layer * num_layers
-        gathered = tp_bytes if gather_bytes is None else gather_bytes
         steps = [
             CommStep(
                 name=op,
@@ -240,6 +259,42 @@ def tp_forward_steps(
     compute = ComputeStep(name="fwd", duration_s=forward_s * num_layers)
     ordered = [*steps, compute] if tp_comm_overlap else [compute, *steps]
     return _drop_empty([*ordered, *extra])
+
+
+FUSED_FORWARD_PAIRS = (
+    ("all_gather", 0),
+    ("reduce_scatter", 1),
+    ("all_gather", 2),
+    ("reduce_scatter", 3),
+)
+"""A sequence-parallel layer's forward collectives and the GEMM each is fused with (index into
+``LinearShares.forward``): QKV's input gather, the projection's output scatter, the MLP
+input's gather, the MLP output's scatter."""
+
+
+def _fused_forward_steps(
+    *,
+    forward_s: float,
+    num_layers: int,
+    sizes: dict[str, float],
+    shares: tuple[float, ...],
+    per_layer: int,
+    extra: tuple[Step, ...],
+) -> tuple[Step, ...]:
+    """``tp_forward_steps`` under ``tp_comm_overlap`` with the GEMM windows: each collective
+    beside its GEMM (the compute after the pair waits for both), then the rest of the layers."""
+    n = num_layers
+    steps: list[Step] = []
+    window_s = 0.0
+    for op, gemm in FUSED_FORWARD_PAIRS[: 2 * per_layer]:
+        width = shares[gemm] * forward_s * n
+        window_s += width
+        steps += [
+            CommStep(name=op, group="tp", op=op, size_bytes=sizes[op], repeat=n, overlap=True),
+            ComputeStep(name=f"fwd gemm {gemm}", duration_s=width),
+        ]
+    steps.append(ComputeStep(name="fwd", duration_s=max(forward_s * n - window_s, 0.0)))
+    return _drop_empty([*steps, *extra])
 
 
 def tp_backward_steps(

@@ -85,7 +85,7 @@ kernel on H100: "most shapes are within 90-100% of tensor-wise efficiency, but t
 tail going down to 50%" (pytorch/pytorch#147971, February 2025, after the tile heuristics of
 pytorch/pytorch#134781); the lower edge of that bulk. The backward GEMMs of those recipes run
 cuBLAS's tensorwise kernel (torchao ``addmm_float8_unwrapped``): no factor."""
-IN_STEP_SLOWDOWN = {"ampere": 0.118, "hopper": 0.201}
+IN_STEP_SLOWDOWN = {"ampere": 0.118, "hopper": 0.199}
 """Fraction by which the kernels of a multi-GPU training job run longer than the isolated curves
 say, per GPU generation (``GPUSpec.family``): a fitted factor, not a mechanism. Every published
 multi-GPU run is slower than the kernel curves, from 8 GPUs to 3,072 and on every source, while
@@ -102,7 +102,7 @@ H200 runs of NeMo, torchtitan, Megatron-Core MoE and Megatron-Bridge. The genera
 once the attention dropout of the pre-FlashAttention Megatron runs is priced
 (``schedules.kernels.DROPOUT_BYTES``): each A100 run alone would take 0.03-0.22 (median 0.10;
 the six ZeRO-3 runs of Narayanan Table 2 aside, whose fetch the model misses), each H100 or
-H200 run 0.08-0.63 (median 0.20; above 0.4 only context-parallel rows and the 8B asynchronous
+H200 run 0.08-0.62 (median 0.20; above 0.4 only context-parallel rows and the 8B asynchronous
 TP runs). ``commsim validate --leave-one-source-out`` refits it without the source it scores
 (``docs/validation.md``). Fits to measured steps set it to 0."""
 IN_STEP_SLOWDOWN_ELSEWHERE = 0.173

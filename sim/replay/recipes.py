@@ -85,8 +85,14 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
     """Times from the compute model and sizes from ``schedules`` for one micro-batch."""
     model, parallel, b = plan.model, plan.parallel, plan.training.micro_batch_size
     dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
-    wgrad = [compute.gemm_time_s(k, n, m, dtype) for m, n, k in weight_gemm_shapes(plan)]
+    shapes = weight_gemm_shapes(plan)
+    wgrad = [compute.gemm_time_s(k, n, m, dtype) for m, n, k in shapes]
     total = sum(wgrad) or 1.0
+    layer = compute.layer_times(plan)
+    forward = tuple(
+        compute.gemm_time_s(m, n, k, dtype) / layer.forward_s if layer.forward_s else 0.0
+        for m, n, k in shapes
+    )
     moe_layer, dispatch, expert_tp = None, 0.0, 0.0
     cp_forward, cp_backward = ring_steps(plan, compute)
     if is_moe(model):
@@ -94,10 +100,10 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         if parallel.expert_tp > 1:
             expert_tp = expert_tokens(plan) * model.hidden_size * ACTIVATION_BYTES
     return StepCosts(
-        layer=compute.layer_times(plan),
+        layer=layer,
         embed=compute.embedding_times(plan),
         head=compute.head_times(plan),
-        shares=LinearShares(qkv=wgrad[0] / total, fc1=wgrad[2] / total),
+        shares=LinearShares(qkv=wgrad[0] / total, fc1=wgrad[2] / total, forward=forward),
         tp_bytes=tp_message_bytes(model, b, cp=parallel.cp),
         tp_gather_bytes=tp_gather_bytes(plan),
         cp_bytes=cp_kv_message_bytes(model, b, tp=parallel.tp, cp=parallel.cp),
@@ -359,6 +365,7 @@ def _uniform_recipes(
         tp_comm_overlap=parallel.tp_comm_overlap,
         per_layer=per_layer,
         gather_bytes=costs.tp_gather_bytes,
+        shares=None if moe else costs.shares,  # the shares are a dense layer's forward
     ) + _repeat(ring_fwd, num_layers)
     cp_fwd = tuple(_cp_steps(plan, costs, num_layers, "all_gather"))
     cp_bwd = tuple(_cp_steps(plan, costs, num_layers, "reduce_scatter"))

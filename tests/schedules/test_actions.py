@@ -72,6 +72,39 @@ def test_tp_forward_counts_match_megatron() -> None:
     assert comm_counts(tp_forward_steps(forward_s=1.0, num_layers=3, tp_bytes=8.0, tp=1)) == {}
 
 
+def test_overlapped_tp_collectives_hide_only_behind_their_own_gemm() -> None:
+    """Under tp_comm_overlap with the forward GEMM shares, each collective runs beside the GEMM
+    it is fused with (QKV's input gather, the projection's output scatter, the MLP's gather and
+    scatter) and the rest of the layer runs alone: 4 pairs, then the remainder."""
+    shares = LinearShares(forward=(0.1, 0.05, 0.3, 0.15))
+    steps = tp_forward_steps(
+        forward_s=2.0, num_layers=3, tp_bytes=8.0, tp=4, sequence_parallel=True,
+        tp_comm_overlap=True, gather_bytes=4.0, shares=shares,
+    )  # fmt: skip
+    pairs = list(zip(steps[0:8:2], steps[1:8:2], strict=True))
+    assert [(c.op, c.size_bytes, c.repeat, c.overlap) for c, _ in pairs] == [
+        ("all_gather", 4.0, 3, True),
+        ("reduce_scatter", 8.0, 3, True),
+        ("all_gather", 4.0, 3, True),
+        ("reduce_scatter", 8.0, 3, True),
+    ]
+    assert [g.duration_s for _, g in pairs] == pytest.approx([0.6, 0.3, 1.8, 0.9])
+    assert isinstance(steps[8], ComputeStep) and steps[8].duration_s == pytest.approx(6.0 - 3.6)
+    assert compute_total(steps) == pytest.approx(6.0)
+    # one pair per layer where the MLP leaves TP (MoE without a shared expert)
+    moe = tp_forward_steps(
+        forward_s=2.0, num_layers=3, tp_bytes=8.0, tp=4, sequence_parallel=True,
+        tp_comm_overlap=True, shares=shares, per_layer=1,
+    )  # fmt: skip
+    assert comm_counts(moe) == {"all_gather": 3, "reduce_scatter": 3}
+    # without the shares: beside the whole layer compute
+    whole = tp_forward_steps(
+        forward_s=2.0, num_layers=3, tp_bytes=8.0, tp=4, sequence_parallel=True,
+        tp_comm_overlap=True,
+    )  # fmt: skip
+    assert [type(s).__name__ for s in whole] == ["CommStep", "CommStep", "ComputeStep"]
+
+
 def test_sp_backward_is_four_all_gathers_and_two_reduce_scatters_per_layer() -> None:
     shares = LinearShares(qkv=0.25, fc1=0.5)
     steps = tp_backward_steps(
