@@ -331,7 +331,7 @@ def tp_backward_steps(
     dgrad all-reduces; ``regather`` adds what a recompute policy saving no norm output and no
     all-gather or all-reduce output (torchtitan's per-op AC) runs again in the backward: the 2
     input all-gathers with SP, the attention output's all-reduce without. ``gather_bytes``: the
-    DTensor all-gathers' size where it differs from ``tp_bytes`` (float8 operands).
+    all-gathers' size where it differs from ``tp_bytes`` (float8 operands).
     """
     n = num_layers
     if split == "weight":
@@ -364,13 +364,14 @@ def tp_backward_steps(
             per_layer=per_layer,
         )
         return _drop_empty(steps)
+    gathered = tp_bytes if gather_bytes is None else gather_bytes
     if sequence_parallel:
         steps.append(
             CommStep(
                 name="AG grad",
                 group="tp",
                 op="all_gather",
-                size_bytes=tp_bytes,
+                size_bytes=gathered,
                 repeat=per_layer * n,
             )
         )
@@ -391,7 +392,7 @@ def tp_backward_steps(
                     name=f"AG input {name}",
                     group="tp",
                     op="all_gather",
-                    size_bytes=tp_bytes,
+                    size_bytes=gathered,
                     repeat=n,
                     overlap=True,
                 ),

@@ -31,7 +31,7 @@ from schedules.float8 import (
     sharded_casts,
     wgrad_dtype,
 )
-from schedules.messages import tp_message_bytes
+from schedules.messages import ACTIVATION_COMM_BYTES, tp_message_bytes
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import Plan, num_microbatches
 from schedules.stacks import kernel_stack, loss_compiled
@@ -773,6 +773,10 @@ fused kernels lay the chunks out themselves) nor on the Megatron stack (sequence
 activations: dim 0)."""
 
 
+FLOAT8_BYTES = 1
+"""Bytes of a float8 element."""
+
+
 def dtensor_sequence_copies(plan: Plan) -> bool:
     """Whether the plan's TP collectives are DTensor's on the sequence dimension, each with a
     chunk + cat copy (``DTENSOR_SEQUENCE_COPIES``)."""
@@ -791,7 +795,9 @@ def tp_gather_bytes(plan: Plan) -> float:
     sharded_casts``: the inputs of qkv and fc1 forward, the output gradients of proj and fc2
     backward, all in float8 on the wire)."""
     size = tp_message_bytes(plan.model, plan.training.micro_batch_size, cp=plan.parallel.cp)
-    return size / ACTIVATION_BYTES if sharded_casts(plan, kernel_stack(plan)) else size
+    if sharded_casts(plan, kernel_stack(plan)):
+        return size * FLOAT8_BYTES / ACTIVATION_COMM_BYTES
+    return size
 
 
 def _sequence_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:

@@ -89,12 +89,13 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
     wgrad = [compute.gemm_time_s(k, n, m, dtype) for m, n, k in shapes]
     total = sum(wgrad) or 1.0
     layer = compute.layer_times(plan)
+    cp_forward, cp_backward = ring_steps(plan, compute)
+    outside_ring_s = _less(layer.forward_s, cp_forward)  # what tp_forward_steps is given
     forward = tuple(
-        compute.gemm_time_s(m, n, k, dtype) / layer.forward_s if layer.forward_s else 0.0
+        compute.gemm_time_s(m, n, k, dtype) / outside_ring_s if outside_ring_s else 0.0
         for m, n, k in shapes
     )
     moe_layer, dispatch, expert_tp = None, 0.0, 0.0
-    cp_forward, cp_backward = ring_steps(plan, compute)
     if is_moe(model):
         moe_layer, dispatch = compute.moe_layer_times(plan), dispatch_bytes(plan)
         if parallel.expert_tp > 1:

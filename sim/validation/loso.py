@@ -84,9 +84,10 @@ class CaseLine:
 
 
 def fit_slowdown(lines: Sequence[CaseLine]) -> float:
-    """The slowdown minimising the absolute log error over ``lines`` (golden-section search;
-    each term is unimodal in the slowdown for step times linear in it, and so is their sum;
-    where a range of values ties, a point inside it)."""
+    """The slowdown minimising the absolute log error over ``lines`` (golden-section search,
+    80 steps over ``SLOWDOWN_RANGE``; where a range of values ties, a point inside it). Each
+    term is unimodal in the slowdown for step times linear in it; their sum need not be, but on
+    the shipped cases every pool's has one minimum (checked on a 1e-4 grid)."""
     low, high = SLOWDOWN_RANGE
 
     def cost(slowdown: float) -> float:

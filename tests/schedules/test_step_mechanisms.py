@@ -302,3 +302,12 @@ def test_float8_tp_gathers_float8_on_the_wire() -> None:
     gathers = [s.size_bytes for s in backward if isinstance(s, CommStep) and s.op == "all_gather"]
     scatters = [s.size_bytes for s in backward if isinstance(s, CommStep) and s.op != "all_gather"]
     assert gathers and set(gathers) == {50.0} and set(scatters) == {100.0}
+    # asynchronous TP's backward (the overlapped placement) gathers float8 too
+    overlapped = tp_backward_steps(
+        backward_input_s=1.0, backward_weight_s=1.0, recompute_s=0.0, num_layers=2,
+        tp_bytes=100.0, shares=LinearShares(qkv=0.2, fc1=0.5), tp=8, sequence_parallel=True,
+        gather_bytes=50.0,
+    )  # fmt: skip
+    sizes = {(s.name, s.size_bytes) for s in overlapped if isinstance(s, CommStep)}
+    assert {size for name, size in sizes if name.startswith("AG")} == {50.0}
+    assert {size for name, size in sizes if not name.startswith("AG")} == {100.0}
