@@ -24,7 +24,7 @@ is reported per rank (``RankTimes.overlap_slowdown_s``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Generator, Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -106,19 +106,26 @@ class Timeline:
     spans: Sequence[Span]
     """Compute, collective, transfer and wait spans, sorted by (rank, start, stream, name)
     (a replay's are built on first use: ``LazySpans``)."""
-    ranks: dict[int, RankTimes]
-    """Accounting per simulated rank."""
+    ranks: Mapping[int, RankTimes]
+    """Accounting per simulated rank (a replay's is built per rank on first use:
+    ``LazyRanks``)."""
+
+    def _ends(self) -> dict[int, float]:
+        if isinstance(self.ranks, LazyRanks):
+            return self.ranks.ends
+        return {rank: times.end_s for rank, times in self.ranks.items()}
 
     @property
     def step_time_s(self) -> float:
         """Latest end over all simulated ranks."""
-        return max((r.end_s for r in self.ranks.values()), default=0.0)
+        return max(self._ends().values(), default=0.0)
 
     @property
     def critical_rank(self) -> int:
         """The rank that finishes last (lowest rank on ties)."""
-        end = self.step_time_s
-        return min(rank for rank, times in self.ranks.items() if times.end_s == end)
+        ends = self._ends()
+        end = max(ends.values(), default=0.0)
+        return min(rank for rank, end_s in ends.items() if end_s == end)
 
 
 @dataclass(slots=True)
@@ -139,6 +146,33 @@ class _Record:
     slowed_s: float = 0.0
     host_wait_s: float = 0.0
     host_tail_s: float = 0.0
+
+
+class LazyRanks(Mapping[int, RankTimes]):
+    """A replay's per-rank accounting, each rank's built when first read (a report reads the
+    critical rank's; the step time needs only every rank's end)."""
+
+    def __init__(self, runs: Sequence[tuple[Program, list[_Record]]]) -> None:
+        self._runs = {program.rank: (program, records) for program, records in runs}
+        self._built: dict[int, RankTimes] = {}
+        self.ends = {
+            rank: max((r.end_s for r in records), default=0.0)
+            for rank, (_, records) in self._runs.items()
+        }
+        """When each rank's last action finished (``RankTimes.end_s``)."""
+
+    def __getitem__(self, rank: int) -> RankTimes:
+        times = self._built.get(rank)
+        if times is None:
+            program, records = self._runs[rank]
+            times = self._built[rank] = _account(program, records)[1]
+        return times
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._runs)
+
+    def __len__(self) -> int:
+        return len(self._runs)
 
 
 @dataclass(slots=True)
@@ -463,8 +497,7 @@ class Engine:
 
     def _timeline(self) -> Timeline:
         runs = [(self.programs[rank], state.records) for rank, state in self._states.items()]
-        ranks = {program.rank: _account(program, records)[1] for program, records in runs}
-        return Timeline(spans=LazySpans(partial(_all_spans, runs)), ranks=ranks)
+        return Timeline(spans=LazySpans(partial(_all_spans, runs)), ranks=LazyRanks(runs))
 
 
 def _all_spans(runs: Sequence[tuple[Program, list[_Record]]]) -> tuple[Span, ...]:

@@ -374,3 +374,29 @@ def test_a_deadlock_beside_other_traffic_raises_instead_of_running_forever() -> 
     with pytest.raises(RuntimeError, match=f"no action ended in {STALL_S:g} s"):
         Engine(env, UnitComm(env), programs(), finished=env.event()).run()
     assert env.now == pytest.approx(STALL_S)
+
+
+def test_each_ranks_accounting_is_built_when_first_read() -> None:
+    """The step time and the critical rank come from the ranks' ends alone; a rank's split is
+    built on first read, and is the same read eagerly (``Timeline`` over a plain dict)."""
+    from sim.replay.engine import LazyRanks
+
+    a = Program(rank=0, actions=(Compute(name="a", duration_s=2.0),))
+    b = Program(
+        rank=1,
+        actions=(
+            Compute(name="b", duration_s=1.0),
+            Collective(
+                name="ar", group="g", op="all_reduce", ranks=(1,), size_bytes=4.0, deps=(0,)
+            ),
+            Compute(name="c", duration_s=1.0, deps=(1,)),
+        ),
+    )
+    timeline = replay(a, b)
+    ranks = timeline.ranks
+    assert isinstance(ranks, LazyRanks) and not ranks._built
+    assert timeline.step_time_s == 6.0 and timeline.critical_rank == 1
+    assert not ranks._built  # ends only
+    assert ranks[1].exposed_comm_s == {"g": 4.0} and list(ranks._built) == [1]
+    eager = Timeline(spans=timeline.spans, ranks={r: ranks[r] for r in ranks})
+    assert (eager.step_time_s, eager.critical_rank) == (6.0, 1) and len(ranks) == 2
