@@ -493,6 +493,32 @@ MASTER_COPY_BYTES_PER_PARAM = 12
 (read 2, write 4) and after it the fp32 master weights into the bf16 weights (read 4, write 2)."""
 
 
+MEGATRON_STEP_PASSES = {"grad_norm": 1, "master_read": 4, "unscale_fp16": 2, "zero_grads": 1}
+"""Memory passes of Megatron's mixed-precision optimizer step besides Adam's own (the
+``ADAM_BYTES_PER_PARAM`` kernel, whose 26 bytes include writing the 16-bit weight), per
+parameter (``megatron/core/optimizer``, ``MixedPrecisionOptimizer.step`` and the distributed
+optimizer's): the gradient norm of ``clip_grad_norm`` reads every main gradient (1 x its
+bytes); ``_copy_main_params_to_model_params`` reads the fp32 master weight (4) to write the
+16-bit one; with fp16's loss scaler ``_unscale_main_grads_and_check_for_nan`` reads and writes
+every main gradient (2 x); the next step's ``zero_grad_buffer`` clears the local gradient buffer
+(1 x its bytes per local parameter, sharded or not). The first three run over the parameters this
+GPU's optimizer updates."""
+
+
+def megatron_step_bytes(
+    plan: Plan, *, optimizer_params: float, params: float, grad_bytes: float
+) -> float:
+    """Bytes the Megatron stack's optimizer step moves besides Adam (``MEGATRON_STEP_PASSES``);
+    0 on the other stacks."""
+    if kernel_stack(plan) != "megatron":
+        return 0.0
+    passes = MEGATRON_STEP_PASSES
+    per_param = passes["grad_norm"] * grad_bytes + passes["master_read"]
+    if plan.training.precision == "fp16":
+        per_param += passes["unscale_fp16"] * grad_bytes
+    return per_param * optimizer_params + passes["zero_grads"] * grad_bytes * params
+
+
 def master_copy_bytes(plan: Plan, optimizer_params: float) -> float:
     """The optimizer's copies between bf16 weights and fp32 master weights in a step (0 unless
     a torch DDP step keeps ``bf16_weights``)."""

@@ -33,6 +33,7 @@ from schedules.float8 import scale_precompute_bytes
 from schedules.kernels import (
     kernel_stack,
     master_copy_bytes,
+    megatron_step_bytes,
     ring_work_kernels,
     tp_gather_bytes,
     weight_gemm_shapes,
@@ -401,7 +402,8 @@ def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -
     float8 scale precompute where weights are all-gathered in float8 (``schedules.float8``), and
     Transformer Engine's FP8 weight casts: made on a step's first micro-batch and reused, they
     are charged here once per step (``schedules.transformer_engine``); with ``bf16_weights`` the
-    copies to and from the fp32 master weights (``schedules.kernels.master_copy_bytes``)."""
+    copies to and from the fp32 master weights (``schedules.kernels.master_copy_bytes``); on the
+    Megatron stack its optimizer's other passes (``schedules.kernels.megatron_step_bytes``)."""
     desc = step.stages[stage]
     adam_s = compute.optimizer_step_s(
         desc.optimizer_params, grad_bytes_per_param=step.kind.grad_bytes_per_param
@@ -415,7 +417,13 @@ def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -
     )
     copies = weight_cast_bytes_per_step(step.plan, num_layers)
     copies += master_copy_bytes(step.plan, desc.optimizer_params)
-    extra_s = compute.memory_time_s(precompute) if precompute else 0.0
+    passes = megatron_step_bytes(
+        step.plan,
+        optimizer_params=desc.optimizer_params,
+        params=desc.params,
+        grad_bytes=step.kind.grad_bytes_per_param,
+    )
+    extra_s = compute.memory_time_s(precompute + passes) if precompute + passes else 0.0
     if copies:
         extra_s += compute.memory_time_s(copies, "copy")
     return adam_s + extra_s

@@ -311,3 +311,17 @@ def test_float8_tp_gathers_float8_on_the_wire() -> None:
     sizes = {(s.name, s.size_bytes) for s in overlapped if isinstance(s, CommStep)}
     assert {size for name, size in sizes if name.startswith("AG")} == {50.0}
     assert {size for name, size in sizes if not name.startswith("AG")} == {100.0}
+
+
+def test_megatron_optimizer_step_passes_beyond_adam() -> None:
+    """Megatron's mixed-precision step reads every main gradient for the norm, reads the fp32
+    master to write the 16-bit weight, with fp16 unscales the gradients (read + write), and
+    clears the local gradient buffer; none of this on the PyTorch stacks."""
+    from schedules.kernels import megatron_step_bytes
+
+    megatron = _plan(stack="megatron")
+    fp16 = _plan(stack="megatron", precision="fp16")
+    kwargs = {"optimizer_params": 100.0, "params": 800.0, "grad_bytes": 4.0}
+    assert megatron_step_bytes(megatron, **kwargs) == (4 + 4) * 100 + 4 * 800
+    assert megatron_step_bytes(fp16, **kwargs) == (4 + 4 + 8) * 100 + 4 * 800
+    assert megatron_step_bytes(_plan(stack="compile"), **kwargs) == 0.0
