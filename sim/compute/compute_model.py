@@ -85,7 +85,7 @@ kernel on H100: "most shapes are within 90-100% of tensor-wise efficiency, but t
 tail going down to 50%" (pytorch/pytorch#147971, February 2025, after the tile heuristics of
 pytorch/pytorch#134781); the lower edge of that bulk. The backward GEMMs of those recipes run
 cuBLAS's tensorwise kernel (torchao ``addmm_float8_unwrapped``): no factor."""
-IN_STEP_SLOWDOWN = {"ampere": 0.118, "hopper": 0.198}
+IN_STEP_SLOWDOWN = {"ampere": 0.117, "hopper": 0.198}
 """Fraction by which the kernels of a multi-GPU training job run longer than the isolated curves
 say, per GPU generation (``GPUSpec.family``): a fitted factor, not a mechanism. Every published
 multi-GPU run is slower than the kernel curves, from 8 GPUs to 3,072 and on every source, while
@@ -100,7 +100,7 @@ absolute error in log step time, robust to the runs whose mechanisms are missing
 the 26 A100 runs of Narayanan et al. 2021 and Korthikanti et al. 2022, Hopper on the 44 H100 and
 H200 runs of NeMo, torchtitan, Megatron-Core MoE and Megatron-Bridge. The generations differ
 once the attention dropout of the pre-FlashAttention Megatron runs is priced
-(``schedules.kernels.DROPOUT_BYTES``): each A100 run alone would take 0.02-0.22 (median 0.10;
+(``schedules.kernels.DROPOUT_BYTES``): each A100 run alone would take 0.00-0.22 (median 0.10;
 the six ZeRO-3 runs of Narayanan Table 2 aside, whose fetch the model misses), each H100 or
 H200 run 0.08-0.70 (median 0.20; above 0.4 only context-parallel rows and the 8B asynchronous
 TP runs). On A100 the factor is not a per-kernel effect: one 22B layer on 8 GPUs, its kernels

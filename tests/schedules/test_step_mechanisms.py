@@ -314,14 +314,26 @@ def test_float8_tp_gathers_float8_on_the_wire() -> None:
 
 
 def test_megatron_optimizer_step_passes_beyond_adam() -> None:
-    """Megatron's mixed-precision step reads every main gradient for the norm, reads the fp32
-    master to write the 16-bit weight, with fp16 unscales the gradients (read + write), and
-    clears the local gradient buffer; none of this on the PyTorch stacks."""
+    """Megatron's mixed-precision step reads every fp32 main gradient for the norm, reads the
+    fp32 master to write the 16-bit weight, with fp16 unscales the main gradients (read +
+    write), and clears the local gradient buffer; a 16-bit buffer is first cast to fp32 main
+    gradients (read 2, write 4), which Adam then reads (4, not the 2 it is priced at). Not on
+    the PyTorch stacks, nor for ZeRO or FSDP (their own optimizers)."""
     from schedules.kernels import megatron_step_bytes
 
     megatron = _plan(stack="megatron")
     fp16 = _plan(stack="megatron", precision="fp16")
-    kwargs = {"optimizer_params": 100.0, "params": 800.0, "grad_bytes": 4.0}
-    assert megatron_step_bytes(megatron, **kwargs) == (4 + 4) * 100 + 4 * 800
-    assert megatron_step_bytes(fp16, **kwargs) == (4 + 4 + 8) * 100 + 4 * 800
-    assert megatron_step_bytes(_plan(stack="compile"), **kwargs) == 0.0
+    fp32_buffer = {"optimizer_params": 100.0, "params": 800.0, "grad_bytes": 4.0}
+    assert megatron_step_bytes(megatron, **fp32_buffer) == (4 + 4) * 100 + 4 * 800
+    assert megatron_step_bytes(fp16, **fp32_buffer) == (4 + 4 + 8) * 100 + 4 * 800
+    half_buffer = {"optimizer_params": 100.0, "params": 100.0, "grad_bytes": 2.0}
+    assert megatron_step_bytes(fp16, **half_buffer) == (4 + 4 + (2 + 4 + 2) + 8) * 100 + 2 * 100
+    assert megatron_step_bytes(_plan(stack="compile"), **fp32_buffer) == 0.0
+    raw = {
+        "model": {"name": "m", "num_layers": 2, "hidden_size": H, "num_heads": 16,
+                  "ffn_hidden_size": F, "vocab_size": 32000, "seq_len": 1024},
+        "cluster": {"node": "dgx-h100", "num_nodes": 1},
+        "parallel": {"data_parallel": "zero3"},
+        "training": {"micro_batch_size": 2, "global_batch_size": 16, "stack": "megatron"},
+    }  # fmt: skip
+    assert megatron_step_bytes(resolve_plan(load_plan(raw), 8), **fp32_buffer) == 0.0
