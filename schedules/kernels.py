@@ -493,41 +493,6 @@ MASTER_COPY_BYTES_PER_PARAM = 12
 (read 2, write 4) and after it the fp32 master weights into the bf16 weights (read 4, write 2)."""
 
 
-MEGATRON_STEP_PASSES = {"grad_norm": 1, "master_read": 4, "unscale_fp16": 2, "zero_grads": 1}
-"""Memory passes of Megatron's mixed-precision optimizer step besides Adam's own (the
-``ADAM_BYTES_PER_PARAM`` kernel, whose 26 bytes include writing the 16-bit weight), per
-parameter, in bytes of the fp32 main gradient (``megatron/core/optimizer``,
-``MixedPrecisionOptimizer.step`` and the distributed optimizer's): the gradient norm of
-``clip_grad_norm`` reads every main gradient (1 x); ``_copy_main_params_to_model_params`` reads
-the fp32 master weight (4 bytes) to write the 16-bit one; with fp16's loss scaler
-``_unscale_main_grads_and_check_for_nan`` reads and writes every main gradient (2 x); the next
-step's ``zero_grad_buffer`` clears the local gradient buffer (1 x its own bytes per local
-parameter). Where the buffer holds 16-bit gradients, ``_copy_model_grads_to_main_grads`` first
-casts them to fp32 (``main_grad.float()``: read the buffer's bytes, write 4), and Adam reads
-those 4 bytes, not the buffer's. The first passes run over the parameters this GPU's optimizer
-updates. Megatron's two optimizers only (``data_parallel: ddp`` and ``distributed_optimizer``):
-ZeRO and FSDP run their framework's step."""
-MAIN_GRAD_BYTES = 4
-"""Bytes of Megatron's fp32 main gradient."""
-
-
-def megatron_step_bytes(
-    plan: Plan, *, optimizer_params: float, params: float, grad_bytes: float
-) -> float:
-    """Bytes the Megatron stack's optimizer step moves besides Adam (``MEGATRON_STEP_PASSES``),
-    ``grad_bytes`` being the gradient buffer's; 0 elsewhere."""
-    megatron_optimizer = data_parallel_kind(plan.parallel).name in ("ddp", "distributed_optimizer")
-    if kernel_stack(plan) != "megatron" or not megatron_optimizer:
-        return 0.0
-    passes, main = MEGATRON_STEP_PASSES, MAIN_GRAD_BYTES
-    per_param: float = passes["grad_norm"] * main + passes["master_read"]
-    if grad_bytes < main:  # the fp32 copy of 16-bit gradients, and Adam reads it
-        per_param += grad_bytes + main + (main - grad_bytes)
-    if plan.training.precision == "fp16":
-        per_param += passes["unscale_fp16"] * main
-    return per_param * optimizer_params + passes["zero_grads"] * grad_bytes * params
-
-
 def master_copy_bytes(plan: Plan, optimizer_params: float) -> float:
     """The optimizer's copies between bf16 weights and fp32 master weights in a step (0 unless
     a torch DDP step keeps ``bf16_weights``)."""
@@ -808,10 +773,6 @@ fused kernels lay the chunks out themselves) nor on the Megatron stack (sequence
 activations: dim 0)."""
 
 
-FLOAT8_BYTES = 1
-"""Bytes of a float8 element."""
-
-
 def dtensor_sequence_copies(plan: Plan) -> bool:
     """Whether the plan's TP collectives are DTensor's on the sequence dimension, each with a
     chunk + cat copy (``DTENSOR_SEQUENCE_COPIES``)."""
@@ -831,7 +792,7 @@ def tp_gather_bytes(plan: Plan) -> float:
     backward, all in float8 on the wire)."""
     size = tp_message_bytes(plan.model, plan.training.micro_batch_size, cp=plan.parallel.cp)
     if sharded_casts(plan, kernel_stack(plan)):
-        return size * FLOAT8_BYTES / ACTIVATION_COMM_BYTES
+        return size * element_bytes("fp8") / ACTIVATION_COMM_BYTES
     return size
 
 

@@ -33,12 +33,12 @@ from schedules.float8 import scale_precompute_bytes
 from schedules.kernels import (
     kernel_stack,
     master_copy_bytes,
-    megatron_step_bytes,
     ring_work_kernels,
     tp_gather_bytes,
     weight_gemm_shapes,
 )
 from schedules.moe import dispatch_bytes, expert_tokens, is_moe
+from schedules.optimizer_passes import megatron_step_bytes
 from schedules.plan import Plan
 from schedules.stages import recomputed_layers
 from schedules.step import StepDescription
@@ -403,7 +403,7 @@ def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -
     Transformer Engine's FP8 weight casts: made on a step's first micro-batch and reused, they
     are charged here once per step (``schedules.transformer_engine``); with ``bf16_weights`` the
     copies to and from the fp32 master weights (``schedules.kernels.master_copy_bytes``); on the
-    Megatron stack its optimizer's other passes (``schedules.kernels.megatron_step_bytes``)."""
+    Megatron stack its optimizer's other passes (``schedules.optimizer_passes``)."""
     desc = step.stages[stage]
     adam_s = compute.optimizer_step_s(
         desc.optimizer_params, grad_bytes_per_param=step.kind.grad_bytes_per_param

@@ -319,7 +319,7 @@ def test_megatron_optimizer_step_passes_beyond_adam() -> None:
     write), and clears the local gradient buffer; a 16-bit buffer is first cast to fp32 main
     gradients (read 2, write 4), which Adam then reads (4, not the 2 it is priced at). Not on
     the PyTorch stacks, nor for ZeRO or FSDP (their own optimizers)."""
-    from schedules.kernels import megatron_step_bytes
+    from schedules.optimizer_passes import megatron_step_bytes
 
     megatron = _plan(stack="megatron")
     fp16 = _plan(stack="megatron", precision="fp16")
