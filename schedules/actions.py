@@ -193,6 +193,17 @@ class LinearShares:
     collectives of ``tp_forward_steps`` run in; empty: unknown."""
 
 
+def branch_shares(shares: LinearShares, *, parallel_block: bool) -> LinearShares:
+    """``shares`` as the layer's TP collectives see them: in a ``parallel_block`` the one input
+    all-gather feeds the QKV and MLP-input GEMMs and the one reduce-scatter follows the
+    projection and MLP-output GEMMs, so each window is a pair's, in the first pair's slots."""
+    if not parallel_block:
+        return shares
+    f = shares.forward
+    forward = (f[0] + f[2], f[1] + f[3], 0.0, 0.0) if f else ()
+    return LinearShares(qkv=shares.qkv + shares.fc1, fc1=0.0, forward=forward)
+
+
 def _drop_empty(steps: list[Step]) -> tuple[Step, ...]:
     """Steps without zero-repeat collectives or zero-length compute."""
     return tuple(

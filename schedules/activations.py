@@ -46,9 +46,10 @@ def _tp_split_bytes(model: ModelConfig, num_tokens: float) -> float:
 
 
 def _sequence_split_bytes(model: ModelConfig, num_tokens: float) -> float:
-    """Terms outside the TP region: 2 norm inputs, QKV and MLP inputs, 2 dropout masks."""
+    """Terms outside the TP region: 2 norm inputs, QKV and MLP inputs, 2 dropout masks; a
+    parallel block has one norm, whose output is both the QKV and the MLP input."""
     h = model.hidden_size
-    inputs = ACTIVATION_BYTES * h * 4  # two norm inputs + QKV input + MLP input
+    inputs = ACTIVATION_BYTES * h * 2 * model.norms_per_layer  # norm inputs + QKV, MLP inputs
     masks = 2 * h if model.dropout else 0  # 1-byte masks after the projection and the MLP
     return num_tokens * (inputs + masks)
 

@@ -42,6 +42,7 @@ from schedules.messages import (
     fsdp_unit_grad_bytes,
     fsdp_unit_param_bytes,
     pp_message_bytes,
+    tp_branches_per_layer,
     tp_collectives_per_layer,
     tp_message_bytes,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "stage_params_per_gpu",
     "stored_layer_activations",
     "total_params",
+    "tp_branches_per_layer",
     "tp_collectives_per_layer",
     "tp_message_bytes",
 ]

@@ -166,9 +166,17 @@ def rotate_method(plan: Plan) -> str:
 
 
 def check_context_parallel(plan: Plan) -> None:
-    """A rotate method needs torch's ring; torch's ring needs a fused SDPA kernel."""
+    """A rotate method needs torch's ring; torch's ring needs a fused SDPA kernel; no ring over
+    a sliding window."""
     parallel = plan.parallel
     stack = kernel_stack(plan)
+    window = plan.model.attention_window
+    if parallel.cp > 1 and 0 < window < plan.model.seq_len:
+        raise ValueError(
+            f"model.attention_window={window} with parallel.cp={parallel.cp}: context "
+            "parallelism over a sliding window (rounds outside the window skipped) is not "
+            "modelled"
+        )
     method = parallel.cp_rotate_method
     if method is not None and (parallel.cp == 1 or stack == "megatron"):
         raise ValueError(

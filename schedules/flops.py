@@ -67,11 +67,27 @@ def mlp_flops(model: ModelConfig, num_tokens: float) -> float:
     return num_matrices * gemm_flops(num_tokens, model.ffn_hidden_size, model.hidden_size)
 
 
+def window_pairs_fraction(seq_len: float, window: float) -> float:
+    """Fraction of the s x s query-key products a causal attention computes when each query
+    sees only its ``window`` latest keys (itself included; 0: no window): 1/2 without a window
+    (the lower triangle, the convention of ``attention_core_flops``), W/s - W^2/(2s^2) with one
+    (the s - W later queries see W keys, the first W a triangle; the diagonal's s/2 dropped as
+    in the unwindowed count), continuous at W = s."""
+    if not 0 < window < seq_len:
+        return 0.5
+    return window / seq_len - window * window / (2.0 * seq_len * seq_len)
+
+
 def attention_core_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:
-    """QK^T and AV: 2 * 2bs^2h = 4bs^2h, halved when ``causal`` (only the lower triangle)."""
+    """QK^T and AV: 2 * 2bs^2h = 4bs^2h, halved when ``causal`` (only the lower triangle); with
+    a sliding window (``model.attention_window``) only the products inside it
+    (``window_pairs_fraction``), or, counted ``causal=False``, s x W."""
     s, h = model.seq_len, model.hidden_size
     full = 2 * gemm_flops(micro_batch_size * s, s, h)
-    return full / 2 if causal else full
+    window = model.attention_window
+    if causal:
+        return full * window_pairs_fraction(s, window)
+    return full * min(window, s) / s if window else full
 
 
 def layer_forward_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:

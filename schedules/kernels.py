@@ -7,7 +7,8 @@ Per micro-batch of b sequences on one GPU, with T = b s / cp tokens, t = tp, kd 
 width, f the MLP width: weight GEMMs QKV (T x (h + 2kd)/t x h), attention projection
 (T x h x h/t), MLP up (T x f/t x h, 2f/t when gated) and down (T x h x f/t); the attention core
 (fused, or eager batched GEMMs plus a softmax when ``flash_attention`` is off); memory-bound
-kernels: 2 norms and 2 residual adds (on T/t tokens with sequence parallelism, else T), rotary
+kernels: 2 norms (1 in a parallel block) and 2 residual adds (on T/t tokens with sequence
+parallelism, else T), rotary
 embeddings on Q and K, the MLP activation. The backward of a weight GEMM (m, n, k) is an
 input-gradient GEMM (m, k, n) and a weight-gradient GEMM (k, n, m); elementwise backward moves
 twice the forward bytes. FP8 plans on the eager and compile stacks run torchao's
@@ -31,6 +32,7 @@ from schedules.float8 import (
     sharded_casts,
     wgrad_dtype,
 )
+from schedules.flops import window_pairs_fraction
 from schedules.messages import ACTIVATION_COMM_BYTES, tp_message_bytes
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import Plan, num_microbatches
@@ -168,19 +170,25 @@ def attention(
     dtype: str = "bf16",
     backward: bool = False,
     backend: str = "cudnn",
+    window: float = 0.0,
 ) -> Kernel:
-    """Fused attention (scores, softmax, AV) forward, or its backward with ``backward``."""
-    flops = 4.0 * batch * num_heads * seq_q * seq_kv * head_dim * (0.5 if causal else 1.0)
+    """Fused attention (scores, softmax, AV) forward, or its backward with ``backward``. With a
+    causal sliding ``window`` the kernel skips the blocks outside it (FlashAttention's
+    ``window_size``): the products inside (``schedules.flops.window_pairs_fraction``), each
+    query's keys the window's."""
+    share = window_pairs_fraction(seq_kv, window) if causal else 1.0
+    flops = 4.0 * batch * num_heads * seq_q * seq_kv * head_dim * share
     if backward:
         flops *= ATTENTION_BACKWARD_FLOPS_RATIO
     io_bytes = ACTIVATION_BYTES * batch * num_heads * head_dim * (2 * seq_q + 2 * seq_kv)
     io_bytes *= 2 if backward else 1
+    keys = min(seq_kv, window) if window and causal else seq_kv
     return Kernel(
         name="attention_backward" if backward else "attention",
         kind="attention_backward" if backward else "attention_forward",
         dtype=dtype,
         flops=flops,
-        dims=(seq_q, seq_kv),
+        dims=(seq_q, keys),
         bytes=io_bytes,
         backend=backend,
         head_dim=head_dim,
@@ -363,7 +371,8 @@ def elementwise_forward_bytes(plan: Plan) -> float:
     stream = residual_stream_elements(plan)
     if model.dropout:  # each add drops out the branch it adds, writing its mask
         residual += DROPOUT_MASK_BYTES
-    norms, residuals = 2 * norm * stream, 2 * residual * stream  # 2 norms, 2 adds
+    norms = model.norms_per_layer * norm * stream
+    residuals = 2 * residual * stream  # 2 adds (a parallel block adds its two branches in turn)
     rotary = 0.0
     if model.position_embedding == "rope":
         rotary = per["rotary"] * tokens * (h + model.kv_size) / t
@@ -423,12 +432,14 @@ def unfused_norm(plan: Plan) -> bool:
 
 
 def norm_cast_bytes(plan: Plan) -> float:
-    """Bytes of one layer's casts of its two fp32 norm outputs to bf16 per micro-batch on one
+    """Bytes of one layer's casts of its fp32 norm outputs (two, one in a parallel block) to
+    bf16 per micro-batch on one
     GPU (``FP32_RESIDUAL_BYTES``; their gradients are cast back in the backward); 0 where the
     residual stream is bf16 or the casts are fused."""
     if not autocast_weights(plan):
         return 0.0
-    return 2 * FP32_RESIDUAL_BYTES[kernel_stack(plan)]["cast"] * residual_stream_elements(plan)
+    cast = FP32_RESIDUAL_BYTES[kernel_stack(plan)]["cast"]
+    return plan.model.norms_per_layer * cast * residual_stream_elements(plan)
 
 
 def split_grad_bytes(plan: Plan) -> float:
@@ -540,8 +551,9 @@ def _with_launches(kernels: tuple[Kernel, ...], launches: float) -> tuple[Kernel
 def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
     """(forward, backward) kernels of the attention core on one GPU.
 
-    Fused: one kernel, causal. Eager: QK^T and AV as batched GEMMs over the full s x s scores
-    (the causal mask is applied after the product) plus a softmax reading and writing them; the
+    Fused: one kernel, causal (a sliding window skips the blocks outside it). Eager: QK^T and
+    AV as batched GEMMs over the full s x s scores (the causal or window mask is applied after
+    the product) plus a softmax reading and writing them; the
     backward runs each of them twice (dS/dV and dQ/dK products, softmax backward). The eager
     score GEMMs are priced by their FLOPs alone: the softmax kernel carries the scores' bytes.
     With dropout, eager attention drops out the probabilities in a kernel of its own, forward
@@ -570,6 +582,7 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
                 dtype=dtype,
                 backward=is_backward,
                 backend=plan.training.attention_backend,
+                window=plan.model.attention_window,
             )
             for is_backward in (False, True)
         )
@@ -801,6 +814,8 @@ def _sequence_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
     if not dtensor_sequence_copies(plan):
         return ()
     gathers, scatters = DTENSOR_SEQUENCE_COPIES[phase]
+    if plan.model.parallel_block:  # one gather and one reduction per layer, not two
+        gathers, scatters = gathers // 2, scatters // 2
     scatter = tp_message_bytes(plan.model, plan.training.micro_batch_size, cp=plan.parallel.cp)
     size = 2 * (gathers * tp_gather_bytes(plan) + scatters * scatter)  # read and write each
     copy = memory("dtensor_sequence_copy", size, "copy", converts=False)

@@ -255,7 +255,7 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
     )
     per_layer += eager_saved_bytes(plan)
     if autocast_weights(plan):
-        saved = 1 if parallel.recompute == "full" else 2
+        saved = 1 if parallel.recompute == "full" else model.norms_per_layer
         per_layer += saved * FP32_RESIDUAL_EXTRA_BYTES * residual_stream_elements(plan)
     layers = layers_per_stage(plan, stage)
     num_moe = stage_moe_layers(plan, stage)

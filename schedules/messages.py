@@ -26,21 +26,33 @@ def tp_message_bytes(model: ModelConfig, micro_batch_size: float, *, cp: int = 1
     return ACTIVATION_COMM_BYTES * micro_batch_size * model.seq_len / cp * model.hidden_size
 
 
-def tp_collectives_per_layer(sequence_parallel: bool) -> dict[str, dict[str, int]]:
+def tp_branches_per_layer(model: ModelConfig) -> int:
+    """Tensor-parallel regions one after the other in a layer, each entered with a gather (or
+    nothing) and left with a reduction: attention, then the MLP (2); a parallel block's two
+    branches share the gather of their one input and reduce their summed outputs once (1), as
+    a block written for it does (PaLM's, MegaScale's)."""
+    return 1 if model.parallel_block else 2
+
+
+def tp_collectives_per_layer(
+    sequence_parallel: bool, *, parallel_block: bool = False
+) -> dict[str, dict[str, int]]:
     """TP collectives per layer and micro-batch, each of ``tp_message_bytes``.
 
     Without SP: 2 all-reduces forward (after the attention projection and the MLP down
     projection) and 2 backward (the column-parallel input gradients). With SP: forward 2
     all-gathers + 2 reduce-scatters; backward 4 all-gathers (2 gradient gathers for the
     row-parallel layers, 2 re-gathers of the saved sharded inputs) + 2 reduce-scatters
-    (Megatron ``layers.py``; the textbook '2 AG + 2 RS' omits the re-gathers).
+    (Megatron ``layers.py``; the textbook '2 AG + 2 RS' omits the re-gathers). Half of each in a
+    ``parallel_block`` (``tp_branches_per_layer``).
     """
+    n = 1 if parallel_block else 2
     if sequence_parallel:
         return {
-            "forward": {"all_gather": 2, "reduce_scatter": 2},
-            "backward": {"all_gather": 4, "reduce_scatter": 2},
+            "forward": {"all_gather": n, "reduce_scatter": n},
+            "backward": {"all_gather": 2 * n, "reduce_scatter": n},
         }
-    return {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}
+    return {"forward": {"all_reduce": n}, "backward": {"all_reduce": n}}
 
 
 def pp_message_bytes(

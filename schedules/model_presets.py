@@ -66,7 +66,7 @@ def _moe(base: dict, experts: int, top_k: int, width: int, **extra: int) -> dict
 _NARAYANAN = "Narayanan et al., SC21, arXiv:2104.04473, Table 1"
 _LLAMA2 = "Llama 2 paper, arXiv:2307.09288, and the released config.json"
 _LLAMA3 = "Llama 3 paper, arXiv:2407.21783, Table 3 (3.1 has the same shapes)"
-_MISTRAL = "Mistral 7B, arXiv:2310.06825, Table 1"
+_MISTRAL = "Mistral 7B, arXiv:2310.06825, Table 1 (window_size 4096: sliding-window attention)"
 _QWEN = "Qwen2.5 technical report, arXiv:2412.15115, and the released config.json"
 _GPT3 = "Brown et al. 2020, arXiv:2005.14165, Table 2.1 (d_ff = 4 d_model, GPT-2 BPE vocabulary)"
 MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
@@ -79,7 +79,10 @@ MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "llama3.1-8b": (_llama(32, 4096, 32, 8, 14336, 128256, 8192), _LLAMA3),
     "llama3.1-70b": (_llama(80, 8192, 64, 8, 28672, 128256, 8192), _LLAMA3),
     "llama3.1-405b": (_llama(126, 16384, 128, 8, 53248, 128256, 8192), _LLAMA3),
-    "mistral-7b": (_llama(32, 4096, 32, 8, 14336, 32000, 8192), _MISTRAL),
+    "mistral-7b": (
+        {**_llama(32, 4096, 32, 8, 14336, 32000, 8192), "attention_window": 4096},
+        _MISTRAL,
+    ),
     "qwen2.5-7b": (_llama(28, 3584, 28, 4, 18944, 152064, 4096), _QWEN),
     "qwen2.5-72b": (_llama(80, 8192, 64, 8, 29568, 152064, 4096), _QWEN),
     "mixtral-8x7b": (

@@ -2,7 +2,8 @@
 
 Counted exactly from the weight shapes (h hidden, a heads, k kv heads, d = h/a, f ffn, V vocab,
 s sequence, L layers): attention Q and O are h x h, K and V are h x kd (GQA); the MLP has 2 (GeLU)
-or 3 (SwiGLU) h x f matrices; each layer has 2 norms (h for RMSNorm, 2h for LayerNorm); biases
+or 3 (SwiGLU) h x f matrices; each layer has 2 norms (h for RMSNorm, 2h for LayerNorm; one in a
+parallel block); biases
 when ``linear_bias``; a V x h word embedding, an s x h learned position embedding when asked,
 a final norm and an untied V x h LM head.
 
@@ -50,12 +51,12 @@ def norm_params(model: ModelConfig) -> int:
 
 
 def layer_params(model: ModelConfig) -> int:
-    """One transformer layer: attention + MLP + 2 norms.
+    """One transformer layer: attention + MLP + its norms (2; 1 in a parallel block).
 
     For GPT (MHA, f = 4h, biases, LayerNorm) this is 12h^2 + 13h, the per-layer term of
     Megatron's formula (Narayanan et al. 2021, Sec. 5.1).
     """
-    return attention_params(model) + mlp_params(model) + 2 * norm_params(model)
+    return attention_params(model) + mlp_params(model) + model.norms_per_layer * norm_params(model)
 
 
 def embedding_params(model: ModelConfig) -> int:
@@ -113,7 +114,8 @@ def layer_params_per_gpu(model: ModelConfig, tp: int) -> float:
     the row-parallel output biases (h each for the attention projection and the MLP down
     projection) are replicated on every TP rank, as in Megatron.
     """
-    replicated = 2 * norm_params(model) + (2 * model.hidden_size if model.linear_bias else 0)
+    norms = model.norms_per_layer * norm_params(model)
+    replicated = norms + (2 * model.hidden_size if model.linear_bias else 0)
     return (layer_params(model) - replicated) / tp + replicated
 
 

@@ -183,6 +183,15 @@ class ModelConfig:
     moe_imbalance: float = 1.0
     """Tokens of the busiest expert relative to the mean (1.0: perfectly balanced routing); the
     rank holding it sets the pace of every all-to-all and expert GEMM."""
+    parallel_block: bool = False
+    """Attention and MLP side by side on one normed input, their outputs added to the residual
+    together (GPT-J, GPT-NeoX's ``use_parallel_residual``, PaLM, MegaScale's parallel
+    transformer block): one norm per layer and, under TP, one reduction of the two branches'
+    sum (``schedules.messages.tp_collectives_per_layer``)."""
+    attention_window: int = 0
+    """Sliding-window attention: each query attends to the ``attention_window`` latest tokens,
+    itself included (Mistral's ``sliding_window``, FlashAttention's ``window_size``); 0: the
+    whole causal context."""
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -217,11 +226,27 @@ class ModelConfig:
                 f"model.num_heads={self.num_heads}"
             )
         _check_moe(self)
+        if self.attention_window < 0:
+            raise ValueError(
+                f"model.attention_window must be >= 0 (0: the whole causal context), got "
+                f"{self.attention_window}"
+            )
+        if self.parallel_block and self.num_experts:
+            raise ValueError(
+                f"model.parallel_block with num_experts={self.num_experts}: a parallel block "
+                "beside mixture-of-experts layers is not modelled"
+            )
 
     @property
     def activation(self) -> str:
         """The MLP activation: ``mlp_activation``, or swiglu if gated else gelu."""
         return self.mlp_activation or ("swiglu" if self.gated_mlp else "gelu")
+
+    @property
+    def norms_per_layer(self) -> int:
+        """Norms of one layer: one before attention and one before the MLP, or one shared by
+        both in a ``parallel_block``."""
+        return 1 if self.parallel_block else 2
 
     @property
     def head_dim(self) -> int:

@@ -161,6 +161,7 @@ def layer_submodules(
     norm_params: int,
     tp: int = 1,
     fused: bool = False,
+    parallel_block: bool = False,
 ) -> list[tuple[str, tuple[float, ...]]]:
     """A transformer layer's modules with direct parameters and their tensors on one TP rank.
 
@@ -168,6 +169,7 @@ def layer_submodules(
     post_attn_norm, fc1, fc2``); otherwise Hugging Face Llama's (``q_proj`` ... ``down_proj``).
     Column-parallel weights and biases are split ``tp`` ways; row-parallel weights too, their
     biases and the norms are replicated: the sizes sum to ``schedules.params.layer_params_per_gpu``.
+    A ``parallel_block`` has the input norm only.
 
     >>> layer_submodules(hidden=4, ffn=8, kv_size=2, gated=True, bias=False, norm_params=4)[1]
     ('q_proj', (16.0,))
@@ -194,7 +196,8 @@ def layer_submodules(
         ]
         mlp = [("gate_proj", linear(h, f, True))] if gated else []
         mlp += [("up_proj", linear(h, f, True)), ("down_proj", linear(f, h, False))]
-    return [("input_norm", norm), *attention, ("post_attn_norm", norm), *mlp]
+    second_norm = [] if parallel_block else [("post_attn_norm", norm)]
+    return [("input_norm", norm), *attention, *second_norm, *mlp]
 
 
 def split_recipe(steps: tuple[Step, ...], fractions: tuple[float, ...]) -> list[tuple[Step, ...]]:

@@ -51,6 +51,7 @@ def zero3_modules(plan: Plan) -> tuple[ModuleShape, ...]:
         bias=model.linear_bias,
         norm_params=norm_params(model),
         tp=tp,
+        parallel_block=model.parallel_block,
     )
     norm = norm_params(model)
     final_norm = (float(h), float(norm - h)) if norm > h else (float(norm),)

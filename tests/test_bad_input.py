@@ -50,6 +50,8 @@ def _plan(tmp_path: Path, section: str, key: str, value: Any) -> Path:
         ("cluster", "node", {"base": [1]}, "unknown cluster.node.base preset [1]"),
         ("training", "global_batch_size", 2**63, "at most 65,536 are simulated"),
         ("cluster", "num_nodes", 10**30, "clusters of up to 131,072 GPUs"),
+        ("model", "attention_window", -1, "model.attention_window must be >= 0"),
+        ("model", "parallel_block", "yes", "model.parallel_block"),
     ],
 )
 def test_plan_values_that_used_to_crash_or_hang(

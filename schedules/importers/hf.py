@@ -1,6 +1,7 @@
 """The ``model`` section of a Hugging Face ``config.json``: Llama, Mistral, Qwen2, GPT-2 and
-GPT-NeoX shapes, activations, norms, positions, biases and tying, with a warning for every key
-not carried over (the checkpoint dtype, sliding windows, parallel residuals, partial biases).
+GPT-NeoX shapes, activations, norms, positions, biases, tying, sliding windows (Mistral, Qwen2)
+and parallel residuals (GPT-NeoX), with a warning for every key not carried over (the
+checkpoint dtype, partial biases).
 
 Sources: transformers main (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config``,
 ``GPT2Config``, ``GPTNeoXConfig``) for the keys and their defaults.
@@ -122,7 +123,12 @@ def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
             f"{fields.file}: head_dim={head_dim} differs from hidden_size / num_attention_heads"
             f" = {hidden // heads}, which the plan uses (ignored)"
         )
-    _hf_sliding_window(fields, family, notes)
+    window = _hf_sliding_window(fields, family)
+    if window and family == "qwen2":
+        notes.append(
+            f"{fields.file}: Qwen2 slides its window on the layers from max_window_layers on "
+            f"only; model.attention_window={window} applies it to every layer"
+        )
     return {
         "num_layers": fields.count("num_hidden_layers"),
         "hidden_size": hidden,
@@ -137,6 +143,7 @@ def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
         "tied_embeddings": fields.get("tie_word_embeddings", bool, False),
         "linear_bias": _hf_llama_bias(fields, family, notes),
         "dropout": fields.get("attention_dropout", float, 0.0) > 0,
+        **({"attention_window": window} if window else {}),
     }
 
 
@@ -171,16 +178,16 @@ def _hf_llama_bias(fields: _Fields, family: str, notes: list[str]) -> bool:
     return attention and mlp
 
 
-def _hf_sliding_window(fields: _Fields, family: str, notes: list[str]) -> None:
+def _hf_sliding_window(fields: _Fields, family: str) -> int:
+    """``model.attention_window``: Mistral's ``sliding_window`` (default 4096; null: none), or
+    Qwen2's where ``use_sliding_window`` is true (its config keeps the key unused otherwise);
+    0: none."""
     window = None
-    # Qwen2Config keeps sliding_window (default 4096) unused unless use_sliding_window is true
     if family == "mistral" or (family == "qwen2" and fields.get("use_sliding_window", bool, False)):
         window = fields.get("sliding_window", (int, type(None)), 4096)
-    if window is not None:
-        notes.append(
-            f"{fields.file}: sliding_window={window}: sliding-window attention is priced as "
-            "full causal attention"
-        )
+    if window is not None and window < 0:
+        raise ValueError(f"{fields.file}: sliding_window must be >= 0, got {window}")
+    return window or 0
 
 
 def _hf_gpt2(fields: _Fields, notes: list[str]) -> dict[str, Any]:
@@ -213,10 +220,12 @@ def _hf_gpt2(fields: _Fields, notes: list[str]) -> dict[str, Any]:
 def _hf_neox(fields: _Fields, notes: list[str]) -> dict[str, Any]:
     """GPT-NeoX: GeLU MLP, LayerNorm, rotary positions, biases, parallel residual."""
     heads = fields.count("num_attention_heads")
-    if fields.get("use_parallel_residual", bool, True):
+    parallel = fields.get("use_parallel_residual", bool, True)
+    if parallel:
         notes.append(
-            f"{fields.file}: use_parallel_residual (attention and MLP side by side on one "
-            "residual, the GPTNeoXConfig default) is not modelled: priced as sequential"
+            f"{fields.file}: use_parallel_residual (the GPTNeoXConfig default): "
+            "model.parallel_block; GPT-NeoX normalises the layer input twice, one norm per "
+            "branch, where the block prices one"
         )
     if not fields.get("attention_bias", bool, True):
         notes.append(
@@ -238,4 +247,5 @@ def _hf_neox(fields: _Fields, notes: list[str]) -> dict[str, Any]:
         "tied_embeddings": fields.get("tie_word_embeddings", bool, False),
         "linear_bias": True,
         "dropout": max(dropouts) > 0,
+        **({"parallel_block": True} if parallel else {}),
     }

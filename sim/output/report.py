@@ -50,9 +50,12 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
     num_microbatches = result.extra.get("num_microbatches") or _microbatches(plan)
     tokens = train.global_batch_size * model.seq_len
     folded = "folded" if result.num_simulated_ranks < result.num_gpus else "unfolded"
+    shape = ", parallel block" if model.parallel_block else ""
+    if 0 < model.attention_window < model.seq_len:
+        shape += f", attention window {model.attention_window}"
     return [
         f"Plan: {model.name} ({model.num_layers} layers, hidden {model.hidden_size}, "
-        f"seq {model.seq_len}) on {result.num_gpus} x {gpu.name}",
+        f"seq {model.seq_len}{shape}) on {result.num_gpus} x {gpu.name}",
         _row("  cluster", cluster_line(cluster)),
         _row(
             "  parallel",

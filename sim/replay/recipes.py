@@ -18,6 +18,7 @@ from schedules.actions import (
     ComputeStep,
     LinearShares,
     Step,
+    branch_shares,
     tp_backward_steps,
     tp_forward_steps,
 )
@@ -25,6 +26,7 @@ from schedules.activations import ACTIVATION_BYTES
 from schedules.arithmetic import (
     cp_kv_message_bytes,
     pp_message_bytes,
+    tp_branches_per_layer,
     tp_message_bytes,
 )
 from schedules.context_parallel import RingStep, RingWork, ring_attention, runs_torch_ring
@@ -105,7 +107,10 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         layer=layer,
         embed=compute.embedding_times(plan),
         head=compute.head_times(plan),
-        shares=LinearShares(qkv=wgrad[0] / total, fc1=wgrad[2] / total, forward=forward),
+        shares=branch_shares(
+            LinearShares(qkv=wgrad[0] / total, fc1=wgrad[2] / total, forward=forward),
+            parallel_block=model.parallel_block,
+        ),
         tp_bytes=tp_message_bytes(model, b, cp=parallel.cp),
         tp_gather_bytes=tp_gather_bytes(plan),
         cp_bytes=cp_kv_message_bytes(model, b, tp=parallel.tp, cp=parallel.cp),
@@ -328,7 +333,9 @@ def _uniform_recipes(
     """Recipes of ``num_layers`` identical layers (dense, or MoE with their dispatch)."""
     parallel = plan.parallel
     layer = costs.moe_layer if moe and costs.moe_layer is not None else costs.layer
-    per_layer = 1 if moe and not plan.model.moe_shared_expert_ffn_hidden_size else 2
+    per_layer = tp_branches_per_layer(plan.model)
+    if moe and not plan.model.moe_shared_expert_ffn_hidden_size:
+        per_layer = 1
     if num_layers == 0:
         return {"F": (), "B": (), "Bi": (), "W": ()}
 

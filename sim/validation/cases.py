@@ -361,6 +361,45 @@ def parse_architecture(model: dict[str, Any]) -> dict[str, Any]:
     return keys
 
 
+PARALLEL_BLOCK_KEYS = (
+    "parallel_block",
+    "parallel_attention",
+    "parallel_attn",
+    "parallel_residual",
+    "use_parallel_residual",
+)
+"""Model keys that say whether attention and the MLP run side by side (the plan's, then the
+names of PaLM-style configs, Falcon's and GPT-NeoX's)."""
+WINDOW_KEYS = ("attention_window", "sliding_window", "window_size")
+"""Model keys giving a sliding attention window (the plan's, Hugging Face's, Megatron's
+``--window-size``, whose list form (left, right) gives the left side)."""
+_PARALLEL_BLOCK_WORDS = re.compile(
+    r"parallel (transformer )?block|parallel attention|parallel residual|\bptb\b"
+)
+_WINDOW_WORDS = re.compile(r"sliding[- ]window|\bswa\b")
+
+
+def parse_block_shape(model: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The plan's ``parallel_block`` and ``attention_window`` from a case's model section (its
+    keys, else words of its architecture), and an assumption where a sliding window is named
+    without its width."""
+    text = f"{model.get('arch') or ''} {model.get('name') or ''}".lower()
+    keys: dict[str, Any] = {}
+    flag = next((model[k] for k in PARALLEL_BLOCK_KEYS if k in model), None)
+    if flag is True or (flag is None and _PARALLEL_BLOCK_WORDS.search(text)):
+        keys["parallel_block"] = True
+    given = next((model[k] for k in WINDOW_KEYS if k in model), None)
+    if isinstance(given, list | tuple):
+        given = given[0] if given else None
+    window = as_integer(given)
+    if window:
+        keys["attention_window"] = window
+        return keys, []
+    if given is None and _WINDOW_WORDS.search(text):
+        return keys, ["sliding-window attention named without its width: full causal attention"]
+    return keys, []
+
+
 # --- case -> plan ---
 
 
@@ -493,7 +532,10 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
     if num_gpus is None:
         missing.append(f"num_gpus ({hardware.get('num_gpus')})")
     model_section = _model_section(model, missing)
+    block, block_assumptions = parse_block_shape(model)
+    model_section.update(block)
     cluster, assumptions = _cluster_section(hardware, gpu, num_gpus, missing)
+    assumptions += block_assumptions
     parallel_section = _parallel_section(parallel, num_gpus, missing)
     training, assumption = _training_section(parallel, missing)
     if assumption:

@@ -135,13 +135,22 @@ def test_mistral_defaults_and_sliding_window(tmp_path: Path) -> None:
         8,
         False,
     )
+    assert model["attention_window"] == 4096  # carried over: no warning
     assert imported.warnings == (
         "config.json: num_key_value_heads absent: the config class's 8",
-        "config.json: sliding_window=4096: sliding-window attention is priced as full causal "
-        "attention",
         "config.json: model.seq_len=32768 is max_position_embeddings, the longest context the "
         "model supports; training usually runs shorter sequences: override model.seq_len",
     )
+    # null turns the window off; Qwen2 uses its window only when asked, on some layers
+    unwindowed = model_from_hf_config(
+        _write(tmp_path, "config.json", {**config, "sliding_window": None})
+    )
+    assert "attention_window" not in unwindowed.sections["model"]
+    qwen = model_from_hf_config(
+        _write(tmp_path, "config.json", {**QWEN25_7B, "use_sliding_window": True})
+    )
+    assert qwen.sections["model"]["attention_window"] == 131072
+    assert any(w.startswith("config.json: Qwen2 slides its window") for w in qwen.warnings)
 
 
 def test_gpt2_config_json(tmp_path: Path) -> None:
@@ -170,7 +179,7 @@ def test_gpt2_config_json(tmp_path: Path) -> None:
     )  # fmt: skip
 
 
-def test_gpt_neox_warns_about_its_parallel_residual(tmp_path: Path) -> None:
+def test_gpt_neox_parallel_residual_is_a_parallel_block(tmp_path: Path) -> None:
     config = {
         "architectures": ["GPTNeoXForCausalLM"], "hidden_act": "gelu_fast", "hidden_size": 6144,
         "intermediate_size": 24576, "max_position_embeddings": 2048, "model_type": "gpt_neox",
@@ -189,8 +198,16 @@ def test_gpt_neox_warns_about_its_parallel_residual(tmp_path: Path) -> None:
         True,
         False,
     )
-    assert imported.warnings[0].startswith("config.json: use_parallel_residual (attention and MLP")
+    assert model["parallel_block"] is True
+    assert imported.warnings[0].startswith(
+        "config.json: use_parallel_residual (the GPTNeoXConfig default): model.parallel_block"
+    )
     assert imported.ignored == ("rotary_pct",)  # partial rotary: the same kernels
+    sequential = model_from_hf_config(
+        _write(tmp_path, "config.json", {**config, "use_parallel_residual": False})
+    )
+    assert "parallel_block" not in sequential.sections["model"]
+    assert not any("parallel" in w for w in sequential.warnings)
 
 
 @pytest.mark.parametrize(

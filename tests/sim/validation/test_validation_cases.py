@@ -19,6 +19,7 @@ from sim.validation.cases import (
     map_case,
     parse_architecture,
     parse_attention_backend,
+    parse_block_shape,
     parse_data_parallel,
     parse_float8,
     parse_gpu,
@@ -226,6 +227,36 @@ def test_parse_architecture_families() -> None:
     assert nemotron["mlp_activation"] == "relu" and nemotron["tied_embeddings"] is False
     untied = parse_architecture({"arch": "GPT (GeLU 4h MLP, MHA); untied embeddings implied"})
     assert untied["mlp_activation"] == "gelu" and untied["tied_embeddings"] is False
+
+
+@pytest.mark.parametrize(
+    ("model", "keys", "assumed"),
+    [
+        ({"arch": "GPT (GeLU 4h MLP)"}, {}, False),
+        ({"arch": "GPT-3 with parallel transformer block (PTB)"}, {"parallel_block": True}, False),
+        ({"arch": "GPT, parallel block", "parallel_block": False}, {}, False),  # the key wins
+        ({"use_parallel_residual": True}, {"parallel_block": True}, False),
+        ({"sliding_window": 4096}, {"attention_window": 4096}, False),
+        ({"window_size": [2048, 0]}, {"attention_window": 2048}, False),
+        ({"arch": "GPT with sliding window attention"}, {}, True),
+        ({"arch": "GPT (SWA)", "attention_window": 1024}, {"attention_window": 1024}, False),
+    ],
+)
+def test_parse_block_shape(model: dict[str, Any], keys: dict[str, Any], assumed: bool) -> None:
+    found, assumptions = parse_block_shape(model)
+    assert found == keys and bool(assumptions) is assumed
+
+
+@needs_cases
+def test_a_parallel_block_and_window_reach_the_plan() -> None:
+    case = copy.deepcopy(_cases()["narayanan21_t1_76.1B"])
+    case["model"]["arch"] += ", parallel transformer block, sliding window attention"
+    mapping = map_case(case)
+    assert mapping.plan is not None and mapping.plan["model"]["parallel_block"] is True
+    assert "attention_window" not in mapping.plan["model"]
+    assert any("sliding-window attention named" in a for a in mapping.assumptions)
+    case["model"]["sliding_window"] = 1024
+    assert map_case(case).plan["model"]["attention_window"] == 1024  # type: ignore[index]
 
 
 def test_source_table_is_shortened() -> None:
