@@ -17,7 +17,7 @@ from them in ``schedules.pipeline_program``.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 GROUPS = ("tp", "cp", "dp", "hsdp", "pp", "ep", "etp", "edp", "tpep")
 GRAD_NORM_BYTES = 8.0
@@ -187,6 +187,10 @@ class LinearShares:
     """QKV projection share of the wgrad (also its dgrad share: same FLOPs)."""
     fc1: float = 0.0
     """MLP input projection(s) share of the wgrad."""
+    proj: float = 0.0
+    """Attention output projection share of the wgrad (also its dgrad share)."""
+    fc2: float = 0.0
+    """MLP output projection share of the wgrad (also its dgrad share)."""
     forward: tuple[float, ...] = ()
     """Shares of the layer's forward time of its QKV, projection, MLP input and MLP output
     GEMMs (``schedules.kernels.WEIGHT_GEMMS`` order): the windows the overlapped TP
@@ -201,7 +205,7 @@ def branch_shares(shares: LinearShares, *, parallel_block: bool) -> LinearShares
         return shares
     f = shares.forward
     forward = (f[0] + f[2], f[1] + f[3], 0.0, 0.0) if f else ()
-    return LinearShares(qkv=shares.qkv + shares.fc1, fc1=0.0, forward=forward)
+    return LinearShares(qkv=shares.qkv + shares.fc1, proj=shares.proj + shares.fc2, forward=forward)
 
 
 def _drop_empty(steps: list[Step]) -> tuple[Step, ...]:
@@ -322,6 +326,7 @@ def tp_backward_steps(
     split: str = "",
     per_layer: int = 2,
     dtensor: bool = False,
+    torch_async: bool = False,
     regather: bool = False,
     gather_bytes: float | None = None,
 ) -> tuple[Step, ...]:
@@ -343,10 +348,28 @@ def tp_backward_steps(
     all-gather or all-reduce output (torchtitan's per-op AC) runs again in the backward: the 2
     input all-gathers with SP, the attention output's all-reduce without. ``gather_bytes``: the
     all-gathers' size where it differs from ``tp_bytes`` (float8 operands).
+
+    ``torch_async``: PyTorch's asynchronous TP (Inductor's micro-pipeline pass,
+    ``_micro_pipeline_tp``) instead: ``_torch_async_backward_steps``.
     """
     n = num_layers
     if split == "weight":
         return _drop_empty([ComputeStep(name="wgrad", duration_s=backward_weight_s * n)])
+    if torch_async and tp > 1 and sequence_parallel:
+        return _torch_async_backward_steps(
+            backward_s=backward_input_s + (0.0 if split == "input" else backward_weight_s),
+            dgrad_s=backward_weight_s,
+            recompute_s=recompute_s,
+            num_layers=n,
+            sizes={
+                "all_gather": tp_bytes if gather_bytes is None else gather_bytes,
+                "reduce_scatter": tp_bytes,
+            },
+            shares=shares,
+            full_recompute=full_recompute,
+            regather=regather and not full_recompute,
+            per_layer=per_layer,
+        )
     steps: list[Step] = []
     if recompute_s > 0:
         steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
@@ -421,6 +444,87 @@ def tp_backward_steps(
         )
         if split != "input":
             steps.append(ComputeStep(name=f"wgrad {name}", duration_s=width))
+    return _drop_empty(steps)
+
+
+def _torch_async_backward_steps(
+    *,
+    backward_s: float,
+    dgrad_s: float,
+    recompute_s: float,
+    num_layers: int,
+    sizes: dict[str, float],
+    shares: LinearShares,
+    full_recompute: bool,
+    regather: bool,
+    per_layer: int,
+) -> tuple[Step, ...]:
+    """The TP part of a layer's backward under PyTorch's asynchronous TP, as its pattern
+    matcher rewrites a compiled graph (``torch/_inductor/fx_passes/micro_pipeline_tp.py``).
+
+    An all-gather is fused (``fused_all_gather_matmul``) with the matmuls taking its output as
+    their first operand, a reduce-scatter (``fused_matmul_reduce_scatter``) only with the one
+    matmul that is its whole input. So a full recompute reruns the forward with its fused pairs
+    (``tp_forward_steps``); the gradient all-gathers of the row-parallel outputs run beside the
+    input-gradient GEMMs of the projection and the MLP output (``dgrad_s`` times their
+    ``shares``); the input gradients of wq, wk, wv (and w1, w3) are summed before their
+    reduce-scatter, which so stays NCCL's and blocks, as do the input re-gathers of
+    ``regather`` (their result feeds weight gradients as the second operand)."""
+    n = num_layers
+    steps: list[Step] = []
+    if recompute_s > 0 and full_recompute:
+        rerun = tp_forward_steps(
+            forward_s=recompute_s,
+            num_layers=n,
+            tp_bytes=sizes["reduce_scatter"],
+            tp=2,
+            sequence_parallel=True,
+            tp_comm_overlap=True,
+            per_layer=per_layer,
+            gather_bytes=sizes["all_gather"],
+            shares=shares,
+        )
+        steps += [
+            replace(s, name=f"recompute {s.name}") if isinstance(s, ComputeStep) else s
+            for s in rerun
+        ]
+    elif recompute_s > 0:
+        steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
+    window_s = 0.0
+    for name, share in (("proj", shares.proj), ("fc2", shares.fc2))[:per_layer]:
+        width = share * dgrad_s * n
+        window_s += width
+        steps += [
+            CommStep(
+                name=f"AG grad {name}",
+                group="tp",
+                op="all_gather",
+                size_bytes=sizes["all_gather"],
+                repeat=n,
+                overlap=True,
+            ),
+            ComputeStep(name=f"dgrad {name}", duration_s=width),
+        ]
+    if regather:
+        steps.append(
+            CommStep(
+                name="AG input",
+                group="tp",
+                op="all_gather",
+                size_bytes=sizes["all_gather"],
+                repeat=per_layer * n,
+            )
+        )
+    steps.append(ComputeStep(name="bwd", duration_s=max(backward_s * n - window_s, 0.0)))
+    steps.append(
+        CommStep(
+            name="reduce_scatter dgrad",
+            group="tp",
+            op="reduce_scatter",
+            size_bytes=sizes["reduce_scatter"],
+            repeat=per_layer * n,
+        )
+    )
     return _drop_empty(steps)
 
 

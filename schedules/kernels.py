@@ -809,8 +809,66 @@ def tp_gather_bytes(plan: Plan) -> float:
     return size
 
 
+ASYNC_TP_SHARD_COPIES = 2
+"""Copies of its own shard a fused all-gather + matmul makes on the compute stream under
+PyTorch's asynchronous TP (``torch/distributed/_symmetric_memory/__init__.py``,
+``_pipelined_all_gather_and_consume``): into its symmetric-memory buffer before the barrier the
+remote ranks pull from, and into its own slot of the gathered output after the last remote
+shard; each reads and writes one 1/t shard. With more than one sequence per micro-batch the
+shard is first laid out sequence-major (``restride_A_shard_for_fused_all_gather_matmul``: the
+gather runs along the sequence, dim 1): one copy more."""
+
+
+def torch_async_tp(plan: Plan) -> bool:
+    """Whether the plan's TP runs PyTorch's asynchronous TP (``tp_comm_overlap`` off the
+    Megatron stack: Inductor's micro-pipeline pass over symmetric memory)."""
+    parallel = plan.parallel
+    return (
+        parallel.tp > 1
+        and parallel.sequence_parallel
+        and parallel.tp_comm_overlap
+        and kernel_stack(plan) != "megatron"
+    )
+
+
+def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
+    """Memory passes of PyTorch's asynchronous TP per layer and phase, as one kernel.
+
+    Forward: each fused all-gather its shard copies (``ASYNC_TP_SHARD_COPIES``); each fused
+    matmul + reduce-scatter (``_fused_matmul_reduce_scatter_impl``) sums the t partial chunks
+    the other ranks computed for it (``reduce_fn`` over ``stacked_partials``: reads the whole
+    output, writes its shard), its input laid out sequence-major first with more than one
+    sequence per micro-batch (``restride_A_for_fused_matmul_reduce_scatter``). Backward: the
+    fused gradient all-gathers' shard copies, and the chunk + cat copy of each NCCL
+    reduce-scatter left unfused (``DTENSOR_SEQUENCE_COPIES``); per-op recompute: the chunk +
+    cat copies of its unfused input re-gathers."""
+    model, t = plan.model, plan.parallel.tp
+    batch = plan.training.micro_batch_size
+    branches = 1 if model.parallel_block else 2
+    gathered = tp_gather_bytes(plan)
+    whole = tp_message_bytes(model, batch, cp=plan.parallel.cp)
+    shard_copies = ASYNC_TP_SHARD_COPIES + (1 if batch > 1 else 0)
+    fused_gather = 2 * shard_copies * gathered / t
+    if phase == "forward":
+        h, f = model.hidden_size, model.ffn_hidden_size
+        inputs = (h, f) if branches == 2 else (h + f,)  # the scattered matmuls' input widths
+        restride = sum(2 * whole * width / (h * t) for width in inputs) if batch > 1 else 0.0
+        size = branches * (fused_gather + whole * (1 + 1 / t)) + restride
+        launches = branches * (shard_copies + 1 + (1 if batch > 1 else 0))
+    elif phase == "backward":
+        size = branches * (fused_gather + 2 * whole)
+        launches = branches * (shard_copies + 1)
+    else:  # op_recompute
+        size, launches = branches * 2 * gathered, branches
+    copy = memory("async_tp_copy", size, "copy", converts=False)
+    return (replace(copy, extra_launches=launches - 1),)
+
+
 def _sequence_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
-    """The phase's DTensor sequence-parallel copies as one kernel (each a launch of its own)."""
+    """The phase's DTensor sequence-parallel copies as one kernel (each a launch of its own),
+    or under asynchronous TP its own (``_async_tp_copies``)."""
+    if torch_async_tp(plan):
+        return _async_tp_copies(plan, phase)
     if not dtensor_sequence_copies(plan):
         return ()
     gathers, scatters = DTENSOR_SEQUENCE_COPIES[phase]

@@ -108,7 +108,13 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         embed=compute.embedding_times(plan),
         head=compute.head_times(plan),
         shares=branch_shares(
-            LinearShares(qkv=wgrad[0] / total, fc1=wgrad[2] / total, forward=forward),
+            LinearShares(
+                qkv=wgrad[0] / total,
+                proj=wgrad[1] / total,
+                fc1=wgrad[2] / total,
+                fc2=wgrad[3] / total,
+                forward=forward,
+            ),
             parallel_block=model.parallel_block,
         ),
         tp_bytes=tp_message_bytes(model, b, cp=parallel.cp),
@@ -358,6 +364,7 @@ def _uniform_recipes(
             split=split,
             per_layer=per_layer,
             dtensor=kernel_stack(plan) != "megatron" and not parallel.tp_comm_overlap,
+            torch_async=kernel_stack(plan) != "megatron" and parallel.tp_comm_overlap,
             regather=parallel.recompute == "op",
             gather_bytes=costs.tp_gather_bytes,
         )

@@ -1,0 +1,104 @@
+"""PyTorch's asynchronous TP as Inductor's micro-pipeline pass and symmetric memory run it: which
+backward collectives are fused with a GEMM and which stay NCCL's, and the memory passes the fused
+ops add, against hand counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schedules.actions import CommStep, ComputeStep, LinearShares, tp_backward_steps
+from schedules.kernels import ASYNC_TP_SHARD_COPIES, layer_kernels, torch_async_tp
+from schedules.plan import load_plan
+from schedules.resolve import resolve_plan
+
+SHARES = LinearShares(qkv=0.2, proj=0.1, fc1=0.4, fc2=0.3, forward=(0.2, 0.1, 0.4, 0.3))
+
+
+def _steps(**kw: Any) -> list[tuple[str, Any, bool]]:
+    steps = tp_backward_steps(
+        backward_input_s=3.0,
+        backward_weight_s=2.0,
+        num_layers=4,
+        tp_bytes=100.0,
+        gather_bytes=50.0,
+        shares=SHARES,
+        tp=8,
+        sequence_parallel=True,
+        torch_async=True,
+        **kw,
+    )
+    out: list[tuple[str, Any, bool]] = []
+    for s in steps:
+        if isinstance(s, CommStep):
+            out.append((s.name, (s.op, s.size_bytes, s.repeat), s.overlap))
+        elif isinstance(s, ComputeStep):
+            out.append((s.name, pytest.approx(s.duration_s), False))
+    return out
+
+
+def test_backward_fuses_the_gradient_gathers_and_blocks_on_the_summed_scatter() -> None:
+    """Per-op recompute: the projection's and MLP output's gradient gathers beside their dgrad
+    GEMMs (share x wgrad time, 4 layers), the input re-gathers and the reduce-scatters of the
+    summed input gradients on the critical path."""
+    assert _steps(recompute_s=0.5, regather=True) == [
+        ("recompute", 2.0, False),
+        ("AG grad proj", ("all_gather", 50.0, 4), True),
+        ("dgrad proj", 0.1 * 2.0 * 4, False),
+        ("AG grad fc2", ("all_gather", 50.0, 4), True),
+        ("dgrad fc2", 0.3 * 2.0 * 4, False),
+        ("AG input", ("all_gather", 50.0, 8), False),
+        ("bwd", (3.0 + 2.0) * 4 - 0.4 * 2.0 * 4, False),
+        ("reduce_scatter dgrad", ("reduce_scatter", 100.0, 8), False),
+    ]
+
+
+def test_full_recompute_reruns_the_fused_forward() -> None:
+    steps = _steps(recompute_s=1.0, full_recompute=True, regather=True)
+    # the forward's four fused pairs (windows: forward shares x recompute time x 4 layers)
+    assert steps[:8] == [
+        ("all_gather", ("all_gather", 50.0, 4), True),
+        ("recompute fwd gemm 0", 0.2 * 4, False),
+        ("reduce_scatter", ("reduce_scatter", 100.0, 4), True),
+        ("recompute fwd gemm 1", 0.1 * 4, False),
+        ("all_gather", ("all_gather", 50.0, 4), True),
+        ("recompute fwd gemm 2", 0.4 * 4, False),
+        ("reduce_scatter", ("reduce_scatter", 100.0, 4), True),
+        ("recompute fwd gemm 3", 0.3 * 4, False),
+    ]
+    assert not any(name == "AG input" for name, _, _ in steps)  # the rerun forward gathers
+
+
+def _plan(batch: int, **parallel: Any) -> Any:
+    raw = {
+        "model": {"name": "m", "num_layers": 2, "hidden_size": 1024, "num_heads": 16,
+                  "num_kv_heads": 8, "ffn_hidden_size": 4096, "vocab_size": 32000,
+                  "seq_len": 2048},
+        "cluster": {"node": "dgx-h100", "num_nodes": 1},
+        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": True, **parallel},
+        "training": {"micro_batch_size": batch, "global_batch_size": 2 * batch,
+                     "stack": "compile"},
+    }  # fmt: skip
+    return resolve_plan(load_plan(raw), 8)
+
+
+def _copy(kernels: Any) -> float:
+    return sum(k.bytes for k in kernels if k.name == "async_tp_copy")
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_fused_ops_copy_shards_and_reduce_partials(batch: int) -> None:
+    """Whole activation S = 2 b s h bytes, t = 4. Forward per layer: 2 gathers x (2 or 3 shard
+    copies, read + write, S/t each) + 2 scatters x (read S, write S/t) + with b > 1 the two
+    scattered inputs (h and f wide) copied sequence-major; backward: 2 x the gathers' shard
+    copies + 2 chunk + cat copies of the unfused reduce-scatters (read + write S)."""
+    plan = _plan(batch)
+    assert torch_async_tp(plan)
+    whole, t, copies = 2.0 * batch * 2048 * 1024, 4, ASYNC_TP_SHARD_COPIES + (batch > 1)
+    restride = 2 * whole * (1024 + 4096) / (1024 * t) if batch > 1 else 0.0
+    forward = 2 * (2 * copies * whole / t + whole * (1 + 1 / t)) + restride
+    kernels = layer_kernels(plan)
+    assert _copy(kernels.forward) == pytest.approx(forward)
+    assert _copy(kernels.backward_input) == pytest.approx(2 * (2 * copies * whole / t + 2 * whole))
+    assert not torch_async_tp(_plan(batch, tp_comm_overlap=False))
