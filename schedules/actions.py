@@ -187,6 +187,9 @@ class LinearShares:
     """QKV projection share of the wgrad (also its dgrad share: same FLOPs)."""
     fc1: float = 0.0
     """MLP input projection(s) share of the wgrad."""
+    k: float = 0.0
+    """The K projection's share of the wgrad (QKV's K columns: the GEMM torchtitan's per-op
+    recompute reruns on the gathered input)."""
     proj: float = 0.0
     """Attention output projection share of the wgrad (also its dgrad share)."""
     fc2: float = 0.0
@@ -329,6 +332,8 @@ def tp_backward_steps(
     torch_async: bool = False,
     regather: bool = False,
     gather_bytes: float | None = None,
+    gated_mlp: bool = True,
+    parallel_block: bool = False,
 ) -> tuple[Step, ...]:
     """Backward of ``num_layers`` layers with TP collectives placed where Megatron puts them.
 
@@ -350,7 +355,9 @@ def tp_backward_steps(
     all-gathers' size where it differs from ``tp_bytes`` (float8 operands).
 
     ``torch_async``: PyTorch's asynchronous TP (Inductor's micro-pipeline pass,
-    ``_micro_pipeline_tp``) instead: ``_torch_async_backward_steps``.
+    ``_micro_pipeline_tp``) instead: ``_torch_async_backward_steps`` (``gated_mlp``: whether the
+    MLP's input gradient is a sum of two matmuls). A ``parallel_block`` has no second norm, so
+    its ``regather`` without SP rebuilds nothing.
     """
     n = num_layers
     if split == "weight":
@@ -358,7 +365,7 @@ def tp_backward_steps(
     if torch_async and tp > 1 and sequence_parallel:
         return _torch_async_backward_steps(
             backward_s=backward_input_s + (0.0 if split == "input" else backward_weight_s),
-            dgrad_s=backward_weight_s,
+            weight_s=backward_weight_s,
             recompute_s=recompute_s,
             num_layers=n,
             sizes={
@@ -369,6 +376,8 @@ def tp_backward_steps(
             full_recompute=full_recompute,
             regather=regather and not full_recompute,
             per_layer=per_layer,
+            tp=tp,
+            gated_mlp=gated_mlp,
         )
     steps: list[Step] = []
     if recompute_s > 0:
@@ -396,6 +405,7 @@ def tp_backward_steps(
             sequence_parallel=sequence_parallel,
             regather=regather and not full_recompute,
             per_layer=per_layer,
+            parallel_block=parallel_block,
         )
         return _drop_empty(steps)
     gathered = tp_bytes if gather_bytes is None else gather_bytes
@@ -447,10 +457,19 @@ def tp_backward_steps(
     return _drop_empty(steps)
 
 
+def _fused_pair(name: str, op: str, size: float, repeat: int, width_s: float) -> list[Step]:
+    """A collective beside the GEMM it is fused with (``width_s`` of compute); with no known
+    window it blocks."""
+    return [
+        CommStep(name=name, group="tp", op=op, size_bytes=size, repeat=repeat, overlap=width_s > 0),
+        ComputeStep(name=name.replace("AG", "gemm").replace("RS", "gemm"), duration_s=width_s),
+    ]
+
+
 def _torch_async_backward_steps(
     *,
     backward_s: float,
-    dgrad_s: float,
+    weight_s: float,
     recompute_s: float,
     num_layers: int,
     sizes: dict[str, float],
@@ -458,30 +477,44 @@ def _torch_async_backward_steps(
     full_recompute: bool,
     regather: bool,
     per_layer: int,
+    tp: int,
+    gated_mlp: bool,
 ) -> tuple[Step, ...]:
     """The TP part of a layer's backward under PyTorch's asynchronous TP, as its pattern
     matcher rewrites a compiled graph (``torch/_inductor/fx_passes/micro_pipeline_tp.py``).
 
     An all-gather is fused (``fused_all_gather_matmul``) with the matmuls taking its output as
     their first operand, a reduce-scatter (``fused_matmul_reduce_scatter``) only with the one
-    matmul that is its whole input. So a full recompute reruns the forward with its fused pairs
-    (``tp_forward_steps``); the gradient all-gathers of the row-parallel outputs run beside the
-    input-gradient GEMMs of the projection and the MLP output (``dgrad_s`` times their
-    ``shares``); the input gradients of wq, wk, wv (and w1, w3) are summed before their
-    reduce-scatter, which so stays NCCL's and blocks, as do the input re-gathers of
-    ``regather`` (their result feeds weight gradients as the second operand)."""
+    matmul that is its whole input. With torchtitan's modules (separate wq, wk, wv; w1 and w3
+    when gated):
+
+    - a full recompute reruns the forward with its fused pairs (``tp_forward_steps``);
+    - per-op recompute (``regather``) gathers the two inputs again, each fused with the matmul
+      it reruns on them: wk, and w3 where the MLP is gated (a plain MLP reruns none: its
+      gather blocks);
+    - the gradient all-gathers of the projection and MLP outputs run beside their input-gradient
+      GEMMs;
+    - the input gradients of wq, wk and wv are summed before their reduce-scatter, which so
+      stays NCCL's and blocks, as does a gated MLP's (w1 + w3); a plain MLP's is fused with
+      w1's input-gradient GEMM.
+
+    Windows are the GEMMs' shares of the weight-gradient time ``weight_s`` (an input-gradient
+    or rerun GEMM has its weight gradient's FLOPs); a collective without a known window blocks.
+    """
     n = num_layers
+    gather, scatter = sizes["all_gather"], sizes["reduce_scatter"]
+    mlp = per_layer == 2
     steps: list[Step] = []
     if recompute_s > 0 and full_recompute:
         rerun = tp_forward_steps(
             forward_s=recompute_s,
             num_layers=n,
-            tp_bytes=sizes["reduce_scatter"],
-            tp=2,
+            tp_bytes=scatter,
+            tp=tp,
             sequence_parallel=True,
             tp_comm_overlap=True,
             per_layer=per_layer,
-            gather_bytes=sizes["all_gather"],
+            gather_bytes=gather,
             shares=shares,
         )
         steps += [
@@ -489,40 +522,35 @@ def _torch_async_backward_steps(
             for s in rerun
         ]
     elif recompute_s > 0:
-        steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
+        rerun_s = 0.0
+        if regather:
+            windows = [("AG input k", shares.k)]
+            if mlp:
+                windows.append(("AG input fc1", shares.fc1 / 2 if gated_mlp else 0.0))
+            for name, share in windows:
+                width = min(share * weight_s * n, max(recompute_s * n - rerun_s, 0.0))
+                rerun_s += width
+                steps += _fused_pair(name, "all_gather", gather, n, width)
+        steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n - rerun_s))
     window_s = 0.0
-    for name, share in (("proj", shares.proj), ("fc2", shares.fc2))[:per_layer]:
-        width = share * dgrad_s * n
+    pairs = [("AG grad proj", "all_gather", gather, shares.proj)]
+    if mlp:
+        pairs.append(("AG grad fc2", "all_gather", gather, shares.fc2))
+        if not gated_mlp:
+            pairs.append(("RS dgrad fc1", "reduce_scatter", scatter, shares.fc1))
+    for name, op, size, share in pairs:
+        width = share * weight_s * n
         window_s += width
-        steps += [
-            CommStep(
-                name=f"AG grad {name}",
-                group="tp",
-                op="all_gather",
-                size_bytes=sizes["all_gather"],
-                repeat=n,
-                overlap=True,
-            ),
-            ComputeStep(name=f"dgrad {name}", duration_s=width),
-        ]
-    if regather:
-        steps.append(
-            CommStep(
-                name="AG input",
-                group="tp",
-                op="all_gather",
-                size_bytes=sizes["all_gather"],
-                repeat=per_layer * n,
-            )
-        )
+        steps += _fused_pair(name, op, size, n, width)
     steps.append(ComputeStep(name="bwd", duration_s=max(backward_s * n - window_s, 0.0)))
+    unfused = 1 + (1 if mlp and gated_mlp else 0)
     steps.append(
         CommStep(
             name="reduce_scatter dgrad",
             group="tp",
             op="reduce_scatter",
-            size_bytes=sizes["reduce_scatter"],
-            repeat=per_layer * n,
+            size_bytes=scatter,
+            repeat=unfused * n,
         )
     )
     return _drop_empty(steps)
@@ -537,6 +565,7 @@ def _dtensor_backward_steps(
     sequence_parallel: bool,
     regather: bool,
     per_layer: int,
+    parallel_block: bool = False,
 ) -> list[Step]:
     """The TP part of ``tp_backward_steps`` under DTensor: every collective on the critical
     path (the gradient all-gathers, with ``regather`` the input ones or the attention output's
@@ -555,7 +584,8 @@ def _dtensor_backward_steps(
             )
             for name in names
         ]
-    elif regather:  # the attention output's all-reduce, rebuilding the MLP norm's input
+    elif regather and not parallel_block:  # the attention output's all-reduce, rebuilding
+        # the MLP norm's input (a parallel block has no second norm)
         steps.append(
             CommStep(name="AR residual", group="tp", op="all_reduce", size_bytes=tp_bytes, repeat=n)
         )

@@ -175,7 +175,7 @@ def check_context_parallel(plan: Plan) -> None:
         raise ValueError(
             f"model.attention_window={window} with parallel.cp={parallel.cp}: context "
             "parallelism over a sliding window (rounds outside the window skipped) is not "
-            "modelled"
+            "modelled; model.attention_window: 0 prices full causal attention"
         )
     method = parallel.cp_rotate_method
     if method is not None and (parallel.cp == 1 or stack == "megatron"):

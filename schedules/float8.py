@@ -140,10 +140,13 @@ def cast_bytes(plan: Plan, stack: str, name: str, shape: tuple[float, float, flo
         operands["weight"] = GATHERED_WEIGHT_BYTES
     if sharded_casts(plan, stack):
         shard = SHARD_CAST_BYTES[stack] / plan.parallel.tp
+        # a parallel block gathers one input for qkv and fc1 and one gradient for proj and fc2:
+        # its second linear uses the float8 shard the first one cast
+        shared = ("fc1", "fc1_up", "fc2") if plan.model.parallel_block else ()
         if name in TP_SHARD_CASTS["input"]:
-            operands["input"] = (shard, 0, GATHERED_COPY_BYTES)
+            operands["input"] = (0 if name in shared else shard, 0, GATHERED_COPY_BYTES)
         if name in TP_SHARD_CASTS["grad_output"]:
-            operands["grad_output"] = (0, shard, GATHERED_COPY_BYTES)
+            operands["grad_output"] = (0, 0 if name in shared else shard, GATHERED_COPY_BYTES)
     sizes = {"input": m * k * input_casts(plan, stack, name), "weight": n * k, "grad_output": m * n}
     forward, dgrad, wgrad = (
         sum(operands[role][phase] * size for role, size in sizes.items()) for phase in range(3)

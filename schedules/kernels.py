@@ -838,28 +838,42 @@ def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
     matmul + reduce-scatter (``_fused_matmul_reduce_scatter_impl``) sums the t partial chunks
     the other ranks computed for it (``reduce_fn`` over ``stacked_partials``: reads the whole
     output, writes its shard), its input laid out sequence-major first with more than one
-    sequence per micro-batch (``restride_A_for_fused_matmul_reduce_scatter``). Backward: the
-    fused gradient all-gathers' shard copies, and the chunk + cat copy of each NCCL
-    reduce-scatter left unfused (``DTENSOR_SEQUENCE_COPIES``); per-op recompute: the chunk +
-    cat copies of its unfused input re-gathers."""
+    sequence per micro-batch (``restride_A_for_fused_matmul_reduce_scatter``). Backward
+    (``schedules.actions._torch_async_backward_steps``): the fused gradient all-gathers' shard
+    copies; the chunk + cat copy of each reduce-scatter left to NCCL (``DTENSOR_SEQUENCE_
+    COPIES``: the attention's, and a gated MLP's), a plain MLP's fused one as in the forward.
+    Per-op recompute: the re-gathers fused with wk (and a gated MLP's w3) copy their shards, a
+    plain MLP's unfused one is chunked and concatenated."""
     model, t = plan.model, plan.parallel.tp
     batch = plan.training.micro_batch_size
-    branches = 1 if model.parallel_block else 2
     gathered = tp_gather_bytes(plan)
     whole = tp_message_bytes(model, batch, cp=plan.parallel.cp)
     shard_copies = ASYNC_TP_SHARD_COPIES + (1 if batch > 1 else 0)
     fused_gather = 2 * shard_copies * gathered / t
+
+    def fused_scatter(width: float) -> tuple[float, int]:
+        """Bytes and launches of a fused reduce-scatter whose matmul input is ``width`` wide."""
+        restride = 2 * whole * width / (model.hidden_size * t) if batch > 1 else 0.0
+        return whole * (1 + 1 / t) + restride, 1 + (1 if batch > 1 else 0)
+
     if phase == "forward":
-        h, f = model.hidden_size, model.ffn_hidden_size
-        inputs = (h, f) if branches == 2 else (h + f,)  # the scattered matmuls' input widths
-        restride = sum(2 * whole * width / (h * t) for width in inputs) if batch > 1 else 0.0
-        size = branches * (fused_gather + whole * (1 + 1 / t)) + restride
-        launches = branches * (shard_copies + 1 + (1 if batch > 1 else 0))
+        proj, proj_launches = fused_scatter(model.hidden_size)
+        fc2, fc2_launches = fused_scatter(model.ffn_hidden_size)
+        size = 2 * fused_gather + proj + fc2
+        launches = 2 * shard_copies + proj_launches + fc2_launches
     elif phase == "backward":
-        size = branches * (fused_gather + 2 * whole)
-        launches = branches * (shard_copies + 1)
+        size, launches = 2 * fused_gather + 2 * whole, 2 * shard_copies + 1
+        if model.gated_mlp:
+            size, launches = size + 2 * whole, launches + 1
+        else:
+            fc1, fc1_launches = fused_scatter(model.ffn_hidden_size)
+            size, launches = size + fc1, launches + fc1_launches
     else:  # op_recompute
-        size, launches = branches * 2 * gathered, branches
+        size, launches = fused_gather, shard_copies
+        if model.gated_mlp:
+            size, launches = size + fused_gather, launches + shard_copies
+        else:
+            size, launches = size + 2 * gathered, launches + 1
     copy = memory("async_tp_copy", size, "copy", converts=False)
     return (replace(copy, extra_launches=launches - 1),)
 

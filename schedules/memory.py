@@ -132,9 +132,9 @@ weight is saved for its input-gradient GEMM until the backward reaches it."""
 
 FP32_RESIDUAL_EXTRA_BYTES = 2
 """Extra bytes per element of each residual-stream tensor a layer saves under autocast over fp32
-weights, whose stream is fp32 (``schedules.kernels.FP32_RESIDUAL_BYTES``): the two norms' inputs
-(the layer's input alone under full recompute) are saved at 4 bytes where the activation count
-of ``schedules.activations`` has 2."""
+weights, whose stream is fp32 (``schedules.kernels.FP32_RESIDUAL_BYTES``): the norms' inputs
+(two, one in a parallel block; the layer's input alone under full recompute) are saved at 4 bytes
+where the activation count of ``schedules.activations`` has 2."""
 
 
 def accumulating_gradients(plan: Plan) -> bool:

@@ -4,7 +4,7 @@ Each preset is the ``model:`` mapping of a plan with the source of its numbers (
 or the released ``config.json``); keys given next to ``preset`` override it (``seq_len`` is the
 usual one: the presets carry the pre-training sequence length). Known simplifications: Qwen2.5
 puts biases on the QKV projection only (``linear_bias`` here is all-or-none: off, 0.01% of the
-parameters); Mistral's sliding-window attention is priced as full causal attention.
+parameters). Mistral 7B carries its 4096-token sliding window (``attention_window``).
 
     model = resolve_model_preset({"preset": "llama3-70b", "seq_len": 4096})
 """

@@ -177,6 +177,26 @@ def check_knobs(parallel: ParallelConfig, dp: int) -> None:
     check_offload(parallel)
 
 
+def check_async_tp(plan: Plan) -> None:
+    """``tp_comm_overlap`` off the Megatron stack is PyTorch's asynchronous TP, an Inductor
+    pass: it needs ``torch.compile`` (torchtitan refuses it otherwise), and its fusion of a
+    parallel block's summed outputs is not modelled."""
+    stack = kernel_stack(plan)
+    if not plan.parallel.tp_comm_overlap or stack == "megatron":
+        return
+    if stack != "compile":
+        raise ValueError(
+            f"parallel.tp_comm_overlap on stack {stack} is PyTorch's asynchronous TP, which "
+            "needs torch.compile (training.stack: compile; Megatron's overlap: megatron)"
+        )
+    if plan.model.parallel_block:
+        raise ValueError(
+            "model.parallel_block with parallel.tp_comm_overlap on stack compile: asynchronous "
+            "TP over a parallel block (its reduce-scatter takes a sum, not one matmul) is not "
+            "modelled"
+        )
+
+
 def check_mixed_precision(plan: Plan) -> None:
     """``training.mixed_precision`` describes a torch DDP (or one-GPU) loop's weights only."""
     choice = plan.training.mixed_precision
@@ -207,6 +227,7 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_knobs(parallel, dp)
     check_experts(plan.model, parallel, dp)
     check_context_parallel(plan)
+    check_async_tp(plan)
     check_float8(plan)
     check_mixed_precision(plan)
     return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

@@ -124,11 +124,20 @@ def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
             f" = {hidden // heads}, which the plan uses (ignored)"
         )
     window = _hf_sliding_window(fields, family)
-    if window and family == "qwen2":
-        notes.append(
-            f"{fields.file}: Qwen2 slides its window on the layers from max_window_layers on "
-            f"only; model.attention_window={window} applies it to every layer"
-        )
+    if window and family == "qwen2":  # Qwen2Config.layer_types: layers i >= max_window_layers
+        first = fields.get("max_window_layers", int, 28)
+        if first >= fields.count("num_hidden_layers"):
+            window = 0
+            notes.append(
+                f"{fields.file}: use_sliding_window, but max_window_layers={first} leaves no "
+                "layer sliding: full causal attention"
+            )
+        else:
+            notes.append(
+                f"{fields.file}: Qwen2 slides its window on the layers from "
+                f"max_window_layers={first} on only; model.attention_window={window} applies it "
+                "to every layer"
+            )
     return {
         "num_layers": fields.count("num_hidden_layers"),
         "hidden_size": hidden,

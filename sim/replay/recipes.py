@@ -91,6 +91,8 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
     shapes = weight_gemm_shapes(plan)
     wgrad = [compute.gemm_time_s(k, n, m, dtype) for m, n, k in shapes]
     total = sum(wgrad) or 1.0
+    tokens, _, hidden = shapes[0]
+    k_wgrad = compute.gemm_time_s(hidden, model.kv_size / parallel.tp, tokens, dtype)
     layer = compute.layer_times(plan)
     cp_forward, cp_backward = ring_steps(plan, compute)
     outside_ring_s = _less(layer.forward_s, cp_forward)  # what tp_forward_steps is given
@@ -110,6 +112,7 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         shares=branch_shares(
             LinearShares(
                 qkv=wgrad[0] / total,
+                k=k_wgrad / total,
                 proj=wgrad[1] / total,
                 fc1=wgrad[2] / total,
                 fc2=wgrad[3] / total,
@@ -347,6 +350,8 @@ def _uniform_recipes(
 
     ring_fwd, ring_bwd = costs.cp_forward, costs.cp_backward
 
+    torch_async = kernel_stack(plan) != "megatron" and parallel.tp_comm_overlap
+
     def backward(split: str) -> tuple[Step, ...]:
         ring = ring_bwd if split != "weight" else ()
         # recomputing the attention core (selective, full) runs the forward ring again
@@ -357,16 +362,19 @@ def _uniform_recipes(
             recompute_s=_less(layer.recompute_s, rerun),
             num_layers=num_layers,
             tp_bytes=costs.tp_bytes,
-            shares=costs.shares,
+            # async TP's windows are a dense layer's GEMMs: an MoE layer's collectives block
+            shares=LinearShares() if moe and torch_async else costs.shares,
             tp=parallel.tp,
             sequence_parallel=parallel.sequence_parallel,
             full_recompute=parallel.recompute == "full",
             split=split,
             per_layer=per_layer,
             dtensor=kernel_stack(plan) != "megatron" and not parallel.tp_comm_overlap,
-            torch_async=kernel_stack(plan) != "megatron" and parallel.tp_comm_overlap,
+            torch_async=torch_async,
             regather=parallel.recompute == "op",
             gather_bytes=costs.tp_gather_bytes,
+            gated_mlp=plan.model.gated_mlp,
+            parallel_block=plan.model.parallel_block,
         )
         if not ring:
             return steps

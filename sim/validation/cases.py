@@ -377,6 +377,8 @@ _PARALLEL_BLOCK_WORDS = re.compile(
     r"parallel (transformer )?block|parallel attention|parallel residual|\bptb\b"
 )
 _WINDOW_WORDS = re.compile(r"sliding[- ]window|\bswa\b")
+_FLAGS = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}  # fmt: skip
 
 
 def parse_block_shape(model: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -385,8 +387,9 @@ def parse_block_shape(model: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
     without its width."""
     text = f"{model.get('arch') or ''} {model.get('name') or ''}".lower()
     keys: dict[str, Any] = {}
-    flag = next((model[k] for k in PARALLEL_BLOCK_KEYS if k in model), None)
-    if flag is True or (flag is None and _PARALLEL_BLOCK_WORDS.search(text)):
+    given_flag = next((model[k] for k in PARALLEL_BLOCK_KEYS if k in model), None)
+    flag = _FLAGS.get(str(given_flag).strip().lower()) if given_flag is not None else None
+    if flag or (flag is None and _PARALLEL_BLOCK_WORDS.search(text)):
         keys["parallel_block"] = True
     given = next((model[k] for k in WINDOW_KEYS if k in model), None)
     if isinstance(given, list | tuple):

@@ -13,7 +13,7 @@ from schedules.kernels import ASYNC_TP_SHARD_COPIES, layer_kernels, torch_async_
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
 
-SHARES = LinearShares(qkv=0.2, proj=0.1, fc1=0.4, fc2=0.3, forward=(0.2, 0.1, 0.4, 0.3))
+SHARES = LinearShares(qkv=0.2, k=0.05, proj=0.1, fc1=0.4, fc2=0.3, forward=(0.2, 0.1, 0.4, 0.3))
 
 
 def _steps(**kw: Any) -> list[tuple[str, Any, bool]]:
@@ -38,20 +38,59 @@ def _steps(**kw: Any) -> list[tuple[str, Any, bool]]:
     return out
 
 
-def test_backward_fuses_the_gradient_gathers_and_blocks_on_the_summed_scatter() -> None:
-    """Per-op recompute: the projection's and MLP output's gradient gathers beside their dgrad
-    GEMMs (share x wgrad time, 4 layers), the input re-gathers and the reduce-scatters of the
-    summed input gradients on the critical path."""
-    assert _steps(recompute_s=0.5, regather=True) == [
-        ("recompute", 2.0, False),
+def test_backward_fuses_the_gradient_gathers_and_blocks_on_the_summed_scatters() -> None:
+    """Per-op recompute of a gated layer, 4 layers, windows = share x wgrad time x 4: the input
+    re-gathers beside the wk and w3 reruns, the projection's and MLP output's gradient gathers
+    beside their dgrad GEMMs, the reduce-scatters of the summed input gradients (wq + wk + wv,
+    w1 + w3) on the critical path."""
+    assert _steps(recompute_s=1.0, regather=True) == [
+        ("AG input k", ("all_gather", 50.0, 4), True),
+        ("gemm input k", 0.05 * 2.0 * 4, False),
+        ("AG input fc1", ("all_gather", 50.0, 4), True),
+        ("gemm input fc1", 0.4 / 2 * 2.0 * 4, False),  # w3: half of the gated up projection
+        ("recompute", 1.0 * 4 - 0.4 - 1.6, False),
         ("AG grad proj", ("all_gather", 50.0, 4), True),
-        ("dgrad proj", 0.1 * 2.0 * 4, False),
+        ("gemm grad proj", 0.1 * 2.0 * 4, False),
         ("AG grad fc2", ("all_gather", 50.0, 4), True),
-        ("dgrad fc2", 0.3 * 2.0 * 4, False),
-        ("AG input", ("all_gather", 50.0, 8), False),
-        ("bwd", (3.0 + 2.0) * 4 - 0.4 * 2.0 * 4, False),
+        ("gemm grad fc2", 0.3 * 2.0 * 4, False),
+        ("bwd", (3.0 + 2.0) * 4 - 0.8 - 2.4, False),
         ("reduce_scatter dgrad", ("reduce_scatter", 100.0, 8), False),
     ]
+
+
+def test_a_plain_mlp_fuses_its_scatter_and_blocks_on_its_regather() -> None:
+    """Without a gate the MLP input gradient is one matmul (fused with its reduce-scatter) and
+    per-op recompute reruns no matmul on the MLP input (its re-gather blocks)."""
+    assert _steps(recompute_s=1.0, regather=True, gated_mlp=False) == [
+        ("AG input k", ("all_gather", 50.0, 4), True),
+        ("gemm input k", 0.4, False),
+        ("AG input fc1", ("all_gather", 50.0, 4), False),
+        ("recompute", 4.0 - 0.4, False),
+        ("AG grad proj", ("all_gather", 50.0, 4), True),
+        ("gemm grad proj", 0.8, False),
+        ("AG grad fc2", ("all_gather", 50.0, 4), True),
+        ("gemm grad fc2", 2.4, False),
+        ("RS dgrad fc1", ("reduce_scatter", 100.0, 4), True),
+        ("gemm dgrad fc1", 0.4 * 2.0 * 4, False),
+        ("bwd", 20.0 - 0.8 - 2.4 - 3.2, False),
+        ("reduce_scatter dgrad", ("reduce_scatter", 100.0, 4), False),
+    ]
+
+
+def test_attention_only_layers_and_unknown_windows_block() -> None:
+    """An MoE layer's attention block alone (per_layer 1) with no GEMM windows: its one
+    gradient all-gather and one reduce-scatter both block; the Bi pass has no weight gradient."""
+    steps = tp_backward_steps(
+        backward_input_s=3.0, backward_weight_s=2.0, num_layers=4, tp_bytes=100.0,
+        shares=LinearShares(), tp=8, sequence_parallel=True, torch_async=True, per_layer=1,
+        recompute_s=0.0, split="input",
+    )  # fmt: skip
+    assert [(s.name, getattr(s, "overlap", None)) for s in steps] == [
+        ("AG grad proj", False),
+        ("bwd", None),
+        ("reduce_scatter dgrad", False),
+    ]
+    assert steps[1].duration_s == pytest.approx(3.0 * 4)  # type: ignore[union-attr]
 
 
 def test_full_recompute_reruns_the_fused_forward() -> None:
@@ -67,20 +106,24 @@ def test_full_recompute_reruns_the_fused_forward() -> None:
         ("reduce_scatter", ("reduce_scatter", 100.0, 4), True),
         ("recompute fwd gemm 3", 0.3 * 4, False),
     ]
-    assert not any(name == "AG input" for name, _, _ in steps)  # the rerun forward gathers
+    assert not any(name.startswith("AG input") for name, _, _ in steps)  # the rerun gathers
+    computed = sum(v.expected for _, v, overlap in steps if not isinstance(v, tuple))
+    assert computed == pytest.approx((1.0 + 3.0 + 2.0) * 4)  # recompute + dgrad + wgrad
+
+
+def _raw(batch: int, stack: str = "compile", parallel_block: bool = False, **parallel: Any) -> Any:
+    return {
+        "model": {"name": "m", "num_layers": 2, "hidden_size": 1024, "num_heads": 16,
+                  "num_kv_heads": 8, "ffn_hidden_size": 4096, "vocab_size": 32000,
+                  "seq_len": 2048, "parallel_block": parallel_block},
+        "cluster": {"node": "dgx-h100", "num_nodes": 1},
+        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": True, **parallel},
+        "training": {"micro_batch_size": batch, "global_batch_size": 2 * batch, "stack": stack},
+    }  # fmt: skip
 
 
 def _plan(batch: int, **parallel: Any) -> Any:
-    raw = {
-        "model": {"name": "m", "num_layers": 2, "hidden_size": 1024, "num_heads": 16,
-                  "num_kv_heads": 8, "ffn_hidden_size": 4096, "vocab_size": 32000,
-                  "seq_len": 2048},
-        "cluster": {"node": "dgx-h100", "num_nodes": 1},
-        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": True, **parallel},
-        "training": {"micro_batch_size": batch, "global_batch_size": 2 * batch,
-                     "stack": "compile"},
-    }  # fmt: skip
-    return resolve_plan(load_plan(raw), 8)
+    return resolve_plan(load_plan(_raw(batch, **parallel)), 8)
 
 
 def _copy(kernels: Any) -> float:
@@ -100,5 +143,16 @@ def test_fused_ops_copy_shards_and_reduce_partials(batch: int) -> None:
     forward = 2 * (2 * copies * whole / t + whole * (1 + 1 / t)) + restride
     kernels = layer_kernels(plan)
     assert _copy(kernels.forward) == pytest.approx(forward)
+    # the attention's and the gated MLP's unfused reduce-scatters: chunk + cat copies
     assert _copy(kernels.backward_input) == pytest.approx(2 * (2 * copies * whole / t + 2 * whole))
+    # per-op recompute: both re-gathers fused (wk, w3 rerun on them): shard copies only
+    rerun = layer_kernels(_plan(batch, recompute="op")).recompute
+    assert _copy(rerun) == pytest.approx(2 * 2 * copies * whole / t)
     assert not torch_async_tp(_plan(batch, tp_comm_overlap=False))
+
+
+def test_async_tp_needs_compile_and_refuses_a_parallel_block() -> None:
+    with pytest.raises(ValueError, match="on stack eager is PyTorch's asynchronous TP"):
+        resolve_plan(load_plan(_raw(1, stack="eager")), 8)
+    with pytest.raises(ValueError, match=r"model\.parallel_block with parallel\.tp_comm_overlap"):
+        resolve_plan(load_plan(_raw(1, parallel_block=True)), 8)

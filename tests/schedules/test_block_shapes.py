@@ -194,3 +194,20 @@ def test_the_report_names_the_block_shape(tmp_path: Any, capsys: Any) -> None:
         "Plan: m (2 layers, hidden 256, seq 512, parallel block, attention window 128) "
         "on 8 x h100-sxm"
     )
+
+
+def test_a_parallel_block_rebuilds_no_second_norm_input() -> None:
+    """DTensor TP without SP under per-op recompute reruns the attention output's all-reduce to
+    rebuild the MLP norm's input; a parallel block has no such norm."""
+    from schedules.actions import LinearShares, tp_backward_steps
+
+    def names(parallel_block: bool) -> list[str]:
+        steps = tp_backward_steps(
+            backward_input_s=1.0, backward_weight_s=1.0, recompute_s=0.5, num_layers=2,
+            tp_bytes=8.0, shares=LinearShares(), tp=4, dtensor=True, regather=True,
+            per_layer=1 if parallel_block else 2, parallel_block=parallel_block,
+        )  # fmt: skip
+        return [s.name for s in steps if isinstance(s, CommStep)]
+
+    assert names(False) == ["AR residual", "all_reduce dgrad"]
+    assert names(True) == ["all_reduce dgrad"]

@@ -149,6 +149,15 @@ def test_mistral_defaults_and_sliding_window(tmp_path: Path) -> None:
     qwen = model_from_hf_config(
         _write(tmp_path, "config.json", {**QWEN25_7B, "use_sliding_window": True})
     )
+    assert "attention_window" not in qwen.sections["model"]  # max_window_layers = 28 = layers
+    assert any("leaves no layer sliding" in w for w in qwen.warnings)
+    qwen = model_from_hf_config(
+        _write(
+            tmp_path,
+            "config.json",
+            {**QWEN25_7B, "use_sliding_window": True, "max_window_layers": 14},
+        )
+    )
     assert qwen.sections["model"]["attention_window"] == 131072
     assert any(w.startswith("config.json: Qwen2 slides its window") for w in qwen.warnings)
 

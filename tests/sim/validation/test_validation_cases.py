@@ -236,6 +236,8 @@ def test_parse_architecture_families() -> None:
         ({"arch": "GPT-3 with parallel transformer block (PTB)"}, {"parallel_block": True}, False),
         ({"arch": "GPT, parallel block", "parallel_block": False}, {}, False),  # the key wins
         ({"use_parallel_residual": True}, {"parallel_block": True}, False),
+        ({"parallel_attn": "yes"}, {"parallel_block": True}, False),
+        ({"arch": "PTB", "parallel_residual": 0}, {}, False),
         ({"sliding_window": 4096}, {"attention_window": 4096}, False),
         ({"window_size": [2048, 0]}, {"attention_window": 2048}, False),
         ({"arch": "GPT with sliding window attention"}, {}, True),
