@@ -188,8 +188,8 @@ class LinearShares:
     fc1: float = 0.0
     """MLP input projection(s) share of the wgrad."""
     k: float = 0.0
-    """The K projection's share of the wgrad (QKV's K columns: the GEMM torchtitan's per-op
-    recompute reruns on the gathered input)."""
+    """Time share of the wgrad of a separate K projection (torchtitan's wk, timed as its own
+    GEMM: the one torchtitan's per-op recompute reruns on the gathered input)."""
     proj: float = 0.0
     """Attention output projection share of the wgrad (also its dgrad share)."""
     fc2: float = 0.0
@@ -512,7 +512,7 @@ def _torch_async_backward_steps(
             tp_bytes=scatter,
             tp=tp,
             sequence_parallel=True,
-            tp_comm_overlap=True,
+            tp_comm_overlap=bool(shares.forward),  # no GEMM windows known: they block
             per_layer=per_layer,
             gather_bytes=gather,
             shares=shares,

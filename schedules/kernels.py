@@ -781,9 +781,9 @@ torchtitan's per-op recompute gathers the two inputs again (a full recompute rer
 forward's). Each reads and writes the whole gathered tensor, in the collective's element size
 (``tp_gather_bytes``: float8 under torchtitan's float8 TP). Since pytorch/pytorch#169404
 (December 2025) an all-gather at micro-batch 1 is a view instead; the published runs here
-predate it, and the copies are priced at every micro-batch size. Not with asynchronous TP (its
-fused kernels lay the chunks out themselves) nor on the Megatron stack (sequence-first
-activations: dim 0)."""
+predate it, and the copies are priced at every micro-batch size. Under asynchronous TP only for
+the collectives it leaves unfused (``_async_tp_copies``: its fused kernels lay the chunks out
+themselves); not on the Megatron stack (sequence-first activations: dim 0)."""
 
 
 def dtensor_sequence_copies(plan: Plan) -> bool:

@@ -386,7 +386,8 @@ def _uniform_recipes(
         tp_bytes=costs.tp_bytes,
         tp=parallel.tp,
         sequence_parallel=parallel.sequence_parallel,
-        tp_comm_overlap=parallel.tp_comm_overlap,
+        # asynchronous TP's windows are a dense layer's GEMMs: an MoE layer's collectives block
+        tp_comm_overlap=parallel.tp_comm_overlap and not (moe and torch_async),
         per_layer=per_layer,
         gather_bytes=costs.tp_gather_bytes,
         shares=None if moe else costs.shares,  # the shares are a dense layer's forward

@@ -156,3 +156,21 @@ def test_async_tp_needs_compile_and_refuses_a_parallel_block() -> None:
         resolve_plan(load_plan(_raw(1, stack="eager")), 8)
     with pytest.raises(ValueError, match=r"model\.parallel_block with parallel\.tp_comm_overlap"):
         resolve_plan(load_plan(_raw(1, parallel_block=True)), 8)
+
+
+def test_moe_layers_block_under_async_tp() -> None:
+    """An MoE layer's GEMM windows are not a dense layer's: its TP collectives block, forward,
+    rerun and backward."""
+    from schedules.actions import CommStep as Comm
+    from sim.compute.compute_model import ComputeModel
+    from sim.replay.recipes import layer_recipes, step_costs
+    from topologies.hardware import GPUS
+
+    raw = _raw(1, recompute="full")
+    raw["model"].update(num_experts=4, moe_top_k=2)
+    plan = resolve_plan(load_plan(raw), 8)
+    recipes = layer_recipes(plan, step_costs(plan, ComputeModel(GPUS["h100-sxm"])), 2, 2)
+    tp = [
+        s for phase in ("F", "B") for s in recipes[phase] if isinstance(s, Comm) and s.group == "tp"
+    ]
+    assert tp and not any(s.overlap for s in tp)
