@@ -548,6 +548,16 @@ class TrainingConfig:
     the ``compile`` stack (torchtitan's ``compile.components`` default, a model whose forward
     returns the loss); false for a loop that compiles the model only. ``compile`` stack only."""
 
+    cuda_graphs: bool = False
+    """Whether the transformer layers run as captured CUDA graphs, one per layer and pass
+    (Megatron's ``--enable-cuda-graph`` through Transformer Engine's ``make_graphed_callables``;
+    ``torch.compile(mode="reduce-overhead")`` over torchtitan's per-block compile): a graph
+    replays its kernels from one host launch, so a layer's pass costs the host one launch
+    instead of one per kernel (``sim.compute.compute_model.ComputeModel.piece_times``). The
+    embedding, the head, the loss and the optimizer launch as before; an MoE layer with a
+    dropless dispatcher (no ``moe_capacity_factor``) syncs the host on its token counts and is
+    not captured."""
+
     fused_norm: bool | None = None
     """Whether an eager step's RMSNorm is one kernel: unset means yes (PyTorch's
     ``_fused_rms_norm`` behind ``nn.RMSNorm`` since pytorch/pytorch#153666, mid-2025); false for

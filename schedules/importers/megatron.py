@@ -66,6 +66,9 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--fp8-format": str,
     "--vocab-size": int,
     "--attention-backend": str,
+    "--enable-cuda-graph": bool,
+    "--external-cuda-graph": bool,
+    "--cuda-graph-impl": str,
 }
 """The flags read (arguments.py, core_v0.15.0) and their argparse types; bool: store_true."""
 _MEGATRON_NOISE = frozenset({
@@ -409,5 +412,12 @@ def _megatron_training(flags: _Flags, has_model: bool, notes: list[str]) -> dict
         notes.append(f"{flags.file}: no --bf16 or --fp16: fp32 training is not modelled")
     if flags.get("--attention-backend") in ("unfused", "local"):
         training["flash_attention"] = False
+    graphs = flags.get("--cuda-graph-impl")
+    if (
+        flags.get("--enable-cuda-graph")
+        or flags.get("--external-cuda-graph")
+        or (graphs not in (None, "none"))
+    ):
+        training["cuda_graphs"] = True  # the layers captured, one graph per layer and pass
     training["stack"] = "megatron"
     return training

@@ -525,27 +525,41 @@ class ComputeModel:
         )
         return self.kernel_time_s(kernel)
 
-    def piece_times(self, kernels: PieceKernels, loop: str = "eager") -> LayerTimes:
+    def piece_times(
+        self, kernels: PieceKernels, loop: str = "eager", *, graphed: bool = False
+    ) -> LayerTimes:
         """Each phase of one piece of the model, priced, with the host time to launch it as
-        the ``loop`` (``launch_loop``) runs it."""
+        the ``loop`` (``launch_loop``) runs it; ``graphed``: each phase is a captured CUDA graph,
+        one host launch (``cudaGraphLaunch``) whatever its kernels."""
+
+        def launch(phase: tuple[Kernel, ...]) -> float:
+            if graphed:
+                return self.host_s_per_launch if phase else 0.0
+            return self.launch_s(phase, loop)
+
         return LayerTimes(
             forward_s=self.price(kernels.forward),
             backward_input_s=self.price(kernels.backward_input),
             backward_weight_s=self.price(kernels.backward_weight),
             recompute_s=self.price(kernels.recompute),
-            forward_launch_s=self.launch_s(kernels.forward, loop),
-            backward_input_launch_s=self.launch_s(kernels.backward_input, loop),
-            backward_weight_launch_s=self.launch_s(kernels.backward_weight, loop),
-            recompute_launch_s=self.launch_s(kernels.recompute, loop),
+            forward_launch_s=launch(kernels.forward),
+            backward_input_launch_s=launch(kernels.backward_input),
+            backward_weight_launch_s=launch(kernels.backward_weight),
+            recompute_launch_s=launch(kernels.recompute),
         )
 
     def layer_times(self, plan: Plan) -> LayerTimes:
         """One transformer layer on one GPU for one micro-batch, sharded as the plan says."""
-        return self.piece_times(layer_kernels(plan), launch_loop(plan))
+        return self.piece_times(
+            layer_kernels(plan), launch_loop(plan), graphed=plan.training.cuda_graphs
+        )
 
     def moe_layer_times(self, plan: Plan) -> LayerTimes:
-        """One MoE layer on the busiest GPU for one micro-batch (``schedules.moe_kernels``)."""
-        return self.piece_times(moe_layer_kernels(plan), launch_loop(plan))
+        """One MoE layer on the busiest GPU for one micro-batch (``schedules.moe_kernels``);
+        captured in CUDA graphs only with a capacity factor (a dropless dispatcher syncs the
+        host on its token counts)."""
+        graphed = plan.training.cuda_graphs and plan.model.moe_capacity_factor is not None
+        return self.piece_times(moe_layer_kernels(plan), launch_loop(plan), graphed=graphed)
 
     def embedding_times(self, plan: Plan) -> LayerTimes:
         """Input embedding of the first stage (memory-bound lookup, scatter-add backward)."""

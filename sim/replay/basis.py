@@ -25,12 +25,17 @@ default in-step slowdown of their GPU generation was fitted on, as every other p
 scores each source without them)."""
 
 
-def compute_basis(compute: ComputeModel, stack: str, source: str = "") -> str:
+def compute_basis(
+    compute: ComputeModel, stack: str, source: str = "", *, cuda_graphs: bool = False
+) -> str:
     """The compute figures' basis, in one line; ``source`` says why the plan runs ``stack``
-    when the plan does not say it (``schedules.stacks.stack_source``)."""
+    when the plan does not say it (``schedules.stacks.stack_source``); ``cuda_graphs``: the
+    layers launch as captured graphs."""
     calibration = compute.calibration
     overlap = f"overlap slowdown {compute.overlap_slowdown:.1%}"
     named = f"{stack} kernel stack ({source})" if source else f"{stack} kernel stack"
+    if cuda_graphs:
+        named += ", layers in CUDA graphs"
     fitted = calibration.time_scale != 1.0 or calibration.in_step_slowdown is not None
     if calibration.kernels or calibration.efficiency or fitted:
         origin = calibration.fitted_on or calibration.device or "a calibration file"

@@ -198,7 +198,9 @@ def simulate_plan(
         fits_in_memory=fits,
         breakdown=breakdown,
         basis={
-            "compute": compute_basis(compute, stack, stack_source(plan)),
+            "compute": compute_basis(
+                compute, stack, stack_source(plan), cuda_graphs=plan.training.cuda_graphs
+            ),
             "network": network_basis(comm_calibration),
             "stack": stack,
         },

@@ -309,6 +309,24 @@ def parse_fused_norm(case: dict[str, Any]) -> bool | None:
     return False if date is not None and date < FUSED_RMS_NORM_SINCE else None
 
 
+_CUDA_GRAPHS = re.compile(r"cuda[- ]?graph")
+_NO_CUDA_GRAPHS = re.compile(
+    r"(no|without|disabled?|off)\W+(\w+\W+)?cuda[- ]?graph|cuda[- ]?graphs?\W+(off|disabled)"
+)
+
+
+def parse_cuda_graphs(case: dict[str, Any]) -> bool:
+    """Whether the run captured its layers in CUDA graphs: a ``cuda_graphs`` key in the case
+    or its parallel section, else the words "CUDA graph(s)" there, not negated."""
+    parallel = case.get("parallel") or {}
+    for section in (case, parallel):
+        flag = section.get("cuda_graphs")
+        if flag is not None:
+            return _FLAGS.get(str(flag).strip().lower(), False)
+    text = f"{parallel} {case.get('notes') or ''}".lower()
+    return bool(_CUDA_GRAPHS.search(text)) and not _NO_CUDA_GRAPHS.search(text)
+
+
 def parse_attention_backend(text: Any) -> str:
     """``flash2`` where the case says FlashAttention-2 ran, else ``cudnn`` (the plan default)."""
     t = str(text or "").lower().replace(" ", "").replace("-", "")
@@ -555,6 +573,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
         parse = parse_te_fp8 if training["stack"] == "megatron" else parse_float8
         training.update(parse(parallel.get("precision")))
     training["attention_backend"] = parse_attention_backend(parallel.get("attention_backend"))
+    if parse_cuda_graphs(case):
+        training["cuda_graphs"] = True
     measured = measured_step_time(case)
     if measured is None:
         missing.append("a measured step time (or throughput with a known FLOP formula)")

@@ -612,6 +612,22 @@ def test_megatron_defaults_are_megatrons(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("flags", "graphed"),
+    [
+        ("--enable-cuda-graph", True),
+        ("--external-cuda-graph", True),
+        ("--cuda-graph-impl transformer_engine", True),
+        ("--cuda-graph-impl none", False),
+        ("", False),
+    ],
+)
+def test_megatron_cuda_graphs(tmp_path: Path, flags: str, graphed: bool) -> None:
+    args = f"--micro-batch-size 1 --global-batch-size 8 --bf16 {flags}\n"
+    training = from_megatron_args(_write(tmp_path, "args.txt", args)).sections["training"]
+    assert training.get("cuda_graphs", False) is graphed
+
+
 def test_megatron_bash_arrays_variables_and_pipeline_split(tmp_path: Path) -> None:
     """Llama 3 405B as Megatron splits it: 126 layers + embedding + loss over PP16 x 2."""
     script = """#!/bin/bash

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -86,6 +87,28 @@ def test_a_small_model_on_one_gpu_waits_for_its_host() -> None:
     assert result.step_time_s == pytest.approx(4 * launches + result.breakdown.optimizer_s)
     assert result.breakdown.host_s > result.breakdown.compute_s
     assert result.bottleneck.startswith("host")
+
+
+def test_cuda_graphs_launch_each_layer_pass_once() -> None:
+    """The same launch-bound step with the layers in CUDA graphs: each layer's forward and
+    backward cost the host one launch; the embedding and head launch kernel by kernel."""
+    topology = build_cluster("dgx-h100", gpus_per_node=1)
+    eager = resolve_plan(plan_of({}, gbs=4), 1)
+    graphed = dataclasses.replace(
+        eager, training=dataclasses.replace(eager.training, cuda_graphs=True)
+    )
+    compute = ComputeModel(topology.gpu_spec(0), distributed=False)
+    layer = compute.layer_times(graphed)
+    one = compute.host_s_per_launch
+    assert (layer.forward_launch_s, layer.backward_input_launch_s) == (one, one)
+    assert layer.backward_weight_launch_s == one and layer.recompute_launch_s == 0.0
+    assert compute.layer_times(eager).forward_launch_s > 10 * one  # 17 launches: kernels
+    assert compute.head_times(graphed) == compute.head_times(eager)
+    before = simulate_plan(eager, topology=topology)
+    after = simulate_plan(graphed, topology=topology)
+    assert after.breakdown.host_s < 0.5 * before.breakdown.host_s
+    assert after.step_time_s < before.step_time_s
+    assert "layers in CUDA graphs" in after.basis["compute"]
 
 
 def test_result_figures_are_consistent() -> None:

@@ -20,6 +20,7 @@ from sim.validation.cases import (
     parse_architecture,
     parse_attention_backend,
     parse_block_shape,
+    parse_cuda_graphs,
     parse_data_parallel,
     parse_float8,
     parse_gpu,
@@ -247,6 +248,22 @@ def test_parse_architecture_families() -> None:
 def test_parse_block_shape(model: dict[str, Any], keys: dict[str, Any], assumed: bool) -> None:
     found, assumptions = parse_block_shape(model)
     assert found == keys and bool(assumptions) is assumed
+
+
+@pytest.mark.parametrize(
+    ("case", "graphed"),
+    [
+        ({"notes": "CUDA graphs enabled for the layers"}, True),
+        ({"parallel": {"precision": "FP8 with cuda-graph capture"}}, True),
+        ({"notes": "run without CUDA graphs"}, False),
+        ({"notes": "CUDA graphs off"}, False),
+        ({"parallel": {"cuda_graphs": "true"}}, True),
+        ({"cuda_graphs": False, "notes": "CUDA graphs"}, False),  # the key wins
+        ({}, False),
+    ],
+)
+def test_parse_cuda_graphs(case: dict[str, Any], graphed: bool) -> None:
+    assert parse_cuda_graphs(case) is graphed
 
 
 @needs_cases
