@@ -66,6 +66,7 @@ GPU_FAMILIES = ("hopper", "ampere", "volta", "blackwell", "cpu", "other")
 """GPU architecture generations: what default kernel efficiencies and NCCL's per-generation
 tables are chosen by (``other``: none of the named ones)."""
 _FAMILY_PREFIXES = (
+    (("b1", "b2", "b3", "gb200", "gb300"), "blackwell"),
     (("h1", "h2", "h800", "gh200"), "hopper"),
     (("a1", "a800"), "ampere"),
     (("v1",), "volta"),
@@ -75,8 +76,9 @@ _FAMILY_PREFIXES = (
 def gpu_family(name: str) -> str:
     """The family a GPU's name implies, for a spec built without one (``other`` if none).
 
-    The one place names are read as generations: H100/H200/H800/GH200 (and ``h1``/``h2``
-    names) are Hopper, A100/A800 (and ``a1`` names) Ampere, ``v1`` names Volta.
+    The one place names are read as generations: B100/B200/B300/GB200/GB300 (and ``b1``-``b3``
+    names) are Blackwell, H100/H200/H800/GH200 (and ``h1``/``h2`` names) Hopper, A100/A800 (and
+    ``a1`` names) Ampere, ``v1`` names Volta.
 
     >>> gpu_family("H100 SXM"), gpu_family("a800-80gb"), gpu_family("mi300x")
     ('hopper', 'ampere', 'other')
@@ -165,6 +167,17 @@ GPUS: dict[str, GPUSpec] = {
         peak_flops_per_s=_flops(bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=66.9),
         source=_H200_DATASHEET + ", H200 SXM column",
     ),
+    "b200": GPUSpec(
+        name="b200",
+        family="blackwell",
+        hbm_bytes=179 * GIB,
+        hbm_bandwidth_bytes_per_s=8.0e12,
+        peak_flops_per_s=_flops(bf16=2250.0, fp16=2250.0, fp8=4500.0, tf32=1100.0, fp32=80.0),
+        source="HGX B200 at 1,000 W, dense (glennklockwood.com/garden/processors/B200, from "
+        "NVIDIA's Blackwell datasheet: 2.25 PFLOPS FP16/BF16, 4.5 FP8, 1.1 TF32, 80 TFLOPS "
+        "FP32; 8 TB/s HBM3e); 179 GiB as nvidia-smi reports it on an HGX B200 "
+        "(docs.vultr.com hardware overview), of 192 GB physical",
+    ),
     "a100-sxm-80gb": GPUSpec(
         name="a100-sxm-80gb",
         family="ampere",
@@ -252,6 +265,17 @@ LINKS: dict[str, LinkSpec] = {
         source="H100/H200 SXM: 18 NVLink4 x 25 GB/s/dir (900 GB/s bidir, "
         "nvidia.com/en-sg/technologies/hopper-architecture); NCCL SM90_NVLINK_BW 20.6/link "
         "-> 370.8 (NVIDIA/nccl-tests#212); " + _NCCL_LAT,
+    ),
+    "nvlink5": _link(
+        "nvlink5",
+        900.0,
+        721.8,
+        0.3,
+        kind="nvlink",
+        num_lanes=18,
+        source="B200: 18 NVLink5 x 50 GB/s/dir (1.8 TB/s bidir per GPU, NVIDIA Blackwell "
+        "datasheet; NV18 in nvidia-smi topo on an HGX B200); NCCL SM100_NVLINK_BW 40.1/link "
+        "(src/graph/topo.h) -> 721.8; per-hop latency taken as NVLink4's; " + _NCCL_LAT,
     ),
     "nvlink4-bridge": _link(
         "nvlink4-bridge",
@@ -411,6 +435,14 @@ NVSWITCHES: dict[str, NVSwitchSpec] = {
         supports_nvls=False,
         num_chips_per_node=6,
         source="HGX A100: 6 NVSwitch gen2 chips, no NVLink SHARP (NCCL NVLS needs sm90)",
+    ),
+    "nvswitch-gen4": NVSwitchSpec(
+        name="nvswitch-gen4",
+        generation=4,
+        supports_nvls=True,
+        num_chips_per_node=2,
+        source="HGX B200: 2 NVLink 5 switch chips with NVLink SHARP (NCCL NVLS algorithms; "
+        "NVLS_NCHANNELS_SM100_NVL 24 channels in one server, src/transport/nvls.cc)",
     ),
     "nvswitch-gen3": NVSwitchSpec(
         name="nvswitch-gen3",

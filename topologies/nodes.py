@@ -199,6 +199,24 @@ NODE_PRESETS: dict[str, NodeSpec] = {
         source="NVIDIA DGX H100 user guide: 8 H100 SXM, 4 NVSwitch gen3, 8 ConnectX-7 NDR "
         "for compute, 2 Xeon 8480C" + _DGX_HOST,
     ),
+    "dgx-b200": NodeSpec(
+        name="dgx-b200",
+        gpu="b200",
+        num_gpus=8,
+        intra="nvswitch",
+        nvlink="nvlink5",
+        nvswitch="nvswitch-gen4",
+        pcie="pcie-gen5",
+        nic="ib-ndr",
+        nics_per_node=8,
+        cpu_link="upi",
+        default_fabric="ib-ndr",
+        host_memory_bytes=2 * 2**40,
+        source="NVIDIA DGX B200 datasheet: 8 B200 (1,440 GB of GPU memory), 2 NVLink 5 switch "
+        "chips (14.4 TB/s aggregate), 8 single-port ConnectX-7 VPI at 400 Gb/s for compute, "
+        "2 Xeon Platinum 8570, 2 TB RAM (read as 2 TiB; CPU model and data drives not in the "
+        "catalogue)",
+    ),
     "hgx-h200": NodeSpec(
         name="hgx-h200",
         gpu="h200",

@@ -257,7 +257,10 @@ def _nvls_chunking(table: str, hw: Hardware) -> tuple[int, int, tuple[tuple[int,
     """(concurrent ops, largest chunk, shrinking rule) of NVLS / NVLSTree; zeros for other
     algorithms and for NVLS across nodes (its chunk depends on the SHARP bandwidth; not
     modelled)."""
-    ops = T.NVLS_CHANNELS_SM90 * hw.ranks_per_node
+    channels = T.NVLS_CHANNELS_SM90
+    if hw.arch == "blackwell":
+        channels = T.NVLS_CHANNELS_SM100["nodes" if hw.num_nodes > 1 else "one_node"]
+    ops = channels * hw.ranks_per_node
     if table == "nvls" and hw.num_nodes == 1:
         return ops, T.NVLS_CHUNK_BYTES, T.NVLS_CHUNK_STEPS
     if table == "nvlstree":

@@ -65,6 +65,7 @@ _NODE_FOR_GPU: dict[str, tuple[str | dict[str, str], str]] = {
     "a100-sxm-80gb": ("dgx-a100", "ib-hdr"),
     "h100-sxm": ("dgx-h100", "ib-ndr"),
     "h200": ("hgx-h200", "ib-ndr"),
+    "b200": ("dgx-b200", "ib-ndr"),
     # Meta's Grand Teton: an HGX H100 baseboard with 96 GB parts, RoCE back-end network.
     "h100-96gb-500w": ({"base": "dgx-h100", "gpu": "h100-96gb-500w"}, "roce-400g"),
 }
@@ -144,6 +145,8 @@ def parse_gpu(text: Any) -> str | None:
         return "h100-sxm"
     if "h200" in t:
         return "h200"
+    if "b200" in t and "gb200" not in t:  # a DGX / HGX B200 (not the NVL72 rack's GB200)
+        return "b200"
     return None
 
 

@@ -78,3 +78,20 @@ def test_cloud_servers():
     assert not p5.sharp_capable()
     assert build_cluster("dgx-h100", num_nodes=2, fabric="ib-ndr-sharp-collnet").sharp_capable()
     assert not build_cluster("dgx-h100").sharp_capable()
+
+
+def test_dgx_b200_is_blackwell_on_nvlink5():
+    """DGX B200: 8 B200 (2.25 PFLOP/s dense bf16, 8 TB/s, 179 GiB as nvidia-smi reports), 18
+    NVLink5 links at 50 GB/s per direction each, NCCL's 40.1 GB/s budget per link, NVLS."""
+    topo = build_cluster("dgx-b200", num_nodes=2)
+    spec = topo.gpu_spec(0)
+    assert (spec.family, spec.peak_flops_per_s["bf16"], spec.hbm_bandwidth_bytes_per_s) == (
+        "blackwell",
+        2250e12,
+        8.0e12,
+    )
+    assert spec.hbm_bytes == 179 * 2**30
+    nvlink = LINKS["nvlink5"]
+    assert nvlink.nominal_bandwidth_bytes_per_s == 900e9
+    assert nvlink.effective_bandwidth_bytes_per_s == pytest.approx(18 * 40.1e9)
+    assert topo.nvls_capable() and not topo.sharp_capable() and topo.num_gpus == 16

@@ -147,3 +147,14 @@ def test_a_fabric_that_restricts_nccl_algo_or_proto_is_obeyed(node, fabric, algo
         assert algos is None or algo in algos, (size, algo)
     one = placement_of(build_cluster(node, 1), range(8))  # within a server: NCCL's own choice
     assert choose("all_reduce", one, 1 << 16)[1] != "simple"
+
+
+def test_nvls_channels_follow_the_gpu_generation():
+    """ncclNvlsTuning: 16 CTAs on Hopper; on Blackwell 24 within one NVLink domain, 32 across
+    nodes (NVLS_NCHANNELS_SM100_NVL / _SM100); each rank of a server runs them."""
+    from sim.network.protocols import _nvls_chunking
+
+    assert _nvls_chunking("nvls", _hw())[0] == 16 * 8
+    assert _nvls_chunking("nvls", _hw("dgx-b200"))[0] == 24 * 8
+    assert _nvls_chunking("nvlstree", _hw("dgx-b200", 2, "ib-ndr"))[0] == 32 * 8
+    assert _hw("dgx-b200").arch == "blackwell"
