@@ -529,8 +529,11 @@ class ComputeModel:
         self, kernels: PieceKernels, loop: str = "eager", *, graphed: bool = False
     ) -> LayerTimes:
         """Each phase of one piece of the model, priced, with the host time to launch it as
-        the ``loop`` (``launch_loop``) runs it; ``graphed``: each phase is a captured CUDA graph,
-        one host launch (``cudaGraphLaunch``) whatever its kernels."""
+        the ``loop`` (``launch_loop``) runs it; ``graphed``: the forward and the backward are a
+        captured CUDA graph each (Megatron-Core's ``CudaGraphManager`` maps a layer's forward and
+        backward passes to one graph each), one host launch (``cudaGraphLaunch``) whatever their
+        kernels; the backward's launch is charged to its input gradients (the weight gradients and
+        any recompute run inside it)."""
 
         def launch(phase: tuple[Kernel, ...]) -> float:
             if graphed:
@@ -544,8 +547,8 @@ class ComputeModel:
             recompute_s=self.price(kernels.recompute),
             forward_launch_s=launch(kernels.forward),
             backward_input_launch_s=launch(kernels.backward_input),
-            backward_weight_launch_s=launch(kernels.backward_weight),
-            recompute_launch_s=launch(kernels.recompute),
+            backward_weight_launch_s=0.0 if graphed else launch(kernels.backward_weight),
+            recompute_launch_s=0.0 if graphed else launch(kernels.recompute),
         )
 
     def layer_times(self, plan: Plan) -> LayerTimes:

@@ -189,7 +189,10 @@ def _network_fields(topology: Topology, multi_node: bool) -> dict[str, Any]:
     if node is not None:
         fields["nics_per_node"] = node.nics_per_node
         if node.nic is not None:
-            fields["nic_line_rate_bytes_per_s"] = LINKS[node.nic].nominal_bandwidth_bytes_per_s
+            nic = LINKS[node.nic].nominal_bandwidth_bytes_per_s
+            fields["nic_line_rate_bytes_per_s"] = nic
+            pcie = LINKS[node.pcie].effective_bandwidth_bytes_per_s if node.pcie else nic
+            fields["nic_path_bytes_per_s"] = min(nic, pcie)
         cpu_model = str(getattr(node, "cpu_model", None) or "")
         fields["cpu_amd"] = node.cpu_link == "xgmi" or cpu_model.startswith("epyc")
     if multi_node and topology.fabric is not None:

@@ -65,6 +65,9 @@ class Hardware:
     """Line rate of one NIC port (GB/s; 0 without NICs)."""
     nics_per_node: int
     """NIC ports per node."""
+    nic_path_gbps: float = 0.0
+    """Bandwidth of the GPU-to-NIC path as NCCL's topology sees it (``ncclTopoGetMinNetBw``:
+    the NIC's speed, capped by the PCIe links on the way); 0: ``nic_gbps``."""
     cpu_amd: bool
     """AMD hosts (NCCL's llMaxBw row, network overhead)."""
     nvls: bool

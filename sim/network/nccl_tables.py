@@ -151,8 +151,8 @@ NVLS_CHANNELS_SM90 = 16
 """``NVLS_NCHANNELS_SM90``: CTAs NVLS runs with on Hopper (transport/nvls.cc)."""
 NVLS_CHANNELS_SM100 = {"one_node": 24, "nodes": 32}
 """``NVLS_NCHANNELS_SM100_NVL`` within one NVLink domain, ``NVLS_NCHANNELS_SM100`` across nodes:
-Blackwell's NVLS CTAs (``ncclNvlsTuning``; its further multi-node NVLSTree retuning,
-``ncclNvlsTreeSm100Tuning``, is not modelled)."""
+Blackwell's NVLS CTAs before ``ncclNvlsTreeSm100Tuning`` (``sim.network.protocols.nvls_tuning``)
+retunes a multi-node job."""
 
 NVLS_CHUNK_BYTES = 128 * 1024
 """``NCCL_NVLS_CHUNKSIZE`` default (transport/nvls.cc): the largest NVLS chunk."""

@@ -253,20 +253,49 @@ def _gapped_ring_steps(name: str, op: str, algo: str, hw: Hardware) -> int:
     return per_rank * (hw.num_ranks - 1)
 
 
+def nvls_tuning(hw: Hardware) -> tuple[int, int, int]:
+    """(channels, chunk, NVLSTree's largest chunk) as ``ncclNvlsTuning`` sets them
+    (src/transport/nvls.cc): 16 channels on Hopper, on Blackwell 24 in one NVLink domain and 32
+    across nodes, which ``ncclNvlsTreeSm100Tuning`` retunes from the node count, the local
+    ranks and the GPU-to-NIC path's bandwidth (``Hardware.nic_path_gbps``; the GPU and its NIC
+    under one PCIe switch, ``PATH_PXB``, as in every server preset); NVLSTree's largest chunk
+    falls back to 64 KiB from 4 nodes on, else the chunk."""
+    chunk, tree = T.NVLS_CHUNK_BYTES, 0
+    if hw.arch != "blackwell":
+        channels = T.NVLS_CHANNELS_SM90
+    elif hw.num_nodes == 1:
+        channels = T.NVLS_CHANNELS_SM100["one_node"]
+    else:
+        channels = T.NVLS_CHANNELS_SM100["nodes"]
+        ppn, nic = hw.ranks_per_node, hw.nic_path_gbps or hw.nic_gbps
+        if hw.num_nodes == 2 and nic >= 48.0:
+            channels, tree = 32, 128 * 1024
+            if ppn <= 4:
+                chunk = tree = 256 * 1024
+            elif ppn >= 16 or (ppn <= 8 and nic < 96.0):
+                tree = 64 * 1024
+        elif nic >= 96.0:
+            if ppn <= 8:
+                channels, chunk, tree = 24, 256 * 1024, 256 * 1024
+            else:
+                channels, tree = 32, (128 if ppn < 32 else 64) * 1024
+        elif nic >= 48.0:
+            channels, tree = 24, 64 * 1024  # 128 KiB unless the NIC sits past the GPU's switch
+    if tree == 0:
+        tree = T.NVLSTREE_MAX_CHUNK_BYTES_4_NODES if hw.num_nodes >= 4 else chunk
+    return channels, chunk, tree
+
+
 def _nvls_chunking(table: str, hw: Hardware) -> tuple[int, int, tuple[tuple[int, int], ...]]:
-    """(concurrent ops, largest chunk, shrinking rule) of NVLS / NVLSTree; zeros for other
-    algorithms and for NVLS across nodes (its chunk depends on the SHARP bandwidth; not
-    modelled)."""
-    channels = T.NVLS_CHANNELS_SM90
-    if hw.arch == "blackwell":
-        channels = T.NVLS_CHANNELS_SM100["nodes" if hw.num_nodes > 1 else "one_node"]
+    """(concurrent ops, largest chunk, shrinking rule) of NVLS / NVLSTree (``nvls_tuning``);
+    zeros for other algorithms and for NVLS across nodes (its chunk depends on the SHARP
+    bandwidth; not modelled)."""
+    channels, chunk, tree = nvls_tuning(hw)
     ops = channels * hw.ranks_per_node
     if table == "nvls" and hw.num_nodes == 1:
-        return ops, T.NVLS_CHUNK_BYTES, T.NVLS_CHUNK_STEPS
+        return ops, chunk, T.NVLS_CHUNK_STEPS
     if table == "nvlstree":
-        few = hw.num_nodes < 4
-        largest = T.NVLS_CHUNK_BYTES if few else T.NVLSTREE_MAX_CHUNK_BYTES_4_NODES
-        return ops, largest, T.NVLSTREE_CHUNK_STEPS
+        return ops, tree, T.NVLSTREE_CHUNK_STEPS
     return 0, 0, ()
 
 

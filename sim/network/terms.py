@@ -89,6 +89,9 @@ class GroupPlacement:
     """NIC ports per server the group can use (0: unknown, one per GPU assumed)."""
     nic_line_rate_bytes_per_s: float = 0.0
     """Line rate of one NIC port per direction (what NCCL's graph search budgets; 0: unknown)."""
+    nic_path_bytes_per_s: float = 0.0
+    """The GPU-to-NIC path as NCCL's topology rates it: the NIC's speed, capped by the PCIe
+    link's NCCL rate (0: unknown)."""
     cpu_amd: bool = False
     """Whether the hosts have AMD CPUs (NCCL's llMaxBw row and network overhead differ)."""
     sharp: bool = False
@@ -121,6 +124,7 @@ class GroupPlacement:
             num_nodes=self.num_nodes, ranks_per_node=self.ranks_per_node,
             intra_gbps=_finite(self.intra_bandwidth_bytes_per_s) / 1e9,
             nic_gbps=_nic_gbps(self), nics_per_node=self.nics_per_node or self.ranks_per_node,
+            nic_path_gbps=self.nic_path_bytes_per_s / 1e9 if self.num_nodes > 1 else 0.0,
             cpu_amd=self.cpu_amd, nvls=self.nvls, nvswitch=self.nvswitch or self.nvls,
             sharp=self.sharp, plugin_latency_us=self.plugin_latency_s * 1e6,
             net_step_latency_us=None if step is None else step * 1e6,

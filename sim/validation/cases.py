@@ -312,9 +312,9 @@ def parse_fused_norm(case: dict[str, Any]) -> bool | None:
     return False if date is not None and date < FUSED_RMS_NORM_SINCE else None
 
 
-_CUDA_GRAPHS = re.compile(r"cuda[- ]?graph")
+_CUDA_GRAPHS = re.compile(r"\bcuda[- ]?graph")
 _NO_CUDA_GRAPHS = re.compile(
-    r"(no|without|disabled?|off)\W+(\w+\W+)?cuda[- ]?graph|cuda[- ]?graphs?\W+(off|disabled)"
+    r"\b(no|without|disabled?|off)\W+(\w+\W+)?cuda[- ]?graph|\bcuda[- ]?graphs?\W+(off|disabled)\b"
 )
 
 

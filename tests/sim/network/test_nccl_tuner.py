@@ -149,12 +149,22 @@ def test_a_fabric_that_restricts_nccl_algo_or_proto_is_obeyed(node, fabric, algo
     assert choose("all_reduce", one, 1 << 16)[1] != "simple"
 
 
-def test_nvls_channels_follow_the_gpu_generation():
-    """ncclNvlsTuning: 16 CTAs on Hopper; on Blackwell 24 within one NVLink domain, 32 across
-    nodes (NVLS_NCHANNELS_SM100_NVL / _SM100); each rank of a server runs them."""
-    from sim.network.protocols import _nvls_chunking
+def test_nvls_tuning_follows_nccl():
+    """ncclNvlsTuning (nvls.cc): 16 CTAs on Hopper, NVLSTree's largest chunk 128 KiB below 4
+    nodes and 64 KiB from 4; on Blackwell 24 CTAs in one NVLink domain, and across nodes
+    ncclNvlsTreeSm100Tuning with 8 local ranks and NDR (a 48 GB/s GPU-to-NIC path: the NIC's
+    50 capped by PCIe Gen5's 48): 2 nodes 32 CTAs and a 64 KiB tree chunk (PXB, < 96 GB/s),
+    3 or more 24 CTAs and 64 KiB."""
+    from sim.network.protocols import _nvls_chunking, nvls_tuning
 
-    assert _nvls_chunking("nvls", _hw())[0] == 16 * 8
-    assert _nvls_chunking("nvls", _hw("dgx-b200"))[0] == 24 * 8
-    assert _nvls_chunking("nvlstree", _hw("dgx-b200", 2, "ib-ndr"))[0] == 32 * 8
-    assert _hw("dgx-b200").arch == "blackwell"
+    kib = 1024
+    assert nvls_tuning(_hw()) == (16, 128 * kib, 128 * kib)
+    assert nvls_tuning(_hw(nodes=2, fabric="ib-ndr")) == (16, 128 * kib, 128 * kib)
+    assert nvls_tuning(_hw(nodes=4, fabric="ib-ndr")) == (16, 128 * kib, 64 * kib)
+    assert nvls_tuning(_hw("dgx-b200")) == (24, 128 * kib, 128 * kib)
+    two = _hw("dgx-b200", 2, "ib-ndr")
+    assert (two.arch, two.nic_path_gbps) == ("blackwell", 48.0)
+    assert nvls_tuning(two) == (32, 128 * kib, 64 * kib)
+    assert nvls_tuning(_hw("dgx-b200", 3, "ib-ndr")) == (24, 128 * kib, 64 * kib)
+    assert _nvls_chunking("nvlstree", two)[:2] == (32 * 8, 64 * kib)
+    assert _nvls_chunking("nvls", _hw("dgx-b200"))[:2] == (24 * 8, 128 * kib)
