@@ -193,7 +193,7 @@ def test_every_choice_key_lists_its_choices_on_a_type_error(tmp_path: Path, caps
         ("parallel", "ddp_bucket_mb", float("nan"), "parallel.ddp_bucket_mb must be a finite"),
         ("parallel", "ddp_bucket_mb", float("inf"), "parallel.ddp_bucket_mb must be a finite"),
         ("parallel", "ddp_bucket_mb", 10**400, "parallel.ddp_bucket_mb must be a finite"),
-        ("cluster", "node", {"base": "dgx-h100", "nics_per_node": 2**63}, "at most 64"),
+        ("cluster", "node", {"base": "dgx-h100", "nics_per_node": 2**63}, "at most 128"),
         ("cluster", "node", {"base": "dgx-h100", "num_cpus": 2**63}, "node.num_cpus=9223372036"),
         ("cluster", "node", {"base": "dgx-h100", "name": ["x"]}, "node.name=['x']; must be text"),
         ("parallel", "bogus", 1, "unknown key 'parallel.bogus'"),

@@ -178,6 +178,17 @@ GPUS: dict[str, GPUSpec] = {
         "FP32; 8 TB/s HBM3e); 179 GiB as nvidia-smi reports it on an HGX B200 "
         "(docs.vultr.com hardware overview), of 192 GB physical",
     ),
+    "gb200": GPUSpec(
+        name="gb200",
+        family="blackwell",
+        hbm_bytes=186_000_000_000,
+        hbm_bandwidth_bytes_per_s=8.0e12,
+        peak_flops_per_s=_flops(bf16=2500.0, fp16=2500.0, fp8=5000.0, tf32=1250.0, fp32=90.0),
+        source="the B200 of a GB200 superchip at 1,200 W, dense (glennklockwood.com/garden/"
+        "processors/B200, from NVIDIA's Blackwell datasheet: 2.5 PFLOPS FP16/BF16, 5 FP8, 1.25 "
+        "TF32, 90 TFLOPS FP32; 8 TB/s); 186 GB: the GB200 NVL72's 13.4 TB of HBM3e over its 72 "
+        "GPUs",
+    ),
     "a100-sxm-80gb": GPUSpec(
         name="a100-sxm-80gb",
         family="ampere",

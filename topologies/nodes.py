@@ -33,13 +33,14 @@ MAX_GPUS_PER_NODE = 1024
 NODE_COUNT_LIMITS = {
     "num_gpus": (1, MAX_GPUS_PER_NODE),
     "num_pcie_switches": (1, 64),
-    "nics_per_node": (0, 64),
-    "num_cpus": (1, 32),
+    "nics_per_node": (0, 128),
+    "num_cpus": (1, 64),
     "num_nvme": (0, 64),
 }
 """Bounds of a server's counts. The upper ones are past any real server (a DGX H100 has 8 GPUs,
-8 compute NICs and 2 sockets; the largest single-image servers have 32 sockets), so that a
-typo is an error instead of a graph of 2**63 nodes."""
+8 compute NICs and 2 sockets; a GB200 NVL72 rack, one NVLink domain modelled as one server, 72
+GPUs, 72 compute NICs and 36 Grace CPUs), so that a typo is an error instead of a graph of 2**63
+nodes."""
 _TEXT_FIELDS = ("name", "source")
 
 
@@ -216,6 +217,26 @@ NODE_PRESETS: dict[str, NodeSpec] = {
         "chips (14.4 TB/s aggregate), 8 single-port ConnectX-7 VPI at 400 Gb/s for compute, "
         "2 Xeon Platinum 8570, 2 TB RAM (read as 2 TiB; CPU model and data drives not in the "
         "catalogue)",
+    ),
+    "gb200-nvl72": NodeSpec(
+        name="gb200-nvl72",
+        gpu="gb200",
+        num_gpus=72,
+        intra="nvswitch",
+        nvlink="nvlink5",
+        nvswitch="nvswitch-gen4",
+        pcie="pcie-gen5",
+        num_pcie_switches=36,
+        nic="ib-ndr",
+        nics_per_node=72,
+        num_cpus=36,
+        cpu_link="upi",
+        default_fabric="ib-ndr",
+        source="NVIDIA GB200 NVL72: one NVLink domain of 72 Blackwell GPUs (18 compute trays of "
+        "2 Grace + 4 GPUs, 9 NVLink switch trays: 130 TB/s of NVLink bandwidth), one "
+        "ConnectX-7 400 Gb/s NIC per GPU for the scale-out network; modelled as one server of "
+        "36 Grace sockets with 2 GPUs and 2 NICs each (the Grace-GPU NVLink-C2C host link, "
+        "900 GB/s, is taken as PCIe Gen5 x16: host offload is priced low)",
     ),
     "hgx-h200": NodeSpec(
         name="hgx-h200",

@@ -1,8 +1,8 @@
 """Clusters from presets: N servers of one type on a fabric, built into a ``Topology``.
 
-Server presets: ``dgx-h100``, ``dgx-a100``, ``hgx-h200``, ``dgx-b200``, ``pcie-h100``,
-``localhost`` and the cloud servers ``p5-h100`` (AWS), ``a3-mega-h100`` (GCP), ``nd-h100-v5``
-(Azure); fabric presets:
+Server presets: ``dgx-h100``, ``dgx-a100``, ``hgx-h200``, ``dgx-b200``, ``gb200-nvl72`` (one
+rack), ``pcie-h100``, ``localhost`` and the cloud servers ``p5-h100`` (AWS), ``a3-mega-h100``
+(GCP), ``nd-h100-v5`` (Azure); fabric presets:
 ``ib-ndr``, ``ib-hdr``, ``roce-400g``, ``ib-ndr-sharp`` (SHARP switches, CollNet off as NCCL
 defaults), ``ib-ndr-sharp-collnet`` (in-network reduction), ``efa-p5``,
 ``gcp-a3-mega``, ``azure-ndr``. Any server type goes on any fabric, with a server count and an

@@ -66,6 +66,7 @@ _NODE_FOR_GPU: dict[str, tuple[str | dict[str, str], str]] = {
     "h100-sxm": ("dgx-h100", "ib-ndr"),
     "h200": ("hgx-h200", "ib-ndr"),
     "b200": ("dgx-b200", "ib-ndr"),
+    "gb200": ("gb200-nvl72", "ib-ndr"),
     # Meta's Grand Teton: an HGX H100 baseboard with 96 GB parts, RoCE back-end network.
     "h100-96gb-500w": ({"base": "dgx-h100", "gpu": "h100-96gb-500w"}, "roce-400g"),
 }
@@ -145,7 +146,9 @@ def parse_gpu(text: Any) -> str | None:
         return "h100-sxm"
     if "h200" in t:
         return "h200"
-    if "b200" in t and "gb200" not in t:  # a DGX / HGX B200 (not the NVL72 rack's GB200)
+    if "gb200" in t:  # the superchip's B200 at 1,200 W, in NVL72 racks
+        return "gb200"
+    if "b200" in t:  # a DGX / HGX B200
         return "b200"
     return None
 

@@ -94,6 +94,7 @@ def test_every_catalogue_gpu_names_its_family():
         "h100-96gb-500w": "hopper",
         "h100-pcie": "hopper",
         "b200": "blackwell",
+        "gb200": "blackwell",
         "h200": "hopper",
         "a100-sxm-80gb": "ampere",
         "a100-sxm-40gb": "ampere",

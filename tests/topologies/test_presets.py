@@ -80,6 +80,19 @@ def test_cloud_servers():
     assert not build_cluster("dgx-h100").sharp_capable()
 
 
+def test_gb200_nvl72_is_one_nvlink_domain_of_72():
+    """A GB200 NVL72 rack as one server: 72 GPUs on one NVLink switch, one NDR NIC each, 36
+    Grace sockets; any two of its GPUs meet over NVLink (GPU, switch, GPU), racks over IB."""
+    topo = build_cluster("gb200-nvl72", num_nodes=2)
+    assert topo.num_gpus == 144 and len(topo.nodes_of_kind("nic")) == 144
+    assert len(topo.nodes_of_kind("cpu")) == 72
+    spec = topo.gpu_spec(0)
+    assert (spec.name, spec.family, spec.peak_flops_per_s["bf16"]) == ("gb200", "blackwell", 2.5e15)
+    kinds = [topo.graph.edges[e]["kind"] for e in topo.path(0, 71)]
+    assert kinds == ["nvlink", "nvlink"]
+    assert "network" in [topo.graph.edges[e]["kind"] for e in topo.path(0, 72)]
+
+
 def test_dgx_b200_is_blackwell_on_nvlink5():
     """DGX B200: 8 B200 (2.25 PFLOP/s dense bf16, 8 TB/s, 179 GiB as nvidia-smi reports), 18
     NVLink5 links at 50 GB/s per direction each, NCCL's 40.1 GB/s budget per link, NVLS."""

@@ -143,7 +143,7 @@ def test_parse_gpu_and_source_key() -> None:
     assert parse_gpu("H100 (HBM2e, 96GB, 500W)") == "h100-96gb-500w"
     assert parse_gpu("H200 SXM 141GB") == "h200"
     assert parse_gpu("B200 (HGX, 180GB)") == "b200"
-    assert parse_gpu("GB200 NVL72") is None  # the rack's 72-GPU NVLink domain: no preset
+    assert parse_gpu("GB200 NVL72") == "gb200"  # the superchip's B200, at 1,200 W
     assert source_key("nemo2407_h100_fp8_GPT3-5B_64gpu") == "nemo2407"
     assert source_key("megatron_readme_h100_weak_1.7B") == "megatron_readme"
 
