@@ -33,7 +33,7 @@ from schedules.float8 import (
     wgrad_dtype,
 )
 from schedules.flops import window_pairs_fraction
-from schedules.messages import ACTIVATION_COMM_BYTES, tp_message_bytes
+from schedules.messages import ACTIVATION_COMM_BYTES, tp_branches_per_layer, tp_message_bytes
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import Plan, num_microbatches
 from schedules.stacks import kernel_stack, loss_compiled
@@ -885,9 +885,9 @@ def _sequence_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
         return _async_tp_copies(plan, phase)
     if not dtensor_sequence_copies(plan):
         return ()
-    gathers, scatters = DTENSOR_SEQUENCE_COPIES[phase]
-    if plan.model.parallel_block:  # one gather and one reduction per layer, not two
-        gathers, scatters = gathers // 2, scatters // 2
+    gathers, scatters = DTENSOR_SEQUENCE_COPIES[phase]  # per two TP regions (attention, MLP)
+    branches = tp_branches_per_layer(plan.model)
+    gathers, scatters = gathers * branches // 2, scatters * branches // 2
     scatter = tp_message_bytes(plan.model, plan.training.micro_batch_size, cp=plan.parallel.cp)
     size = 2 * (gathers * tp_gather_bytes(plan) + scatters * scatter)  # read and write each
     copy = memory("dtensor_sequence_copy", size, "copy", converts=False)

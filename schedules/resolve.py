@@ -18,7 +18,7 @@ from schedules.data_parallel.registry import (
     kinds_where,
 )
 from schedules.float8 import check_float8
-from schedules.kernels import kernel_stack, torch_ddp_step
+from schedules.kernels import kernel_stack, torch_async_tp, torch_ddp_step
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import ModelConfig, ParallelConfig, Plan
 from schedules.stages import check_stage_split
@@ -182,7 +182,7 @@ def check_async_tp(plan: Plan) -> None:
     pass: it needs ``torch.compile`` (torchtitan refuses it otherwise), and its fusion of a
     parallel block's summed outputs is not modelled."""
     stack = kernel_stack(plan)
-    if not plan.parallel.tp_comm_overlap or stack == "megatron":
+    if not torch_async_tp(plan):
         return
     if stack != "compile":
         raise ValueError(

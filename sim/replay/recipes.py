@@ -36,6 +36,7 @@ from schedules.kernels import (
     kernel_stack,
     master_copy_bytes,
     ring_work_kernels,
+    torch_async_tp,
     tp_gather_bytes,
     weight_gemm_shapes,
 )
@@ -350,7 +351,7 @@ def _uniform_recipes(
 
     ring_fwd, ring_bwd = costs.cp_forward, costs.cp_backward
 
-    torch_async = kernel_stack(plan) != "megatron" and parallel.tp_comm_overlap
+    torch_async = torch_async_tp(plan)
 
     def backward(split: str) -> tuple[Step, ...]:
         ring = ring_bwd if split != "weight" else ()
