@@ -128,6 +128,34 @@ def test_aws_region_tuner_picks_for_the_p5_points():
     assert choose("all_reduce", two, 1 << 30) == pick("all_reduce", two.hardware(), 1 << 30)
 
 
+def test_a_measured_tuner_plugin_picks_the_fastest_of_what_the_environment_allows():
+    from dataclasses import replace
+
+    from sim.network.algorithms import fastest_pick
+    from sim.network.analytical import cost_terms
+    from sim.network.calibration import DEFAULT_PARAMS
+
+    # GCP A3 Mega under the Ring,Tree profile of NCCL 2.21-2.23: at 8 GiB over 2 nodes Tree
+    # moves S/2 each way per node NIC, Ring twice that; NCCL's own model keeps Ring.
+    layout = replace(
+        placement_of(build_cluster("a3-mega-h100", 2), range(16)), net_algorithms=("ring", "tree")
+    )
+    assert layout.tuner == "measured"
+    size = 8 << 30
+    times = {
+        algo: cost_terms("all_reduce", algo, layout, size, "simple").time_s(
+            DEFAULT_PARAMS[algo], size
+        )
+        for algo in ("ring", "tree")
+    }
+    assert times["tree"] < times["ring"] / 1.5
+    assert choose("all_reduce", layout, size) == ("tree", "simple")
+    assert pick("all_reduce", layout.hardware(), size, allowed=("ring", "tree"))[0] == "ring"
+    # forced: only the protocol is chosen; nothing NCCL disables is ever picked
+    assert choose("all_reduce", layout, size, "ring") == ("ring", "simple")
+    assert fastest_pick("all_to_all", layout, size, ("direct",)) is None
+
+
 @pytest.mark.parametrize(
     ("node", "fabric", "algos", "protos"),
     [
