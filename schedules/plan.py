@@ -273,6 +273,9 @@ class ClusterConfig:
     """Inter-node fabric preset (e.g. ib-ndr); None for the node preset's default."""
     oversubscription: float = 1.0
     """Fat-tree oversubscription ratio (1.0 = non-blocking)."""
+    nccl_version: str | None = None
+    """The NCCL release the job runs (e.g. 2.26.2): its tuning tables pick each collective's
+    algorithm and protocol; None for the network model's own release."""
 
     def __post_init__(self) -> None:
         if (self.node is None) == (self.file is None):
@@ -285,6 +288,11 @@ class ClusterConfig:
             raise ValueError(
                 f"cluster.oversubscription must be >= 1.0, got {self.oversubscription}"
             )
+        if self.file is not None and self.nccl_version is not None:
+            raise ValueError(
+                f"cluster.nccl_version={shorten(self.nccl_version)} beside cluster.file: the "
+                "cluster file names its own nccl_version"
+            )
 
     def source(self) -> str | dict[str, Any]:
         """What to pass to ``topologies.config.load_cluster``: the file path or the mapping."""
@@ -295,6 +303,8 @@ class ClusterConfig:
             mapping["fabric"] = self.fabric
         if self.oversubscription != 1.0:
             mapping["oversubscription"] = self.oversubscription
+        if self.nccl_version is not None:
+            mapping["nccl_version"] = self.nccl_version
         return mapping
 
 

@@ -6,6 +6,7 @@ The keys are those of a plan file's ``cluster:`` section::
     num_nodes: 128
     fabric: ib-ndr            # a fabric preset, or a mapping (below); optional for one node
     oversubscription: 2.0     # leaf down:up capacity (1.0 = non-blocking)
+    nccl_version: 2.26.2      # the NCCL release its jobs run (optional: the model's own)
 
 A node mapping holds ``NodeSpec`` fields (``base: <preset>`` starts from a preset)::
 
@@ -39,7 +40,7 @@ from topologies.nodes import NODE_PRESETS, NodeSpec, with_gpus
 from topologies.presets import MAX_OVERSUBSCRIPTION, cluster_topology
 from topologies.topology import Topology
 
-CLUSTER_KEYS = ("node", "num_nodes", "fabric", "oversubscription")
+CLUSTER_KEYS = ("node", "num_nodes", "fabric", "oversubscription", "nccl_version")
 """Keys of a cluster mapping."""
 NODE_KEYS = ("base", *(f.name for f in dataclasses.fields(NodeSpec)))
 """Keys of a node mapping."""
@@ -109,7 +110,10 @@ def cluster_from_mapping(data: Mapping[str, Any], *, where: str = "cluster") -> 
             f"(at most {MAX_OVERSUBSCRIPTION:g})"
         )
     try:
-        return cluster_topology(node, num_nodes, fabric, oversubscription=float(ratio))
+        return cluster_topology(
+            node, num_nodes, fabric, oversubscription=float(ratio),
+            nccl_version=values.get("nccl_version", ""),
+        )  # fmt: skip
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
 
@@ -192,6 +196,8 @@ def dump_cluster(topology: Topology) -> dict[str, Any]:
     if topology.fabric is not None:
         data["fabric"] = _spec_yaml(topology.fabric.spec, FABRIC_PRESETS)
         data["oversubscription"] = topology.fabric.requested_oversubscription
+    if topology.nccl_version:
+        data["nccl_version"] = topology.nccl_version
     return data
 
 

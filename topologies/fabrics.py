@@ -152,9 +152,8 @@ NCCL_PROTOCOLS = ("ll", "ll128", "simple")
 """NCCL's protocols, as ``FabricSpec.protocols`` names them."""
 TRANSPORTS = ("ib", "ofi", "tcpx")
 """Values of ``FabricSpec.transport``."""
-TUNERS = ("nccl", "aws-ofi-p5", "measured")
-"""Values of ``FabricSpec.tuner``: NCCL's own, aws-ofi-nccl's region tuner on AWS p5, or a
-plugin whose table was measured on the fabric (taken to pick the fastest; GCP's TCPXO)."""
+TUNERS = ("nccl", "aws-ofi-p5")
+"""Values of ``FabricSpec.tuner``: NCCL's own, or aws-ofi-nccl's region tuner on AWS p5."""
 TCPX_MESSAGE_GAP_S = 60e-6
 """GPUDirect-TCPX's least time per 512 KiB network message on one channel (GCP A3 High; 512 KiB
 is the chunk Google's TCPX environment sets, NCCL_DYNAMIC_CHUNK_SIZE and NCCL_P2P_NET_CHUNKSIZE
@@ -325,18 +324,17 @@ FABRIC_PRESETS: dict[str, FabricSpec] = {
         rail_optimized=False,
         transport="tcpx",
         protocols=("simple", "ll128"),
-        tuner="measured",
         source="GCP A3 Mega GPUDirect-TCPXO: 8 x 200 Gbps GPU NICs per VM; the TCPX plugin "
         "reports latency 0 (google/nccl-plugin-gpudirecttcpx 4b8ea7f, src/net_tcpx.cc); "
         "Google's TCPXO environment sets NCCL_PROTO=Simple,LL128 (nccl-env-profile.sh from the "
         "February 2025 installer on, Simple alone before; GoogleCloudPlatform/"
         "container-engine-accelerators gpudirect-tcpxo/README.md) and, since the Nov 19, 2025 "
-        "release, no longer NCCL_ALGO=Ring,Tree and NCCL_NVLS_ENABLE=0, so NVLSTree runs; "
-        "algorithm and protocol come from its tuner plugin's config (a3plus_tuner_config."
-        "textproto, not published), taken to pick the fastest (tuner 'measured'): a public A3 "
-        "Mega all_reduce under Ring,Tree reaches 339 GB/s busbw at 8 GiB, Tree's rate, where "
-        "NCCL's own tuner would keep Ring (187 GB/s). Google does not publish switch radix or "
-        "wiring: a non-blocking fat tree of radix-64 switches is assumed",
+        "release, no longer NCCL_ALGO=Ring,Tree and NCCL_NVLS_ENABLE=0, so NVLSTree runs; its "
+        "algorithms are left to NCCL's own tuner here, though TCPXO loads a tuner plugin whose "
+        "config (a3plus_tuner_config.textproto) is not published: a public A3 Mega all_reduce "
+        "under Ring,Tree reaches 339 GB/s busbw at 8 GiB, Tree's rate, where NCCL's tuner keeps "
+        "Ring (187 GB/s). Google does not publish switch radix or wiring: a non-blocking fat "
+        "tree of radix-64 switches is assumed",
     ),
     "gcp-a3-ultra": FabricSpec(
         name="gcp-a3-ultra",

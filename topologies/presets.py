@@ -21,6 +21,7 @@ import networkx as nx
 
 from topologies.fabrics import FABRIC_PRESETS, FabricLayout, FabricSpec, fat_tree_graph
 from topologies.hardware import lookup
+from topologies.nccl_release import check_nccl_version
 from topologies.nodes import MAX_GPUS_PER_NODE, NODE_PRESETS, NodeSpec, server_graph, with_gpus
 from topologies.topology import Topology
 
@@ -47,10 +48,12 @@ def build_cluster(
     fabric: str | None = None,
     oversubscription: float = 1.0,
     gpus_per_node: int | None = None,
+    nccl_version: str = "",
 ) -> Topology:
     """``num_nodes`` servers of preset ``node`` on preset ``fabric``.
 
-    ``gpus_per_node`` overrides the preset's GPU count (``localhost`` with N processes).
+    ``gpus_per_node`` overrides the preset's GPU count (``localhost`` with N processes);
+    ``nccl_version`` is the NCCL release its jobs run (empty: the model's own).
 
     >>> build_cluster("localhost", gpus_per_node=4).num_gpus
     4
@@ -63,7 +66,9 @@ def build_cluster(
                 f"gpus_per_node={gpus_per_node!r}; must be an integer in 1..{MAX_GPUS_PER_NODE}"
             )
         spec = with_gpus(spec, gpus_per_node)
-    return cluster_topology(spec, num_nodes, fabric_spec, oversubscription=oversubscription)
+    return cluster_topology(
+        spec, num_nodes, fabric_spec, oversubscription=oversubscription, nccl_version=nccl_version
+    )
 
 
 def _resolve_fabric(node: NodeSpec, num_nodes: int, fabric: FabricSpec | None) -> FabricSpec | None:
@@ -85,8 +90,10 @@ def cluster_topology(
     fabric: FabricSpec | None = None,
     *,
     oversubscription: float = 1.0,
+    nccl_version: str = "",
 ) -> Topology:
-    """``num_nodes`` servers described by ``node`` on ``fabric`` (specs, not preset names)."""
+    """``num_nodes`` servers described by ``node`` on ``fabric`` (specs, not preset names),
+    running NCCL release ``nccl_version`` (``topologies.nccl_release``; empty: the model's own)."""
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise ValueError(f"num_nodes={num_nodes!r}; must be an integer >= 1")
     number = isinstance(oversubscription, int | float) and not isinstance(oversubscription, bool)
@@ -100,12 +107,18 @@ def cluster_topology(
             f"num_nodes={num_nodes:,} of {node.num_gpus} GPUs is {num_nodes * node.num_gpus:,} "
             f"GPUs; clusters of up to {MAX_GPUS:,} GPUs are built"
         )
-    return _built(node, num_nodes, _resolve_fabric(node, num_nodes, fabric), oversubscription)
+    release = check_nccl_version(nccl_version)
+    fabric = _resolve_fabric(node, num_nodes, fabric)
+    return _built(node, num_nodes, fabric, oversubscription, release)
 
 
 @functools.lru_cache(maxsize=32)
 def _built(
-    node: NodeSpec, num_nodes: int, fabric: FabricSpec | None, oversubscription: float
+    node: NodeSpec,
+    num_nodes: int,
+    fabric: FabricSpec | None,
+    oversubscription: float,
+    nccl_version: str,
 ) -> Topology:
     """The cluster, built once per (checked) arguments: a topology is not changed after it is
     built (a what-if works on a copy), so plans, searches and sweeps share it."""
@@ -132,4 +145,6 @@ def _built(
     name = node.name if num_nodes == 1 else f"{num_nodes}x {node.name}"
     if fabric is not None:
         name += f" on {fabric.name}"
-    return Topology(graph, name=name, num_nodes=num_nodes, node=node, fabric=layout)
+    return Topology(
+        graph, name=name, num_nodes=num_nodes, node=node, fabric=layout, nccl_version=nccl_version
+    )

@@ -59,12 +59,16 @@ class Topology:
         num_nodes: int,
         node: NodeSpec | None = None,
         fabric: FabricLayout | None = None,
+        nccl_version: str = "",
     ) -> None:
         self.graph = graph
         self.name = name
         self.num_nodes = num_nodes
         self.node = node
         self.fabric = fabric
+        self.nccl_version = nccl_version
+        """The NCCL release its jobs run (``major.minor.patch``; empty: the release the network
+        model's tables were read from): which algorithm and protocol NCCL picks."""
         self.uniform = node is not None
         """Whether every server is built alike (a what-if that degrades one NIC clears it):
         queries may then look at one server for all."""

@@ -24,6 +24,7 @@ from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import load_calibration
 from sim.network.comm_model import FIDELITIES, CommModel
+from sim.network.nccl_tables import DEFAULT_NCCL_VERSION
 from sim.output.progress import progress_bar
 from topologies.presets import MAX_GPUS_PER_NODE, NODE_PRESETS
 from topologies.topology import Topology
@@ -148,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"# commsim collective: topology {topology.name}, {num_ranks} ranks on "
         f"{layout.num_nodes} node(s), fidelity {args.fidelity}, algo {args.algo}, "
-        f"calibration {args.calibration or 'none (defaults)'}"
+        f"calibration {args.calibration or 'none (defaults)'}, NCCL "
+        f"{topology.nccl_version or DEFAULT_NCCL_VERSION}'s tuning tables"
     )
     for op in ops:
         print(op_banner(op))

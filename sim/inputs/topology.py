@@ -16,7 +16,8 @@ from topologies.topology import Topology
 
 
 def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--topology``, ``--nodes``, ``--fabric``, ``--oversubscription`` (shared by commands)."""
+    """``--topology``, ``--nodes``, ``--fabric``, ``--oversubscription``, ``--nccl-version``
+    (shared by commands)."""
     parser.add_argument(
         "--topology", required=True,
         help=f"node preset ({', '.join(NODE_PRESETS)}) or a cluster YAML file",
@@ -29,16 +30,25 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--oversubscription", type=float, default=1.0, help="leaf down:up capacity ratio"
     )
+    parser.add_argument(
+        "--nccl-version", default="",
+        help="the NCCL release the cluster runs, as NCCL prints it (e.g. 2.26.2): its tuning "
+        "tables pick the algorithm and protocol (default: the model's own, 2.30.7)",
+    )  # fmt: skip
 
 
 def topology_factory(args: argparse.Namespace) -> TopologyFactory:
     """(num_nodes, ranks_per_node) -> Topology, from the topology flags."""
     name = args.topology
+    release = getattr(args, "nccl_version", "") or ""
     if args.nodes is not None and args.nodes < 1:
         raise ValueError(f"--nodes {args.nodes}: must be an integer >= 1")
     if name not in NODE_PRESETS:
-        if args.nodes is not None or args.fabric is not None:
-            raise ValueError(f"--nodes/--fabric apply to node presets, not to the file {name!r}")
+        if args.nodes is not None or args.fabric is not None or release:
+            raise ValueError(
+                f"--nodes/--fabric/--nccl-version apply to node presets, not to the file {name!r} "
+                "(a cluster file names its nccl_version)"
+            )
         fixed = load_cluster(name)
         return lambda _nodes, _per_node: fixed
     cache: dict[tuple[int, int], Topology] = {}
@@ -49,7 +59,7 @@ def topology_factory(args: argparse.Namespace) -> TopologyFactory:
         found = cache.get((count, ranks_per_node))
         if found is None:
             fabric = args.fabric if count > 1 else None
-            found = build_cluster(name, count, fabric, args.oversubscription, per_node)
+            found = build_cluster(name, count, fabric, args.oversubscription, per_node, release)
             cache[(count, ranks_per_node)] = found
         return found
 

@@ -33,20 +33,17 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from sim.network.analytical import (
     GroupPlacement,
     available_algorithms,
     check_algorithm,
-    cost_terms,
     gloo_plan,
     ring_wire_bytes,
 )
-from sim.network.calibration import DEFAULT_PARAMS
-from sim.network.nccl_tables import LL_MAX_GBPS, NCCL_ALGORITHMS, PROTOCOLS
-from sim.network.nccl_tuner import MODELLED_OPS, pick, time_us
+from sim.network.nccl_tables import LL_MAX_GBPS, NCCL_ALGORITHMS
+from sim.network.nccl_tuner import MODELLED_OPS, pick
 from sim.network.plugin_tuner import region_pick
 from sim.network.terms import FlowGroup
 from sim.network.tiered_flows import inter_groups, intra_groups, nvls_groups, switch_edges
@@ -135,6 +132,7 @@ def placement_of(topology: Topology, ranks: Sequence[int]) -> GroupPlacement:
         gpu_arch=gpu_arch(spec),
         intra_hw="nvlink" if nvlink_any else "pci",
         nvswitch=_has_nvswitch(topology, ranks[0]),
+        nccl_version=topology.nccl_version,
         **_network_fields(topology, len(nodes) > 1),
     )
 
@@ -243,10 +241,6 @@ def choose(
             if not usable:
                 raise ValueError(f"no algorithm can run {op} on this group")
             return usable[0], None
-    if layout.tuner == "measured":
-        fastest = fastest_pick(op, layout, size_bytes, usable)
-        if fastest is not None:
-            return fastest
     if layout.tuner == "aws-ofi-p5":
         plugin = region_pick(
             op, num_ranks=layout.num_ranks, num_nodes=layout.num_nodes, size_bytes=size_bytes,
@@ -260,31 +254,6 @@ def choose(
     if algo != "auto":  # NCCL's model has no channels for it here: the fastest protocol runs
         return algo, None
     raise ValueError(f"no algorithm can run {op} on this group")
-
-
-def fastest_pick(
-    op: str, layout: GroupPlacement, size_bytes: float, usable: Sequence[str]
-) -> tuple[str, str] | None:
-    """A tuner plugin whose table was measured on its fabric (``FabricSpec.tuner`` ``measured``,
-    GCP's TCPXO tuner config): the (algorithm, protocol) the time model finds fastest among the
-    ``usable`` ones NCCL enables here, at default parameters; ties to NCCL's enum order. None
-    where NCCL's model enables none of them."""
-    hw = layout.hardware()
-    best: tuple[str, str] | None = None
-    best_time = math.inf
-    for algo in NCCL_ALGORITHMS:
-        if algo not in usable:
-            continue
-        enabled = {p for p in PROTOCOLS if time_us(op, algo, p, hw, size_bytes) >= 0}
-        terms = cost_terms(op, algo, layout, size_bytes)
-        for proto in terms.protocols:
-            if proto.name not in enabled:
-                continue
-            alone = replace(terms, protocols=(proto,))
-            seconds = alone.time_s(DEFAULT_PARAMS[algo], size_bytes)
-            if seconds < best_time:
-                best, best_time = (algo, proto.name), seconds
-    return best
 
 
 def choose_algorithm(op: str, layout: GroupPlacement, size_bytes: float) -> str:

@@ -43,15 +43,11 @@ NVLS_EFFICIENCY: dict[str, float] = {
     # NVIDIA/nccl#1506: NVLS all_gather busbw ~300 GB/s at 1 GB on 8 x H100, algbw 300 x 8/7,
     # carried by the S-direction.
     "all_gather": 300.0 * 8 / 7 / NVLINK4_EFFECTIVE_GBPS,
-    # together-nccl-tests (NCCL 2.26.2, refdata/nccl/h100_8gpu_reduce_scatter_nvls.txt): NVLS
-    # reduce_scatter on 8 x H100 peaks at algbw 413.6 GB/s at 8 GiB, carried by the S-direction
-    # (S up, S/n down, NVIDIA/nccl#1083): the switch's reads (multimem.ld_reduce) outrun
-    # all_gather's multicast stores.
-    "reduce_scatter": 413.6 / NVLINK4_EFFECTIVE_GBPS,
+    # No published figure: the mirrored traffic of all_gather (S up, S/n down, NVIDIA/nccl#1083).
+    "reduce_scatter": 300.0 * 8 / 7 / NVLINK4_EFFECTIVE_GBPS,
 }
-"""Rate of NVLS traffic relative to NCCL's effective NVLink rate, per op (0.834, 0.925, 1.115;
-above 1 because NCCL's effective rate, 20.6 GB/s a link, is below NVLink4's 25). NCCL's own
-tuner uses one ``nvlsEfficiency`` (0.85 on Hopper) for every op."""
+"""Rate of NVLS traffic relative to NCCL's effective NVLink rate, per op (0.834, 0.925, 0.925).
+NCCL's own tuner uses one ``nvlsEfficiency`` (0.85 on Hopper) for every op."""
 
 
 def nvls_bytes(op: str, size_bytes: float, n: int) -> tuple[float, float]:

@@ -12,7 +12,11 @@ are indexed by our algorithm names and NCCL's protocol order (LL, LL128, Simple)
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass, replace
+
+from topologies.nccl_release import nccl_release
 
 NCCL_VERSION = "2.30.7 (NVIDIA/nccl 5067397)"
 """The NCCL source these tables were read from."""
@@ -193,14 +197,102 @@ def node_index(num_nodes: int) -> int:
     return 0 if num_nodes <= 1 else 1 if num_nodes == 2 else 2
 
 
-def ll_max_gbps(arch: str, num_nodes: int, cpu_amd: bool) -> float:
-    """``llMaxBw``: by GPU generation on one node, by CPU vendor (Intel row 0, AMD row 1) on more.
+def ll_max_gbps(arch: str, num_nodes: int, cpu_amd: bool, nccl_version: str = "") -> float:
+    """``llMaxBw``: by GPU generation on one node, by CPU vendor (Intel row 0, AMD row 1) on more
+    (``nccl_version``: that release's one-node Hopper figure, ``latency_tables``).
 
     An unknown generation has no cap on one node (inf).
     """
     if num_nodes <= 1:
+        if arch == "hopper":
+            return latency_tables(nccl_version).ll_max_hopper_one_node
         return LL_MAX_GBPS[arch][0] if arch in LL_MAX_GBPS else math.inf
     return LL_MAX_GBPS["ampere" if cpu_amd else "volta"][node_index(num_nodes)]
+
+
+Row = dict[str, tuple[float, float, float]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LatencyTables:
+    """One NCCL release's latency tables (``baseLat``, ``hwLat``) and its one-node Hopper
+    ``llMaxBw``: what changed in ``src/graph/tuning.cc`` between 2.18.3 and 2.30.7 that the
+    tuner here reads (the per-channel maxima, factors and the tuner's logic are 2.30.7's)."""
+
+    release: str
+    """The first release these tables are from."""
+    base: Row
+    """``baseLat[algo][proto]``."""
+    nvlink: Row
+    """``hwLat[NCCL_HW_NVLINK]``."""
+    pci: Row
+    """``hwLat[NCCL_HW_PCI]``."""
+    net: Row
+    """``hwLat[NCCL_HW_NET]``."""
+    ll_max_hopper_one_node: float
+    """``llMaxBws[HOPPER][0]``."""
+
+
+def _edit(row: Row, **cells: tuple[float, float, float]) -> Row:
+    return {**row, **cells}
+
+
+_LATEST = LatencyTables(
+    release="2.28.9", base=BASE_US, nvlink=NVLINK_US, pci=PCI_US, net=NET_US,
+    ll_max_hopper_one_node=LL_MAX_GBPS["hopper"][0],
+)  # fmt: skip
+_R2_23 = replace(_LATEST, release="2.23.4", net=_edit(NET_US, nvlstree=(0.0, 0.0, 14.0)))
+_R2_21 = replace(
+    _R2_23,
+    release="2.21.5",
+    base=_edit(BASE_US, tree=(6.8, 14.0, 0.0)),
+    nvlink=_edit(NVLINK_US, tree=(0.6, 1.25, 28.0)),
+    pci=_edit(PCI_US, tree=(1.0, 1.9, 28.0)),
+    net=_edit(_R2_23.net, tree=(5.0, 8.5, 28.0)),
+)
+_R2_19 = replace(
+    _R2_21,
+    release="2.19.1",
+    nvlink=_edit(_R2_21.nvlink, nvls=(0.0, 0.0, 23.0), nvlstree=(0.0, 0.0, 23.0)),
+    ll_max_hopper_one_node=LL_MAX_GBPS["ampere"][0],
+)
+_R2_18 = replace(
+    _R2_19,
+    release="2.18.3",
+    nvlink=_edit(_R2_19.nvlink, tree=(0.6, 1.25, 4.0)),
+    pci=_edit(_R2_19.pci, tree=(1.0, 1.9, 6.0)),
+    net=_edit(_R2_19.net, tree=(5.0, 8.5, 14.0), nvlstree=(0.0, 0.0, 19.0)),
+)
+RELEASES: tuple[tuple[tuple[int, int, int], LatencyTables], ...] = (
+    ((2, 18, 3), _R2_18),
+    ((2, 19, 0), _R2_19),
+    ((2, 21, 0), _R2_21),
+    ((2, 23, 0), _R2_23),
+    ((2, 28, 9), _LATEST),
+)
+"""Each release's tables, from the first release that shipped them (NVIDIA/nccl's tags,
+``src/graph/tuning.cc``): 2.18.3 (Tree/Simple 4 / 6 / 14 us per step, NVLSTree 19 us per network
+step; its NVLS charged 23 us as a base where later releases charge it per NVLink step, the same
+on one node, and its CollNet rows and NVLSTree's per-node formula are not carried: 2.19's are),
+2.19.1 (Tree/Simple 28 us per step on every link; NVLS's 23 us per
+NVLink step; Hopper's one-node LL cap still Ampere's 87.7 GB/s), 2.21.5 (NVLS 25 us; the cap 141),
+2.23.4 (Tree/Simple 8.4 us base and 4 / 4 / 14 us per step), 2.28.9 (NVLSTree 20.9 us per network
+step, was 14): every release up to the next listed one runs the same tables. Releases before
+2.18.3 are given 2.18.3's."""
+
+DEFAULT_NCCL_VERSION = "2.30.7"
+"""The release an empty ``nccl_version`` means (``NCCL_VERSION``)."""
+
+
+@functools.lru_cache(maxsize=64)
+def latency_tables(nccl_version: str = "") -> LatencyTables:
+    """The tables of the release ``nccl_version`` names (empty: ``DEFAULT_NCCL_VERSION``)."""
+    version = nccl_release(nccl_version or DEFAULT_NCCL_VERSION)
+    chosen = RELEASES[0][1]
+    for first, tables in RELEASES:
+        if version >= first:
+            chosen = tables
+    return chosen
 
 
 def per_channel(table: dict[str, tuple[float, float, float]], arch: str, num_nodes: int) -> float:

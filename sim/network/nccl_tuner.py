@@ -116,7 +116,7 @@ def _refine(op: str, algo: str, proto: str, hw: Hardware, bus: float) -> float:
     """tuning.cc's "various model refinements" of the bus bandwidth."""
     nodes = hw.num_nodes
     channels = graphs(hw)[algo].num_channels
-    ll_max = T.ll_max_gbps(hw.arch, nodes, hw.cpu_amd)
+    ll_max = T.ll_max_gbps(hw.arch, nodes, hw.cpu_amd, hw.nccl_version)
     if algo == "ring" and proto == "ll":
         bus = min(ll_max, bus * T.LL_FACTOR)
     if algo == "ring" and proto == "ll128":
@@ -157,11 +157,13 @@ def _latency_us(op: str, algo: str, proto: str, hw: Hardware) -> float:
     p = T.PROTOCOLS.index(proto)
     n, nodes = hw.num_ranks, hw.num_nodes
     ppn = n // nodes
-    intra = (T.NVLINK_US if hw.intra_hw == "nvlink" else T.PCI_US)[algo][p]
+    tables = T.latency_tables(hw.nccl_version)
+    intra_row = tables.nvlink if hw.intra_hw == "nvlink" else tables.pci
+    intra = intra_row[algo][p]
     inter = inter_step_us(proto, algo, hw, physical=False)
-    base = T.BASE_US[algo][p]
+    base = tables.base[algo][p]
     if algo == "ring":
-        hw_row = T.NET_US if nodes > 1 else (T.NVLINK_US if hw.intra_hw == "nvlink" else T.PCI_US)
+        hw_row = tables.net if nodes > 1 else intra_row
         if op in ("broadcast", "reduce"):
             return base + hw_row["ring"][p]  # sameChannels graphs
         steps = 2 * (n - 1) if op == "all_reduce" else n - 1

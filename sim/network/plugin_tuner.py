@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
-TUNERS = ("nccl", "aws-ofi-p5", "measured")
-"""Values of ``FabricSpec.tuner``: NCCL's own tuner, aws-ofi-nccl's p5 region tuner, or a
-plugin whose table was measured on the fabric (``algorithms.fastest_pick``)."""
+TUNERS = ("nccl", "aws-ofi-p5")
+"""Values of ``FabricSpec.tuner``: NCCL's own tuner, or aws-ofi-nccl's p5 region tuner."""
 
 _MAX_SIZE = 100.0 * 1024**3
 """``TUNER_MAX_SIZE``: 100 GiB."""

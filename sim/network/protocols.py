@@ -208,13 +208,14 @@ def _table_algo(algo: str) -> str:
 def _protocol(name: str, op: str, algo: str, hw: Hardware) -> Protocol:
     p = T.PROTOCOLS.index(name)
     table = _table_algo(algo)
-    intra_row = T.NVLINK_US if hw.intra_hw == "nvlink" else T.PCI_US
+    tables = T.latency_tables(hw.nccl_version)
+    intra_row = tables.nvlink if hw.intra_hw == "nvlink" else tables.pci
     intra = intra_row[table][p]
     inter = inter_step_us(name, table, hw, physical=True)
     multi = hw.num_nodes > 1
     if table == "ring" and multi and op not in ("broadcast", "reduce"):
         intra = max(intra, net_overhead_us(name, hw))
-    base = T.BASE_US[table][p]
+    base = tables.base[table][p]
     if table == "collnet_direct":
         base += 2 * (hw.ranks_per_node - 1) * T.COLLNET_ARITY_US
     plateau = table == "ring" and op == "all_reduce" and name == "simple" and multi
@@ -317,7 +318,7 @@ def inter_step_us(name: str, table: str, hw: Hardware, *, physical: bool) -> flo
     ppn_one = hw.num_ranks == hw.num_nodes
     if physical and hw.net_step_latency_us is not None:
         return hw.net_step_latency_us + (hw.net_simple_extra_us if name == "simple" else 0.0)
-    latency = T.NET_US["tree" if ppn_one else table][p]
+    latency = T.latency_tables(hw.nccl_version).net["tree" if ppn_one else table][p]
     if not physical:
         latency += hw.plugin_latency_us * (2 if name == "simple" else 1)
     return latency
@@ -353,7 +354,7 @@ def _cap_gbps(name: str, op: str, table: str, hw: Hardware) -> float:
     """The busbw cap of (op, algorithm, protocol) on ``hw`` (nccl-tests busbw, GB/s)."""
     n, nodes = hw.num_ranks, hw.num_nodes
     channels = graphs(hw)[table].num_channels if table in T.NCCL_ALGORITHMS else 0
-    ll_max = T.ll_max_gbps(hw.arch, nodes, hw.cpu_amd)
+    ll_max = T.ll_max_gbps(hw.arch, nodes, hw.cpu_amd, hw.nccl_version)
     if table == "ring":
         if name == "ll":
             return ll_max

@@ -115,6 +115,8 @@ class GroupPlacement:
     guide sets); empty: all."""
     net_algorithms: tuple[str, ...] = ()
     """Algorithms NCCL may pick across the fabric (``NCCL_ALGO``); empty: all."""
+    nccl_version: str = ""
+    """The NCCL release the cluster runs (``Topology.nccl_version``; empty: the model's own)."""
 
     def hardware(self) -> Hardware:
         """What NCCL's graph search and tuner see of this group (``sim/network/nccl_graph.py``)."""
@@ -130,7 +132,7 @@ class GroupPlacement:
             net_step_latency_us=None if step is None else step * 1e6,
             net_simple_extra_us=self.net_simple_extra_s * 1e6, protocols=self.net_protocols,
             net_message_gap_us=self.net_message_gap_s * 1e6, channels=self.net_channels,
-            algorithms=self.net_algorithms,
+            algorithms=self.net_algorithms, nccl_version=self.nccl_version,
         )  # fmt: skip
 
 

@@ -116,7 +116,8 @@ def experts_lines(plan: Plan) -> list[str]:
 
 
 def cluster_line(cluster: ClusterConfig) -> str:
-    """``32 x dgx-h100, ib-ndr``, or the cluster file's name."""
+    """``32 x dgx-h100, ib-ndr`` (``, NCCL 2.26.2`` when the plan names a release), or the
+    cluster file's name."""
     if cluster.file:
         return f"from {cluster.file}"
     node = cluster.node
@@ -125,7 +126,8 @@ def cluster_line(cluster: ClusterConfig) -> str:
     oversubscribed = (
         f" ({cluster.oversubscription:g}:1 oversubscribed)" if cluster.oversubscription > 1 else ""
     )
-    return f"{cluster.num_nodes} x {name}{fabric}{oversubscribed}"
+    release = f", NCCL {cluster.nccl_version}" if cluster.nccl_version else ""
+    return f"{cluster.num_nodes} x {name}{fabric}{oversubscribed}{release}"
 
 
 def headline_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec) -> list[str]:

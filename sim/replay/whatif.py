@@ -210,6 +210,7 @@ def degraded_topology(topology: Topology, whatif: WhatIf) -> Topology:
         num_nodes=topology.num_nodes,
         node=topology.node,
         fabric=topology.fabric,
+        nccl_version=topology.nccl_version,
     )
     everywhere = all(len(j.nodes) == topology.num_nodes for j in whatif.second_job)
     degraded.uniform = topology.uniform and everywhere and not whatif.nics and not whatif.links

@@ -35,6 +35,7 @@ from sim.network.compare import SIZE_BANDS, Point, compare_records, size_band
 from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory
 from sim.validation.collective_donors import donor_calibrations, predict_from_others
 from topologies.fabrics import NCCL_ALGORITHM_NAMES, NCCL_PROTOCOLS, FabricSpec
+from topologies.nccl_release import check_nccl_version
 from topologies.presets import FABRIC_PRESETS, NODE_PRESETS, build_cluster, cluster_topology
 from topologies.topology import Topology
 from vocab.collectives import canonical_op
@@ -52,7 +53,7 @@ MAX_CHANNELS = 64
 
 _FILE_KEYS = {
     "file", "op", "nodes", "gpus_per_node", "algo", "channels", "protocols", "algorithms",
-    "dtype", "source", "notes",
+    "nccl_version", "dtype", "source", "notes",
 }  # fmt: skip
 
 
@@ -60,11 +61,13 @@ _FILE_KEYS = {
 class RunEnv:
     """What a run's NCCL environment set across nodes, where it differs from its fabric
     preset: ``NCCL_MIN_NCHANNELS`` = ``NCCL_MAX_NCHANNELS``, ``NCCL_PROTO``, ``NCCL_ALGO``
-    (0 and empty: the preset's)."""
+    (0 and empty: the preset's); and the NCCL release it ran (empty: not stated, the model's
+    own)."""
 
     channels: int = 0
     protocols: tuple[str, ...] = ()
     algorithms: tuple[str, ...] = ()
+    nccl_version: str = ""
 
     def applied(self, fabric: FabricSpec) -> FabricSpec:
         """``fabric`` with this environment's settings."""
@@ -125,13 +128,16 @@ class Cluster:
         def build(num_nodes: int, ranks_per_node: int) -> Topology:
             found = cache.get((num_nodes, ranks_per_node))
             if found is None:
+                release = "" if env is None else env.nccl_version
                 if num_nodes > 1 and self.fabric is not None:
                     fabric = FABRIC_PRESETS[self.fabric]
                     if env is not None:
                         fabric = env.applied(fabric)
-                    found = cluster_topology(NODE_PRESETS[self.server], num_nodes, fabric)
+                    found = cluster_topology(
+                        NODE_PRESETS[self.server], num_nodes, fabric, nccl_version=release
+                    )
                 else:
-                    found = build_cluster(self.server, num_nodes)
+                    found = build_cluster(self.server, num_nodes, nccl_version=release)
                 cache[(num_nodes, ranks_per_node)] = found
             return found
 
@@ -287,7 +293,11 @@ def _run_env(at: str, entry: dict[str, Any]) -> RunEnv:
                 f"{'PROTO' if key == 'protocols' else 'ALGO'}), got {shorten(names)}"
             )
         lists[key] = tuple(names)
-    return RunEnv(channels=channels or 0, **lists)
+    try:
+        release = check_nccl_version(entry.get("nccl_version", ""))
+    except ValueError as exc:
+        raise ValueError(f"{at}: {exc}") from None
+    return RunEnv(channels=channels or 0, nccl_version=release, **lists)
 
 
 def _count(value: object) -> bool:

@@ -56,6 +56,7 @@ def test_fully_described_node():
             }
         ),
         build_cluster("p5-h100", num_nodes=3),
+        build_cluster("dgx-h100", num_nodes=2, fabric="ib-ndr", nccl_version="2.26.2+cuda12.8"),
         load_cluster(
             {
                 "node": "nd-h100-v5",
@@ -82,11 +83,22 @@ def test_preset_dumps_as_names():
     }  # fmt: skip
 
 
+def test_the_nccl_release_is_part_of_the_cluster():
+    # NCCL prints 2.26.2+cuda12.8; the cluster keeps the release, and the same cluster under
+    # another release is another topology (the network model reads the release's tables)
+    older = load_cluster({"node": "dgx-h100", "nccl_version": "2.26.2+cuda12.8"})
+    assert older.nccl_version == "2.26.2"
+    assert dump_cluster(older)["nccl_version"] == "2.26.2"
+    assert build_cluster("dgx-h100").nccl_version == ""
+    assert build_cluster("dgx-h100") is not older
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ({"node": "dgx-h100", "num_node": 2},
-         "cluster: unknown key 'num_node'; valid keys: node, num_nodes, fabric, oversubscription"),
+         "cluster: unknown key 'num_node'; valid keys: node, num_nodes, fabric, oversubscription, "
+         "nccl_version"),
         ({"num_nodes": 2}, "cluster: missing key 'node'"),
         ({"node": {"base": "dgx-h100", "gpus": 4}}, "cluster.node: unknown key 'gpus'; valid"),
         ({"node": {"gpu": "h100-sxm"}}, "cluster.node: missing key\\(s\\) num_gpus, intra"),
@@ -104,6 +116,9 @@ def test_preset_dumps_as_names():
          "rail_optimized='yes'; give true/false"),
         ({"node": "dgx-h100", "num_nodes": "4"}, "cluster.num_nodes='4'; must be an integer"),
         ({"node": "dgx-h100", "oversubscription": "2:1"}, "cluster.oversubscription='2:1'"),
+        ({"node": "dgx-h100", "nccl_version": 2.26},
+         "cluster: nccl_version=2.26; expected a release such as 2.26.2"),
+        ({"node": "dgx-h100", "nccl_version": "latest"}, "cluster: nccl_version='latest'"),
         ({"node": "dgx-h100", "num_nodes": 100, "fabric": {"base": "ib-ndr", "radix": 8}},
          "cluster: fabric 'ib-ndr' \\(radix 8, 3 tier\\(s\\)\\) holds at most 128 NIC ports"),
     ],

@@ -80,7 +80,7 @@ def test_capacity_error_says_the_capacity():
         ({"link": "pcie-gen5"}, "fabric.link='pcie-gen5' is a pcie link"),
         ({"link": "ib-qdr"}, "unknown fabric.link 'ib-qdr'"),
         ({"sharp": "yes"}, "fabric.sharp='yes'; give true/false"),
-        ({"tuner": "magic"}, "fabric.tuner='magic'; valid: nccl, aws-ofi-p5, measured"),
+        ({"tuner": "magic"}, "fabric.tuner='magic'; valid: nccl, aws-ofi-p5"),
         ({"transport": "myrinet"}, "fabric.transport='myrinet'; valid: ib, ofi, tcpx"),
         ({"plugin_latency_s": -1e-6}, r"fabric.plugin_latency_s=-1e-06; must be a number"),
         ({"step_latency_s": float("nan")}, "fabric.step_latency_s=nan; must be a number"),

@@ -128,32 +128,55 @@ def test_aws_region_tuner_picks_for_the_p5_points():
     assert choose("all_reduce", two, 1 << 30) == pick("all_reduce", two.hardware(), 1 << 30)
 
 
-def test_a_measured_tuner_plugin_picks_the_fastest_of_what_the_environment_allows():
-    from dataclasses import replace
+@pytest.mark.parametrize(
+    ("release", "first", "tree_simple", "nvls_nvlink", "nvlstree_net", "ll_max_hopper"),
+    [
+        # (base, NVLink, PCI, NET) of Tree/Simple; from src/graph/tuning.cc at each tag
+        ("2.9.9", "2.18.3", (0.0, 4.0, 6.0, 14.0), 23.0, 19.0, 87.7),
+        ("2.18.5", "2.18.3", (0.0, 4.0, 6.0, 14.0), 23.0, 19.0, 87.7),
+        ("2.20.5", "2.19.1", (0.0, 28.0, 28.0, 28.0), 23.0, 14.0, 87.7),
+        ("2.21.5", "2.21.5", (0.0, 28.0, 28.0, 28.0), 25.0, 14.0, 141.0),
+        ("2.26.2+cuda12.8", "2.23.4", (8.4, 4.0, 4.0, 14.0), 25.0, 14.0, 141.0),
+        ("2.28.7", "2.23.4", (8.4, 4.0, 4.0, 14.0), 25.0, 14.0, 141.0),
+        ("2.28.9", "2.28.9", (8.4, 4.0, 4.0, 14.0), 25.0, 20.9, 141.0),
+        ("", "2.28.9", (8.4, 4.0, 4.0, 14.0), 25.0, 20.9, 141.0),
+    ],
+)
+def test_each_nccl_release_reads_its_own_latency_tables(
+    release, first, tree_simple, nvls_nvlink, nvlstree_net, ll_max_hopper
+):
+    tables = T.latency_tables(release)
+    assert tables.release == first
+    simple = T.PROTOCOLS.index("simple")
+    rows = (tables.base, tables.nvlink, tables.pci, tables.net)
+    assert tuple(row["tree"][simple] for row in rows) == tree_simple
+    assert tables.nvlink["nvls"][simple] == nvls_nvlink
+    assert tables.net["nvlstree"][simple] == nvlstree_net
+    assert T.ll_max_gbps("hopper", 1, False, release) == ll_max_hopper
+    assert T.ll_max_gbps("hopper", 2, False, release) == 39.0  # Intel row, every release
+    with pytest.raises(ValueError, match=r"nccl_version='2\.26'; expected a release"):
+        T.latency_tables("2.26")
 
-    from sim.network.algorithms import fastest_pick
-    from sim.network.analytical import cost_terms
-    from sim.network.calibration import DEFAULT_PARAMS
 
-    # GCP A3 Mega under the Ring,Tree profile of NCCL 2.21-2.23: at 8 GiB over 2 nodes Tree
-    # moves S/2 each way per node NIC, Ring twice that; NCCL's own model keeps Ring.
-    layout = replace(
-        placement_of(build_cluster("a3-mega-h100", 2), range(16)), net_algorithms=("ring", "tree")
+def test_nccl_2_26_picks_nvlstree_at_4_mib_on_four_servers_where_2_30_keeps_tree():
+    # NVLSTree's latency on 4 servers: 25 us (NVLink) + 2 log2(4) x the NET step: 14 us up to
+    # 2.28.7, 20.9 us since 2.28.9; the public 4-server table of NCCL 2.26.2 (ib-ndr-h100-xe9680)
+    # runs 4 MiB at NVLSTree's rate.
+    old = placement_of(build_cluster("dgx-h100", 4, "ib-ndr", nccl_version="2.26.2"), range(32))
+    new = placement_of(build_cluster("dgx-h100", 4, "ib-ndr"), range(32))
+    assert tune(old.hardware())[("all_reduce", "nvlstree", "simple")].latency_us == pytest.approx(
+        25 + 4 * 14.0
     )
-    assert layout.tuner == "measured"
-    size = 8 << 30
-    times = {
-        algo: cost_terms("all_reduce", algo, layout, size, "simple").time_s(
-            DEFAULT_PARAMS[algo], size
-        )
-        for algo in ("ring", "tree")
-    }
-    assert times["tree"] < times["ring"] / 1.5
-    assert choose("all_reduce", layout, size) == ("tree", "simple")
-    assert pick("all_reduce", layout.hardware(), size, allowed=("ring", "tree"))[0] == "ring"
-    # forced: only the protocol is chosen; nothing NCCL disables is ever picked
-    assert choose("all_reduce", layout, size, "ring") == ("ring", "simple")
-    assert fastest_pick("all_to_all", layout, size, ("direct",)) is None
+    assert tune(new.hardware())[("all_reduce", "nvlstree", "simple")].latency_us == pytest.approx(
+        25 + 4 * 20.9
+    )
+    assert choose("all_reduce", old, 4 << 20) == ("nvlstree", "simple")
+    assert choose("all_reduce", new, 4 << 20) == ("tree", "ll128")
+    assert (
+        choose("all_reduce", old, 8 << 30)
+        == choose("all_reduce", new, 8 << 30)
+        == ("ring", "simple")
+    )
 
 
 @pytest.mark.parametrize(

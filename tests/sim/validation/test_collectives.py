@@ -208,6 +208,8 @@ def test_the_fabric_check_scores_only_points_across_servers(tmp_path) -> None:
         ({"file": {"channels": False}}, "channels must be an integer in 1..64 (or absent)"),
         ({"file": {"protocols": ["ll256"]}}, "protocols must be a list of ll, ll128, simple"),
         ({"file": {"algorithms": "ring"}}, "algorithms must be a list of ring, tree"),
+        ({"file": {"nccl_version": "2.26"}}, "nccl_version='2.26'; expected a release such as"),
+        ({"file": {"nccl_version": 2.26}}, "nccl_version=2.26; expected a release such as"),
     ],
 )
 def test_a_bad_cluster_description_names_the_problem(tmp_path, change, message) -> None:
@@ -221,14 +223,16 @@ def test_a_file_run_under_its_own_nccl_environment_is_simulated_with_it() -> Non
     clusters = {c.name: c for c in load_clusters(COLLECTIVES_DIR)}
     a3 = clusters["gcp-a3-h100"]
     groups = a3.groups()
-    assert [len(records) for records, _ in groups] == [
-        len(a3.records(env=RunEnv())),
-        len(a3.records(env=RunEnv(channels=8))),
-    ]
+    envs = [RunEnv(), RunEnv(channels=8), RunEnv(nccl_version="2.18.5")]
+    assert {entry.env for entry in a3.files} == set(envs)
+    assert sorted(len(records) for records, _ in groups) == sorted(
+        len(a3.records(env=env)) for env in envs
+    )
     assert sum(len(records) for records, _ in groups) == len(a3.records())
-    pinned = groups[1][1](2, 8)
+    pinned = a3.topology_for(RunEnv(channels=8))(2, 8)
     assert pinned.fabric is not None and pinned.fabric.spec.channels == 8
-    assert groups[0][1](2, 8).fabric.spec.channels == 12  # the preset's: Google's environment
+    preset = a3.topology_for(RunEnv())(2, 8)
+    assert preset.fabric.spec.channels == 12  # the preset's: Google's environment
     # A3 Mega: the GKE demo run set NCCL_PROTO=Simple and NCCL_ALGO=Ring,Tree
     mega = clusters["gcp-a3-mega-h100"]
     demo = RunEnv(protocols=("simple",), algorithms=("ring", "tree"))
@@ -236,6 +240,15 @@ def test_a_file_run_under_its_own_nccl_environment_is_simulated_with_it() -> Non
     spec = mega.topology_for(demo)(2, 8).fabric.spec
     assert (spec.protocols, spec.algorithms) == (("simple",), ("ring", "tree"))
     assert FABRIC_PRESETS["gcp-a3-mega"].protocols == ("simple", "ll128")
+    # the release a file's run printed is the release its topology runs, within a server too
+    xe = clusters["ib-ndr-h100-xe9680"]
+    (env,) = {entry.env for entry in xe.files}
+    assert env.nccl_version == "2.26.2"
+    assert xe.topology_for(env)(4, 8).nccl_version == "2.26.2"
+    together = clusters["hgx-h100-together"]
+    (one_node,) = {entry.env for entry in together.files}
+    assert together.topology_for(one_node)(1, 8).nccl_version == "2.26.2"
+    assert clusters["ib-ndr-h100-8node-issue309"].topology_for()(8, 8).nccl_version == ""
 
 
 def test_every_shipped_cluster_loads_with_its_sources() -> None:
