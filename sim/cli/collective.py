@@ -204,6 +204,7 @@ def _write(
         "simulated": True, "topology": topology.name, "fidelity": args.fidelity,
         "calibration": args.calibration, "world_size": num_ranks, "num_nodes": num_nodes,
         "ranks_per_node": -(-num_ranks // num_nodes),
+        "nccl_version": topology.nccl_version or DEFAULT_NCCL_VERSION,
     }  # fmt: skip
     config = {
         "ops": parse_ops(args.ops), "min_bytes": parse_size(args.minbytes),

@@ -92,7 +92,7 @@ class Hardware:
     """``NCCL_ALGO`` across the fabric (empty: every algorithm)."""
     nccl_version: str = ""
     """The NCCL release the cluster runs, whose latency tables apply
-    (``nccl_tables.latency_tables``; empty: the release the tables were read from)."""
+    (``nccl_tables.tuner_release``; empty: the release the tables were read from)."""
 
 
 def _speeds(arch: str, inter: bool) -> tuple[float, ...]:

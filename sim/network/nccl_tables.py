@@ -199,13 +199,13 @@ def node_index(num_nodes: int) -> int:
 
 def ll_max_gbps(arch: str, num_nodes: int, cpu_amd: bool, nccl_version: str = "") -> float:
     """``llMaxBw``: by GPU generation on one node, by CPU vendor (Intel row 0, AMD row 1) on more
-    (``nccl_version``: that release's one-node Hopper figure, ``latency_tables``).
+    (``nccl_version``: that release's one-node Hopper figure, ``tuner_release``).
 
     An unknown generation has no cap on one node (inf).
     """
     if num_nodes <= 1:
         if arch == "hopper":
-            return latency_tables(nccl_version).ll_max_hopper_one_node
+            return tuner_release(nccl_version).ll_max_hopper_one_node
         return LL_MAX_GBPS[arch][0] if arch in LL_MAX_GBPS else math.inf
     return LL_MAX_GBPS["ampere" if cpu_amd else "volta"][node_index(num_nodes)]
 
@@ -214,13 +214,14 @@ Row = dict[str, tuple[float, float, float]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LatencyTables:
-    """One NCCL release's latency tables (``baseLat``, ``hwLat``) and its one-node Hopper
-    ``llMaxBw``: what changed in ``src/graph/tuning.cc`` between 2.18.3 and 2.30.7 that the
-    tuner here reads (the per-channel maxima, factors and the tuner's logic are 2.30.7's)."""
+class TunerRelease:
+    """What one NCCL release's tuner does differently from 2.30.7's (``src/graph/tuning.cc`` at
+    its tag): its latency tables (``baseLat``, ``hwLat``), its one-node Hopper ``llMaxBw``, and
+    the bandwidth rules that changed since 2.18.3. The graph search, the other per-channel
+    maxima and the thresholds are 2.30.7's."""
 
     release: str
-    """The first release these tables are from."""
+    """The first release these rules are from."""
     base: Row
     """``baseLat[algo][proto]``."""
     nvlink: Row
@@ -231,17 +232,35 @@ class LatencyTables:
     """``hwLat[NCCL_HW_NET]``."""
     ll_max_hopper_one_node: float
     """``llMaxBws[HOPPER][0]``."""
+    ring_ll_quarter: bool = False
+    """Ring/LL's busbw is a quarter of the graph's (a third for all_gather, reduce_scatter and
+    broadcast on one node) instead of half: up to 2.20."""
+    ring_ll128_one_ppn: float = 0.92
+    """Ring/LL128's factor with one rank per node (0.7 up to 2.22)."""
+    ppn1_tree_net: bool = True
+    """With one rank per node every algorithm pays Tree's NET latency (from 2.23: "latencies are
+    fully exposed")."""
+    nvls_bandwidth: str = "efficiency"
+    """How NVLS and NVLSTree get their bandwidth: ``graph`` (up to 2.28.2: ``min(bwIntra,
+    bwInter)``, NVLSTree ``min(bwIntra, bwInter / 2 on > 2 nodes)``, algbw x 5/6; 2.27 gives
+    NVLS all_gather and reduce_scatter ``min(bwIntra (ppn-1)/ppn, 0.9 bwInter)``) or
+    ``efficiency`` (2.28.3 on: ``nvlsEfficiency``, the per-channel NVLSTree cap, algbw x
+    nRanks / nSteps)."""
+    nvls_gather_ppn: bool = False
+    """2.27's NVLS all_gather / reduce_scatter rule (``nvls_bandwidth`` ``graph`` only)."""
 
 
 def _edit(row: Row, **cells: tuple[float, float, float]) -> Row:
     return {**row, **cells}
 
 
-_LATEST = LatencyTables(
+_LATEST = TunerRelease(
     release="2.28.9", base=BASE_US, nvlink=NVLINK_US, pci=PCI_US, net=NET_US,
     ll_max_hopper_one_node=LL_MAX_GBPS["hopper"][0],
 )  # fmt: skip
-_R2_23 = replace(_LATEST, release="2.23.4", net=_edit(NET_US, nvlstree=(0.0, 0.0, 14.0)))
+_R2_28_3 = replace(_LATEST, release="2.28.3", net=_edit(NET_US, nvlstree=(0.0, 0.0, 14.0)))
+_R2_27 = replace(_R2_28_3, release="2.27.3", nvls_bandwidth="graph", nvls_gather_ppn=True)
+_R2_23 = replace(_R2_27, release="2.23.4", nvls_gather_ppn=False)
 _R2_21 = replace(
     _R2_23,
     release="2.21.5",
@@ -249,44 +268,59 @@ _R2_21 = replace(
     nvlink=_edit(NVLINK_US, tree=(0.6, 1.25, 28.0)),
     pci=_edit(PCI_US, tree=(1.0, 1.9, 28.0)),
     net=_edit(_R2_23.net, tree=(5.0, 8.5, 28.0)),
+    ring_ll128_one_ppn=0.7,
+    ppn1_tree_net=False,
 )
 _R2_19 = replace(
     _R2_21,
     release="2.19.1",
     nvlink=_edit(_R2_21.nvlink, nvls=(0.0, 0.0, 23.0), nvlstree=(0.0, 0.0, 23.0)),
     ll_max_hopper_one_node=LL_MAX_GBPS["ampere"][0],
+    ring_ll_quarter=True,
 )
-_R2_18 = replace(
+_R2_18_3 = replace(
     _R2_19,
     release="2.18.3",
     nvlink=_edit(_R2_19.nvlink, tree=(0.6, 1.25, 4.0)),
     pci=_edit(_R2_19.pci, tree=(1.0, 1.9, 6.0)),
     net=_edit(_R2_19.net, tree=(5.0, 8.5, 14.0), nvlstree=(0.0, 0.0, 19.0)),
 )
-RELEASES: tuple[tuple[tuple[int, int, int], LatencyTables], ...] = (
-    ((2, 18, 3), _R2_18),
+_R2_18_1 = replace(_R2_18_3, release="2.18.1", nvlink=_R2_19.nvlink, pci=_R2_19.pci, net=_edit(
+    _R2_19.net, nvlstree=(0.0, 0.0, 19.0)))  # fmt: skip
+RELEASES: tuple[tuple[tuple[int, int, int], TunerRelease], ...] = (
+    ((0, 0, 0), _R2_18_1),
+    ((2, 18, 3), _R2_18_3),
     ((2, 19, 0), _R2_19),
     ((2, 21, 0), _R2_21),
     ((2, 23, 0), _R2_23),
+    ((2, 27, 0), _R2_27),
+    ((2, 28, 3), _R2_28_3),
     ((2, 28, 9), _LATEST),
 )
-"""Each release's tables, from the first release that shipped them (NVIDIA/nccl's tags,
-``src/graph/tuning.cc``): 2.18.3 (Tree/Simple 4 / 6 / 14 us per step, NVLSTree 19 us per network
-step; its NVLS charged 23 us as a base where later releases charge it per NVLink step, the same
-on one node, and its CollNet rows and NVLSTree's per-node formula are not carried: 2.19's are),
-2.19.1 (Tree/Simple 28 us per step on every link; NVLS's 23 us per
-NVLink step; Hopper's one-node LL cap still Ampere's 87.7 GB/s), 2.21.5 (NVLS 25 us; the cap 141),
-2.23.4 (Tree/Simple 8.4 us base and 4 / 4 / 14 us per step), 2.28.9 (NVLSTree 20.9 us per network
-step, was 14): every release up to the next listed one runs the same tables. Releases before
-2.18.3 are given 2.18.3's."""
+"""Each release's rules, from the first release that shipped them (NVIDIA/nccl's tags,
+``src/graph/tuning.cc``); every release up to the next listed one runs the same:
+
+- up to 2.18.2 (2.18.1's tables, also read at 2.17.1 and 2.9.9): Tree/Simple 28 us per step on
+  every link, 0 base; NVLSTree 19 us per network step;
+- 2.18.3: Tree/Simple 4 / 6 / 14 us per NVLink / PCI / network step;
+- 2.19.1: Tree/Simple 28 again; NVLS 23 us per NVLink step (2.18 charged 23 us as a base: the same
+  on one node; 2.18's CollNet rows and its per-node NVLSTree formula are not carried);
+- 2.21.5: NVLS 25 us; Hopper's one-node LL cap 141 GB/s (87.7, Ampere's, before); Ring/LL at
+  half the graph's busbw (a quarter before);
+- 2.23.4: Tree/Simple 8.4 us base and 4 / 4 / 14 us per step; Ring/LL128 0.92 with one rank per
+  node (0.7 before); one rank per node pays Tree's network latency;
+- 2.27.3: NVLS all_gather / reduce_scatter bandwidth from the local ranks;
+- 2.28.3: NVLS and NVLSTree bandwidth from ``nvlsEfficiency`` and the per-channel caps;
+- 2.28.9: NVLSTree 20.9 us per network step (14 before)."""
 
 DEFAULT_NCCL_VERSION = "2.30.7"
 """The release an empty ``nccl_version`` means (``NCCL_VERSION``)."""
 
 
 @functools.lru_cache(maxsize=64)
-def latency_tables(nccl_version: str = "") -> LatencyTables:
-    """The tables of the release ``nccl_version`` names (empty: ``DEFAULT_NCCL_VERSION``)."""
+def tuner_release(nccl_version: str = "") -> TunerRelease:
+    """The rules of the release ``nccl_version`` names (empty: ``DEFAULT_NCCL_VERSION``; later
+    releases than it: its rules)."""
     version = nccl_release(nccl_version or DEFAULT_NCCL_VERSION)
     chosen = RELEASES[0][1]
     for first, tables in RELEASES:

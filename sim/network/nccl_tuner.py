@@ -91,7 +91,11 @@ def _algbw_gbps(op: str, algo: str, proto: str, hw: Hardware) -> float | None:
     ppn = n / nodes
     collnet = algo in ("collnet_direct", "collnet_chain")
     bw = graph.bw_intra_gbps if nodes <= 2 or collnet else graph.bw_inter_gbps
-    if algo in ("nvls", "nvlstree"):
+    release = T.tuner_release(hw.nccl_version)
+    graph_rule = release.nvls_bandwidth == "graph"
+    if algo in ("nvls", "nvlstree") and graph_rule:
+        bw = _nvls_graph_gbps(op, algo, hw, release.nvls_gather_ppn)
+    elif algo in ("nvls", "nvlstree"):
         if graph.num_channels < 2:
             return None
         intra = graph.bw_intra_gbps * T.NVLS_EFFICIENCY.get(hw.arch, 0.0)
@@ -105,6 +109,8 @@ def _algbw_gbps(op: str, algo: str, proto: str, hw: Hardware) -> float | None:
     if (op in ("all_gather", "reduce_scatter") and algo in ("nvls", "collnet_direct")
             and nodes > 1 and not _one_rank_per_head(hw)):  # fmt: skip
         bus = 0.0
+    if graph_rule and algo in ("nvls", "nvlstree"):
+        return bus * 5.0 / 6.0  # before 2.28.3, for every op
     if not (algo != "ring" and op in ("all_gather", "reduce_scatter")):
         steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1}
         ratio = n / steps.get(op, n) if algo in ("ring", "nvls", "nvlstree") else 0.5
@@ -112,16 +118,37 @@ def _algbw_gbps(op: str, algo: str, proto: str, hw: Hardware) -> float | None:
     return bus
 
 
+def _nvls_graph_gbps(op: str, algo: str, hw: Hardware, gather_ppn: bool) -> float:
+    """NVLS / NVLSTree bandwidth per channel before 2.28.3 (``TunerRelease.nvls_bandwidth``
+    ``graph``): the graph's own speeds, NVLSTree's network half on more than two nodes, and 2.27's
+    all_gather / reduce_scatter rule."""
+    graph = graphs(hw)[algo]
+    if algo == "nvlstree":
+        inter = graph.bw_inter_gbps if hw.num_nodes <= 2 else graph.bw_inter_gbps / 2
+        return min(graph.bw_intra_gbps, inter)
+    if gather_ppn and op != "all_reduce":
+        ppn = hw.num_ranks / hw.num_nodes
+        return min(graph.bw_intra_gbps * (ppn - 1) / ppn, graph.bw_inter_gbps * 0.9)
+    return min(graph.bw_intra_gbps, graph.bw_inter_gbps)
+
+
 def _refine(op: str, algo: str, proto: str, hw: Hardware, bus: float) -> float:
     """tuning.cc's "various model refinements" of the bus bandwidth."""
     nodes = hw.num_nodes
     channels = graphs(hw)[algo].num_channels
     ll_max = T.ll_max_gbps(hw.arch, nodes, hw.cpu_amd, hw.nccl_version)
+    release = T.tuner_release(hw.nccl_version)
     if algo == "ring" and proto == "ll":
-        bus = min(ll_max, bus * T.LL_FACTOR)
+        factor = T.LL_FACTOR
+        if release.ring_ll_quarter:
+            quarter = nodes > 1 or op in ("all_reduce", "reduce")
+            factor = 1.0 / 4.0 if quarter else 1.0 / 3.0
+        bus = min(ll_max, bus * factor)
     if algo == "ring" and proto == "ll128":
         cap = T.per_channel(T.PER_CH_RING_LL128_GBPS, hw.arch, nodes)
-        bus = min(bus * T.LL128_FACTOR, T.channel_cap(channels, cap))
+        one_ppn = hw.num_ranks < 2 * nodes
+        factor = release.ring_ll128_one_ppn if one_ppn else T.LL128_FACTOR
+        bus = min(bus * factor, T.channel_cap(channels, cap))
     if algo == "tree" and op == "all_reduce":
         cap = T.per_channel(T.PER_CH_TREE_GBPS, hw.arch, nodes)
         bus = min(bus * T.TREE_AR_FACTOR, T.channel_cap(channels, cap))
@@ -157,7 +184,7 @@ def _latency_us(op: str, algo: str, proto: str, hw: Hardware) -> float:
     p = T.PROTOCOLS.index(proto)
     n, nodes = hw.num_ranks, hw.num_nodes
     ppn = n // nodes
-    tables = T.latency_tables(hw.nccl_version)
+    tables = T.tuner_release(hw.nccl_version)
     intra_row = tables.nvlink if hw.intra_hw == "nvlink" else tables.pci
     intra = intra_row[algo][p]
     inter = inter_step_us(proto, algo, hw, physical=False)

@@ -208,7 +208,7 @@ def _table_algo(algo: str) -> str:
 def _protocol(name: str, op: str, algo: str, hw: Hardware) -> Protocol:
     p = T.PROTOCOLS.index(name)
     table = _table_algo(algo)
-    tables = T.latency_tables(hw.nccl_version)
+    tables = T.tuner_release(hw.nccl_version)
     intra_row = tables.nvlink if hw.intra_hw == "nvlink" else tables.pci
     intra = intra_row[table][p]
     inter = inter_step_us(name, table, hw, physical=True)
@@ -311,14 +311,15 @@ def _channel_gbps(table: str, hw: Hardware) -> float:
 
 
 def inter_step_us(name: str, table: str, hw: Hardware, *, physical: bool) -> float:
-    """Latency of one inter-node step: NCCL's NET hwLat (Tree's row with one GPU per node) plus
-    the plugin latency (x2 for Simple) in NCCL's model; the fabric's own figure, where it has
-    one, in the time model."""
+    """Latency of one inter-node step: NCCL's NET hwLat of the cluster's release (Tree's row with
+    one GPU per node, from 2.23) plus the plugin latency (x2 for Simple) in NCCL's model; the
+    fabric's own figure, where it has one, in the time model."""
     p = T.PROTOCOLS.index(name)
-    ppn_one = hw.num_ranks == hw.num_nodes
+    release = T.tuner_release(hw.nccl_version)
+    ppn_one = hw.num_ranks == hw.num_nodes and release.ppn1_tree_net
     if physical and hw.net_step_latency_us is not None:
         return hw.net_step_latency_us + (hw.net_simple_extra_us if name == "simple" else 0.0)
-    latency = T.latency_tables(hw.nccl_version).net["tree" if ppn_one else table][p]
+    latency = release.net["tree" if ppn_one else table][p]
     if not physical:
         latency += hw.plugin_latency_us * (2 if name == "simple" else 1)
     return latency

@@ -149,3 +149,35 @@ def test_malformed_yaml_error_names_the_file(tmp_path):
     with pytest.raises(yaml.YAMLError) as error:
         load_cluster(str(path))
     assert "broken.yaml" in str(error.value)
+
+
+def test_the_nccl_release_reaches_every_way_a_cluster_is_chosen(tmp_path):
+    import argparse
+
+    from schedules.plan import load_plan
+    from schedules.whatif import parse_flags
+    from sim.inputs.topology import add_topology_arguments, topology_factory
+    from sim.replay.simulate import plan_topology
+    from sim.replay.whatif import degraded_topology
+
+    parser = argparse.ArgumentParser()
+    add_topology_arguments(parser)
+    flags = parser.parse_args(["--topology", "dgx-h100", "--nodes", "2", "--fabric", "ib-ndr"])
+    assert topology_factory(flags)(2, 8).nccl_version == ""
+    flags.nccl_version = "2.21.5"
+    assert topology_factory(flags)(2, 8).nccl_version == "2.21.5"
+    raw = {
+        "model": "llama3-8b",
+        "cluster": {"node": "dgx-h100", "num_nodes": 2, "fabric": "ib-ndr",
+                    "nccl_version": "2.26.2"},
+        "parallel": {"data_parallel": "fsdp"},
+        "training": {"micro_batch_size": 1, "global_batch_size": 16},
+    }  # fmt: skip
+    cluster = plan_topology(load_plan(raw))
+    assert cluster.nccl_version == "2.26.2"
+    slow = degraded_topology(cluster, parse_flags(["nic=3:0.5"]))
+    assert slow is not cluster and slow.nccl_version == "2.26.2"  # a what-if keeps the release
+    (tmp_path / "c.yaml").write_text("node: dgx-h100\n")
+    beside = {**raw, "cluster": {"file": "c.yaml", "nccl_version": "2.26.2"}}
+    with pytest.raises(ValueError, match="the cluster file names its own nccl_version"):
+        load_plan(beside)

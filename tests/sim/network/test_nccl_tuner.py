@@ -132,12 +132,14 @@ def test_aws_region_tuner_picks_for_the_p5_points():
     ("release", "first", "tree_simple", "nvls_nvlink", "nvlstree_net", "ll_max_hopper"),
     [
         # (base, NVLink, PCI, NET) of Tree/Simple; from src/graph/tuning.cc at each tag
-        ("2.9.9", "2.18.3", (0.0, 4.0, 6.0, 14.0), 23.0, 19.0, 87.7),
+        ("2.9.9", "2.18.1", (0.0, 28.0, 28.0, 28.0), 23.0, 19.0, 87.7),
+        ("2.17.1", "2.18.1", (0.0, 28.0, 28.0, 28.0), 23.0, 19.0, 87.7),
         ("2.18.5", "2.18.3", (0.0, 4.0, 6.0, 14.0), 23.0, 19.0, 87.7),
         ("2.20.5", "2.19.1", (0.0, 28.0, 28.0, 28.0), 23.0, 14.0, 87.7),
         ("2.21.5", "2.21.5", (0.0, 28.0, 28.0, 28.0), 25.0, 14.0, 141.0),
         ("2.26.2+cuda12.8", "2.23.4", (8.4, 4.0, 4.0, 14.0), 25.0, 14.0, 141.0),
-        ("2.28.7", "2.23.4", (8.4, 4.0, 4.0, 14.0), 25.0, 14.0, 141.0),
+        ("2.27.5", "2.27.3", (8.4, 4.0, 4.0, 14.0), 25.0, 14.0, 141.0),
+        ("2.28.7", "2.28.3", (8.4, 4.0, 4.0, 14.0), 25.0, 14.0, 141.0),
         ("2.28.9", "2.28.9", (8.4, 4.0, 4.0, 14.0), 25.0, 20.9, 141.0),
         ("", "2.28.9", (8.4, 4.0, 4.0, 14.0), 25.0, 20.9, 141.0),
     ],
@@ -145,17 +147,53 @@ def test_aws_region_tuner_picks_for_the_p5_points():
 def test_each_nccl_release_reads_its_own_latency_tables(
     release, first, tree_simple, nvls_nvlink, nvlstree_net, ll_max_hopper
 ):
-    tables = T.latency_tables(release)
-    assert tables.release == first
+    rules = T.tuner_release(release)
+    assert rules.release == first
     simple = T.PROTOCOLS.index("simple")
-    rows = (tables.base, tables.nvlink, tables.pci, tables.net)
+    rows = (rules.base, rules.nvlink, rules.pci, rules.net)
     assert tuple(row["tree"][simple] for row in rows) == tree_simple
-    assert tables.nvlink["nvls"][simple] == nvls_nvlink
-    assert tables.net["nvlstree"][simple] == nvlstree_net
+    assert rules.nvlink["nvls"][simple] == nvls_nvlink
+    assert rules.net["nvlstree"][simple] == nvlstree_net
     assert T.ll_max_gbps("hopper", 1, False, release) == ll_max_hopper
     assert T.ll_max_gbps("hopper", 2, False, release) == 39.0  # Intel row, every release
+    version = T.nccl_release(release or T.DEFAULT_NCCL_VERSION)
+    assert rules.ring_ll_quarter == (version < (2, 21, 0))
+    assert rules.ppn1_tree_net == (version >= (2, 23, 0))
+    assert (rules.nvls_bandwidth == "graph") == (version < (2, 28, 3))
     with pytest.raises(ValueError, match=r"nccl_version='2\.26'; expected a release"):
-        T.latency_tables("2.26")
+        T.tuner_release("2.26")
+
+
+def test_each_release_prices_what_its_tuner_priced():
+    one_node = {v: _hw_release("dgx-h100", 1, None, v) for v in ("2.20.5", "2.21.5")}
+    # Ring/LL on one H100 node: 12 channels x 30 GB/s, min(llMaxBw, busBw x factor) x 8 / 14:
+    # up to 2.20 a quarter and Ampere's 87.7 cap, from 2.21 half and 141
+    assert tune(one_node["2.20.5"])[("all_reduce", "ring", "ll")].algbw_gbps == pytest.approx(
+        min(87.7, 360 / 4) * 8 / 14
+    )
+    assert tune(one_node["2.21.5"])[("all_reduce", "ring", "ll")].algbw_gbps == pytest.approx(
+        min(141.0, 360 / 2) * 8 / 14
+    )
+    # one rank on each of 4 servers: Tree's NET latency from 2.23 only (Ring/LL: 6.6 base + 6
+    # network steps of 2.7 us, then of Tree/LL's 5.0 us)
+    spread = {
+        v: placement_of(build_cluster("dgx-h100", 4, "ib-ndr", nccl_version=v), [0, 8, 16, 24])
+        for v in ("2.22.3", "2.23.4")
+    }
+    ll = {v: tune(p.hardware())[("all_reduce", "ring", "ll")].latency_us for v, p in spread.items()}
+    assert ll == {"2.22.3": pytest.approx(6.6 + 6 * 2.7), "2.23.4": pytest.approx(6.6 + 6 * 5.0)}
+    simple = tune(spread["2.22.3"].hardware())[("all_reduce", "ring", "simple")].latency_us
+    assert simple == pytest.approx(8.4 + 6 * 14.0)  # Ring's 14, not Tree/Simple's 28 of 2.22
+    # NVLSTree on 4 NDR servers: 8 channels, min(40, 48 / 2) x 5/6 before 2.28.3
+    four = _hw_release("dgx-h100", 4, "ib-ndr", "2.26.2")
+    assert tune(four)[("all_reduce", "nvlstree", "simple")].algbw_gbps == pytest.approx(
+        8 * min(40.0, 48.0 / 2) * 5 / 6
+    )
+
+
+def _hw_release(node: str, nodes: int, fabric: str | None, release: str):
+    topology = build_cluster(node, nodes, fabric, nccl_version=release)
+    return placement_of(topology, range(topology.num_gpus)).hardware()
 
 
 def test_nccl_2_26_picks_nvlstree_at_4_mib_on_four_servers_where_2_30_keeps_tree():
@@ -172,6 +210,8 @@ def test_nccl_2_26_picks_nvlstree_at_4_mib_on_four_servers_where_2_30_keeps_tree
     )
     assert choose("all_reduce", old, 4 << 20) == ("nvlstree", "simple")
     assert choose("all_reduce", new, 4 << 20) == ("tree", "ll128")
+    # and Ring from 256 MiB, where NVLSTree's bandwidth (160 GB/s before 2.28.3) falls behind
+    assert choose("all_reduce", old, 256 << 20) == ("ring", "simple")
     assert (
         choose("all_reduce", old, 8 << 30)
         == choose("all_reduce", new, 8 << 30)
