@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from fileio.output import check_output
-from sim.inputs.measured import add_reading_arguments, read_measured
+from sim.inputs.measured import add_reading_arguments, read_measured, release_from_measured
 from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     records = read_measured(
         args.measured, args.only, op=args.op, allow_wrong=args.allow_wrong, note=_note
     )
+    release_from_measured(args, _note)
     factory = topology_factory(args)
     calibration, notes = fit_calibration(
         records, factory, topology_name=args.topology, sources=args.measured,

@@ -18,7 +18,7 @@ import sys
 
 from fileio.output import check_outputs, write_text
 from sim.inputs.calibrations import node_mismatch
-from sim.inputs.measured import add_reading_arguments, read_measured
+from sim.inputs.measured import add_reading_arguments, read_measured, release_from_measured
 from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration, load_calibration
@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     records = read_measured(
         args.measured, args.only, op=args.op, allow_wrong=args.allow_wrong, note=_note
     )
+    release_from_measured(args, _note)
     min_size = parse_size(args.min_size)
     calibration, train, how = _calibration(args, records)
     trained = {id(r) for r in train}

@@ -15,8 +15,9 @@ import warnings
 from collections.abc import Callable
 
 from sim.network.compare import any_matches, parse_selector
+from topologies.presets import NODE_PRESETS
 from vocab.collectives import canonical_op
-from vocab.readers import read_results
+from vocab.readers import nccl_version_of, read_results
 from vocab.records import Record
 
 
@@ -30,6 +31,29 @@ def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-wrong", action="store_true",
         help="use records whose #wrong > 0 (results the benchmark found wrong); refused by default",
     )  # fmt: skip
+
+
+def release_from_measured(args: argparse.Namespace, note: Callable[[str], None]) -> None:
+    """Run the simulation under the NCCL release the measured files print (``args.measured``),
+    when ``--nccl-version`` is not given and ``--topology`` is a preset: sets
+    ``args.nccl_version`` and says so. ValueError when the files print different releases."""
+    if getattr(args, "nccl_version", "") or args.topology not in NODE_PRESETS:
+        return
+    printed = {path: nccl_version_of(path) for path in args.measured}
+    releases = sorted({v for v in printed.values() if v is not None})
+    if len(releases) > 1:
+        named = ", ".join(f"{v} ({p})" for p, v in printed.items() if v is not None)
+        raise ValueError(
+            f"the measured files print different NCCL releases: {named}; give them one at a "
+            "time, or name one with --nccl-version"
+        )
+    if releases:
+        args.nccl_version = releases[0]
+        count = sum(v is not None for v in printed.values())
+        note(
+            f"NCCL {releases[0]}'s tuning tables, as {count} of the {len(printed)} measured "
+            "file(s) print it (--nccl-version overrides)"
+        )
 
 
 def read_measured(

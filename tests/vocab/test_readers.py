@@ -296,3 +296,20 @@ def test_a_two_rank_table_with_a_reduction_and_no_op_reads_as_all_reduce():
     assert {r.op for r in records} == {"all_reduce"}
     declared = parse_nccl_tests_text(table, name="t.txt", op="send_recv", world=2)
     assert {r.op for r in declared} == {"send_recv"}
+
+
+def test_the_nccl_release_a_file_prints_is_read(tmp_path):
+    from vocab.readers import nccl_version_of
+
+    log = tmp_path / "ar.log"
+    log.write_text("host:1:1 [0] NCCL INFO NCCL version 2.26.2+cuda12.8\n#  size count\n")
+    assert nccl_version_of(log) == "2.26.2"
+    header = tmp_path / "ag.log"  # nccl-tests' own header: NCCL_VERSION_CODE
+    header.write_text("# nccl-tests version 2.13.9 nccl-headers=21805 nccl-library=21803\n")
+    assert nccl_version_of(header) == "2.18.3"
+    document = tmp_path / "run.json"
+    document.write_text('{"schema": "commbench/1", "env": {"nccl_version": "2.28.9"}}')
+    assert nccl_version_of(document) == "2.28.9"
+    silent = tmp_path / "plain.log"
+    silent.write_text("#  size count type\n")
+    assert nccl_version_of(silent) is None

@@ -114,3 +114,24 @@ def test_calibrate_header_counts_the_records_it_used(
         "# commsim calibrate: 56 of 112 records used (56 in-place twins of out-of-place ones), "
         "from 1 file(s), topology localhost"
     )
+
+
+def test_compare_runs_under_the_nccl_release_the_measured_file_prints(
+    tmp_path: Path, capsys: Any
+) -> None:
+    table = Path(refdata.__file__).parent / "nccl" / "h100_8gpu_all_reduce_ring.txt"
+    printed = tmp_path / "all_reduce.log"
+    printed.write_text(
+        "# host:1:1 [0] NCCL INFO NCCL version 2.23.4+cuda12.6\n" + table.read_text()
+    )
+    argv = ["compare", str(printed), "--topology", "dgx-h100"]
+    assert main(argv) == 0
+    assert "NCCL 2.23.4's tuning tables, as 1 of the 1 measured file(s) print it" in (
+        capsys.readouterr().out
+    )
+    assert main([*argv, "--nccl-version", "2.30.7"]) == 0
+    assert "measured file(s) print it" not in capsys.readouterr().out
+    other = tmp_path / "all_reduce_other.log"
+    other.write_text(printed.read_text().replace("2.23.4", "2.27.5"))
+    assert main(["compare", str(printed), str(other), "--topology", "dgx-h100"]) == 2
+    assert "print different NCCL releases: 2.23.4" in capsys.readouterr().err
