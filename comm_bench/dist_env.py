@@ -131,7 +131,9 @@ def nccl_version() -> str | None:
     if not torch.cuda.is_available():
         return None
     version = torch.cuda.nccl.version()
-    return ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
+    if isinstance(version, tuple):  # (2, 21, 5) or, in newer torch, a suffix after the patch
+        return ".".join(str(part) for part in version[:3])
+    return str(version)
 
 
 def gather_env(ctx: DistContext) -> dict[str, Any]:

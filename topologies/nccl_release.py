@@ -10,12 +10,17 @@ import re
 
 from fileio.strict import shorten
 
-_RELEASE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+][\w.+-]*)?")
+_RELEASE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+.][\w.+-]*)?")
 
 
 def nccl_release(text: object) -> tuple[int, int, int]:
     """(major, minor, patch) of a release as NCCL prints it (``2.26.2``, ``2.26.2-1``,
-    ``2.26.2+cuda12.8``); ValueError naming the value otherwise."""
+    ``2.26.2+cuda12.8``, torch's ``2.21.5.a0``) or as its ``NCCL_VERSION_CODE`` (``22602``);
+    ValueError naming the value otherwise."""
+    code = str(text).strip() if isinstance(text, str | int) and not isinstance(text, bool) else ""
+    if code.isdigit() and len(code) >= 5:  # major * 10000 + minor * 100 + patch
+        number = int(code)
+        return number // 10000, number // 100 % 100, number % 100
     match = _RELEASE.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise ValueError(

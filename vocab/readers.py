@@ -145,25 +145,20 @@ def _read_any(path: Path, op: str | None, world: int | None = None) -> list[Reco
 _PRINTED_RELEASE = re.compile(r"NCCL version (\d+\.\d+\.\d+)|nccl-library=(\d{5,})")
 
 
-def nccl_version_of(path: str | Path) -> str | None:
-    """The NCCL release a results file names, ``major.minor.patch``: a commbench JSON's
-    ``env.nccl_version``; in a log, NCCL's ``NCCL version 2.26.2+cuda12.8`` line or nccl-tests'
-    ``nccl-library=22602`` (``NCCL_VERSION_CODE``); None when it names none."""
+def nccl_versions_printed(path: str | Path) -> set[str]:
+    """The NCCL releases a results file names, as written: a commbench JSON's
+    ``env.nccl_version``; in a log, NCCL's ``NCCL version 2.26.2+cuda12.8`` lines or nccl-tests'
+    ``nccl-library=22602`` (``NCCL_VERSION_CODE``). Empty when it names none."""
     text = read_input(path, what="measured results")
-    if text.lstrip().startswith("{"):
-        with contextlib.suppress(ValueError):
-            document = load_json(text, name=str(path))
-            env = document.get("env") if isinstance(document, dict) else None
-            release = env.get("nccl_version") if isinstance(env, dict) else None
-            return release if isinstance(release, str) and release else None
-        return None
-    match = _PRINTED_RELEASE.search(text)
-    if match is None:
-        return None
-    if match.group(1):
-        return match.group(1)
-    code = int(match.group(2))
-    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    if not text.lstrip().startswith("{"):
+        return {a or b for a, b in _PRINTED_RELEASE.findall(text)}
+    with contextlib.suppress(ValueError):
+        document = load_json(text, name=str(path))
+        env = document.get("env") if isinstance(document, dict) else None
+        release = env.get("nccl_version") if isinstance(env, dict) else None
+        if release not in (None, ""):
+            return {str(release)}
+    return set()
 
 
 def read_many(paths: Iterable[str | Path]) -> list[Record]:

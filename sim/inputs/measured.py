@@ -15,9 +15,11 @@ import warnings
 from collections.abc import Callable
 
 from sim.network.compare import any_matches, parse_selector
+from topologies.config import load_cluster
+from topologies.nccl_release import check_nccl_version
 from topologies.presets import NODE_PRESETS
 from vocab.collectives import canonical_op
-from vocab.readers import nccl_version_of, read_results
+from vocab.readers import nccl_versions_printed, read_results
 from vocab.records import Record
 
 
@@ -33,11 +35,24 @@ def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def nccl_version_of(path: str) -> str | None:
+    """The NCCL release a measured file prints, ``major.minor.patch`` (None: it prints none);
+    ValueError naming the file when it prints an unreadable release or several."""
+    try:
+        releases = {check_nccl_version(text) for text in nccl_versions_printed(path)}
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if len(releases) > 1:
+        raise ValueError(f"{path} prints several NCCL releases: {', '.join(sorted(releases))}")
+    return releases.pop() if releases else None
+
+
 def release_from_measured(args: argparse.Namespace, note: Callable[[str], None]) -> None:
     """Run the simulation under the NCCL release the measured files print (``args.measured``),
     when ``--nccl-version`` is not given and ``--topology`` is a preset: sets
-    ``args.nccl_version`` and says so. ValueError when the files print different releases."""
-    if getattr(args, "nccl_version", "") or args.topology not in NODE_PRESETS:
+    ``args.nccl_version`` and says so; a cluster file keeps its own release, and a note says
+    where the files print another. ValueError when the files print different releases."""
+    if getattr(args, "nccl_version", ""):
         return
     printed = {path: nccl_version_of(path) for path in args.measured}
     releases = sorted({v for v in printed.values() if v is not None})
@@ -47,13 +62,22 @@ def release_from_measured(args: argparse.Namespace, note: Callable[[str], None])
             f"the measured files print different NCCL releases: {named}; give them one at a "
             "time, or name one with --nccl-version"
         )
-    if releases:
-        args.nccl_version = releases[0]
-        count = sum(v is not None for v in printed.values())
-        note(
-            f"NCCL {releases[0]}'s tuning tables, as {count} of the {len(printed)} measured "
-            "file(s) print it (--nccl-version overrides)"
-        )
+    if not releases:
+        return
+    if args.topology not in NODE_PRESETS:
+        own = load_cluster(args.topology).nccl_version or "none (2.30.7's rules)"
+        if own != releases[0]:
+            note(
+                f"the measured files print NCCL {releases[0]}; the cluster file names {own}, "
+                "which is what runs"
+            )
+        return
+    args.nccl_version = releases[0]
+    count = sum(v is not None for v in printed.values())
+    note(
+        f"NCCL {releases[0]}'s tuning tables, as {count} of the {len(printed)} measured "
+        "file(s) print it (--nccl-version overrides)"
+    )
 
 
 def read_measured(

@@ -240,9 +240,15 @@ class TunerRelease:
     ppn1_tree_net: bool = True
     """With one rank per node every algorithm pays Tree's NET latency (from 2.23: "latencies are
     fully exposed")."""
+    ring_all_reduce_2n_net_steps: bool = False
+    """Ring all_reduce's latency counts 2 nNodes network steps, not 2 (nNodes - 1): up to 2.22."""
+    nvls_ratio_every_op: bool = False
+    """NVLS all_gather / reduce_scatter also take the x5/6 algbw ratio: up to 2.22 (from 2.23
+    only all_reduce does)."""
     nvls_bandwidth: str = "efficiency"
     """How NVLS and NVLSTree get their bandwidth: ``graph`` (up to 2.28.2: ``min(bwIntra,
-    bwInter)``, NVLSTree ``min(bwIntra, bwInter / 2 on > 2 nodes)``, algbw x 5/6; 2.27 gives
+    bwInter)``, NVLSTree ``min(bwIntra, bwInter / 2 on > 2 nodes)``, algbw x 5/6 (all_reduce only
+    from 2.23: ``nvls_ratio_every_op``); 2.27 gives
     NVLS all_gather and reduce_scatter ``min(bwIntra (ppn-1)/ppn, 0.9 bwInter)``) or
     ``efficiency`` (2.28.3 on: ``nvlsEfficiency``, the per-channel NVLSTree cap, algbw x
     nRanks / nSteps)."""
@@ -270,6 +276,8 @@ _R2_21 = replace(
     net=_edit(_R2_23.net, tree=(5.0, 8.5, 28.0)),
     ring_ll128_one_ppn=0.7,
     ppn1_tree_net=False,
+    ring_all_reduce_2n_net_steps=True,
+    nvls_ratio_every_op=True,
 )
 _R2_19 = replace(
     _R2_21,
@@ -300,15 +308,20 @@ RELEASES: tuple[tuple[tuple[int, int, int], TunerRelease], ...] = (
 """Each release's rules, from the first release that shipped them (NVIDIA/nccl's tags,
 ``src/graph/tuning.cc``); every release up to the next listed one runs the same:
 
-- up to 2.18.2 (2.18.1's tables, also read at 2.17.1 and 2.9.9): Tree/Simple 28 us per step on
-  every link, 0 base; NVLSTree 19 us per network step;
+- up to 2.18.2 (2.18.1's tables: Tree/Simple 28 us per step on every link, 0 base; NVLSTree 19 us
+  per network step); releases before 2.18.1 are approximated by them (their Tree/Simple is the
+  same; their other base and NVLink LL latencies, network overhead and caps are not carried), and
+  2.18's own NVLS / NVLSTree bandwidth rules and its Ring-only all_gather / reduce_scatter are
+  not carried either (2.19's are);
 - 2.18.3: Tree/Simple 4 / 6 / 14 us per NVLink / PCI / network step;
 - 2.19.1: Tree/Simple 28 again; NVLS 23 us per NVLink step (2.18 charged 23 us as a base: the same
   on one node; 2.18's CollNet rows and its per-node NVLSTree formula are not carried);
 - 2.21.5: NVLS 25 us; Hopper's one-node LL cap 141 GB/s (87.7, Ampere's, before); Ring/LL at
   half the graph's busbw (a quarter before);
 - 2.23.4: Tree/Simple 8.4 us base and 4 / 4 / 14 us per step; Ring/LL128 0.92 with one rank per
-  node (0.7 before); one rank per node pays Tree's network latency;
+  node (0.7 before); one rank per node pays Tree's network latency; Ring all_reduce's latency
+  counts 2 (nNodes - 1) network steps (2 nNodes before); NVLS all_gather / reduce_scatter keep
+  their busbw (x5/6 before);
 - 2.27.3: NVLS all_gather / reduce_scatter bandwidth from the local ranks;
 - 2.28.3: NVLS and NVLSTree bandwidth from ``nvlsEfficiency`` and the per-channel caps;
 - 2.28.9: NVLSTree 20.9 us per network step (14 before)."""

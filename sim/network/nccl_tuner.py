@@ -109,8 +109,9 @@ def _algbw_gbps(op: str, algo: str, proto: str, hw: Hardware) -> float | None:
     if (op in ("all_gather", "reduce_scatter") and algo in ("nvls", "collnet_direct")
             and nodes > 1 and not _one_rank_per_head(hw)):  # fmt: skip
         bus = 0.0
-    if graph_rule and algo in ("nvls", "nvlstree"):
-        return bus * 5.0 / 6.0  # before 2.28.3, for every op
+    if graph_rule and algo in ("nvls", "nvlstree"):  # before 2.28.3
+        every_op = release.nvls_ratio_every_op
+        return bus * 5.0 / 6.0 if every_op or op == "all_reduce" else bus
     if not (algo != "ring" and op in ("all_gather", "reduce_scatter")):
         steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1}
         ratio = n / steps.get(op, n) if algo in ("ring", "nvls", "nvlstree") else 0.5
@@ -197,6 +198,8 @@ def _latency_us(op: str, algo: str, proto: str, hw: Hardware) -> float:
         if nodes > 1:
             intra = max(intra, net_overhead_us(proto, hw))
         inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
+        if op == "all_reduce" and nodes > 1 and tables.ring_all_reduce_2n_net_steps:
+            inter_steps = 2 * nodes
         return base + (steps - inter_steps) * intra + inter_steps * inter
     log_nodes = int(math.log2(nodes))
     if algo == "tree":

@@ -299,7 +299,7 @@ def test_a_two_rank_table_with_a_reduction_and_no_op_reads_as_all_reduce():
 
 
 def test_the_nccl_release_a_file_prints_is_read(tmp_path):
-    from vocab.readers import nccl_version_of
+    from sim.inputs.measured import nccl_version_of
 
     log = tmp_path / "ar.log"
     log.write_text("host:1:1 [0] NCCL INFO NCCL version 2.26.2+cuda12.8\n#  size count\n")
@@ -313,3 +313,15 @@ def test_the_nccl_release_a_file_prints_is_read(tmp_path):
     silent = tmp_path / "plain.log"
     silent.write_text("#  size count type\n")
     assert nccl_version_of(silent) is None
+    torch_suffix = tmp_path / "torch.json"  # newer torch: (2, 21, 5, 'a0'); older: 22105
+    torch_suffix.write_text('{"schema": "commbench/1", "env": {"nccl_version": "2.21.5.a0"}}')
+    assert nccl_version_of(torch_suffix) == "2.21.5"
+    torch_suffix.write_text('{"schema": "commbench/1", "env": {"nccl_version": "22105"}}')
+    assert nccl_version_of(torch_suffix) == "2.21.5"
+    torch_suffix.write_text('{"schema": "commbench/1", "env": {"nccl_version": "two"}}')
+    with pytest.raises(ValueError, match=r"torch\.json: nccl_version='two'"):
+        nccl_version_of(torch_suffix)
+    both = tmp_path / "both.log"
+    both.write_text("NCCL version 2.18.3+cuda12.2\nNCCL version 2.26.2+cuda12.8\n")
+    with pytest.raises(ValueError, match=r"prints several NCCL releases: 2\.18\.3, 2\.26\.2"):
+        nccl_version_of(both)

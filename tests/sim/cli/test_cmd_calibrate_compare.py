@@ -135,3 +135,7 @@ def test_compare_runs_under_the_nccl_release_the_measured_file_prints(
     other.write_text(printed.read_text().replace("2.23.4", "2.27.5"))
     assert main(["compare", str(printed), str(other), "--topology", "dgx-h100"]) == 2
     assert "print different NCCL releases: 2.23.4" in capsys.readouterr().err
+    cluster = tmp_path / "cluster.yaml"  # a cluster file keeps its own release, and says so
+    cluster.write_text("node: dgx-h100\nnccl_version: 2.28.9\n")
+    assert main(["compare", str(printed), "--topology", str(cluster)]) == 0
+    assert "the cluster file names 2.28.9, which is what runs" in capsys.readouterr().out

@@ -174,16 +174,52 @@ def test_each_release_prices_what_its_tuner_priced():
     assert tune(one_node["2.21.5"])[("all_reduce", "ring", "ll")].algbw_gbps == pytest.approx(
         min(141.0, 360 / 2) * 8 / 14
     )
-    # one rank on each of 4 servers: Tree's NET latency from 2.23 only (Ring/LL: 6.6 base + 6
+    # Ring/LL where the cap does not bind: one A100 node, 12 channels x 20 GB/s
+    a100 = {v: tune(_hw_release("dgx-a100", 1, None, v)) for v in ("2.20.5", "2.21.5")}
+    ll = ("ring", "ll")
+    assert a100["2.20.5"][("all_reduce", *ll)].algbw_gbps == pytest.approx(240 / 4 * 8 / 14)
+    assert a100["2.20.5"][("all_gather", *ll)].algbw_gbps == pytest.approx(240 / 3 * 8 / 7)
+    assert a100["2.20.5"][("broadcast", *ll)].algbw_gbps == pytest.approx(240 / 3)
+    assert a100["2.21.5"][("all_gather", *ll)].algbw_gbps == pytest.approx(87.7 * 8 / 7)
+    # Ring/LL128 with one rank per server: x0.7 up to 2.22, x0.92 (under the channels' cap) after
+    pair = {
+        v: placement_of(build_cluster("dgx-h100", 2, "ib-ndr", nccl_version=v), [0, 8])
+        for v in ("2.22.3", "2.23.4")
+    }
+    ring = graphs(pair["2.22.3"].hardware())["ring"]
+    bus = ring.num_channels * ring.bw_intra_gbps
+    ll128 = {
+        v: tune(p.hardware())[("all_reduce", "ring", "ll128")].algbw_gbps for v, p in pair.items()
+    }
+    assert ll128["2.22.3"] == pytest.approx(bus * 0.7)
+    assert ll128["2.23.4"] == pytest.approx(min(bus * 0.92, ring.num_channels * 36.7))
+    # NVLS all_gather on one H100 node (8 channels, bwIntra 40, bwInter 60): x5/6 up to 2.22,
+    # the busbw itself from 2.23, 2.27's (ppn-1)/ppn rule
+    nvls = {
+        v: tune(_hw_release("dgx-h100", 1, None, v))[("all_gather", "nvls", "simple")].algbw_gbps
+        for v in ("2.22.3", "2.26.2", "2.27.5")
+    }
+    assert nvls == {
+        "2.22.3": pytest.approx(8 * 40 * 5 / 6),
+        "2.26.2": pytest.approx(8 * 40),
+        "2.27.5": pytest.approx(8 * min(40 * 7 / 8, 60 * 0.9)),
+    }
+    # one rank on each of 4 servers: Tree's NET latency from 2.23 only (Ring/LL: 6.6 base +
     # network steps of 2.7 us, then of Tree/LL's 5.0 us)
     spread = {
         v: placement_of(build_cluster("dgx-h100", 4, "ib-ndr", nccl_version=v), [0, 8, 16, 24])
         for v in ("2.22.3", "2.23.4")
     }
     ll = {v: tune(p.hardware())[("all_reduce", "ring", "ll")].latency_us for v, p in spread.items()}
-    assert ll == {"2.22.3": pytest.approx(6.6 + 6 * 2.7), "2.23.4": pytest.approx(6.6 + 6 * 5.0)}
+    # 6 steps; up to 2.22 NCCL counts 2 nNodes = 8 network steps, so (6 - 8) intra steps at the
+    # 1 us network overhead: its formula, negative term included
+    assert ll == {
+        "2.22.3": pytest.approx(6.6 + (6 - 8) * 1.0 + 8 * 2.7),
+        "2.23.4": pytest.approx(6.6 + 6 * 5.0),
+    }
     simple = tune(spread["2.22.3"].hardware())[("all_reduce", "ring", "simple")].latency_us
-    assert simple == pytest.approx(8.4 + 6 * 14.0)  # Ring's 14, not Tree/Simple's 28 of 2.22
+    # Ring's 14, not Tree/Simple's 28 of 2.22; and 2 nNodes network steps up to 2.22
+    assert simple == pytest.approx(8.4 + (6 - 8) * 3.4 + 8 * 14.0)
     # NVLSTree on 4 NDR servers: 8 channels, min(40, 48 / 2) x 5/6 before 2.28.3
     four = _hw_release("dgx-h100", 4, "ib-ndr", "2.26.2")
     assert tune(four)[("all_reduce", "nvlstree", "simple")].algbw_gbps == pytest.approx(
