@@ -7,7 +7,11 @@ graph search walks, ``ncclTopoDupChannels``), ``src/include/device.h`` and ``com
 counts, thresholds, arities). Times are microseconds and bandwidths GB/s, as in NCCL; the tables
 are indexed by our algorithm names and NCCL's protocol order (LL, LL128, Simple).
 
+Earlier releases' tables and the tuner rules that changed since 2.18 are ``TunerRelease``
+entries (``RELEASES``, ``tuner_release``), read at NVIDIA/nccl's tags.
+
     NET_US["ring"][PROTOCOLS.index("simple")]  # 14.0 us per inter-node ring step
+    tuner_release("2.26.2").net["nvlstree"]  # (0.0, 0.0, 14.0): 20.9 since 2.28.9
 """
 
 from __future__ import annotations
