@@ -20,6 +20,7 @@ import numpy as np
 from sim.network.algorithms import choose, placement_of
 from sim.network.analytical import CommParams, CostTerms, GroupPlacement, cost_terms
 from sim.network.calibration import DEFAULT_PARAMS, Calibration, FitQuality, key
+from sim.network.nccl_tables import DEFAULT_NCCL_VERSION
 from topologies.topology import Topology
 from vocab.collectives import time_from_busbw_s
 from vocab.records import Record
@@ -315,12 +316,19 @@ def fit_calibration(
         "world_sizes": sorted({s.record.world_size for s in samples}),
         "num_nodes": sorted({s.record.num_nodes for s in samples}),
         "assumed_algo": assumed_algo,
+        "nccl_versions": sorted({_release(topology_for, s.record) for s in samples}),
         "attributed": {
             k: sorted({s.record.size_bytes for s in samples if _key(s) == k})
             for k in sorted({_key(s) for s in samples})
         },
     }
     return replace(calibration, fitted_from=provenance), notes
+
+
+def _release(topology_for: TopologyFactory, record: Record) -> str:
+    """The NCCL release the record was simulated under (its topology's)."""
+    per_node = -(-record.world_size // record.num_nodes)
+    return topology_for(record.num_nodes, per_node).nccl_version or DEFAULT_NCCL_VERSION
 
 
 def _key(sample: Sample) -> str:

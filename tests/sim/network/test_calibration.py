@@ -77,6 +77,7 @@ def test_unknown_algorithms_are_attributed_to_the_fastest_and_refitted():
     calibration, _ = fit_calibration(records, _factory, topology_name="t")
     assert "all_reduce/nvls/intra" in calibration.params
     assert calibration.fitted_from["attributed"]
+    assert calibration.fitted_from["nccl_versions"] == ["2.30.7"]  # the topology names none
 
 
 def test_lookup_falls_back_and_says_how():
