@@ -2,7 +2,9 @@
 
 A port of NCCL 2.30.7's ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` (``src/graph/tuning.cc``)
 and of the selection in ``enqueue.cc`` (``updateCollCostTable``, ``topoGetAlgoInfo``), fed with
-the channel graphs of ``sim/network/nccl_graph.py``. NCCL runs what *this* model predicts fastest,
+the channel graphs of ``sim/network/nccl_graph.py``; a cluster's earlier release swaps in that
+release's latency tables and changed rules (``nccl_tables.tuner_release``,
+``Hardware.nccl_version``). NCCL runs what *this* model predicts fastest,
 not what is fastest: the simulator picks with it and times the pick with its own model
 (``sim/network/analytical.py``). Per (op, algorithm, protocol), in NCCL's units:
 
