@@ -33,6 +33,15 @@ V and output and R = E/d rows of its fp32 log-sum-exp:
 - Memory: the op saves what SDPA saves without CP (Q, K, V, output, log-sum-exp), so the
   activations per layer are unchanged; the ring's working set is transient
   (``ring_buffer_bytes``).
+- Compiled (``compile``): torchtitan compiles each block with ``fullgraph=True``, so the ring is
+  traced, and while tracing every functional collective is waited for where it is issued
+  (``torch/distributed/_functional_collectives.py`` ``_maybe_wrap_tensor``: ``if
+  _are_we_tracing(): return wait_tensor(self)``, torch 2.6); Inductor keeps that order
+  (``torch/_inductor/config.py`` ``reorder_for_compute_comm_overlap = False``, which torchtitan
+  does not set). Every exchange of a compiled ring therefore runs on the critical path
+  (``COMPILE_WAITS_AT_ISSUE``). With ``allgather`` the K/V concatenations of the later rounds
+  feed a rotater that no longer reads them (``_AllGatherRotater.exchange_buffers`` gathers only
+  once), so the compiled graph drops them; eager runs them.
 
 The kernels listed are those of the last CP rank: all its later rounds take the first half of
 the visiting K/V and merge whole outputs, the most merge traffic of any rank (every rank runs
@@ -53,6 +62,10 @@ from schedules.stacks import kernel_stack
 
 DEFAULT_ROTATE_METHOD = "allgather"
 """torchtitan's ``context_parallel_rotate_method`` default (torch's own: ``ALL_GATHER``)."""
+COMPILE_WAITS_AT_ISSUE = True
+"""Whether a compiled ring waits for each exchange where it is issued: torch's functional
+collectives wait at once while traced (``_maybe_wrap_tensor``), and Inductor does not move the
+waits by default (``reorder_for_compute_comm_overlap = False``)."""
 FORWARD_PASS_BYTES: dict[str, dict[str, float]] = {
     "eager": {"kv_contiguous": 8, "kv_cat": 8, "first_cast": 6, "merge": 38, "final_cast": 6},
     "compile": {"kv_contiguous": 0, "kv_cat": 8, "first_cast": 0, "merge": 10, "final_cast": 6},
@@ -204,12 +217,24 @@ def _passes(*named: tuple[str, float]) -> tuple[tuple[str, float], ...]:
     return tuple((name, size) for name, size in named if size > 0)
 
 
-def _kv_exchange(plan: Plan, kv_bytes: float) -> RingExchange:
+def _overlaps(stack: str) -> bool:
+    """Whether the ring's exchanges run beside its rounds: eager waits where the result is
+    used; a compiled ring waits where it issues (``COMPILE_WAITS_AT_ISSUE``)."""
+    return not (stack == "compile" and COMPILE_WAITS_AT_ISSUE)
+
+
+def _later_cats(plan: Plan, stack: str) -> bool:
+    """Whether the rounds after the first concatenate K and V: always with ``alltoall`` (the
+    buffer is sent); with ``allgather`` only in eager (compiled, nothing reads them)."""
+    return rotate_method(plan) == "alltoall" or stack != "compile"
+
+
+def _kv_exchange(plan: Plan, kv_bytes: float, overlap: bool) -> RingExchange:
     """The first K/V exchange: the all-gather, or the send for round 1."""
     if rotate_method(plan) == "allgather":
         size = plan.parallel.cp * kv_bytes
-        return RingExchange(name="kv all_gather", op="all_gather", size_bytes=size)
-    return RingExchange(name="kv send_recv 1", op="send_recv", size_bytes=kv_bytes)
+        return RingExchange(name="kv all_gather", op="all_gather", size_bytes=size, overlap=overlap)
+    return RingExchange(name="kv send_recv 1", op="send_recv", size_bytes=kv_bytes, overlap=overlap)
 
 
 def _forward(plan: Plan, stack: str) -> tuple[RingStep, ...]:
@@ -217,11 +242,13 @@ def _forward(plan: Plan, stack: str) -> tuple[RingStep, ...]:
     e, r, kv, _ = _sizes(plan)
     s = plan.model.seq_len / cp
     gather = rotate_method(plan) == "allgather"
+    overlap = _overlaps(stack)
     cat = ("kv_cat", per["kv_cat"] * e)
+    later_cat = _later_cats(plan, stack)
     merge = ("merge", per["merge"] * e + MERGE_ROW_BYTES[stack] * r)
     steps: list[RingStep] = [
         RingWork(name="ring kv", passes=_passes(("kv_contiguous", per["kv_contiguous"] * e), cat)),
-        _kv_exchange(plan, kv),
+        _kv_exchange(plan, kv, overlap),
         RingWork(
             name="ring 0",
             attention=(AttentionCall(seq_q=s, seq_kv=s, causal=True),),
@@ -232,13 +259,19 @@ def _forward(plan: Plan, stack: str) -> tuple[RingStep, ...]:
         last = i == cp - 1
         if not gather and not last:
             steps.append(RingWork(name=f"ring {i} kv", passes=_passes(cat)))
-            steps.append(RingExchange(name=f"kv send_recv {i + 1}", op="send_recv", size_bytes=kv))
+            steps.append(
+                RingExchange(
+                    name=f"kv send_recv {i + 1}", op="send_recv", size_bytes=kv, overlap=overlap
+                )
+            )
         tail = (("final_cast", per["final_cast"] * e),) if last else ()
         steps.append(
             RingWork(
                 name=f"ring {i}",
                 attention=(AttentionCall(seq_q=s, seq_kv=s / 2, causal=False),),
-                passes=_passes(*((cat,) if gather and not last else ()), merge, *tail),
+                passes=_passes(
+                    *((cat,) if gather and later_cat and not last else ()), merge, *tail
+                ),
             )
         )
     return tuple(steps)
@@ -252,7 +285,9 @@ def _backward(plan: Plan, stack: str) -> tuple[RingStep, ...]:
     cp, per = plan.parallel.cp, BACKWARD_PASS_BYTES[stack]
     e, _, kv, dkv = _sizes(plan)
     s = plan.model.seq_len / cp
+    overlap = _overlaps(stack)
     cat = ("kv_cat", per["kv_cat"] * e)
+    later = _passes(cat) if _later_cats(plan, stack) else ()
     steps: list[RingStep] = [
         RingWork(
             name="ring bwd kv",
@@ -262,30 +297,37 @@ def _backward(plan: Plan, stack: str) -> tuple[RingStep, ...]:
                 cat,
             ),
         ),
-        _kv_exchange(plan, kv),
+        _kv_exchange(plan, kv, overlap),
         RingWork(
             name="ring bwd 0",
             attention=(AttentionCall(seq_q=s, seq_kv=s, causal=True),),
             passes=_passes(("first_accumulate", per["first_accumulate"] * e)),
         ),
-        RingExchange(name="dkv send_recv 0", op="send_recv", size_bytes=dkv),
+        RingExchange(name="dkv send_recv 0", op="send_recv", size_bytes=dkv, overlap=overlap),
     ]
     for i in range(1, cp):
         last = i == cp - 1
         if rotate_method(plan) == "alltoall" and not last:
-            steps.append(RingExchange(name=f"kv send_recv {i + 1}", op="send_recv", size_bytes=kv))
+            steps.append(
+                RingExchange(
+                    name=f"kv send_recv {i + 1}", op="send_recv", size_bytes=kv, overlap=overlap
+                )
+            )
         steps += [
             RingWork(
                 name=f"ring bwd {i}",
                 attention=(AttentionCall(seq_q=s, seq_kv=s / 2, causal=False),),
-                passes=() if last else _passes(cat),
+                passes=() if last else later,
             ),
             RingWork(
                 name=f"ring bwd {i} accumulate",
                 passes=_passes(("accumulate", per["accumulate"] * e)),
             ),
             RingExchange(
-                name=f"dkv send_recv {i}", op="send_recv", size_bytes=dkv, overlap=not last
+                name=f"dkv send_recv {i}",
+                op="send_recv",
+                size_bytes=dkv,
+                overlap=overlap and not last,
             ),
         ]
     steps.append(

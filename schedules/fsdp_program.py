@@ -266,6 +266,12 @@ class FsdpStages:
     """Reduce-scatter each unit as its gradient is ready in the chunk's last backward (older
     pipelining: ``set_requires_gradient_sync(last_backward)``) instead of all of them after it
     (torch 2.13's ``REDUCE_GRAD``)."""
+    reduce_before_send: bool = False
+    """Run every unit's post-backward after the chunk's last backward but before its send, each
+    making the compute stream wait for the previous unit's reduce-scatter (torch before
+    ``REDUCE_GRAD``, read at 2.6.0: ``backward_maybe_with_nosync``'s ``run_post_backward``;
+    ``FSDPParamGroup.post_backward`` waits on ``reduce_scatter_state.event``); plan key
+    ``parallel.fsdp_pp_reduce: before_send``."""
 
 
 def _pass_parts(units: FsdpUnits, kind: str) -> list[tuple[int, tuple[Step, ...]]]:
@@ -381,9 +387,17 @@ class FsdpPipelineState:
         return reduce_unit(self.b, label, size, waits)
 
     def reduce_grad(self, chunk: int, waits: list[int]) -> None:
-        """torch 2.13's REDUCE_GRAD after the chunk's last backward: root, then layers in order."""
+        """Every unit's reduce-scatter after the chunk's last backward, root then layers in
+        order: torch 2.13's REDUCE_GRAD; with ``reduce_before_send`` each after the compute
+        stream waited for the one before (``FsdpStages.reduce_before_send``)."""
         if self.stages.reduce_during_last_backward:
             return
         units = self.stages.chunks[chunk]
+        previous: list[int] = []
         for unit in (ROOT, *range(units.num_units)):
-            self.reduced += self._reduce_unit(chunk, unit, "", waits)
+            if self.stages.reduce_before_send and previous:
+                name = f"wait RS {previous[0]} c{chunk}"
+                self.b.add(Compute(name=name, duration_s=0.0, deps=tuple(previous[:1])))
+            issued = self._reduce_unit(chunk, unit, "", waits)
+            self.reduced += issued
+            previous = issued

@@ -350,11 +350,44 @@ def accumulated_fraction(plan: Plan) -> float:
     return (micro - 1) / micro if micro > 1 else 0.0
 
 
+FSDP_UNSHARDED_ACCUMULATE_BYTES = {"first": 6.0, "later": 10.0}
+"""Bytes per parameter that FSDP2 moves to keep a unit's unsharded gradient across the
+micro-batches of a pipelined step. torch's pipeline stage runs every backward but the last with
+gradient sync off (``set_requires_gradient_sync(False)``), and each unit's post-backward
+(``FSDPParamGroup.post_backward``) keeps the gradient in the reduce dtype when it differs from
+the parameters': the first micro-batch casts it (``FSDPParam.to_accumulated_grad_if_needed``,
+bf16 -> fp32: read 2, write 4), each later one adds the new bf16 gradient into it
+(``accumulate_unsharded_grad_if_needed``: read 4 + 2, write 4), the last before its
+reduce-scatter. With the reduce dtype the parameters' own, autograd adds into ``.grad``
+instead (``GRAD_ACCUMULATE_ACCESSES`` x 2 bytes from the second micro-batch on)."""
+
+
+def fsdp_accumulate_bytes_per_param(plan: Plan) -> float:
+    """Bytes per parameter and micro-batch, averaged over the step, of FSDP2's unsharded
+    gradient accumulation under pipelining (``FSDP_UNSHARDED_ACCUMULATE_BYTES``); 0 without
+    pipelining (every backward reduce-scatters), elsewhere and on an unresolved plan."""
+    parallel = plan.parallel
+    torch_fsdp = data_parallel_kind(parallel).torch_fsdp and kernel_stack(plan) != "megatron"
+    if not torch_fsdp or parallel.pp <= 1 or parallel.dp <= 0:
+        return 0.0
+    micro = num_microbatches(plan)
+    if micro <= 1:
+        return 0.0
+    if parallel.reduce_dtype_bytes == ACTIVATION_BYTES:  # adds into .grad from the second on
+        return GRAD_ACCUMULATE_ACCESSES * ACTIVATION_BYTES * (micro - 1) / micro
+    first, later = (
+        FSDP_UNSHARDED_ACCUMULATE_BYTES["first"],
+        FSDP_UNSHARDED_ACCUMULATE_BYTES["later"],
+    )
+    return (first + later * (micro - 1)) / micro
+
+
 def grad_accumulate_kernels(plan: Plan, params: float) -> tuple[Kernel, ...]:
     """The accumulation of ``params`` weight gradients per micro-batch, averaged over the step
-    (``accumulated_fraction``); none where there is nothing to add."""
-    per_param = GRAD_ACCUMULATE_ACCESSES * grad_bytes_per_element(plan)
-    size = per_param * params * accumulated_fraction(plan)
+    (torch DDP: ``accumulated_fraction``; FSDP2 under pipelining:
+    ``fsdp_accumulate_bytes_per_param``); none where there is nothing to add."""
+    ddp = GRAD_ACCUMULATE_ACCESSES * grad_bytes_per_element(plan) * accumulated_fraction(plan)
+    size = (ddp + fsdp_accumulate_bytes_per_param(plan)) * params
     return (memory("grad_accumulate", size),) if size > 0 else ()
 
 

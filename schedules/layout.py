@@ -75,6 +75,8 @@ class Layout:
     def group(self, kind: str, rank: int, *, shard_size: int = 0) -> tuple[int, ...]:
         """Ranks of ``rank``'s group: ``tp``, ``cp``, ``dp``, ``dpcp`` (DP x CP), ``pp``,
         ``dp_shard`` / ``dp_replicate`` (HSDP split of DP into groups of ``shard_size``),
+        ``dpcp_shard`` (a ``dp_shard`` group with every CP rank of its members: HSDP's shard
+        group under CP),
         ``embd`` (first and last pipeline stage), ``mp`` (TP x PP, Megatron's model-parallel
         group) and ``world``."""
         c = self.coords(rank)
@@ -96,16 +98,17 @@ class Layout:
             return tuple(
                 self.rank(**{**c, "dp": d, "cp": k}) for d in range(self.dp) for k in range(self.cp)
             )
-        if kind in ("dp_shard", "dp_replicate"):
+        if kind in ("dp_shard", "dp_replicate", "dpcp_shard"):
             if shard_size < 1 or self.dp % shard_size:
                 raise ValueError(f"HSDP shard size {shard_size} must divide dp={self.dp}")
             base, offset = divmod(c["dp"], shard_size)
             members = (
-                [base * shard_size + i for i in range(shard_size)]
-                if kind == "dp_shard"
-                else [i * shard_size + offset for i in range(self.dp // shard_size)]
+                [i * shard_size + offset for i in range(self.dp // shard_size)]
+                if kind == "dp_replicate"
+                else [base * shard_size + i for i in range(shard_size)]
             )
-            return tuple(self.rank(**{**c, "dp": d}) for d in members)
+            cps = range(self.cp) if kind == "dpcp_shard" else (c["cp"],)
+            return tuple(self.rank(**{**c, "dp": d, "cp": k}) for d in members for k in cps)
         raise ValueError(f"unknown group kind {kind!r}")
 
 

@@ -282,13 +282,17 @@ class _Pipeline:
             outstanding = b.run_steps(f"{step}", steps, tuple(deps), hook)
             if hook is not None and spec.sync.every_microbatch:
                 outstanding += self.synced
+            before_send = self.fsdp is not None and self.fsdp.stages.reduce_before_send
+            if before_send and pos in self.grad_passes:
+                assert self.fsdp is not None
+                self.fsdp.reduce_grad(step.chunk, [*outstanding])
             self.send(pos, step, outstanding)
             whole = spec.sync.op and not spec.sync.bucketed and not spec.sync.at_end
             if pos in self.grad_passes and whole:
                 self._sync_whole(step.chunk, outstanding)
             if self.fsdp is not None:
                 self.fsdp.after_pass(step)
-                if pos in self.grad_passes:
+                if pos in self.grad_passes and not before_send:
                     self.fsdp.reduce_grad(step.chunk, [*outstanding, *self.batch])
         if spec.sync.at_end:
             for chunk in range(len(spec.chunks)):

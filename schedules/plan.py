@@ -38,6 +38,8 @@ FSDP2_ALIAS = "fsdp2"
 FSDP_VERSIONS = (1, 2)
 ZERO_FETCH_MODES = ("prefetch", "sync_per_weight")
 REDUCE_DTYPES = ("fp32", "bf16")
+FSDP_PP_REDUCE = ("after_send", "before_send")
+"""When FSDP2 reduce-scatters a pipeline stage's gradients (``parallel.fsdp_pp_reduce``)."""
 PRECISIONS = ("bf16", "fp16", "fp8")
 STACKS = ("eager", "compile", "megatron")
 """Which implementation runs the layers (``training.stack``; ``schedules.kernels`` inventories)."""
@@ -357,6 +359,13 @@ class ParallelConfig:
     """Gradient reduce-scatter dtype: fp32 | bf16. Unset: the framework default, fp32 for FSDP2
     (torchtitan ``mixed_precision_reduce = "float32"``) and bf16 for FSDP1 (``MixedPrecision``
     without ``reduce_dtype`` reduces in ``param_dtype``)."""
+    fsdp_pp_reduce: str = "after_send"
+    """Under pipelining, when FSDP2 reduce-scatters a stage's gradients: ``after_send`` (torch
+    since pytorch/pytorch#166449, November 2025: the schedule's ``REDUCE_GRAD`` after the stage's
+    last backward and its send) or ``before_send`` (earlier torch, read at 2.6.0:
+    ``backward_maybe_with_nosync`` runs every unit's ``post_backward`` inside the last backward,
+    each making the compute stream wait for the previous unit's reduce-scatter, so the
+    backward's send waits for all but the last)."""
     hsdp_shard_size: int = 0
     """HSDP shard-group size; 0 means the GPUs of one node (HYBRID_SHARD's intra-node group)."""
     zero_bucket_elems: int = 500_000_000
@@ -457,6 +466,7 @@ class ParallelConfig:
         _check_choice("parallel.zero_fetch", self.zero_fetch, ZERO_FETCH_MODES)
         if self.fsdp_reduce_dtype is not None:
             _check_choice("parallel.fsdp_reduce_dtype", self.fsdp_reduce_dtype, REDUCE_DTYPES)
+        _check_choice("parallel.fsdp_pp_reduce", self.fsdp_pp_reduce, FSDP_PP_REDUCE)
         _check_choice(
             "parallel.fsdp_backward_prefetch", self.fsdp_backward_prefetch, FSDP_BACKWARD_PREFETCH
         )
@@ -684,6 +694,7 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         "parallel.data_parallel": (*DATA_PARALLEL_KINDS, FSDP2_ALIAS),
         "parallel.fsdp_backward_prefetch": FSDP_BACKWARD_PREFETCH,
         "parallel.fsdp_reduce_dtype": REDUCE_DTYPES,
+        "parallel.fsdp_pp_reduce": FSDP_PP_REDUCE,
         "parallel.zero_fetch": ZERO_FETCH_MODES,
         "parallel.offload_optimizer": OFFLOAD_DEVICES,
         "parallel.offload_param": OFFLOAD_DEVICES,

@@ -29,6 +29,7 @@ FSDP_KNOBS = (
     "fsdp_reshard_after_forward",
     "fsdp_version",
     "fsdp_reduce_dtype",
+    "fsdp_pp_reduce",
 )
 """Knobs of torch FSDP (FSDP1 and FSDP2)."""
 FSDP1_ONLY = ("fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_limit_all_gathers")

@@ -38,15 +38,20 @@ def reshard_after_forward(plan: Plan) -> bool:
 
 
 def fsdp_groups(step: StepDescription, rank: int) -> dict[str, tuple[int, ...]]:
-    """``tp``, ``cp``, ``dp`` (the FSDP shard group) and, for HSDP, ``hsdp`` (replicate)."""
+    """``tp``, ``cp``, ``dp`` (the FSDP shard group) and, for HSDP, ``hsdp`` (replicate).
+
+    The shard group spans the CP ranks too, as the state is sharded over DP x CP: torchtitan
+    applies ``fully_shard`` on its ``dp_shard_cp`` mesh (HSDP: ``("dp_replicate",
+    "dp_shard_cp")``), so parameters are gathered from, and gradients reduce-scattered over,
+    every rank of it; each CP rank's gradients cover its own tokens only."""
     par, layout = step.plan.parallel, step.layout
     groups = {"tp": layout.group("tp", rank), "cp": layout.group("cp", rank)}
     shard = step.replica_group_size // par.cp
     if shard < par.dp:  # HSDP: FSDP inside shard groups, replicas across them
-        groups["dp"] = layout.group("dp_shard", rank, shard_size=shard)
+        groups["dp"] = layout.group("dpcp_shard", rank, shard_size=shard)
         groups["hsdp"] = layout.group("dp_replicate", rank, shard_size=shard)
     else:
-        groups["dp"] = layout.group("dp", rank)
+        groups["dp"] = layout.group("dpcp", rank)
     return groups
 
 
@@ -96,7 +101,11 @@ def fsdp_stages(step: StepDescription, costs: StepCosts, stage: int) -> FsdpStag
                 head=_extra_work(x["fwd_post"], x["bwd_pre"]),
             )
         )
-    return FsdpStages(chunks=tuple(chunks), reshard_after_forward=reshard_after_forward(plan))
+    return FsdpStages(
+        chunks=tuple(chunks),
+        reshard_after_forward=reshard_after_forward(plan),
+        reduce_before_send=par.fsdp_pp_reduce == "before_send",
+    )
 
 
 def _extra_work(forward: list[Step], backward: list[Step]) -> ChunkWork:

@@ -315,6 +315,20 @@ def parse_fused_norm(case: dict[str, Any]) -> bool | None:
     return False if date is not None and date < FUSED_RMS_NORM_SINCE else None
 
 
+PP_REDUCE_GRAD_SINCE = "2025-10-28"
+"""pytorch/pytorch#166449 ("[pp] Add reduce_grad Action", opened 2025-10-28) moved FSDP2's
+gradient reduction under pipelining to a ``REDUCE_GRAD`` action after the last backward's send;
+a run whose source dates its torch before it reduced inside the last backward, before the send
+(``parallel.fsdp_pp_reduce: before_send``, read at torch 2.6.0)."""
+
+
+def parse_fsdp_pp_reduce(case: dict[str, Any]) -> str | None:
+    """``before_send`` for a run whose source dates its torch before ``PP_REDUCE_GRAD_SINCE``,
+    else None (the plan default, ``after_send``)."""
+    date = version_date(case, "torch")
+    return "before_send" if date is not None and date < PP_REDUCE_GRAD_SINCE else None
+
+
 _CUDA_GRAPHS = re.compile(r"\bcuda[- ]?graph")
 _NO_CUDA_GRAPHS = re.compile(
     r"\b(no|without|disabled?|off)\W+(\w+\W+)?cuda[- ]?graph|\bcuda[- ]?graphs?\W+(off|disabled)\b"
@@ -578,6 +592,9 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
     if training["precision"] == "fp8":
         parse = parse_te_fp8 if training["stack"] == "megatron" else parse_float8
         training.update(parse(parallel.get("precision")))
+    pipelined_fsdp = parallel_section["pp"] > 1 and parallel_section["data_parallel"] == "fsdp"
+    if pipelined_fsdp and parse_fsdp_pp_reduce(case):
+        parallel_section["fsdp_pp_reduce"] = "before_send"
     training["attention_backend"] = parse_attention_backend(parallel.get("attention_backend"))
     if parse_cuda_graphs(case):
         training["cuda_graphs"] = True

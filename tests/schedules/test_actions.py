@@ -62,6 +62,14 @@ def test_hsdp_groups_split_dp_into_shards_and_replicas() -> None:
         layout.group("dp_shard", 0, shard_size=3)
 
 
+def test_hsdp_shard_group_under_cp_takes_every_cp_rank_of_its_members() -> None:
+    layout = Layout(tp=2, cp=2, dp=4)  # rank = tp + 2 (cp + 2 dp)
+    # rank 5: tp 1, cp 0, dp 1; shard of dp {0, 1} x cp {0, 1}, same tp
+    assert layout.group("dpcp_shard", 5, shard_size=2) == (1, 3, 5, 7)
+    assert layout.group("dp_shard", 5, shard_size=2) == (1, 5)
+    assert layout.group("dp_replicate", 5, shard_size=2) == (5, 13)
+
+
 def test_tp_forward_counts_match_megatron() -> None:
     plain = tp_forward_steps(forward_s=1.0, num_layers=3, tp_bytes=8.0, tp=2)
     assert comm_counts(plain) == {"all_reduce": 6}

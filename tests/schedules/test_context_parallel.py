@@ -190,3 +190,36 @@ def test_a_bad_rotate_method_lists_the_choices() -> None:
         match=re.escape("parallel.cp_rotate_method='ring' is not one of allgather, alltoall"),
     ):
         load_plan(mapping)
+
+
+def test_a_compiled_ring_waits_for_every_exchange_where_it_is_issued() -> None:
+    """Traced functional collectives are waited for at once (torch's ``_maybe_wrap_tensor``),
+    and Inductor keeps that order: no exchange of a compiled ring runs beside a round."""
+    kv, dkv = 4 * 32, 8 * 32
+    for method in ("allgather", "alltoall"):
+        ring = ring_attention(tiny_plan(4, stack="compile", cp_rotate_method=method), "compile")
+        assert [overlap for *_, overlap in exchanges(ring.forward)] == [False] * (
+            1 if method == "allgather" else 3
+        )
+        assert not any(overlap for *_, overlap in exchanges(ring.backward))
+    ring = ring_attention(tiny_plan(4, stack="compile"), "compile")
+    assert exchanges(ring.forward) == [("kv all_gather", "all_gather", 4 * kv, False)]
+    assert exchanges(ring.backward)[1] == ("dkv send_recv 0", "send_recv", dkv, False)
+
+
+def test_a_compiled_allgather_ring_drops_the_later_rounds_concatenations() -> None:
+    """After the one all-gather nothing reads a round's K/V concatenation: eager still runs
+    it, the compiled graph drops it; with ``alltoall`` it is the buffer sent, so it stays."""
+
+    def cats(stack: str, method: str = "allgather") -> tuple[int, int]:
+        plan = tiny_plan(4, stack=stack, cp_rotate_method=method)
+        ring = ring_attention(plan, stack)
+        count = [
+            sum(name == "kv_cat" for s in steps if isinstance(s, RingWork) for name, _ in s.passes)
+            for steps in (ring.forward, ring.backward)
+        ]
+        return count[0], count[1]
+
+    assert cats("eager") == (3, 3)  # before the gather, then rounds 1 and 2
+    assert cats("compile") == (1, 1)  # the gathered one only
+    assert cats("compile", "alltoall") == (3, 3)  # every sent block: "ring kv", rounds 1-2

@@ -61,6 +61,32 @@ def test_autocast_accumulates_fp32_gradients_after_the_first_micro_batch() -> No
     assert _named(layer_kernels(_plan(micro=1)).backward_weight, "grad_accumulate") == 0.0
 
 
+def _pipelined_fsdp(micro: int, **parallel: Any) -> Any:
+    raw = {
+        "model": MODEL,
+        "cluster": {"node": "dgx-h100", "num_nodes": 1},
+        "parallel": {"pp": 2, "dp": 4, "data_parallel": "fsdp2", **parallel},
+        "training": {"micro_batch_size": 1, "global_batch_size": 4 * micro, "stack": "compile"},
+    }
+    return resolve_plan(load_plan(raw), 8)
+
+
+def test_fsdp2_under_pipelining_keeps_the_unsharded_gradient_in_fp32() -> None:
+    """Gradient sync off for all but the last micro-batch: the first casts each unsharded
+    bf16 gradient to fp32 (2 + 4 bytes), every later one adds the new one in (4 + 2 + 4)."""
+    plan = _pipelined_fsdp(micro=4)
+    params = layer_params_per_gpu(plan.model, 1)
+    backward = layer_kernels(plan).backward_weight
+    assert _named(backward, "grad_accumulate") == pytest.approx((6 + 10 * 3) / 4 * params)
+    bf16 = _pipelined_fsdp(micro=4, fsdp_reduce_dtype="bf16")  # autograd adds into .grad
+    assert _named(layer_kernels(bf16).backward_weight, "grad_accumulate") == pytest.approx(
+        6 * params * 3 / 4
+    )
+    assert _named(layer_kernels(_pipelined_fsdp(micro=1)).backward_weight, "grad_accumulate") == 0
+    head = _named(head_kernels(plan).backward_weight, "grad_accumulate")
+    assert head == pytest.approx(36 / 4 * MODEL["vocab_size"] * MODEL["hidden_size"])
+
+
 def test_bf16_weights_drop_autocast_casts_and_copy_to_the_master_weights() -> None:
     autocast, bf16 = _plan(), _plan(mixed_precision="bf16_weights")
     params = layer_params_per_gpu(autocast.model, 1)

@@ -31,6 +31,7 @@ KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
     "fsdp_reshard_after_forward": ({"data_parallel": "fsdp", "tp": 2}, False),
     "fsdp_version": ({"data_parallel": "fsdp", "tp": 2}, 2),
     "fsdp_reduce_dtype": ({"data_parallel": "fsdp2", "tp": 2}, "bf16"),
+    "fsdp_pp_reduce": ({"data_parallel": "fsdp2", "tp": 2, "pp": 2}, "before_send"),
     "hsdp_shard_size": ({"data_parallel": "hsdp", "tp": 2}, 2),
     "zero_bucket_elems": ({"data_parallel": "zero2", "tp": 2}, 1_000_000),
     "zero_overlap_comm": ({"data_parallel": "zero2", "tp": 2}, True),
@@ -71,7 +72,8 @@ NOT_YET_HONOURED: set[str] = set()
 FRAMEWORK_KNOBS = {
     "ddp_bucket_mb", "ddp_first_bucket_mb", "ddp_gradient_as_bucket_view",
     "fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_limit_all_gathers",
-    "fsdp_reshard_after_forward", "fsdp_version", "fsdp_reduce_dtype", "hsdp_shard_size",
+    "fsdp_reshard_after_forward", "fsdp_version", "fsdp_reduce_dtype", "fsdp_pp_reduce",
+    "hsdp_shard_size",
     "zero_bucket_elems", "zero_overlap_comm", "zero_prefetch_bucket_elems",
     "zero_max_live_parameters", "zero_param_persistence_threshold", "zero_fetch",
     "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "pp_scatter_gather",

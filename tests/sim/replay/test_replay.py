@@ -226,7 +226,9 @@ def test_replay_is_deterministic() -> None:
     assert first == second
 
 
-def fsdp_pipeline(*, reshard: bool = False, during: bool = False) -> Timeline:
+def fsdp_pipeline(
+    *, reshard: bool = False, during: bool = False, before_send: bool = False
+) -> Timeline:
     """pp=2, m=2 (1F1B), dp=2: ranks 0, 1 on stage 0 and 2, 3 on stage 1; 2 layer units per
     stage, F 1 s and B 2 s per unit, AG 0.5 s and RS 0.25 s (UnitComm: seconds = bytes)."""
     stages = FsdpStages(
@@ -237,6 +239,7 @@ def fsdp_pipeline(*, reshard: bool = False, during: bool = False) -> Timeline:
         ),
         reshard_after_forward=reshard,
         reduce_during_last_backward=during,
+        reduce_before_send=before_send,
     )
     orders = pipeline_orders("1f1b", 2, 2)
     programs = [
@@ -284,6 +287,19 @@ def test_fsdp_pipeline_gathers_once_and_reduces_after_the_last_backward() -> Non
     # AG u0 (0.5) + the optimizer's waits on RS u0 and RS u1 (0.25 each): each dep is
     # charged its own part of the gap, in the order they finished
     assert timeline.ranks[0].exposed_comm_s == {"dp": 1.0}
+
+
+def test_fsdp_pipeline_reducing_before_the_send_holds_the_last_gradient_back() -> None:
+    """torch before REDUCE_GRAD: the stage's post-backward runs inside its last backward, each
+    unit's after the compute stream waited for the previous unit's reduce-scatter, so stage 1's
+    last send leaves once RS u0 is done (15.25, not 15.0) and stage 0's last backward starts
+    that much later."""
+    timeline = fsdp_pipeline(before_send=True)
+    assert dp_log(timeline, 2)[2:] == [("RS u0 c0", 15.0, 15.25), ("RS u1 c0", 15.25, 15.5)]
+    assert passes(timeline, 2)[-2:] == [("B1", 11.0, 15.0), ("wait", 15.25, 15.25)]
+    assert passes(timeline, 0)[-2:] == [("B1", 15.25, 19.25), ("wait", 19.5, 19.5)]
+    assert dp_log(timeline, 0)[2:] == [("RS u0 c0", 19.25, 19.5), ("RS u1 c0", 19.5, 19.75)]
+    assert timeline.step_time_s == 19.75  # 19.5 reducing after the send
 
 
 def test_fsdp_pipeline_reshard_after_forward_gathers_again_before_the_next_use() -> None:
