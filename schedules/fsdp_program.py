@@ -393,11 +393,12 @@ class FsdpPipelineState:
         if self.stages.reduce_during_last_backward:
             return
         units = self.stages.chunks[chunk]
-        previous: list[int] = []
+        previous: tuple[str, list[int]] = ("", [])
         for unit in (ROOT, *range(units.num_units)):
-            if self.stages.reduce_before_send and previous:
-                name = f"wait RS {previous[0]} c{chunk}"
-                self.b.add(Compute(name=name, duration_s=0.0, deps=tuple(previous[:1])))
+            name, issued = previous
+            if self.stages.reduce_before_send and issued:
+                wait = Compute(name=f"wait RS {name} c{chunk}", duration_s=0.0, deps=(issued[0],))
+                self.b.add(wait)
             issued = self._reduce_unit(chunk, unit, "", waits)
             self.reduced += issued
-            previous = issued
+            previous = ("root" if unit == ROOT else f"u{unit}", issued)

@@ -368,8 +368,8 @@ def fsdp_accumulate_bytes_per_param(plan: Plan) -> float:
     pipelining (every backward reduce-scatters), elsewhere and on an unresolved plan."""
     parallel = plan.parallel
     torch_fsdp = data_parallel_kind(parallel).torch_fsdp and kernel_stack(plan) != "megatron"
-    if not torch_fsdp or parallel.pp <= 1 or parallel.dp <= 0:
-        return 0.0
+    if not torch_fsdp or parallel.pp <= 1 or parallel.dp <= 0 or parallel.dp * parallel.cp == 1:
+        return 0.0  # one rank per stage: nothing sharded, autograd's own accumulation
     micro = num_microbatches(plan)
     if micro <= 1:
         return 0.0

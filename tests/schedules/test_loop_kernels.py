@@ -61,14 +61,17 @@ def test_autocast_accumulates_fp32_gradients_after_the_first_micro_batch() -> No
     assert _named(layer_kernels(_plan(micro=1)).backward_weight, "grad_accumulate") == 0.0
 
 
-def _pipelined_fsdp(micro: int, **parallel: Any) -> Any:
-    raw = {
+def _raw_pipelined(micro: int, **parallel: Any) -> dict[str, Any]:
+    return {
         "model": MODEL,
         "cluster": {"node": "dgx-h100", "num_nodes": 1},
         "parallel": {"pp": 2, "dp": 4, "data_parallel": "fsdp2", **parallel},
         "training": {"micro_batch_size": 1, "global_batch_size": 4 * micro, "stack": "compile"},
     }
-    return resolve_plan(load_plan(raw), 8)
+
+
+def _pipelined_fsdp(micro: int, **parallel: Any) -> Any:
+    return resolve_plan(load_plan(_raw_pipelined(micro, **parallel)), 8)
 
 
 def test_fsdp2_under_pipelining_keeps_the_unsharded_gradient_in_fp32() -> None:
@@ -83,6 +86,9 @@ def test_fsdp2_under_pipelining_keeps_the_unsharded_gradient_in_fp32() -> None:
         6 * params * 3 / 4
     )
     assert _named(layer_kernels(_pipelined_fsdp(micro=1)).backward_weight, "grad_accumulate") == 0
+    one = resolve_plan(load_plan({**_raw_pipelined(1), "parallel": {"pp": 2, "dp": 1,
+                                  "data_parallel": "fsdp2"}}), 2)  # fmt: skip
+    assert _named(layer_kernels(one).backward_weight, "grad_accumulate") == 0  # nothing sharded
     head = _named(head_kernels(plan).backward_weight, "grad_accumulate")
     assert head == pytest.approx(36 / 4 * MODEL["vocab_size"] * MODEL["hidden_size"])
 
