@@ -234,6 +234,7 @@ def tp_forward_steps(
     per_layer: int = 2,
     gather_bytes: float | None = None,
     shares: LinearShares | None = None,
+    tail: bool = True,
 ) -> tuple[Step, ...]:
     """Forward of ``num_layers`` layers (each ``forward_s``) with their TP collectives.
 
@@ -247,16 +248,19 @@ def tp_forward_steps(
     layer runs alone; without ``shares`` the collectives run beside the whole layer compute.
     ``per_layer`` is 1 for MoE layers without shared experts (their MLP leaves TP for the
     expert-parallel dispatcher: only the attention block's pair remains). ``gather_bytes``: the
-    all-gathers' size where it differs from ``tp_bytes`` (float8 operands).
+    all-gathers' size where it differs from ``tp_bytes`` (float8 operands). Without ``tail`` the
+    MLP output's reduce-scatter (or all-reduce) and its fused GEMM are left out: PyTorch's full
+    recompute does not rerun them (``schedules.kernels.full_recompute_kernels``).
     """
     gathered = tp_bytes if gather_bytes is None else gather_bytes
+    last = 0 if tail or per_layer < 2 else 1  # collectives left out per layer
     if tp > 1 and tp_comm_overlap and sequence_parallel and shares and shares.forward:
         return _fused_forward_steps(
             forward_s=forward_s,
             num_layers=num_layers,
             sizes={"all_gather": gathered, "reduce_scatter": tp_bytes},
             shares=shares.forward,
-            per_layer=per_layer,
+            pairs=2 * per_layer - last,
             extra=extra,
         )
     steps: list[Step] = []
@@ -269,7 +273,7 @@ def tp_forward_steps(
                 group="tp",
                 op=op,
                 size_bytes=gathered if op == "all_gather" else tp_bytes,
-                repeat=per_op,
+                repeat=per_op if op == "all_gather" else per_op - last * num_layers,
                 overlap=tp_comm_overlap,
             )
             for op in ops
@@ -296,15 +300,16 @@ def _fused_forward_steps(
     num_layers: int,
     sizes: dict[str, float],
     shares: tuple[float, ...],
-    per_layer: int,
+    pairs: int,
     extra: tuple[Step, ...],
 ) -> tuple[Step, ...]:
-    """``tp_forward_steps`` under ``tp_comm_overlap`` with the GEMM windows: each collective
-    beside its GEMM (the compute after the pair waits for both), then the rest of the layers."""
+    """``tp_forward_steps`` under ``tp_comm_overlap`` with the GEMM windows: each of the first
+    ``pairs`` collectives beside its GEMM (the compute after the pair waits for both), then the
+    rest of the layers."""
     n = num_layers
     steps: list[Step] = []
     window_s = 0.0
-    for op, gemm in FUSED_FORWARD_PAIRS[: 2 * per_layer]:
+    for op, gemm in FUSED_FORWARD_PAIRS[:pairs]:
         width = shares[gemm] * forward_s * n
         window_s += width
         steps += [
@@ -334,10 +339,13 @@ def tp_backward_steps(
     gather_bytes: float | None = None,
     gated_mlp: bool = True,
     parallel_block: bool = False,
+    rerun_tail: bool = True,
 ) -> tuple[Step, ...]:
     """Backward of ``num_layers`` layers with TP collectives placed where Megatron puts them.
 
-    Full recompute first replays the forward (with its blocking TP collectives). Without SP the
+    Full recompute first replays the forward (with its blocking TP collectives; without
+    ``rerun_tail`` not the MLP output's, as PyTorch's checkpoint does not rerun it:
+    ``schedules.kernels.full_recompute_kernels``). Without SP the
     two column-parallel dgrad all-reduces overlap their wgrad GEMMs; with SP the two row-parallel
     gradient all-gathers block, and per column-parallel linear the input re-gather overlaps the
     dgrad GEMM and the dgrad reduce-scatter overlaps the wgrad GEMM (4 AG + 2 RS per layer).
@@ -378,6 +386,7 @@ def tp_backward_steps(
             per_layer=per_layer,
             tp=tp,
             gated_mlp=gated_mlp,
+            rerun_tail=rerun_tail,
         )
     steps: list[Step] = []
     if recompute_s > 0:
@@ -391,6 +400,7 @@ def tp_backward_steps(
                 sequence_parallel=sequence_parallel,
                 per_layer=per_layer,
                 gather_bytes=gather_bytes,
+                tail=rerun_tail,
             )
     if tp == 1:
         wgrad = 0.0 if split == "input" else backward_weight_s
@@ -479,6 +489,7 @@ def _torch_async_backward_steps(
     per_layer: int,
     tp: int,
     gated_mlp: bool,
+    rerun_tail: bool = True,
 ) -> tuple[Step, ...]:
     """The TP part of a layer's backward under PyTorch's asynchronous TP, as its pattern
     matcher rewrites a compiled graph (``torch/_inductor/fx_passes/micro_pipeline_tp.py``).
@@ -488,7 +499,9 @@ def _torch_async_backward_steps(
     matmul that is its whole input. With torchtitan's modules (separate wq, wk, wv; w1 and w3
     when gated):
 
-    - a full recompute reruns the forward with its fused pairs (``tp_forward_steps``);
+    - a full recompute reruns the forward with its fused pairs (``tp_forward_steps``); without
+      ``rerun_tail`` not the MLP output's pair, whose GEMM the partitioner leaves out of the
+      rerun, so the other GEMMs' windows are shares of the rest;
     - per-op recompute (``regather``) gathers the two inputs again, each fused with the matmul
       it reruns on them: wk, and w3 where the MLP is gated (a plain MLP reruns none: its
       gather blocks);
@@ -506,6 +519,11 @@ def _torch_async_backward_steps(
     mlp = per_layer == 2
     steps: list[Step] = []
     if recompute_s > 0 and full_recompute:
+        rerun_shares = shares
+        if not rerun_tail and mlp and shares.forward:
+            rest = 1.0 - shares.forward[3]  # the rerun without the MLP output's GEMM
+            forward = (*(share / rest for share in shares.forward[:3]), 0.0)
+            rerun_shares = replace(shares, forward=forward)
         rerun = tp_forward_steps(
             forward_s=recompute_s,
             num_layers=n,
@@ -515,7 +533,8 @@ def _torch_async_backward_steps(
             tp_comm_overlap=bool(shares.forward),  # no GEMM windows known: they block
             per_layer=per_layer,
             gather_bytes=gather,
-            shares=shares,
+            shares=rerun_shares,
+            tail=rerun_tail,
         )
         steps += [
             replace(s, name=f"recompute {s.name}") if isinstance(s, ComputeStep) else s

@@ -691,6 +691,43 @@ def ring_kernels(
     )
 
 
+def checkpoint_tail_skipped(plan: Plan) -> bool:
+    """Whether a full recompute leaves out the layer's tail (``full_recompute_kernels``): on the
+    PyTorch stacks, for a layer whose MLP output projection is its last linear."""
+    return (
+        plan.parallel.recompute == "full"
+        and kernel_stack(plan) != "megatron"
+        and not plan.model.parallel_block
+    )
+
+
+def full_recompute_kernels(plan: Plan, forward: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+    """What a full recompute reruns of a layer's ``forward``.
+
+    Megatron's checkpoint (``tensor_parallel.checkpoint``, a reentrant autograd function) runs
+    the layers' whole forward again, their TP collectives included. PyTorch's
+    (``torch.utils.checkpoint``, non-reentrant: torchtitan's ``checkpoint_wrapper``, FSDP's)
+    reruns only what the backward reads: eager, it stops as soon as every saved tensor is back
+    (``set_checkpoint_early_stop``, on by default), after the MLP output projection that saves
+    its input, so the reduce-scatter (or all-reduce) of that projection's output and the
+    residual add after it do not run again; compiled, Inductor's partitioner puts in the
+    backward graph only the forward nodes the backward reads, and no backward node reads the
+    MLP output projection's result: its GEMM is left out as well (``schedules.actions.
+    tp_backward_steps`` drops the collective, its copies are the ``full_recompute`` phase's). An
+    MoE layer (no MLP output projection: its tail is the combine) and a parallel block rerun
+    their whole forward."""
+    if not checkpoint_tail_skipped(plan) or not any(k.name == "fc2" for k in forward):
+        return forward
+    compiled = kernel_stack(plan) == "compile"
+    copies = ("dtensor_sequence_copy", "async_tp_copy")
+    kept = tuple(
+        k
+        for k in forward
+        if k.name not in copies and not (compiled and k.name == "fc2" and k.kind == "gemm")
+    )
+    return (*kept, *_sequence_copies(plan, "full_recompute"))
+
+
 def recompute_kernels(
     plan: Plan,
     forward: tuple[Kernel, ...],
@@ -698,11 +735,12 @@ def recompute_kernels(
     elementwise_bytes: float,
 ) -> tuple[Kernel, ...]:
     """What the backward runs again under ``parallel.recompute``: nothing, the attention core
-    (``selective``), the whole forward (``full``) or the per-op policy's kernels (``op``)."""
+    (``selective``), the forward (``full``: ``full_recompute_kernels``) or the per-op policy's
+    kernels (``op``)."""
     return {
         "none": (),
         "selective": core_forward,
-        "full": forward,
+        "full": full_recompute_kernels(plan, forward),
         "op": op_recompute_kernels(plan, elementwise_bytes),
     }[plan.parallel.recompute]
 
@@ -799,7 +837,12 @@ def _te_linear(plan: Plan, name: str, shape: tuple[float, float, float]) -> Phas
     )
 
 
-DTENSOR_SEQUENCE_COPIES = {"forward": (2, 2), "backward": (2, 2), "op_recompute": (2, 0)}
+DTENSOR_SEQUENCE_COPIES = {
+    "forward": (2, 2),
+    "backward": (2, 2),
+    "op_recompute": (2, 0),
+    "full_recompute": (2, 1),
+}
 """Chunk + cat copies per layer and micro-batch, (after all-gathers, before reduce-scatters),
 of PyTorch's tensor parallelism with sequence parallelism (DTensor ``SequenceParallel`` with
 ``ColwiseParallel(input_layouts=Shard(1))`` and ``RowwiseParallel(output_layouts=Shard(1))``,
@@ -810,13 +853,15 @@ _functional_collectives`` rearranges every one: an all-gather on dim 1 returns
 reduce-scatter on dim 1 runs ``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))`` on
 its input first. Forward: the attention's and the MLP's input all-gathers and output
 reduce-scatters; backward: their gradients, a reduce-scatter and an all-gather each;
-torchtitan's per-op recompute gathers the two inputs again (a full recompute reruns the
-forward's). Each reads and writes the whole gathered tensor, in the collective's element size
-(``tp_gather_bytes``: float8 under torchtitan's float8 TP). Since pytorch/pytorch#169404
-(December 2025) an all-gather at micro-batch 1 is a view instead; the published runs here
-predate it, and the copies are priced at every micro-batch size. Under asynchronous TP only for
-the collectives it leaves unfused (``_async_tp_copies``: its fused kernels lay the chunks out
-themselves); not on the Megatron stack (sequence-first activations: dim 0)."""
+torchtitan's per-op recompute gathers the two inputs again; a full recompute reruns the
+forward's but the MLP output's reduce-scatter (``full_recompute_kernels``). Each reads and
+writes the whole gathered tensor, in the collective's element size (``tp_gather_bytes``:
+float8 under torchtitan's float8 TP). Since pytorch/pytorch#169404 (December 2025) an
+all-gather at micro-batch 1 is a view instead; the published runs here predate it, and the
+copies are priced at every micro-batch size. Asynchronous TP has its own copies
+(``_async_tp_copies``: the collectives it leaves unfused, and the gathered tensors its fused
+kernels return strided, ``ASYNC_TP_RETURNED_GATHER``); not on the Megatron stack
+(sequence-first activations: dim 0)."""
 
 
 def dtensor_sequence_copies(plan: Plan) -> bool:
@@ -842,14 +887,26 @@ def tp_gather_bytes(plan: Plan) -> float:
     return size
 
 
-ASYNC_TP_SHARD_COPIES = 2
+ASYNC_TP_SHARD_COPIES = 1
 """Copies of its own shard a fused all-gather + matmul makes on the compute stream under
 PyTorch's asynchronous TP (``torch/distributed/_symmetric_memory/__init__.py``,
-``_pipelined_all_gather_and_consume``): into its symmetric-memory buffer before the barrier the
-remote ranks pull from, and into its own slot of the gathered output after the last remote
-shard; each reads and writes one 1/t shard. With more than one sequence per micro-batch the
-shard is first laid out sequence-major (``restride_A_shard_for_fused_all_gather_matmul``: the
-gather runs along the sequence, dim 1): one copy more."""
+``_pipelined_all_gather_and_consume``, the same in torch 2.7.1 and 2.8.0): into its
+symmetric-memory buffer before the barrier the remote ranks pull from (an SM copy); each reads
+and writes one 1/t shard. With more than one sequence per micro-batch the shard is first laid out
+sequence-major (``restride_A_shard_for_fused_all_gather_matmul``: the gather runs along the
+sequence, dim 1): one copy more. Where the gathered tensor is returned
+(``ASYNC_TP_RETURNED_GATHER``) the shard is also copied into its own slot of it."""
+ASYNC_TP_RETURNED_GATHER = 2
+"""Full-size copies (read and write the gathered tensor once, counted as 2 passes) of a fused
+all-gather whose gathered tensor another kernel reads besides the fused matmuls (the micro-
+pipeline pass keeps ``return_A`` then: ``torch/_inductor/fx_passes/micro_pipeline_tp.py``): the
+weight-gradient matmuls of the same linears read it. The fused op returns it sequence-major as a
+strided view of its rank-major buffer (``unflatten``: view, flatten, ``movedim(0, gather_dim)``),
+which the weight gradient's ``reshape(b s, h)`` cannot view: Inductor copies it first, the copy
+that DTensor's chunk + cat makes without asynchronous TP (``DTENSOR_SEQUENCE_COPIES``). Returned:
+the two gradient all-gathers of the backward (proj's and fc2's output gradients), the two input
+all-gathers when the forward keeps them (no recompute, or only the attention core) or a full
+recompute gathers them again, and per-op recompute's re-gathers fused with wk and w3."""
 
 
 def torch_async_tp(plan: Plan) -> bool:
@@ -876,35 +933,55 @@ def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
     copies; the chunk + cat copy of each reduce-scatter left to NCCL (``DTENSOR_SEQUENCE_
     COPIES``: the attention's, and a gated MLP's), a plain MLP's fused one as in the forward.
     Per-op recompute: the re-gathers fused with wk (and a gated MLP's w3) copy their shards, a
-    plain MLP's unfused one is chunked and concatenated."""
+    plain MLP's unfused one is chunked and concatenated. Every gathered tensor the weight
+    gradients read is copied whole once more (``ASYNC_TP_RETURNED_GATHER``), in the backward
+    for the forward's and the gradients' gathers."""
     model, t = plan.model, plan.parallel.tp
     batch = plan.training.micro_batch_size
     gathered = tp_gather_bytes(plan)
     whole = tp_message_bytes(model, batch, cp=plan.parallel.cp)
     shard_copies = ASYNC_TP_SHARD_COPIES + (1 if batch > 1 else 0)
-    fused_gather = 2 * shard_copies * gathered / t
+
+    def fused_gather(returned: bool) -> tuple[float, int]:
+        """Bytes and launches of a fused all-gather, its gathered tensor ``returned`` or not."""
+        copies = shard_copies + (1 if returned else 0)
+        size = 2 * copies * gathered / t
+        if returned:
+            return size + ASYNC_TP_RETURNED_GATHER * gathered, copies + 1
+        return size, copies
 
     def fused_scatter(width: float) -> tuple[float, int]:
         """Bytes and launches of a fused reduce-scatter whose matmul input is ``width`` wide."""
         restride = 2 * whole * width / (model.hidden_size * t) if batch > 1 else 0.0
         return whole * (1 + 1 / t) + restride, 1 + (1 if batch > 1 else 0)
 
+    kept = plan.parallel.recompute in ("none", "selective", "full")  # the input gathers read again
     if phase == "forward":
+        gather, gather_launches = fused_gather(returned=False)
         proj, proj_launches = fused_scatter(model.hidden_size)
         fc2, fc2_launches = fused_scatter(model.ffn_hidden_size)
-        size = 2 * fused_gather + proj + fc2
-        launches = 2 * shard_copies + proj_launches + fc2_launches
+        size = 2 * gather + proj + fc2
+        launches = 2 * gather_launches + proj_launches + fc2_launches
     elif phase == "backward":
-        size, launches = 2 * fused_gather + 2 * whole, 2 * shard_copies + 1
+        gather, gather_launches = fused_gather(returned=True)
+        size, launches = 2 * gather + 2 * whole, 2 * gather_launches + 1
+        if kept:  # the forward's gathered inputs: their slot copies and whole copies
+            size += 2 * (2 * gathered / t + ASYNC_TP_RETURNED_GATHER * gathered)
+            launches += 4
         if model.gated_mlp:
             size, launches = size + 2 * whole, launches + 1
         else:
             fc1, fc1_launches = fused_scatter(model.ffn_hidden_size)
             size, launches = size + fc1, launches + fc1_launches
+    elif phase == "full_recompute":  # the forward's but the MLP output's fused reduce-scatter
+        gather, gather_launches = fused_gather(returned=False)
+        proj, proj_launches = fused_scatter(model.hidden_size)
+        size, launches = 2 * gather + proj, 2 * gather_launches + proj_launches
     else:  # op_recompute
-        size, launches = fused_gather, shard_copies
+        gather, gather_launches = fused_gather(returned=True)
+        size, launches = gather, gather_launches
         if model.gated_mlp:
-            size, launches = size + fused_gather, launches + shard_copies
+            size, launches = size + gather, launches + gather_launches
         else:
             size, launches = size + 2 * gathered, launches + 1
     copy = memory("async_tp_copy", size, "copy", converts=False)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from schedules.memory import ALLOCATOR_RESERVE
+from schedules.moe import chance_load
 from schedules.params import active_params, total_params
 from sim.output.offload_report import offload_lines
 from sim.replay.result import PlanResult
@@ -92,6 +93,16 @@ def _hottest(plan: Plan) -> str:
     return f"{plan.model.moe_imbalance:g}x the mean"
 
 
+def _chance(plan: Plan) -> str:
+    """What chance alone gives the busiest GPU of an expert-parallel group (``chance_load``)."""
+    if plan.parallel.ep <= 1:
+        return ""
+    return (
+        f"; by chance alone the busiest of the {plan.parallel.ep} expert-parallel GPUs gets "
+        f"{chance_load(plan):.3f}x the mean tokens per micro-batch"
+    )
+
+
 def experts_lines(plan: Plan) -> list[str]:
     """For an MoE model: experts, routing and expert parallelism; nothing for a dense one."""
     model, par = plan.model, plan.parallel
@@ -105,7 +116,7 @@ def experts_lines(plan: Plan) -> list[str]:
             "  experts",
             f"{model.num_experts} routed (top-{model.moe_top_k}){shared}, ep={par.ep} "
             f"etp={par.expert_tp}, {par.moe_token_dispatcher} dispatcher, {dropping}, "
-            f"busiest expert {_hottest(plan)}",
+            f"busiest expert {_hottest(plan)}{_chance(plan)}",
         ),
         _row(
             "  parameters",

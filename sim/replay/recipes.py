@@ -33,6 +33,7 @@ from schedules.context_parallel import RingStep, RingWork, ring_attention, runs_
 from schedules.data_parallel.registry import data_parallel_kind
 from schedules.float8 import scale_precompute_bytes
 from schedules.kernels import (
+    checkpoint_tail_skipped,
     kernel_stack,
     master_copy_bytes,
     ring_work_kernels,
@@ -376,6 +377,7 @@ def _uniform_recipes(
             gather_bytes=costs.tp_gather_bytes,
             gated_mlp=plan.model.gated_mlp,
             parallel_block=plan.model.parallel_block,
+            rerun_tail=moe or not checkpoint_tail_skipped(plan),
         )
         if not ring:
             return steps

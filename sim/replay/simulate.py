@@ -402,7 +402,7 @@ def moe_summary(plan: Plan) -> dict[str, Any]:
             "etp": par.expert_tp,
             "dispatcher": par.moe_token_dispatcher,
             "imbalance": model.moe_imbalance,
-            "busiest_gpu_load": load_factor(model, par),
+            "busiest_gpu_load": load_factor(plan),
             **(
                 {"imbalance_by_layer": {str(i): f for i, f in plan.whatif.moe_layer_imbalance}}
                 if plan.whatif.moe_layer_imbalance

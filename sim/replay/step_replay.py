@@ -169,15 +169,31 @@ def replay_plan(
     ``ranks`` are simulated instead of the folding's, and ``slowdowns`` stretch the kernels of
     some ranks (``sim.replay.whatif``); ``finished`` succeeds when the step's last action ends."""
     with gc_paused():
-        programs = build_programs(step, compute, fold=fold, ranks=ranks)
-        if slowdowns:
-            programs = slowed_programs(programs, slowdowns)
-        if host is not None:
-            programs, comm = host.apply(programs), HostCopyRunner(env, comm, host.rates)
-        engine = Engine(
-            env, comm, programs, overlap_slowdown=compute.overlap_slowdown, finished=finished
-        )
-        return engine.run()
+        # the engine and its events are freed on return, before the collector is back on: it
+        # then walks only what the timeline keeps
+        return _run(step, env, comm, compute, fold, host, ranks, slowdowns, finished)
+
+
+def _run(
+    step: StepDescription,
+    env: simpy.Environment,
+    comm: CommRunner,
+    compute: ComputeModel,
+    fold: bool,
+    host: OffloadReplay | None,
+    ranks: tuple[int, ...] | None,
+    slowdowns: dict[int, float] | None,
+    finished: simpy.Event | None,
+) -> Timeline:
+    programs = build_programs(step, compute, fold=fold, ranks=ranks)
+    if slowdowns:
+        programs = slowed_programs(programs, slowdowns)
+    if host is not None:
+        programs, comm = host.apply(programs), HostCopyRunner(env, comm, host.rates)
+    engine = Engine(
+        env, comm, programs, overlap_slowdown=compute.overlap_slowdown, finished=finished
+    )
+    return engine.run()
 
 
 @contextlib.contextmanager

@@ -132,10 +132,13 @@ def _copy(kernels: Any) -> float:
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_fused_ops_copy_shards_and_reduce_partials(batch: int) -> None:
-    """Whole activation S = 2 b s h bytes, t = 4. Forward per layer: 2 gathers x (2 or 3 shard
+    """Whole activation S = 2 b s h bytes, t = 4. Forward per layer: 2 gathers x (1 or 2 shard
     copies, read + write, S/t each) + 2 scatters x (read S, write S/t) + with b > 1 the two
-    scattered inputs (h and f wide) copied sequence-major; backward: 2 x the gathers' shard
-    copies + 2 chunk + cat copies of the unfused reduce-scatters (read + write S)."""
+    scattered inputs (h and f wide) copied sequence-major. Backward: 2 gradient gathers whose
+    gathered tensor the weight gradients read (returned: one shard copy more, into its slot, and
+    the whole tensor copied once, read + write S) + 2 chunk + cat copies of the unfused
+    reduce-scatters (read + write S); without recompute the forward's 2 gathered inputs are read
+    by the weight gradients too: a slot copy and a whole copy each."""
     plan = _plan(batch)
     assert torch_async_tp(plan)
     whole, t, copies = 2.0 * batch * 2048 * 1024, 4, ASYNC_TP_SHARD_COPIES + (batch > 1)
@@ -143,11 +146,14 @@ def test_fused_ops_copy_shards_and_reduce_partials(batch: int) -> None:
     forward = 2 * (2 * copies * whole / t + whole * (1 + 1 / t)) + restride
     kernels = layer_kernels(plan)
     assert _copy(kernels.forward) == pytest.approx(forward)
-    # the attention's and the gated MLP's unfused reduce-scatters: chunk + cat copies
-    assert _copy(kernels.backward_input) == pytest.approx(2 * (2 * copies * whole / t + 2 * whole))
-    # per-op recompute: both re-gathers fused (wk, w3 rerun on them): shard copies only
-    rerun = layer_kernels(_plan(batch, recompute="op")).recompute
-    assert _copy(rerun) == pytest.approx(2 * 2 * copies * whole / t)
+    returned = 2 * (copies + 1) * whole / t + 2 * whole  # a gather whose tensor is read again
+    kept = 2 * whole / t + 2 * whole  # the forward's gathered input, read by the weight grads
+    assert _copy(kernels.backward_input) == pytest.approx(2 * returned + 2 * 2 * whole + 2 * kept)
+    # per-op recompute: both re-gathers fused (wk, w3 rerun on them) and read by the weight
+    # gradients of wq, wv and w1; the forward's gathered inputs are not kept
+    rerun = layer_kernels(_plan(batch, recompute="op"))
+    assert _copy(rerun.recompute) == pytest.approx(2 * returned)
+    assert _copy(rerun.backward_input) == pytest.approx(2 * returned + 2 * 2 * whole)
     assert not torch_async_tp(_plan(batch, tp_comm_overlap=False))
 
 
@@ -174,3 +180,48 @@ def test_moe_layers_block_under_async_tp() -> None:
         s for phase in ("F", "B") for s in recipes[phase] if isinstance(s, Comm) and s.group == "tp"
     ]
     assert tp and not any(s.overlap for s in tp)
+
+
+def test_pytorch_full_recompute_leaves_out_the_mlp_output_pair() -> None:
+    """PyTorch's checkpoint does not rerun the MLP output projection (compiled: its GEMM is not
+    in the backward graph) nor its reduce-scatter: three fused pairs, their windows shares of
+    the rerun without that GEMM (0.2 / 0.7 of a rerun of 1.0 s, x 4 layers)."""
+    steps = _steps(recompute_s=1.0, full_recompute=True, rerun_tail=False)
+    assert steps[:7] == [
+        ("all_gather", ("all_gather", 50.0, 4), True),
+        ("recompute fwd gemm 0", 0.2 / 0.7 * 4, False),
+        ("reduce_scatter", ("reduce_scatter", 100.0, 4), True),
+        ("recompute fwd gemm 1", 0.1 / 0.7 * 4, False),
+        ("all_gather", ("all_gather", 50.0, 4), True),
+        ("recompute fwd gemm 2", 0.4 / 0.7 * 4, False),
+        # the three windows fill the rerun: no rest, and the backward follows
+        ("AG grad proj", ("all_gather", 50.0, 4), True),
+    ]
+
+
+def test_pytorch_full_recompute_kernels_and_collectives() -> None:
+    """Full recompute of a TP 4 layer: Megatron reruns the whole forward; PyTorch eager reruns
+    every GEMM but not the MLP output's reduce-scatter (its chunk + cat copy neither: 2 gathers
+    and 1 scatter, read + write S each); compiled, not the MLP output's GEMM either."""
+    whole = 2.0 * 1 * 2048 * 1024  # S: b s h bf16
+
+    def rerun(stack: str, **parallel: Any) -> Any:
+        raw = _raw(1, stack=stack, recompute="full", tp_comm_overlap=False, **parallel)
+        plan = resolve_plan(load_plan(raw), 8)
+        return layer_kernels(plan)
+
+    megatron = rerun("megatron")
+    assert megatron.recompute == megatron.forward
+    eager = rerun("eager")
+    assert [k.name for k in eager.recompute if k.kind == "gemm"] == ["qkv", "proj", "fc1", "fc2"]
+    copies = [k for k in eager.recompute if k.name == "dtensor_sequence_copy"]
+    assert sum(k.bytes for k in copies) == pytest.approx(2 * (2 + 1) * whole)
+    compiled = rerun("compile")
+    assert [k.name for k in compiled.recompute if k.kind == "gemm"] == ["qkv", "proj", "fc1"]
+    steps = tp_backward_steps(
+        backward_input_s=3.0, backward_weight_s=2.0, recompute_s=1.0, num_layers=4,
+        tp_bytes=100.0, shares=SHARES, tp=4, sequence_parallel=True, full_recompute=True,
+        dtensor=True, rerun_tail=False,
+    )  # fmt: skip
+    rerun_ops = [(s.op, s.repeat) for s in steps[1:3] if isinstance(s, CommStep)]
+    assert rerun_ops == [("all_gather", 8), ("reduce_scatter", 4)]  # 2 + 1 per layer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -10,7 +11,9 @@ from schedules.flops import layer_forward_flops, model_flops_per_step, moe_layer
 from schedules.layout import Layout
 from schedules.memory import stage_memory_bytes
 from schedules.moe import (
+    chance_load,
     dispatch_bytes,
+    expected_max_normal,
     expert_data_parallel,
     expert_tokens,
     is_moe_layer,
@@ -88,19 +91,48 @@ def test_model_flops_count_active_experts() -> None:
     assert "active parameters" in definition
 
 
+# Chance alone on TINY (64 tokens per GPU, top 2 of 8): with EP 8 the 512 tokens of the group
+# put 128 copies on each GPU's one expert, variance 512 x 2 x 1/8 x 7/8 x 6/7 = 96; the busiest of
+# 8 GPUs is 1.4236 standard deviations above the mean: 1 + 1.4236 sqrt(96) / 128.
+CHANCE_EP8 = 1 + 1.4236 * 96**0.5 / 128
+
+
 @pytest.mark.parametrize(
     ("ep", "imbalance", "capacity", "expected"),
     [
-        (8, 1.0, None, 1.0),
+        (8, 1.0, None, CHANCE_EP8),  # balanced on average: chance sets the busiest GPU
         (8, 3.0, None, 3.0),
-        (2, 2.0, None, 1.25),  # 4 experts per GPU: (2 + 3) / 4
+        (2, 2.0, None, 1.25),  # 4 experts per GPU: (2 + 3) / 4, above chance's 1.03
         (8, 3.0, 1.5, 1.5),  # tokens past the capacity are dropped
+        (8, 1.0, 1.05, 1.05),  # and the capacity caps chance's excess too
     ],
 )
 def test_load_factor(ep: int, imbalance: float, capacity: float | None, expected: float) -> None:
     model = {**TINY, "moe_imbalance": imbalance, "moe_capacity_factor": capacity}
     plan = plan_of(model, {"ep": ep})
-    assert load_factor(plan.model, plan.parallel) == expected
+    assert load_factor(plan) == pytest.approx(expected, rel=1e-4)
+
+
+def test_expected_max_normal_matches_the_order_statistics() -> None:
+    # E[max of n standard normals]: 1/sqrt(pi) for two (closed form); 1.0294, 1.4236 (tables)
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.pi**0.5, abs=1e-4)
+    assert expected_max_normal(4) == pytest.approx(1.0294, abs=1e-4)
+    assert expected_max_normal(8) == pytest.approx(1.4236, abs=1e-4)
+
+
+def test_chance_load_by_hand() -> None:
+    # EP 2 on TINY: each GPU holds 4 of 8 experts; 128 tokens route 2 copies each, a GPU gets
+    # 128 on average with variance 128 x 2 x 1/2 x 1/2 x 6/7; the busier of two is 1/sqrt(pi)
+    # standard deviations above.
+    plan = plan_of(TINY, {"ep": 2})
+    sigma = (128 * 2 * 0.25 * 6 / 7) ** 0.5
+    assert chance_load(plan) == pytest.approx(1 + sigma / math.pi**0.5 / 128, rel=1e-4)
+    # no expert parallelism: one GPU holds every expert, nothing to wait for
+    assert chance_load(plan_of(TINY, {"ep": 1})) == 1.0
+    # more tokens per GPU: the excess shrinks as one over their square root
+    bigger = plan_of({**TINY, "seq_len": 128}, {"ep": 8})
+    assert chance_load(bigger) - 1 == pytest.approx((CHANCE_EP8 - 1) / 2, rel=1e-3)
 
 
 def test_tokens_and_dispatch_messages() -> None:
