@@ -235,6 +235,7 @@ def tp_forward_steps(
     gather_bytes: float | None = None,
     shares: LinearShares | None = None,
     tail: bool = True,
+    pipeline_chunks: int = 1,
 ) -> tuple[Step, ...]:
     """Forward of ``num_layers`` layers (each ``forward_s``) with their TP collectives.
 
@@ -251,6 +252,7 @@ def tp_forward_steps(
     all-gathers' size where it differs from ``tp_bytes`` (float8 operands). Without ``tail`` the
     MLP output's reduce-scatter (or all-reduce) and its fused GEMM are left out: PyTorch's full
     recompute does not rerun them (``schedules.kernels.full_recompute_kernels``).
+    ``pipeline_chunks``: the pieces each fused GEMM is decomposed into (``_pipelined_pair``).
     """
     gathered = tp_bytes if gather_bytes is None else gather_bytes
     last = 0 if tail or per_layer < 2 else 1  # collectives left out per layer
@@ -262,6 +264,7 @@ def tp_forward_steps(
             shares=shares.forward,
             pairs=2 * per_layer - last,
             extra=extra,
+            chunks=pipeline_chunks,
         )
     steps: list[Step] = []
     if tp > 1:
@@ -302,20 +305,18 @@ def _fused_forward_steps(
     shares: tuple[float, ...],
     pairs: int,
     extra: tuple[Step, ...],
+    chunks: int = 1,
 ) -> tuple[Step, ...]:
     """``tp_forward_steps`` under ``tp_comm_overlap`` with the GEMM windows: each of the first
-    ``pairs`` collectives beside its GEMM (the compute after the pair waits for both), then the
-    rest of the layers."""
+    ``pairs`` collectives beside its GEMM (the compute after the pair waits for both;
+    ``_pipelined_pair``), then the rest of the layers."""
     n = num_layers
     steps: list[Step] = []
     window_s = 0.0
     for op, gemm in FUSED_FORWARD_PAIRS[:pairs]:
         width = shares[gemm] * forward_s * n
         window_s += width
-        steps += [
-            CommStep(name=op, group="tp", op=op, size_bytes=sizes[op], repeat=n, overlap=True),
-            ComputeStep(name=f"fwd gemm {gemm}", duration_s=width),
-        ]
+        steps += _pipelined_pair(op, f"fwd gemm {gemm}", op, sizes[op], n, width, chunks)
     steps.append(ComputeStep(name="fwd", duration_s=max(forward_s * n - window_s, 0.0)))
     return _drop_empty([*steps, *extra])
 
@@ -467,13 +468,42 @@ def tp_backward_steps(
     return _drop_empty(steps)
 
 
-def _fused_pair(name: str, op: str, size: float, repeat: int, width_s: float) -> list[Step]:
-    """A collective beside the GEMM it is fused with (``width_s`` of compute); with no known
-    window it blocks."""
-    return [
-        CommStep(name=name, group="tp", op=op, size_bytes=size, repeat=repeat, overlap=width_s > 0),
-        ComputeStep(name=name.replace("AG", "gemm").replace("RS", "gemm"), duration_s=width_s),
-    ]
+def _pipelined_pair(
+    comm_name: str,
+    gemm_name: str,
+    op: str,
+    size: float,
+    repeat: int,
+    width_s: float,
+    chunks: int,
+) -> list[Step]:
+    """A collective beside the GEMM it is fused with (``width_s`` of compute; with no known
+    window it blocks). With the GEMM decomposed into ``chunks`` pieces, one per rank (PyTorch's
+    asynchronous TP, ``torch/distributed/_symmetric_memory/__init__.py``, torch 2.7-2.8), a piece
+    runs alone: a fused all-gather's last piece waits for the last shard to arrive
+    (``_pipelined_all_gather_and_consume``: the shards are pulled one step after another, each
+    piece computed as its shard lands), a fused reduce-scatter's first piece is computed before
+    anything is sent (``_pipelined_produce_and_all2all``: each step computes the next rank's
+    partial, then the ranks exchange). So a pair takes max(collective, (c - 1) / c of the GEMM)
+    + 1 / c of it, where the plain pairing takes max(collective, GEMM)."""
+    comm = CommStep(
+        name=comm_name, group="tp", op=op, size_bytes=size, repeat=repeat, overlap=width_s > 0
+    )
+    if chunks <= 1 or width_s <= 0:
+        return [comm, ComputeStep(name=gemm_name, duration_s=width_s)]
+    alone = width_s / chunks
+    beside = ComputeStep(name=gemm_name, duration_s=width_s - alone)
+    if op == "all_gather":
+        return [comm, beside, ComputeStep(name=f"{gemm_name} last piece", duration_s=alone)]
+    return [ComputeStep(name=f"{gemm_name} first piece", duration_s=alone), comm, beside]
+
+
+def _fused_pair(
+    name: str, op: str, size: float, repeat: int, width_s: float, chunks: int = 1
+) -> list[Step]:
+    """``_pipelined_pair`` named after the collective."""
+    gemm = name.replace("AG", "gemm").replace("RS", "gemm")
+    return _pipelined_pair(name, gemm, op, size, repeat, width_s, chunks)
 
 
 def _torch_async_backward_steps(
@@ -535,6 +565,7 @@ def _torch_async_backward_steps(
             gather_bytes=gather,
             shares=rerun_shares,
             tail=rerun_tail,
+            pipeline_chunks=tp,
         )
         steps += [
             replace(s, name=f"recompute {s.name}") if isinstance(s, ComputeStep) else s
@@ -549,7 +580,7 @@ def _torch_async_backward_steps(
             for name, share in windows:
                 width = min(share * weight_s * n, max(recompute_s * n - rerun_s, 0.0))
                 rerun_s += width
-                steps += _fused_pair(name, "all_gather", gather, n, width)
+                steps += _fused_pair(name, "all_gather", gather, n, width, tp)
         steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n - rerun_s))
     window_s = 0.0
     pairs = [("AG grad proj", "all_gather", gather, shares.proj)]
@@ -560,7 +591,7 @@ def _torch_async_backward_steps(
     for name, op, size, share in pairs:
         width = share * weight_s * n
         window_s += width
-        steps += _fused_pair(name, op, size, n, width)
+        steps += _fused_pair(name, op, size, n, width, tp)
     steps.append(ComputeStep(name="bwd", duration_s=max(backward_s * n - window_s, 0.0)))
     unfused = 1 + (1 if mlp and gated_mlp else 0)
     steps.append(

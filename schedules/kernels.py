@@ -482,8 +482,8 @@ def split_grad_bytes(plan: Plan) -> float:
     separate outputs: ``triton_poi_fused_cat_transpose`` in the compiled GPT trace, while the
     gated MLP's two gradients come from one fused kernel that writes them in place)."""
     stack = kernel_stack(plan)
-    if stack not in ("eager", "compile"):
-        return 0.0
+    if stack not in ("eager", "compile") or plan.model.separate_projections:
+        return 0.0  # separate linears: no fused weight, no split to concatenate
     qkv, _, up, _ = weight_gemm_shapes(plan)
     gated = stack == "eager" and plan.model.gated_mlp
     return EAGER_SPLIT_GRAD_BYTES * (qkv[0] * qkv[1] + (up[0] * up[1] if gated else 0.0))
@@ -778,26 +778,100 @@ Phases = tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]]
 
 def weight_gemm_kernels(plan: Plan) -> Phases:
     """The weight GEMMs of one layer (``WEIGHT_GEMMS``), per phase: forward, input gradients,
-    weight gradients; under a float8 recipe each with its casts (``schedules.float8``)."""
+    weight gradients; under a float8 recipe each with its casts (``schedules.float8``); with
+    ``model.separate_projections`` the fused ones split (``separate_projection_kernels``)."""
     gemm_dtype, _ = dtypes(plan)
     named = list(zip(WEIGHT_GEMMS, weight_gemm_shapes(plan), strict=True))
     if float8_recipe(plan, kernel_stack(plan)) is not None:
         linears = [_float8_linear(plan, name, shape) for name, shape in named]
         forward, dgrad, wgrad = ([k for phases in linears for k in phases[i]] for i in range(3))
-        return tuple(forward), tuple(dgrad), tuple(wgrad)
-    if te_recipe(plan) is not None:
+        phases = tuple(forward), tuple(dgrad), tuple(wgrad)
+    elif te_recipe(plan) is not None:
         linears = [_te_linear(plan, name, shape) for name, shape in named]
         forward, dgrad, wgrad = ([k for phases in linears for k in phases[i]] for i in range(3))
-        return tuple(forward), tuple(dgrad), tuple(wgrad)
-    return (
-        tuple(compiled_gemm(plan, name, m, n, k, gemm_dtype) for name, (m, n, k) in named),
-        tuple(
-            compiled_gemm(plan, f"{name}_dgrad", m, k, n, gemm_dtype) for name, (m, n, k) in named
-        ),
-        tuple(
-            compiled_gemm(plan, f"{name}_wgrad", k, n, m, gemm_dtype) for name, (m, n, k) in named
-        ),
+        phases = tuple(forward), tuple(dgrad), tuple(wgrad)
+    else:
+        phases = (
+            tuple(compiled_gemm(plan, name, m, n, k, gemm_dtype) for name, (m, n, k) in named),
+            tuple(
+                compiled_gemm(plan, f"{name}_dgrad", m, k, n, gemm_dtype)
+                for name, (m, n, k) in named
+            ),
+            tuple(
+                compiled_gemm(plan, f"{name}_wgrad", k, n, m, gemm_dtype)
+                for name, (m, n, k) in named
+            ),
+        )
+    return separate_projection_kernels(plan, phases)
+
+
+PROJECTION_SUM_BYTES = 2
+"""Bytes per element of each extra partial input gradient that separate projections sum
+(``model.separate_projections``): autograd adds the q, k and v linears' input gradients (and a
+gated MLP's gate and up ones) into their common input's gradient; Inductor fuses the adds into
+the next kernel that reads the sum, so each extra bf16 partial is read once more."""
+
+
+def _projection_widths(plan: Plan) -> dict[str, tuple[float, ...]]:
+    """The output widths (per GPU) of the separate linears each fused GEMM stands for."""
+    model, t = plan.model, plan.parallel.tp
+    widths: dict[str, tuple[float, ...]] = {
+        "qkv": (model.hidden_size / t, model.kv_size / t, model.kv_size / t)
+    }
+    if model.gated_mlp:
+        widths["fc1"] = (model.ffn_hidden_size / t, model.ffn_hidden_size / t)
+    return widths
+
+
+def linear_gemm_shapes(plan: Plan) -> tuple[tuple[tuple[float, float, float], ...], ...]:
+    """``weight_gemm_shapes``, each as the forward GEMMs that run it: the fused one, or with
+    ``model.separate_projections`` one per separate linear (``_projection_widths``)."""
+    widths = _projection_widths(plan) if plan.model.separate_projections else {}
+    return tuple(
+        tuple((m, width, k) for width in widths[name]) if name in widths else ((m, n, k),)
+        for name, (m, n, k) in zip(WEIGHT_GEMMS, weight_gemm_shapes(plan), strict=True)
     )
+
+
+def separate_projection_kernels(plan: Plan, phases: Phases) -> Phases:
+    """``phases`` (forward, input gradients, weight gradients) with each fused projection GEMM
+    split into the GEMMs of its separate linears where ``model.separate_projections`` says the
+    model has them (torchtitan's ``models/llama3/model.py``: ``wq``, ``wk``, ``wv``, ``w1``,
+    ``w3``, each an ``nn.Linear`` its TP plan parallelises on its own, and Inductor's linear
+    batching passes are off by default: ``pre_grad_fusion_options`` empty). Each piece keeps the
+    fused kernel's name, dtype and backend; the forward and the weight gradients split the
+    output width, the input gradients the reduction (each piece writes a whole partial input
+    gradient, summed at ``PROJECTION_SUM_BYTES``). Casts stay as the fused linear's."""
+    if not plan.model.separate_projections:
+        return phases
+    widths = _projection_widths(plan)
+    axis = (1, 2, 1)  # the dimension that is the output width, per phase
+    split: list[tuple[Kernel, ...]] = []
+    partials = 0.0
+    for phase, kernels in enumerate(phases):
+        out: list[Kernel] = []
+        for kernel in kernels:
+            base = kernel.name.removesuffix("_dgrad").removesuffix("_wgrad")
+            parts = widths.get(base)
+            if kernel.kind != "gemm" or parts is None:
+                out.append(kernel)
+                continue
+            for width in parts:
+                dims = list(kernel.dims)
+                dims[axis[phase]] = width
+                m, n, k = dims
+                out.append(
+                    gemm(kernel.name, m, n, k, kernel.dtype, kernel.backend)
+                    if kernel.backend
+                    else compiled_gemm(plan, kernel.name, m, n, k, kernel.dtype)
+                )
+            if phase == 1:
+                partials += (len(parts) - 1) * kernel.dims[0] * kernel.dims[1]
+        split.append(tuple(out))
+    if partials:
+        total = PROJECTION_SUM_BYTES * partials
+        split[1] = (*split[1], memory("projection_grad_sum", total))
+    return split[0], split[1], split[2]
 
 
 def _float8_linear(

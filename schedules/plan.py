@@ -185,6 +185,13 @@ class ModelConfig:
     moe_imbalance: float = 1.0
     """Tokens of the busiest expert relative to the mean (1.0: perfectly balanced routing); the
     rank holding it sets the pace of every all-to-all and expert GEMM."""
+    separate_projections: bool = False
+    """The attention's query, key and value projections and a gated MLP's gate and up
+    projections are separate linears (torchtitan's Llama ``wq``, ``wk``, ``wv``, ``w1``, ``w3``;
+    Hugging Face's Llama) instead of one fused weight each (Megatron's ``linear_qkv`` and
+    ``linear_fc1``, the plain loop ``commbench --step`` runs): each is a GEMM of its own, the
+    narrow key and value ones memory-bound under TP, and their input gradients are summed
+    (``schedules.kernels.separate_projection_kernels``)."""
     parallel_block: bool = False
     """Attention and MLP side by side on one normed input, their outputs added to the residual
     together (GPT-J, GPT-NeoX's ``use_parallel_residual``, PaLM, MegaScale's parallel

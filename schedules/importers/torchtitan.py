@@ -71,6 +71,7 @@ def from_torchtitan_toml(path: Path, *, world_size: int | None = None) -> Import
     preset = _titan_preset(model_t, notes)
     model: dict[str, Any] = {"preset": preset} if preset else {}
     model["seq_len"] = training_t.get("seq_len", int, 2048)
+    model["separate_projections"] = True  # torchtitan's Llama: wq, wk, wv, w1, w3
     num_layers = MODEL_PRESETS[preset][0]["num_layers"] if preset else None
     compile_t = fields.sub("compile")
     compiled = _titan_compiled(compile_t, training_t)

@@ -35,6 +35,7 @@ from schedules.float8 import scale_precompute_bytes
 from schedules.kernels import (
     checkpoint_tail_skipped,
     kernel_stack,
+    linear_gemm_shapes,
     master_copy_bytes,
     ring_work_kernels,
     torch_async_tp,
@@ -90,17 +91,19 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
     """Times from the compute model and sizes from ``schedules`` for one micro-batch."""
     model, parallel, b = plan.model, plan.parallel, plan.training.micro_batch_size
     dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
-    shapes = weight_gemm_shapes(plan)
-    wgrad = [compute.gemm_time_s(k, n, m, dtype) for m, n, k in shapes]
+    linears = linear_gemm_shapes(plan)  # each fused GEMM as the GEMMs that run it
+    wgrad = [sum(compute.gemm_time_s(k, n, m, dtype) for m, n, k in gemms) for gemms in linears]
     total = sum(wgrad) or 1.0
-    tokens, _, hidden = shapes[0]
+    tokens, _, hidden = weight_gemm_shapes(plan)[0]
     k_wgrad = compute.gemm_time_s(hidden, model.kv_size / parallel.tp, tokens, dtype)
     layer = compute.layer_times(plan)
     cp_forward, cp_backward = ring_steps(plan, compute)
     outside_ring_s = _less(layer.forward_s, cp_forward)  # what tp_forward_steps is given
     forward = tuple(
-        compute.gemm_time_s(m, n, k, dtype) / outside_ring_s if outside_ring_s else 0.0
-        for m, n, k in shapes
+        sum(compute.gemm_time_s(m, n, k, dtype) for m, n, k in gemms) / outside_ring_s
+        if outside_ring_s
+        else 0.0
+        for gemms in linears
     )
     moe_layer, dispatch, expert_tp = None, 0.0, 0.0
     if is_moe(model):
@@ -394,6 +397,7 @@ def _uniform_recipes(
         per_layer=per_layer,
         gather_bytes=costs.tp_gather_bytes,
         shares=None if moe else costs.shares,  # the shares are a dense layer's forward
+        pipeline_chunks=parallel.tp if torch_async else 1,
     ) + _repeat(ring_fwd, num_layers)
     cp_fwd = tuple(_cp_steps(plan, costs, num_layers, "all_gather"))
     cp_bwd = tuple(_cp_steps(plan, costs, num_layers, "reduce_scatter"))

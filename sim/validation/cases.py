@@ -315,6 +315,12 @@ def parse_fused_norm(case: dict[str, Any]) -> bool | None:
     return False if date is not None and date < FUSED_RMS_NORM_SINCE else None
 
 
+SEPARATE_PROJECTION_SOURCES = ("torchtitan",)
+"""Sources whose model code has separate q, k, v and gate / up linears
+(``model.separate_projections``): torchtitan's Llama (``models/llama/model.py`` at 9dec370 and
+``models/llama3/model.py`` at 820504e: ``wq``, ``wk``, ``wv``, ``w1``, ``w3``)."""
+
+
 PP_REDUCE_GRAD_SINCE = "2025-10-28"
 """pytorch/pytorch#166449 ("[pp] Add reduce_grad Action", opened 2025-10-28) moved FSDP2's
 gradient reduction under pipelining to a ``REDUCE_GRAD`` action after the last backward's send;
@@ -592,6 +598,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
     if training["precision"] == "fp8":
         parse = parse_te_fp8 if training["stack"] == "megatron" else parse_float8
         training.update(parse(parallel.get("precision")))
+    if source_key(str(case["id"])) in SEPARATE_PROJECTION_SOURCES:
+        model_section["separate_projections"] = True
     pipelined_fsdp = parallel_section["pp"] > 1 and parallel_section["data_parallel"] == "fsdp"
     if pipelined_fsdp and parse_fsdp_pp_reduce(case):
         parallel_section["fsdp_pp_reduce"] = "before_send"

@@ -38,21 +38,35 @@ def _steps(**kw: Any) -> list[tuple[str, Any, bool]]:
     return out
 
 
+def _gather(comm: str, gemm: str, width: float, size: float = 50.0) -> list[Any]:
+    """A fused all-gather on TP 8, 4 layers: 7/8 of its GEMM beside it, the last piece after."""
+    return [
+        (comm, ("all_gather", size, 4), True),
+        (gemm, width * 7 / 8, False),
+        (f"{gemm} last piece", width / 8, False),
+    ]
+
+
+def _scatter(comm: str, gemm: str, width: float, size: float = 100.0) -> list[Any]:
+    """A fused reduce-scatter on TP 8: its GEMM's first piece alone, the rest beside it."""
+    return [
+        (f"{gemm} first piece", width / 8, False),
+        (comm, ("reduce_scatter", size, 4), True),
+        (gemm, width * 7 / 8, False),
+    ]
+
+
 def test_backward_fuses_the_gradient_gathers_and_blocks_on_the_summed_scatters() -> None:
     """Per-op recompute of a gated layer, 4 layers, windows = share x wgrad time x 4: the input
     re-gathers beside the wk and w3 reruns, the projection's and MLP output's gradient gathers
-    beside their dgrad GEMMs, the reduce-scatters of the summed input gradients (wq + wk + wv,
-    w1 + w3) on the critical path."""
+    beside their dgrad GEMMs (each GEMM in 8 pieces, the last one after the last shard), the
+    reduce-scatters of the summed input gradients (wq + wk + wv, w1 + w3) on the critical path."""
     assert _steps(recompute_s=1.0, regather=True) == [
-        ("AG input k", ("all_gather", 50.0, 4), True),
-        ("gemm input k", 0.05 * 2.0 * 4, False),
-        ("AG input fc1", ("all_gather", 50.0, 4), True),
-        ("gemm input fc1", 0.4 / 2 * 2.0 * 4, False),  # w3: half of the gated up projection
+        *_gather("AG input k", "gemm input k", 0.05 * 2.0 * 4),
+        *_gather("AG input fc1", "gemm input fc1", 0.4 / 2 * 2.0 * 4),  # w3: half of the gate
         ("recompute", 1.0 * 4 - 0.4 - 1.6, False),
-        ("AG grad proj", ("all_gather", 50.0, 4), True),
-        ("gemm grad proj", 0.1 * 2.0 * 4, False),
-        ("AG grad fc2", ("all_gather", 50.0, 4), True),
-        ("gemm grad fc2", 0.3 * 2.0 * 4, False),
+        *_gather("AG grad proj", "gemm grad proj", 0.1 * 2.0 * 4),
+        *_gather("AG grad fc2", "gemm grad fc2", 0.3 * 2.0 * 4),
         ("bwd", (3.0 + 2.0) * 4 - 0.8 - 2.4, False),
         ("reduce_scatter dgrad", ("reduce_scatter", 100.0, 8), False),
     ]
@@ -62,16 +76,12 @@ def test_a_plain_mlp_fuses_its_scatter_and_blocks_on_its_regather() -> None:
     """Without a gate the MLP input gradient is one matmul (fused with its reduce-scatter) and
     per-op recompute reruns no matmul on the MLP input (its re-gather blocks)."""
     assert _steps(recompute_s=1.0, regather=True, gated_mlp=False) == [
-        ("AG input k", ("all_gather", 50.0, 4), True),
-        ("gemm input k", 0.4, False),
+        *_gather("AG input k", "gemm input k", 0.4),
         ("AG input fc1", ("all_gather", 50.0, 4), False),
         ("recompute", 4.0 - 0.4, False),
-        ("AG grad proj", ("all_gather", 50.0, 4), True),
-        ("gemm grad proj", 0.8, False),
-        ("AG grad fc2", ("all_gather", 50.0, 4), True),
-        ("gemm grad fc2", 2.4, False),
-        ("RS dgrad fc1", ("reduce_scatter", 100.0, 4), True),
-        ("gemm dgrad fc1", 0.4 * 2.0 * 4, False),
+        *_gather("AG grad proj", "gemm grad proj", 0.8),
+        *_gather("AG grad fc2", "gemm grad fc2", 2.4),
+        *_scatter("RS dgrad fc1", "gemm dgrad fc1", 0.4 * 2.0 * 4),
         ("bwd", 20.0 - 0.8 - 2.4 - 3.2, False),
         ("reduce_scatter dgrad", ("reduce_scatter", 100.0, 4), False),
     ]
@@ -96,15 +106,11 @@ def test_attention_only_layers_and_unknown_windows_block() -> None:
 def test_full_recompute_reruns_the_fused_forward() -> None:
     steps = _steps(recompute_s=1.0, full_recompute=True, regather=True)
     # the forward's four fused pairs (windows: forward shares x recompute time x 4 layers)
-    assert steps[:8] == [
-        ("all_gather", ("all_gather", 50.0, 4), True),
-        ("recompute fwd gemm 0", 0.2 * 4, False),
-        ("reduce_scatter", ("reduce_scatter", 100.0, 4), True),
-        ("recompute fwd gemm 1", 0.1 * 4, False),
-        ("all_gather", ("all_gather", 50.0, 4), True),
-        ("recompute fwd gemm 2", 0.4 * 4, False),
-        ("reduce_scatter", ("reduce_scatter", 100.0, 4), True),
-        ("recompute fwd gemm 3", 0.3 * 4, False),
+    assert steps[:12] == [
+        *_gather("all_gather", "recompute fwd gemm 0", 0.2 * 4),
+        *_scatter("reduce_scatter", "recompute fwd gemm 1", 0.1 * 4),
+        *_gather("all_gather", "recompute fwd gemm 2", 0.4 * 4),
+        *_scatter("reduce_scatter", "recompute fwd gemm 3", 0.3 * 4),
     ]
     assert not any(name.startswith("AG input") for name, _, _ in steps)  # the rerun gathers
     computed = sum(v.expected for _, v, overlap in steps if not isinstance(v, tuple))
@@ -187,13 +193,10 @@ def test_pytorch_full_recompute_leaves_out_the_mlp_output_pair() -> None:
     in the backward graph) nor its reduce-scatter: three fused pairs, their windows shares of
     the rerun without that GEMM (0.2 / 0.7 of a rerun of 1.0 s, x 4 layers)."""
     steps = _steps(recompute_s=1.0, full_recompute=True, rerun_tail=False)
-    assert steps[:7] == [
-        ("all_gather", ("all_gather", 50.0, 4), True),
-        ("recompute fwd gemm 0", 0.2 / 0.7 * 4, False),
-        ("reduce_scatter", ("reduce_scatter", 100.0, 4), True),
-        ("recompute fwd gemm 1", 0.1 / 0.7 * 4, False),
-        ("all_gather", ("all_gather", 50.0, 4), True),
-        ("recompute fwd gemm 2", 0.4 / 0.7 * 4, False),
+    assert steps[:10] == [
+        *_gather("all_gather", "recompute fwd gemm 0", 0.2 / 0.7 * 4),
+        *_scatter("reduce_scatter", "recompute fwd gemm 1", 0.1 / 0.7 * 4),
+        *_gather("all_gather", "recompute fwd gemm 2", 0.4 / 0.7 * 4),
         # the three windows fill the rerun: no rest, and the backward follows
         ("AG grad proj", ("all_gather", 50.0, 4), True),
     ]

@@ -698,7 +698,7 @@ def test_bad_megatron_args(tmp_path: Path, args: str, message: str) -> None:
 def test_torchtitan_llama3_8b_toml() -> None:
     imported = from_torchtitan_toml(FIXTURES / "llama3_8b.toml")
     assert imported.sections == {
-        "model": {"preset": "llama3-8b", "seq_len": 8192},
+        "model": {"preset": "llama3-8b", "seq_len": 8192, "separate_projections": True},
         "parallel": {"tp": 1, "pp": 1, "cp": 1, "data_parallel": "fsdp2",
                      "fsdp_reduce_dtype": "fp32", "recompute": "op"},
         "training": {"micro_batch_size": 1, "precision": "bf16", "stack": "eager"},
@@ -758,7 +758,7 @@ def test_torchtitan_hsdp_interleaved_pipeline_float8(tmp_path: Path) -> None:
     # torchtitan's split of 80 layers + embedding + output over 16 stages: 82 = 5 x 16 + 2
     split = [5, 6, *[5] * 13, 4]
     assert imported.sections == {
-        "model": {"preset": "llama3-70b", "seq_len": 8192},
+        "model": {"preset": "llama3-70b", "seq_len": 8192, "separate_projections": True},
         "parallel": {
             "tp": 8, "pp": 8, "cp": 1, "dp": 8, "sequence_parallel": True,
             "data_parallel": "hsdp", "fsdp_version": 2, "hsdp_shard_size": 4,
@@ -805,7 +805,11 @@ selective_ac_option = "1"
     assert imported.sections["training"] == {
         "micro_batch_size": 1, "global_batch_size": 16, "precision": "bf16", "stack": "compile",
     }  # fmt: skip
-    assert imported.sections["model"] == {"preset": "llama3-8b", "seq_len": 2048}
+    assert imported.sections["model"] == {
+        "preset": "llama3-8b",
+        "seq_len": 2048,
+        "separate_projections": True,
+    }
 
 
 def test_torchtitan_cpu_offload_is_fsdp2_offload(tmp_path: Path) -> None:
@@ -834,7 +838,7 @@ pipeline_parallel_degree = 2
 pipeline_parallel_schedule = "ZBVZeroBubble"
 """
     imported = from_torchtitan_toml(_write(tmp_path, "t.toml", toml))
-    assert imported.sections["model"] == {"seq_len": 2048}
+    assert imported.sections["model"] == {"seq_len": 2048, "separate_projections": True}
     assert "schedule" not in imported.sections["parallel"]
     assert imported.warnings[:3] == (
         "t.toml: model.flavor 'debugmodel' has no preset: give model's shape",

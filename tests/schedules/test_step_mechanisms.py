@@ -4,6 +4,7 @@ unfused RMSNorm."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -339,3 +340,38 @@ def test_megatron_optimizer_step_passes_beyond_adam() -> None:
         "training": {"micro_batch_size": 2, "global_batch_size": 16, "stack": "megatron"},
     }  # fmt: skip
     assert megatron_step_bytes(resolve_plan(load_plan(raw), 8), **fp32_buffer) == 0.0
+
+
+def test_separate_projections_run_a_gemm_each_and_sum_their_input_gradients() -> None:
+    """torchtitan's wq, wk, wv and w1, w3 at TP 8 (hidden H, 16 heads of H / 16, kv = 16 heads
+    here: the model's default; gated MLP of width F), 2 x 1024 tokens gathered: the forward and
+    the weight gradients split the fused GEMM's output width, the input gradients its reduction,
+    the same FLOPs in all; each extra partial input gradient (2 for q, k, v, 1 for w1, w3) is
+    read once more (2 bytes per element of tokens x H); no split-backward concatenation."""
+    from schedules.kernels import split_grad_bytes
+
+    fused = layer_kernels(_tp_plan())
+    plan = _tp_plan()
+    model = dataclasses.replace(plan.model, separate_projections=True)
+    plan = dataclasses.replace(plan, model=model)
+    split = layer_kernels(plan)
+    tokens, kv = 2 * 1024, plan.model.kv_size
+
+    def dims(phase: tuple[Any, ...], name: str) -> list[tuple[float, ...]]:
+        return [k.dims for k in phase if k.name == name and k.kind == "gemm"]
+
+    q, k = (tokens, H / 8, H), (tokens, kv / 8, H)
+    assert dims(split.forward, "qkv") == [q, k, k]
+    assert dims(split.forward, "fc1") == [(tokens, F / 8, H)] * 2
+    assert dims(split.backward_input, "qkv_dgrad")[1] == (tokens, H, kv / 8)
+    assert dims(split.backward_weight, "fc1_wgrad") == [(H, F / 8, tokens)] * 2
+    assert dims(fused.forward, "qkv") == [(tokens, (H + 2 * kv) / 8, H)]
+
+    def flops(phase: tuple[Any, ...]) -> float:
+        return sum(k.flops for k in phase if k.kind == "gemm")
+
+    for phase in ("forward", "backward_input", "backward_weight"):
+        assert flops(getattr(split, phase)) == pytest.approx(flops(getattr(fused, phase)))
+    sums = [k.bytes for k in split.backward_input if k.name == "projection_grad_sum"]
+    assert sums == [2 * (2 + 1) * tokens * H]
+    assert split_grad_bytes(plan) == 0 and split_grad_bytes(_tp_plan()) > 0
