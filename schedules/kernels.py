@@ -977,10 +977,11 @@ pipeline pass keeps ``return_A`` then: ``torch/_inductor/fx_passes/micro_pipelin
 weight-gradient matmuls of the same linears read it. The fused op returns it sequence-major as a
 strided view of its rank-major buffer (``unflatten``: view, flatten, ``movedim(0, gather_dim)``),
 which the weight gradient's ``reshape(b s, h)`` cannot view: Inductor copies it first, the copy
-that DTensor's chunk + cat makes without asynchronous TP (``DTENSOR_SEQUENCE_COPIES``). Returned:
-the two gradient all-gathers of the backward (proj's and fc2's output gradients), the two input
-all-gathers when the forward keeps them (no recompute, or only the attention core) or a full
-recompute gathers them again, and per-op recompute's re-gathers fused with wk and w3."""
+that DTensor's chunk + cat makes without asynchronous TP (``DTENSOR_SEQUENCE_COPIES``). With one
+sequence per micro-batch the moved dimension has size 1 and the view is contiguous: no copy.
+Returned: the two gradient all-gathers of the backward (proj's and fc2's output gradients), the
+two input all-gathers when the forward keeps them (no recompute, or only the attention core) or a
+full recompute gathers them again, and per-op recompute's re-gathers fused with wk and w3."""
 
 
 def torch_async_tp(plan: Plan) -> bool:
@@ -1015,13 +1016,15 @@ def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
     gathered = tp_gather_bytes(plan)
     whole = tp_message_bytes(model, batch, cp=plan.parallel.cp)
     shard_copies = ASYNC_TP_SHARD_COPIES + (1 if batch > 1 else 0)
+    relayout = ASYNC_TP_RETURNED_GATHER * gathered if batch > 1 else 0.0  # a returned tensor's
+    relayouts = 1 if batch > 1 else 0
 
     def fused_gather(returned: bool) -> tuple[float, int]:
         """Bytes and launches of a fused all-gather, its gathered tensor ``returned`` or not."""
         copies = shard_copies + (1 if returned else 0)
         size = 2 * copies * gathered / t
         if returned:
-            return size + ASYNC_TP_RETURNED_GATHER * gathered, copies + 1
+            return size + relayout, copies + relayouts
         return size, copies
 
     def fused_scatter(width: float) -> tuple[float, int]:
@@ -1040,8 +1043,8 @@ def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
         gather, gather_launches = fused_gather(returned=True)
         size, launches = 2 * gather + 2 * whole, 2 * gather_launches + 1
         if kept:  # the forward's gathered inputs: their slot copies and whole copies
-            size += 2 * (2 * gathered / t + ASYNC_TP_RETURNED_GATHER * gathered)
-            launches += 4
+            size += 2 * (2 * gathered / t + relayout)
+            launches += 2 * (1 + relayouts)
         if model.gated_mlp:
             size, launches = size + 2 * whole, launches + 1
         else:

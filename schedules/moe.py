@@ -160,20 +160,20 @@ def chance_load(plan: Plan) -> float:
 def load_factor(plan: Plan) -> float:
     """Tokens of the busiest expert-parallel rank over the mean.
 
-    The busiest expert carries ``moe_imbalance`` times the mean; the other experts of its rank
-    are taken at the mean, so a rank of n = E / ep experts carries (imbalance + n - 1) / n of
-    the mean. A router balanced on average still leaves the busiest rank ``chance_load``: the
-    larger of the two is taken (an imbalance read off a run's per-batch token counts includes
-    chance already), capped at the capacity factor when tokens are dropped.
+    The busiest expert carries ``moe_imbalance`` times the mean (capped at the capacity factor
+    when tokens are dropped); the other experts of its rank are taken at the mean, so a rank of
+    n = E / ep experts carries (imbalance + n - 1) / n of the mean. A router balanced on average
+    still leaves the busiest rank ``chance_load`` (capped likewise): the larger of the two is
+    taken (an imbalance read off a run's per-batch token counts includes chance already).
     """
     model, parallel = plan.model, plan.parallel
-    hottest = model.moe_imbalance
+    hottest, chance = model.moe_imbalance, chance_load(plan)
+    if model.moe_capacity_factor is not None:
+        hottest = min(hottest, model.moe_capacity_factor)
+        chance = min(chance, model.moe_capacity_factor)
     local = model.num_experts / parallel.ep
     skewed = hottest if local <= 1 else (hottest + local - 1) / local
-    load = max(skewed, chance_load(plan))
-    if model.moe_capacity_factor is not None:
-        load = min(load, model.moe_capacity_factor)
-    return load
+    return max(skewed, chance)
 
 
 def expert_tokens(plan: Plan) -> float:
@@ -242,17 +242,26 @@ def layer_hottest(plan: Plan) -> dict[int, float]:
 
 
 def mean_hottest(plan: Plan, layers: Iterable[int]) -> float | None:
-    """The mean of ``layer_hottest`` over the MoE layers among ``layers`` when the what-if sets
-    it for one of them, else None (each has the model's figure). The busiest rank's expert
-    tokens, and so the layers' expert time and dispatch, grow linearly with it
-    (``load_factor``), so pricing a run of layers at the mean prices their sum."""
+    """The busiest expert's share that gives the MoE layers among ``layers`` their mean busiest
+    GPU load (``load_factor`` of each ``layer_hottest``) when the what-if sets it for one of
+    them, else None (each has the model's figure). The layers' expert time and dispatch grow
+    linearly with that load, so pricing a run of layers at the mean load prices their sum (the
+    share is found by inverting ``load_factor``'s skewed term; a mean at or below chance's keeps
+    the lowest share)."""
     given = dict(plan.whatif.moe_layer_imbalance)
     layers = list(layers)
     if not any(i in given for i in layers):
         return None
     hottest = layer_hottest(plan)
     found = [hottest[i] for i in layers if i in hottest]
-    return sum(found) / len(found) if found else None
+    if not found:
+        return None
+    loads = [load_factor(with_hottest(plan, share)) for share in found]
+    mean = sum(loads) / len(loads)
+    if mean <= load_factor(with_hottest(plan, min(found))):
+        return min(found)
+    local = plan.model.num_experts / plan.parallel.ep
+    return mean if local <= 1 else mean * local - (local - 1)
 
 
 def with_hottest(plan: Plan, hottest: float | None) -> Plan:

@@ -142,7 +142,7 @@ def test_fused_ops_copy_shards_and_reduce_partials(batch: int) -> None:
     copies, read + write, S/t each) + 2 scatters x (read S, write S/t) + with b > 1 the two
     scattered inputs (h and f wide) copied sequence-major. Backward: 2 gradient gathers whose
     gathered tensor the weight gradients read (returned: one shard copy more, into its slot, and
-    the whole tensor copied once, read + write S) + 2 chunk + cat copies of the unfused
+    with b > 1 the whole tensor copied once, read + write S) + 2 chunk + cat copies of the unfused
     reduce-scatters (read + write S); without recompute the forward's 2 gathered inputs are read
     by the weight gradients too: a slot copy and a whole copy each."""
     plan = _plan(batch)
@@ -152,8 +152,11 @@ def test_fused_ops_copy_shards_and_reduce_partials(batch: int) -> None:
     forward = 2 * (2 * copies * whole / t + whole * (1 + 1 / t)) + restride
     kernels = layer_kernels(plan)
     assert _copy(kernels.forward) == pytest.approx(forward)
-    returned = 2 * (copies + 1) * whole / t + 2 * whole  # a gather whose tensor is read again
-    kept = 2 * whole / t + 2 * whole  # the forward's gathered input, read by the weight grads
+    # a gather whose tensor is read again: one shard copy more (its slot) and, with more than
+    # one sequence (a strided view then), the whole tensor copied once
+    relayout = 2 * whole if batch > 1 else 0.0
+    returned = 2 * (copies + 1) * whole / t + relayout
+    kept = 2 * whole / t + relayout  # the forward's gathered input, read by the weight grads
     assert _copy(kernels.backward_input) == pytest.approx(2 * returned + 2 * 2 * whole + 2 * kept)
     # per-op recompute: both re-gathers fused (wk, w3 rerun on them) and read by the weight
     # gradients of wq, wv and w1; the forward's gathered inputs are not kept

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -104,6 +105,7 @@ CHANCE_EP8 = 1 + 1.4236 * 96**0.5 / 128
         (8, 3.0, None, 3.0),
         (2, 2.0, None, 1.25),  # 4 experts per GPU: (2 + 3) / 4, above chance's 1.03
         (8, 3.0, 1.5, 1.5),  # tokens past the capacity are dropped
+        (2, 2.0, 1.5, 1.125),  # the busiest expert capped first: (1.5 + 3) / 4
         (8, 1.0, 1.05, 1.05),  # and the capacity caps chance's excess too
     ],
 )
@@ -231,3 +233,25 @@ def test_the_moe_layer_being_recomputed_holds_its_expert_activations() -> None:
     extra -= eager_saved_bytes(full, recompute="none", moe_layer=True)
     assert extra > 0
     assert peak(2.0) - peak(1.0) == pytest.approx(extra, rel=1e-12)
+
+
+def test_a_run_of_layers_is_priced_at_its_mean_load() -> None:
+    """Layers 0 and 1 of TINY at EP 8 with the busiest expert at 1.0 and 3.0: their loads are
+    chance's 1.109 and 3.0, and the share the run is priced at gives their mean load (not the
+    load of the mean share, 2.0, which would miss chance's excess on layer 0)."""
+    from schedules.moe import mean_hottest, with_hottest
+
+    raw = {
+        "model": TINY,
+        "cluster": {"node": "dgx-h100", "num_nodes": 1},
+        "parallel": {"ep": 8},
+        "training": {"micro_batch_size": 2, "global_batch_size": 64},
+        "whatif": {"moe_imbalance": {0: 1.0, 1: 3.0}},
+    }
+    plan = resolve_plan(load_plan(raw), 8)
+    share = mean_hottest(plan, [0, 1])
+    assert share is not None
+    assert load_factor(with_hottest(plan, share)) == pytest.approx((CHANCE_EP8 + 3.0) / 2, rel=1e-6)
+    # every layer at or below chance: the lowest share, priced at chance
+    calm = dataclasses.replace(plan.whatif, moe_layer_imbalance=((0, 1.0), (1, 1.05)))
+    assert mean_hottest(dataclasses.replace(plan, whatif=calm), [0, 1]) == 1.0
