@@ -286,6 +286,15 @@ def tp_forward_steps(
     return _drop_empty([*ordered, *extra])
 
 
+TE_GRAD_GATHER_BESIDE_DGRAD = ("proj_dgrad", "fc2_dgrad")
+"""The userbuffers Transformer Engine runs as ``ring_exchange`` in the backward: the output
+gradient of the attention projection and of the MLP output (row-parallel, sequence-parallel
+linears) is all-gathered in pieces beside their dgrad GEMM (``initialize_ub``'s default
+``methods`` in ``transformer_engine/pytorch/module/base.py``, unchanged from TE 1.5 to 2.x;
+``Linear``'s backward runs ``SPLIT_PIPELINED_AG_P2P`` on ``ub_name + "_dgrad"`` when
+``ub_overlap_ag``), which Megatron-Core's ``TELinear`` sets from ``tp_comm_overlap_ag`` (default
+True) whenever ``tp_comm_overlap`` is on; expert linears get no userbuffers."""
+
 FUSED_FORWARD_PAIRS = (
     ("all_gather", 0),
     ("reduce_scatter", 1),
@@ -341,6 +350,7 @@ def tp_backward_steps(
     gated_mlp: bool = True,
     parallel_block: bool = False,
     rerun_tail: bool = True,
+    userbuffers: bool = False,
 ) -> tuple[Step, ...]:
     """Backward of ``num_layers`` layers with TP collectives placed where Megatron puts them.
 
@@ -350,6 +360,10 @@ def tp_backward_steps(
     two column-parallel dgrad all-reduces overlap their wgrad GEMMs; with SP the two row-parallel
     gradient all-gathers block, and per column-parallel linear the input re-gather overlaps the
     dgrad GEMM and the dgrad reduce-scatter overlaps the wgrad GEMM (4 AG + 2 RS per layer).
+    ``userbuffers`` (Megatron's ``tp_comm_overlap``): Transformer Engine gathers each
+    row-parallel linear's output gradient beside that linear's dgrad GEMM instead
+    (``TE_GRAD_GATHER_BESIDE_DGRAD``), and a full recompute's forward runs its collectives
+    beside their GEMMs as the forward does (the same modules run it again).
     ``split="input"`` gives the zero-bubble Bi pass (no wgrad to hide behind: the dgrad
     collectives block), ``split="weight"`` the W pass (wgrad GEMMs only).
 
@@ -390,7 +404,26 @@ def tp_backward_steps(
             rerun_tail=rerun_tail,
         )
     steps: list[Step] = []
-    if recompute_s > 0:
+    if recompute_s > 0 and full_recompute and userbuffers and sequence_parallel and tp > 1:
+        rerun = tp_forward_steps(
+            forward_s=recompute_s,
+            num_layers=n,
+            tp_bytes=tp_bytes,
+            tp=tp,
+            sequence_parallel=True,
+            tp_comm_overlap=True,
+            per_layer=per_layer,
+            gather_bytes=gather_bytes,
+            shares=shares,
+            tail=rerun_tail,
+        )
+        steps += [
+            replace(step, name=step.name.replace("fwd", "recompute", 1))
+            if isinstance(step, ComputeStep)
+            else step
+            for step in rerun
+        ]
+    elif recompute_s > 0:
         steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
         if full_recompute and tp > 1:
             steps += tp_forward_steps(
@@ -420,7 +453,17 @@ def tp_backward_steps(
         )
         return _drop_empty(steps)
     gathered = tp_bytes if gather_bytes is None else gather_bytes
-    if sequence_parallel:
+    rows: dict[str, float] = {}  # row-parallel dgrad GEMMs with their gradient's gather beside
+    if sequence_parallel and userbuffers:
+        rows = {
+            name: share * backward_weight_s * n
+            for name, share in (("proj", shares.proj), ("fc2", shares.fc2))[:per_layer]
+        }
+        for name, width in rows.items():
+            steps += _pipelined_pair(
+                f"AG grad {name}", f"dgrad {name}", "all_gather", gathered, n, width, 1
+            )
+    elif sequence_parallel:
         steps.append(
             CommStep(
                 name="AG grad",
@@ -433,7 +476,9 @@ def tp_backward_steps(
     windows = (("qkv", shares.qkv), ("fc1", shares.fc1))[:per_layer]
     window = {name: share * backward_weight_s * n for name, share in windows}
     dgrad_rest = (
-        backward_input_s * n - sum(window.values()) if sequence_parallel else (backward_input_s * n)
+        backward_input_s * n - sum(window.values()) - sum(rows.values())
+        if sequence_parallel
+        else (backward_input_s * n)
     )
     wgrad_rest = backward_weight_s * n - sum(window.values())
     if split == "input":

@@ -381,6 +381,7 @@ def _uniform_recipes(
             gated_mlp=plan.model.gated_mlp,
             parallel_block=plan.model.parallel_block,
             rerun_tail=moe or not checkpoint_tail_skipped(plan),
+            userbuffers=parallel.tp_comm_overlap and kernel_stack(plan) == "megatron",
         )
         if not ring:
             return steps

@@ -134,6 +134,56 @@ def test_sp_backward_is_four_all_gathers_and_two_reduce_scatters_per_layer() -> 
     assert steps[position + 1] == ComputeStep(name="wgrad qkv", duration_s=1.5)
 
 
+def test_userbuffers_gather_each_output_gradient_beside_its_dgrad_gemm() -> None:
+    # Megatron's tp_comm_overlap: TE runs proj_dgrad and fc2_dgrad as ring exchanges
+    shares = LinearShares(qkv=0.25, proj=0.125, fc1=0.5, fc2=0.125)
+    kwargs = dict(
+        backward_input_s=2.0, backward_weight_s=2.0, recompute_s=0.0, num_layers=3,
+        tp_bytes=8.0, shares=shares, tp=4, sequence_parallel=True,
+    )  # fmt: skip
+    plain = tp_backward_steps(**kwargs)  # type: ignore[arg-type]
+    fused = tp_backward_steps(**kwargs, userbuffers=True)  # type: ignore[arg-type]
+    # the same collectives and the same compute, only placed differently
+    assert comm_counts(fused) == comm_counts(plain) == {"all_gather": 12, "reduce_scatter": 6}
+    assert compute_total(fused) == pytest.approx(compute_total(plain)) == pytest.approx(12.0)
+    assert not any(s.name == "AG grad" for s in fused)
+    for name in ("proj", "fc2"):
+        gather = next(s for s in fused if s.name == f"AG grad {name}")
+        assert isinstance(gather, CommStep) and gather.overlap and gather.repeat == 3
+        # beside its dgrad GEMM: the share of the wgrad time, 0.125 x 2 s x 3 layers
+        after = fused[fused.index(gather) + 1]
+        assert after == ComputeStep(name=f"dgrad {name}", duration_s=0.75)
+    # the rest of the dgrad shrinks by those windows: 6 - 1.5 (qkv, fc1 windows: 4.5) - 1.5
+    rest = next(s for s in fused if isinstance(s, ComputeStep) and s.name == "bwd")
+    assert rest.duration_s == pytest.approx((6.0 - 4.5 - 1.5) + (6.0 - 4.5))
+    # an MoE layer without a shared expert keeps the attention block's gather only
+    moe = tp_backward_steps(**{**kwargs, "per_layer": 1}, userbuffers=True)  # type: ignore[arg-type]
+    assert [s.name for s in moe if s.name.startswith("AG grad")] == ["AG grad proj"]
+
+
+def test_userbuffers_full_recompute_reruns_the_forward_with_its_fused_pairs() -> None:
+    shares = LinearShares(qkv=0.25, proj=0.125, fc1=0.5, fc2=0.125, forward=(0.2, 0.1, 0.4, 0.1))
+    kwargs = dict(
+        backward_input_s=2.0, backward_weight_s=2.0, recompute_s=1.0, num_layers=3,
+        tp_bytes=8.0, shares=shares, tp=4, sequence_parallel=True, full_recompute=True,
+    )  # fmt: skip
+    plain = tp_backward_steps(**kwargs)  # type: ignore[arg-type]
+    fused = tp_backward_steps(**kwargs, userbuffers=True)  # type: ignore[arg-type]
+    assert (
+        comm_counts(fused) == comm_counts(plain) == {"all_gather": 6 + 12, "reduce_scatter": 6 + 6}
+    )
+    assert compute_total(fused) == pytest.approx(compute_total(plain)) == pytest.approx(15.0)
+    # the rerun's 2 gathers and 2 scatters per layer each run beside their GEMM (0.2 x 1 s x 3)
+    rerun = fused[:9]
+    assert [s.name for s in rerun[:2]] == ["all_gather", "recompute gemm 0"]
+    assert isinstance(rerun[0], CommStep) and rerun[0].overlap
+    assert rerun[1] == ComputeStep(name="recompute gemm 0", duration_s=pytest.approx(0.6))
+    assert rerun[8] == ComputeStep(name="recompute", duration_s=pytest.approx(3.0 * (1 - 0.8)))
+    # without userbuffers the rerun's collectives block after the recompute
+    assert plain[0] == ComputeStep(name="recompute", duration_s=3.0)
+    assert all(not s.overlap for s in plain[1:3] if isinstance(s, CommStep))
+
+
 def test_backward_without_sp_and_full_recompute_replays_the_forward_collectives() -> None:
     steps = tp_backward_steps(
         backward_input_s=1.0,

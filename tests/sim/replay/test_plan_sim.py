@@ -179,6 +179,31 @@ def _tp_spans(result: Any, rank: int) -> list[Any]:
     return [s for s in result.spans if s.rank == rank and s.group == "tp"]
 
 
+def test_megatron_tp_comm_overlap_gathers_output_gradients_beside_their_dgrad_gemms() -> None:
+    raw = {
+        "model": MODEL,
+        "cluster": {"node": "dgx-h100", "num_nodes": 1},
+        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": True},
+        "training": {"micro_batch_size": 1, "global_batch_size": 2, "stack": "megatron"},
+    }
+    result = simulate_plan(load_plan(raw))
+    compute = {s.name: s for s in result.spans if s.rank == 0 and s.stream == "compute"}
+    gathers = [s for s in _tp_spans(result, 0) if " AG grad " in s.name]
+    # Transformer Engine's proj_dgrad and fc2_dgrad ring exchanges: one gather per row-parallel
+    # linear, each starting with the dgrad GEMM it feeds (one micro-batch per rank at DP 2)
+    assert sorted(s.name.split()[-1] for s in gathers) == ["fc2", "proj"]
+    for gather in gathers:
+        gemm = compute[gather.name.replace("AG grad", "dgrad")]
+        assert gemm.start_s == pytest.approx(gather.start_s, abs=1e-12)
+    # without it the gathers block: nothing computes while they run
+    plain = simulate_plan(
+        load_plan({**raw, "parallel": {**raw["parallel"], "tp_comm_overlap": False}})
+    )
+    blocking = [s for s in _tp_spans(plain, 0) if s.name.endswith(" AG grad")]
+    assert len(blocking) == 1 and blocking[0].end_s > blocking[0].start_s
+    assert plain.breakdown.exposed_comm_s["tp"] > result.breakdown.exposed_comm_s["tp"]
+
+
 @pytest.mark.parametrize("recompute", ["none", "op"])
 def test_pytorch_tp_exposes_every_collective_megatron_hides_the_dgrad_ones(recompute: str) -> None:
     def run(stack: str, overlap: bool = False) -> Any:
