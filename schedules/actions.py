@@ -68,6 +68,9 @@ class Collective:
     phase: str = ""
     """``optimizer`` for the post-step parameter gather (counted with the optimizer); ``p2p``
     for the TP all-gather completing a scatter-gather pipeline receive (counted with ``pp``)."""
+    sm_free: bool = False
+    """It moves its data with the copy engines and takes no SMs: the compute beside it keeps its
+    rate (Transformer Engine's ring-exchange userbuffers, ``TE_RING_EXCHANGE_ON_COPY_ENGINES``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +141,9 @@ class CommStep:
     overlap: bool = False
     """False: the next compute step waits for it (critical path). True: it runs beside the
     next compute step, and the one after that waits for it (async dgrad collectives)."""
+    sm_free: bool = False
+    """It runs on the copy engines and takes no SMs, so it does not slow the compute beside it
+    (``Collective.sm_free``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,6 +242,8 @@ def tp_forward_steps(
     shares: LinearShares | None = None,
     tail: bool = True,
     pipeline_chunks: int = 1,
+    userbuffers: bool = False,
+    blocking_gathers: bool = False,
 ) -> tuple[Step, ...]:
     """Forward of ``num_layers`` layers (each ``forward_s``) with their TP collectives.
 
@@ -253,6 +261,11 @@ def tp_forward_steps(
     MLP output's reduce-scatter (or all-reduce) and its fused GEMM are left out: PyTorch's full
     recompute does not rerun them (``schedules.kernels.full_recompute_kernels``).
     ``pipeline_chunks``: the pieces each fused GEMM is decomposed into (``_pipelined_pair``).
+    ``userbuffers``: Transformer Engine's (Megatron's ``tp_comm_overlap``): the gathers are ring
+    exchanges on the copy engines in ``pipeline_chunks`` pieces, the scatters follow the GEMM in
+    ``TE_PIPELINE_SPLITS`` pieces (``_te_pipelined_scatter``); ``blocking_gathers``: the
+    gathers block instead (TE turns their userbuffers off when autograd is off: the first forward
+    of a fully recomputed layer).
     """
     gathered = tp_bytes if gather_bytes is None else gather_bytes
     last = 0 if tail or per_layer < 2 else 1  # collectives left out per layer
@@ -265,6 +278,8 @@ def tp_forward_steps(
             pairs=2 * per_layer - last,
             extra=extra,
             chunks=pipeline_chunks,
+            userbuffers=userbuffers,
+            blocking_gathers=blocking_gathers,
         )
     steps: list[Step] = []
     if tp > 1:
@@ -293,7 +308,25 @@ linears) is all-gathered in pieces beside their dgrad GEMM (``initialize_ub``'s 
 ``methods`` in ``transformer_engine/pytorch/module/base.py``, unchanged from TE 1.5 to 2.x;
 ``Linear``'s backward runs ``SPLIT_PIPELINED_AG_P2P`` on ``ub_name + "_dgrad"`` when
 ``ub_overlap_ag``), which Megatron-Core's ``TELinear`` sets from ``tp_comm_overlap_ag`` (default
-True) whenever ``tp_comm_overlap`` is on; expert linears get no userbuffers."""
+True) whenever ``tp_comm_overlap`` is on; expert linears get no userbuffers (a shared
+expert's do)."""
+
+TE_GATHERS_BLOCK_WITHOUT_GRAD = True
+"""Transformer Engine's ``LayerNormLinear`` (the QKV and MLP-input linears) turns its userbuffers
+all-gather off when autograd is off and gathers with a plain NCCL all-gather first (TE 1.7
+``layernorm_linear.py``: ``if tp_world_size == 1 or (not is_grad_enabled): ub_overlap_ag =
+False``; the same in 2.x), and Megatron's full recompute runs a layer's first forward under
+``torch.no_grad`` (``tensor_parallel/random.py`` ``CheckpointFunction.forward``): there those
+two gathers block (``tp_forward_steps(blocking_gathers=True)``); ``Linear``'s reduce-scatters
+keep their userbuffers, and the rerun, with autograd on, pairs everything again."""
+
+TE_RING_EXCHANGE_ON_COPY_ENGINES = True
+"""Transformer Engine's ring-exchange userbuffers (the forward's input gathers, the backward's
+output-gradient gathers) move their pieces with ``cudaMemcpyAsync`` on the copy engines (TE 1.7
+``comm_gemm_overlap.h``: ``use_ce = 1``, one SM; ``use_ce`` True by default from 1.9), and
+their GEMM keeps every SM (``set_sm_margin`` off for ring exchanges in every release), so the
+compute beside them is not slowed by the overlap slowdown (``CommStep.sm_free``). The pipelined
+and bulk ones run userbuffers kernels on 16 SMs and slow it as NCCL's do."""
 
 FUSED_FORWARD_PAIRS = (
     ("all_gather", 0),
@@ -315,17 +348,28 @@ def _fused_forward_steps(
     pairs: int,
     extra: tuple[Step, ...],
     chunks: int = 1,
+    userbuffers: bool = False,
+    blocking_gathers: bool = False,
 ) -> tuple[Step, ...]:
     """``tp_forward_steps`` under ``tp_comm_overlap`` with the GEMM windows: each of the first
     ``pairs`` collectives beside its GEMM (the compute after the pair waits for both;
-    ``_pipelined_pair``), then the rest of the layers."""
+    ``_pipelined_pair``; Transformer Engine's scatters ``_te_pipelined_scatter``), then the
+    rest of the layers."""
     n = num_layers
     steps: list[Step] = []
     window_s = 0.0
     for op, gemm in FUSED_FORWARD_PAIRS[:pairs]:
         width = shares[gemm] * forward_s * n
         window_s += width
-        steps += _pipelined_pair(op, f"fwd gemm {gemm}", op, sizes[op], n, width, chunks)
+        name = f"fwd gemm {gemm}"
+        if op == "all_gather" and blocking_gathers:
+            steps += _pipelined_pair(op, name, op, sizes[op], n, 0.0, 1)
+            steps.append(ComputeStep(name=name, duration_s=width))
+        elif op == "reduce_scatter" and userbuffers:
+            steps += _te_pipelined_scatter(op, name, sizes[op], n, width)
+        else:
+            on_copy_engines = userbuffers and TE_RING_EXCHANGE_ON_COPY_ENGINES
+            steps += _pipelined_pair(op, name, op, sizes[op], n, width, chunks, on_copy_engines)
     steps.append(ComputeStep(name="fwd", duration_s=max(forward_s * n - window_s, 0.0)))
     return _drop_empty([*steps, *extra])
 
@@ -416,6 +460,8 @@ def tp_backward_steps(
             gather_bytes=gather_bytes,
             shares=shares,
             tail=rerun_tail,
+            pipeline_chunks=tp,
+            userbuffers=True,
         )
         steps += [
             replace(step, name=step.name.replace("fwd", "recompute", 1))
@@ -461,7 +507,14 @@ def tp_backward_steps(
         }
         for name, width in rows.items():
             steps += _pipelined_pair(
-                f"AG grad {name}", f"dgrad {name}", "all_gather", gathered, n, width, 1
+                f"AG grad {name}",
+                f"dgrad {name}",
+                "all_gather",
+                gathered,
+                n,
+                width,
+                tp,
+                TE_RING_EXCHANGE_ON_COPY_ENGINES,
             )
     elif sequence_parallel:
         steps.append(
@@ -521,18 +574,28 @@ def _pipelined_pair(
     repeat: int,
     width_s: float,
     chunks: int,
+    sm_free: bool = False,
 ) -> list[Step]:
     """A collective beside the GEMM it is fused with (``width_s`` of compute; with no known
-    window it blocks). With the GEMM decomposed into ``chunks`` pieces, one per rank (PyTorch's
-    asynchronous TP, ``torch/distributed/_symmetric_memory/__init__.py``, torch 2.7-2.8), a piece
+    window it blocks; ``sm_free``: on the copy engines, ``CommStep.sm_free``). With the GEMM
+    decomposed into ``chunks`` pieces, one per rank (PyTorch's asynchronous TP,
+    ``torch/distributed/_symmetric_memory/__init__.py``, torch 2.7-2.8), a piece
     runs alone: a fused all-gather's last piece waits for the last shard to arrive
     (``_pipelined_all_gather_and_consume``: the shards are pulled one step after another, each
     piece computed as its shard lands), a fused reduce-scatter's first piece is computed before
     anything is sent (``_pipelined_produce_and_all2all``: each step computes the next rank's
-    partial, then the ranks exchange). So a pair takes max(collective, (c - 1) / c of the GEMM)
-    + 1 / c of it, where the plain pairing takes max(collective, GEMM)."""
+    partial, then the ranks exchange). Transformer Engine's ring-exchange gathers pipeline alike,
+    in tp pieces (``num_splits``), the last after the last receive. So a pair takes
+    max(collective, (c - 1) / c of the GEMM) + 1 / c of it, where the plain pairing takes
+    max(collective, GEMM)."""
     comm = CommStep(
-        name=comm_name, group="tp", op=op, size_bytes=size, repeat=repeat, overlap=width_s > 0
+        name=comm_name,
+        group="tp",
+        op=op,
+        size_bytes=size,
+        repeat=repeat,
+        overlap=width_s > 0,
+        sm_free=sm_free,
     )
     if chunks <= 1 or width_s <= 0:
         return [comm, ComputeStep(name=gemm_name, duration_s=width_s)]
@@ -541,6 +604,47 @@ def _pipelined_pair(
     if op == "all_gather":
         return [comm, beside, ComputeStep(name=f"{gemm_name} last piece", duration_s=alone)]
     return [ComputeStep(name=f"{gemm_name} first piece", duration_s=alone), comm, beside]
+
+
+TE_PIPELINE_SPLITS = 4
+"""Pieces of Transformer Engine's pipelined GEMM + reduce-scatter (``proj_fprop``,
+``fc2_fprop``: ``num_splits`` 4 in ``initialize_ub``'s defaults for the ``pipeline`` method,
+TE 1.5 to 2.x)."""
+
+
+def _te_pipelined_scatter(
+    comm_name: str, gemm_name: str, size: float, repeat: int, width_s: float
+) -> list[Step]:
+    """Transformer Engine's pipelined GEMM + reduce-scatter: the GEMM runs in
+    ``TE_PIPELINE_SPLITS`` pieces and each piece's reduce-scatter is issued when the piece
+    ends, so the first piece runs alone, the scatters of the first pieces run beside the later
+    ones, and the last piece's scatter, issued after the GEMM, is waited for before the layer
+    goes on (TE 1.7 ``comm_gemm_overlap.h`` ``split_overlap_rs``; ``linear.py`` waits on it).
+    With no known window the scatter blocks."""
+    if width_s <= 0:
+        return _pipelined_pair(comm_name, gemm_name, "reduce_scatter", size, repeat, width_s, 1)
+    splits = TE_PIPELINE_SPLITS
+    piece = width_s / splits
+    early, last = size * (splits - 1) / splits, size / splits
+    return [
+        ComputeStep(name=f"{gemm_name} first piece", duration_s=piece),
+        CommStep(
+            name=comm_name,
+            group="tp",
+            op="reduce_scatter",
+            size_bytes=early,
+            repeat=repeat,
+            overlap=True,
+        ),
+        ComputeStep(name=gemm_name, duration_s=width_s - piece),
+        CommStep(
+            name=f"{comm_name} last piece",
+            group="tp",
+            op="reduce_scatter",
+            size_bytes=last,
+            repeat=repeat,
+        ),
+    ]
 
 
 def _fused_pair(
@@ -730,6 +834,7 @@ class ProgramBuilder:
         deps: tuple[int, ...],
         repeat: int = 1,
         phase: str = "",
+        sm_free: bool = False,
     ) -> int | None:
         """Add a collective on a named group; ``None`` (nothing added) for a one-rank group."""
         ranks = self.groups.get(group, ())
@@ -745,6 +850,7 @@ class ProgramBuilder:
                 repeat=repeat,
                 deps=deps,
                 phase=phase,
+                sm_free=sm_free,
             )
         )
 
@@ -781,6 +887,7 @@ class ProgramBuilder:
                     step.size_bytes,
                     repeat=step.repeat,
                     deps=self.after_compute(*lead),
+                    sm_free=step.sm_free,
                 )
                 if issued is not None:
                     (hidden if step.overlap else waits).append(issued)

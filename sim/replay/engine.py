@@ -15,8 +15,9 @@ replicas) are not waited for. Everything is ordered by SimPy's event queue: dete
 
 Overlap interference: while any collective or transfer of a rank is in flight, its compute runs
 ``1 + overlap_slowdown`` times slower (NCCL's kernels hold SMs and HBM bandwidth that the GEMMs
-would use); the compute stream's progress is re-rated whenever that changes, and the extra time
-is reported per rank (``RankTimes.overlap_slowdown_s``).
+would use; host copies and copy-engine transfers, ``Collective.sm_free``, take none); the compute
+stream's progress is re-rated whenever that changes, and the extra time is reported per rank
+(``RankTimes.overlap_slowdown_s``).
 
     timeline = Engine(env, comm, programs).run()
 """
@@ -388,7 +389,7 @@ class Engine:
             return None
         if self._simulated(action.ranks) != [rank]:
             return None
-        return self.overlap_slowdown > 0 and action.op not in HOST_OPS
+        return self.overlap_slowdown > 0 and action.op not in HOST_OPS and not action.sm_free
 
     def _closed_form_s(self, action: Action) -> float:
         """Closed-form duration of a collective's ``repeat`` calls."""
@@ -461,7 +462,8 @@ class Engine:
         if meeting.arrived == meeting.needed:
             meeting.start_s = self.env.now
             assert meeting.done is not None
-            copy = isinstance(action, Collective) and action.op in HOST_OPS  # not on the SMs
+            # not on the SMs: host copies, copy-engine transfers
+            copy = isinstance(action, Collective) and (action.op in HOST_OPS or action.sm_free)
             if self.overlap_slowdown > 0 and not copy:
                 self._comm_moved(members, +1)
                 meeting.done.callbacks.append(lambda _: self._comm_moved(members, -1))

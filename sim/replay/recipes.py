@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from schedules.actions import (
+    TE_GATHERS_BLOCK_WITHOUT_GRAD,
     CommStep,
     ComputeStep,
     LinearShares,
@@ -139,6 +140,26 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         kept=None
         if parallel.recompute_num_layers is None
         else step_costs(kept_plan(plan), compute),
+    )
+
+
+def moe_shares(plan: Plan, costs: StepCosts) -> LinearShares:
+    """The GEMM windows of an MoE layer's TP collectives, as shares of that layer's weight
+    gradient time: its attention linears are a dense layer's (their time over the MoE layer's
+    wgrad), its shared expert's (if any) a dense MLP's scaled by their widths; the routed
+    experts' linears have no TP collective of their own, and the forward's windows are left
+    unknown (its collectives run beside the whole layer)."""
+    moe_layer = costs.moe_layer
+    if moe_layer is None or moe_layer.backward_weight_s <= 0:
+        return LinearShares()
+    shares, scale = costs.shares, costs.layer.backward_weight_s / moe_layer.backward_weight_s
+    shared = plan.model.moe_shared_expert_ffn_hidden_size / plan.model.ffn_hidden_size
+    return LinearShares(
+        qkv=shares.qkv * scale,
+        k=shares.k * scale,
+        proj=shares.proj * scale,
+        fc1=shares.fc1 * scale * shared,
+        fc2=shares.fc2 * scale * shared,
     )
 
 
@@ -356,6 +377,13 @@ def _uniform_recipes(
     ring_fwd, ring_bwd = costs.cp_forward, costs.cp_backward
 
     torch_async = torch_async_tp(plan)
+    # Transformer Engine's userbuffers (Megatron's tp_comm_overlap)
+    userbuffers = parallel.tp_comm_overlap and kernel_stack(plan) == "megatron"
+    shares = costs.shares
+    if moe and torch_async:  # async TP's windows are a dense layer's GEMMs: an MoE layer's block
+        shares = LinearShares()
+    elif moe:
+        shares = moe_shares(plan, costs)
 
     def backward(split: str) -> tuple[Step, ...]:
         ring = ring_bwd if split != "weight" else ()
@@ -367,8 +395,7 @@ def _uniform_recipes(
             recompute_s=_less(layer.recompute_s, rerun),
             num_layers=num_layers,
             tp_bytes=costs.tp_bytes,
-            # async TP's windows are a dense layer's GEMMs: an MoE layer's collectives block
-            shares=LinearShares() if moe and torch_async else costs.shares,
+            shares=shares,
             tp=parallel.tp,
             sequence_parallel=parallel.sequence_parallel,
             full_recompute=parallel.recompute == "full",
@@ -381,7 +408,7 @@ def _uniform_recipes(
             gated_mlp=plan.model.gated_mlp,
             parallel_block=plan.model.parallel_block,
             rerun_tail=moe or not checkpoint_tail_skipped(plan),
-            userbuffers=parallel.tp_comm_overlap and kernel_stack(plan) == "megatron",
+            userbuffers=userbuffers,
         )
         if not ring:
             return steps
@@ -398,7 +425,12 @@ def _uniform_recipes(
         per_layer=per_layer,
         gather_bytes=costs.tp_gather_bytes,
         shares=None if moe else costs.shares,  # the shares are a dense layer's forward
-        pipeline_chunks=parallel.tp if torch_async else 1,
+        pipeline_chunks=parallel.tp if torch_async or userbuffers else 1,
+        userbuffers=userbuffers,
+        # a fully recomputed layer's first forward runs without autograd
+        blocking_gathers=userbuffers
+        and parallel.recompute == "full"
+        and TE_GATHERS_BLOCK_WITHOUT_GRAD,
     ) + _repeat(ring_fwd, num_layers)
     cp_fwd = tuple(_cp_steps(plan, costs, num_layers, "all_gather"))
     cp_bwd = tuple(_cp_steps(plan, costs, num_layers, "reduce_scatter"))

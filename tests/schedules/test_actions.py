@@ -150,12 +150,17 @@ def test_userbuffers_gather_each_output_gradient_beside_its_dgrad_gemm() -> None
     for name in ("proj", "fc2"):
         gather = next(s for s in fused if s.name == f"AG grad {name}")
         assert isinstance(gather, CommStep) and gather.overlap and gather.repeat == 3
-        # beside its dgrad GEMM: the share of the wgrad time, 0.125 x 2 s x 3 layers
-        after = fused[fused.index(gather) + 1]
-        assert after == ComputeStep(name=f"dgrad {name}", duration_s=0.75)
+        assert gather.sm_free  # a ring exchange on the copy engines
+        # beside its dgrad GEMM (the share of the wgrad time, 0.125 x 2 s x 3 layers = 0.75 s) in
+        # tp = 4 pieces, the last after the last piece of the gradient has arrived
+        at = fused.index(gather)
+        assert fused[at + 1] == ComputeStep(name=f"dgrad {name}", duration_s=0.5625)
+        assert fused[at + 2] == ComputeStep(name=f"dgrad {name} last piece", duration_s=0.1875)
     # the rest of the dgrad shrinks by those windows: 6 - 1.5 (qkv, fc1 windows: 4.5) - 1.5
     rest = next(s for s in fused if isinstance(s, ComputeStep) and s.name == "bwd")
     assert rest.duration_s == pytest.approx((6.0 - 4.5 - 1.5) + (6.0 - 4.5))
+    # the bulk overlaps run userbuffers kernels on SMs: they slow the compute as NCCL's do
+    assert not any(s.sm_free for s in fused if isinstance(s, CommStep) and "grad" not in s.name)
     # an MoE layer without a shared expert keeps the attention block's gather only
     moe = tp_backward_steps(**{**kwargs, "per_layer": 1}, userbuffers=True)  # type: ignore[arg-type]
     assert [s.name for s in moe if s.name.startswith("AG grad")] == ["AG grad proj"]
@@ -169,19 +174,56 @@ def test_userbuffers_full_recompute_reruns_the_forward_with_its_fused_pairs() ->
     )  # fmt: skip
     plain = tp_backward_steps(**kwargs)  # type: ignore[arg-type]
     fused = tp_backward_steps(**kwargs, userbuffers=True)  # type: ignore[arg-type]
-    assert (
-        comm_counts(fused) == comm_counts(plain) == {"all_gather": 6 + 12, "reduce_scatter": 6 + 6}
+    # the rerun's scatters each run as two collectives (the pieces beside the GEMM, the last
+    # piece after it): 2 x 2 x 3 calls of the same bytes
+    assert comm_counts(plain) == {"all_gather": 6 + 12, "reduce_scatter": 6 + 6}
+    assert comm_counts(fused) == {"all_gather": 6 + 12, "reduce_scatter": 12 + 6}
+    end = next(i for i, s in enumerate(fused) if s.name == "recompute")
+    rerun_bytes = sum(
+        s.size_bytes * s.repeat
+        for s in fused[:end]
+        if isinstance(s, CommStep) and s.op == "reduce_scatter"
     )
+    assert rerun_bytes == pytest.approx(8.0 * 2 * 3)
     assert compute_total(fused) == pytest.approx(compute_total(plain)) == pytest.approx(15.0)
-    # the rerun's 2 gathers and 2 scatters per layer each run beside their GEMM (0.2 x 1 s x 3)
-    rerun = fused[:9]
-    assert [s.name for s in rerun[:2]] == ["all_gather", "recompute gemm 0"]
-    assert isinstance(rerun[0], CommStep) and rerun[0].overlap
-    assert rerun[1] == ComputeStep(name="recompute gemm 0", duration_s=pytest.approx(0.6))
-    assert rerun[8] == ComputeStep(name="recompute", duration_s=pytest.approx(3.0 * (1 - 0.8)))
+    # the rerun's QKV gather: a ring exchange beside the QKV GEMM (0.2 x 1 s x 3 = 0.6 s) in 4
+    # pieces, then the projection's pipelined scatter (0.1 x 1 s x 3 = 0.3 s in 4 pieces)
+    names = [s.name for s in fused[:7]]
+    assert names == [
+        "all_gather", "recompute gemm 0", "recompute gemm 0 last piece",
+        "recompute gemm 1 first piece", "reduce_scatter", "recompute gemm 1",
+        "reduce_scatter last piece",
+    ]  # fmt: skip
+    assert fused[1] == ComputeStep(name="recompute gemm 0", duration_s=pytest.approx(0.45))
+    assert fused[3] == ComputeStep(
+        name="recompute gemm 1 first piece", duration_s=pytest.approx(0.075)
+    )
+    assert isinstance(fused[4], CommStep) and fused[4].overlap and not fused[4].sm_free
+    assert isinstance(fused[6], CommStep) and not fused[6].overlap  # waited for after the GEMM
+    assert fused[6].size_bytes == pytest.approx(8.0 / 4)
+    last = [s for s in fused if isinstance(s, ComputeStep) and s.name == "recompute"]
+    assert last == [ComputeStep(name="recompute", duration_s=pytest.approx(3.0 * (1 - 0.8)))]
     # without userbuffers the rerun's collectives block after the recompute
     assert plain[0] == ComputeStep(name="recompute", duration_s=3.0)
     assert all(not s.overlap for s in plain[1:3] if isinstance(s, CommStep))
+
+
+def test_userbuffers_first_forward_of_a_fully_recomputed_layer_gathers_before_its_gemms() -> None:
+    # TE's LayerNormLinear turns the userbuffers gather off without autograd (no_grad)
+    shares = LinearShares(forward=(0.2, 0.1, 0.4, 0.1))
+    kwargs = dict(
+        forward_s=1.0, num_layers=3, tp_bytes=8.0, tp=4, sequence_parallel=True,
+        tp_comm_overlap=True, shares=shares, pipeline_chunks=4, userbuffers=True,
+    )  # fmt: skip
+    paired = tp_forward_steps(**kwargs)  # type: ignore[arg-type]
+    blocked = tp_forward_steps(**kwargs, blocking_gathers=True)  # type: ignore[arg-type]
+    assert comm_counts(blocked) == comm_counts(paired)
+    assert compute_total(blocked) == pytest.approx(compute_total(paired)) == pytest.approx(3.0)
+    gathers = [s for s in blocked if isinstance(s, CommStep) and s.op == "all_gather"]
+    assert len(gathers) == 2 and not any(g.overlap for g in gathers)
+    assert blocked[1] == ComputeStep(name="fwd gemm 0", duration_s=pytest.approx(0.6))
+    # the scatters keep their userbuffers
+    assert any(s.overlap for s in blocked if isinstance(s, CommStep))
 
 
 def test_backward_without_sp_and_full_recompute_replays_the_forward_collectives() -> None:

@@ -216,6 +216,28 @@ def test_compute_slows_while_communication_runs_beside_it() -> None:
     assert times.compute_s == pytest.approx(6.0)  # 5 s of work + 1 s lost to the overlap
 
 
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_copy_engine_collective_leaves_the_compute_beside_it_at_full_rate(alone: bool) -> None:
+    # Transformer Engine's ring exchanges take no SMs (Collective.sm_free); alone, the rank is
+    # its group's only simulated member (a folded group: one closed-form timer)
+    ranks = (0, 7) if alone else (0, 1)
+    program = Program(
+        rank=0,
+        actions=(
+            Compute(name="a", duration_s=4.0),
+            Collective(
+                name="ag", group="tp", ranks=ranks, op="all_gather", size_bytes=2.0, sm_free=True
+            ),
+            Compute(name="b", duration_s=1.0),
+        ),
+    )
+    env = simpy.Environment()
+    comm = ClosedFormRunner(env, lambda op, ranks, size: size) if alone else UnitComm(env)
+    timeline = Engine(env, comm, [program], overlap_slowdown=1.0).run()
+    assert log(timeline) == [("a", 0.0, 4.0), ("ag", 0.0, 2.0), ("b", 4.0, 5.0)]
+    assert timeline.ranks[0].overlap_slowdown_s == 0.0
+
+
 def test_communication_starting_mid_compute_slows_only_the_rest() -> None:
     program = Program(
         rank=0,

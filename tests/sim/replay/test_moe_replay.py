@@ -14,6 +14,7 @@ from schedules.plan import load_plan, num_microbatches
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
 from sim.compute.compute_model import ComputeModel
+from sim.replay.recipes import moe_shares, step_costs
 from sim.replay.simulate import simulate_plan
 from sim.replay.step_replay import build_programs
 from topologies.hardware import GPUS
@@ -119,3 +120,29 @@ def test_interleaved_chunks_hold_their_own_moe_layers() -> None:
     assert sizes[1][0] - sizes[0][1] == pytest.approx(moe_extra)  # layer 1 (MoE) - layer 2
     for stage in range(2):
         assert sum(sizes[stage]) == pytest.approx(stage_params_per_gpu(plan, stage))
+
+
+@pytest.mark.parametrize("shared_ffn", [0, 2816])
+def test_moe_layer_tp_windows_are_its_attention_and_shared_expert_gemms(shared_ffn: int) -> None:
+    # the windows a Megatron MoE layer's TP collectives run beside: the attention linears' time
+    # (a dense layer's), the shared expert's (a dense MLP's by width), none for routed experts
+    plan = resolve_plan(
+        plan_of(
+            {"tp": 2, "sequence_parallel": True, "ep": 4, "tp_comm_overlap": True},
+            moe_shared_expert_ffn_hidden_size=shared_ffn,
+        ),
+        16,
+    )
+    costs = step_costs(plan, ComputeModel(GPUS["h100-sxm"]))
+    assert costs.moe_layer is not None
+    moe_wgrad, dense_wgrad = costs.moe_layer.backward_weight_s, costs.layer.backward_weight_s
+    shares = moe_shares(plan, costs)
+    for name in ("qkv", "proj"):
+        window = getattr(shares, name) * moe_wgrad
+        assert window == pytest.approx(getattr(costs.shares, name) * dense_wgrad)
+    for name in ("fc1", "fc2"):
+        window = getattr(shares, name) * moe_wgrad
+        assert window == pytest.approx(
+            getattr(costs.shares, name) * dense_wgrad * shared_ffn / 2816
+        )
+    assert shares.forward == ()
