@@ -449,26 +449,17 @@ def tp_backward_steps(
         )
     steps: list[Step] = []
     if recompute_s > 0 and full_recompute and userbuffers and sequence_parallel and tp > 1:
-        rerun = tp_forward_steps(
-            forward_s=recompute_s,
+        steps += _fused_rerun(
+            recompute_s=recompute_s,
             num_layers=n,
             tp_bytes=tp_bytes,
+            gather_bytes=tp_bytes if gather_bytes is None else gather_bytes,
             tp=tp,
-            sequence_parallel=True,
-            tp_comm_overlap=True,
             per_layer=per_layer,
-            gather_bytes=gather_bytes,
             shares=shares,
             tail=rerun_tail,
-            pipeline_chunks=tp,
             userbuffers=True,
         )
-        steps += [
-            replace(step, name=step.name.replace("fwd", "recompute", 1))
-            if isinstance(step, ComputeStep)
-            else step
-            for step in rerun
-        ]
     elif recompute_s > 0:
         steps.append(ComputeStep(name="recompute", duration_s=recompute_s * n))
         if full_recompute and tp > 1:
@@ -655,6 +646,48 @@ def _fused_pair(
     return _pipelined_pair(name, gemm, op, size, repeat, width_s, chunks)
 
 
+def _fused_rerun(
+    *,
+    recompute_s: float,
+    num_layers: int,
+    tp_bytes: float,
+    gather_bytes: float,
+    tp: int,
+    per_layer: int,
+    shares: LinearShares,
+    tail: bool,
+    userbuffers: bool = False,
+) -> list[Step]:
+    """A full recompute's forward rerun with its TP collectives beside their GEMMs, as
+    asynchronous TP (or, ``userbuffers``, Transformer Engine) pairs them in the forward.
+    Without the MLP output's GEMM (``tail`` False) the other GEMMs' shares are of the shorter
+    rerun; with no GEMM window known asynchronous TP's collectives block, Transformer Engine's
+    run beside the whole rerun."""
+    rerun_shares = shares
+    if not tail and per_layer == 2 and shares.forward:
+        rest = 1.0 - shares.forward[3]  # the rerun without the MLP output's GEMM
+        forward = (*(share / rest for share in shares.forward[:3]), 0.0)
+        rerun_shares = replace(shares, forward=forward)
+    rerun = tp_forward_steps(
+        forward_s=recompute_s,
+        num_layers=num_layers,
+        tp_bytes=tp_bytes,
+        tp=tp,
+        sequence_parallel=True,
+        tp_comm_overlap=userbuffers or bool(shares.forward),
+        per_layer=per_layer,
+        gather_bytes=gather_bytes,
+        shares=rerun_shares,
+        tail=tail,
+        pipeline_chunks=tp,
+        userbuffers=userbuffers,
+    )
+    return [
+        replace(step, name=f"recompute {step.name}") if isinstance(step, ComputeStep) else step
+        for step in rerun
+    ]
+
+
 def _torch_async_backward_steps(
     *,
     backward_s: float,
@@ -698,28 +731,16 @@ def _torch_async_backward_steps(
     mlp = per_layer == 2
     steps: list[Step] = []
     if recompute_s > 0 and full_recompute:
-        rerun_shares = shares
-        if not rerun_tail and mlp and shares.forward:
-            rest = 1.0 - shares.forward[3]  # the rerun without the MLP output's GEMM
-            forward = (*(share / rest for share in shares.forward[:3]), 0.0)
-            rerun_shares = replace(shares, forward=forward)
-        rerun = tp_forward_steps(
-            forward_s=recompute_s,
+        steps += _fused_rerun(
+            recompute_s=recompute_s,
             num_layers=n,
             tp_bytes=scatter,
-            tp=tp,
-            sequence_parallel=True,
-            tp_comm_overlap=bool(shares.forward),  # no GEMM windows known: they block
-            per_layer=per_layer,
             gather_bytes=gather,
-            shares=rerun_shares,
+            tp=tp,
+            per_layer=per_layer,
+            shares=shares,
             tail=rerun_tail,
-            pipeline_chunks=tp,
         )
-        steps += [
-            replace(s, name=f"recompute {s.name}") if isinstance(s, ComputeStep) else s
-            for s in rerun
-        ]
     elif recompute_s > 0:
         rerun_s = 0.0
         if regather:

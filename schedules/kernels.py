@@ -951,12 +951,16 @@ def dtensor_sequence_copies(plan: Plan) -> bool:
 
 
 def tp_gather_bytes(plan: Plan) -> float:
-    """Bytes of one sequence-parallel all-gather: ``tp_message_bytes``, halved where torchtitan's
-    float8 TP casts the gathered operands on their shard first (``schedules.float8.
-    sharded_casts``: the inputs of qkv and fc1 forward, the output gradients of proj and fc2
-    backward, all in float8 on the wire)."""
+    """Bytes of one sequence-parallel all-gather: ``tp_message_bytes``, halved where the gathered
+    operands are cast to float8 on their shard first: torchtitan's float8 TP
+    (``schedules.float8.sharded_casts``) and Transformer Engine's FP8 on the megatron stack (the
+    norm writes the QKV and MLP inputs in FP8 into the gather, the row-parallel linears cast
+    their output gradient's shard and gather it in FP8, ``distributed._all_gather_fp8``; the
+    backward's re-gather of the saved FP8 input as well): the inputs of qkv and fc1, the output
+    gradients of proj and fc2, all in float8 on the wire. The reduce-scatters stay bf16."""
     size = tp_message_bytes(plan.model, plan.training.micro_batch_size, cp=plan.parallel.cp)
-    if sharded_casts(plan, kernel_stack(plan)):
+    te_fp8 = te_recipe(plan) is not None and plan.parallel.sequence_parallel
+    if te_fp8 or sharded_casts(plan, kernel_stack(plan)):
         return size * element_bytes("fp8") / ACTIVATION_COMM_BYTES
     return size
 

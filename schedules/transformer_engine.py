@@ -30,7 +30,8 @@ the cast kernels record each tensor's amax and use the scale from the history,
 element; the norm computes its output's amax itself, ``FUSED_NORM_AMAX_FP8``, writes bf16 and
 is then cast). Not modelled: the amax reductions and the delayed history/scale update (one
 all-reduce of a few floats and one fused kernel over the history per autocast exit, latency
-alone), the FP8 all-gathers (the step still moves them in bf16), the norm writing 1 byte less.
+alone), the norm writing 1 byte less. The FP8 all-gathers move 1 byte per element
+(``schedules.kernels.tp_gather_bytes``).
 
 Source: NVIDIA/TransformerEngine at d0067d0 (``transformer_engine/pytorch/module/linear.py``,
 ``layernorm_linear.py``, ``base.py``, ``distributed.py``, ``quantization.py``,

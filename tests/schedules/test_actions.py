@@ -178,7 +178,7 @@ def test_userbuffers_full_recompute_reruns_the_forward_with_its_fused_pairs() ->
     # piece after it): 2 x 2 x 3 calls of the same bytes
     assert comm_counts(plain) == {"all_gather": 6 + 12, "reduce_scatter": 6 + 6}
     assert comm_counts(fused) == {"all_gather": 6 + 12, "reduce_scatter": 12 + 6}
-    end = next(i for i, s in enumerate(fused) if s.name == "recompute")
+    end = next(i for i, s in enumerate(fused) if s.name == "recompute fwd")
     rerun_bytes = sum(
         s.size_bytes * s.repeat
         for s in fused[:end]
@@ -190,19 +190,19 @@ def test_userbuffers_full_recompute_reruns_the_forward_with_its_fused_pairs() ->
     # pieces, then the projection's pipelined scatter (0.1 x 1 s x 3 = 0.3 s in 4 pieces)
     names = [s.name for s in fused[:7]]
     assert names == [
-        "all_gather", "recompute gemm 0", "recompute gemm 0 last piece",
-        "recompute gemm 1 first piece", "reduce_scatter", "recompute gemm 1",
+        "all_gather", "recompute fwd gemm 0", "recompute fwd gemm 0 last piece",
+        "recompute fwd gemm 1 first piece", "reduce_scatter", "recompute fwd gemm 1",
         "reduce_scatter last piece",
     ]  # fmt: skip
-    assert fused[1] == ComputeStep(name="recompute gemm 0", duration_s=pytest.approx(0.45))
+    assert fused[1] == ComputeStep(name="recompute fwd gemm 0", duration_s=pytest.approx(0.45))
     assert fused[3] == ComputeStep(
-        name="recompute gemm 1 first piece", duration_s=pytest.approx(0.075)
+        name="recompute fwd gemm 1 first piece", duration_s=pytest.approx(0.075)
     )
     assert isinstance(fused[4], CommStep) and fused[4].overlap and not fused[4].sm_free
     assert isinstance(fused[6], CommStep) and not fused[6].overlap  # waited for after the GEMM
     assert fused[6].size_bytes == pytest.approx(8.0 / 4)
-    last = [s for s in fused if isinstance(s, ComputeStep) and s.name == "recompute"]
-    assert last == [ComputeStep(name="recompute", duration_s=pytest.approx(3.0 * (1 - 0.8)))]
+    last = [s for s in fused if isinstance(s, ComputeStep) and s.name == "recompute fwd"]
+    assert last == [ComputeStep(name="recompute fwd", duration_s=pytest.approx(3.0 * (1 - 0.8)))]
     # without userbuffers the rerun's collectives block after the recompute
     assert plain[0] == ComputeStep(name="recompute", duration_s=3.0)
     assert all(not s.overlap for s in plain[1:3] if isinstance(s, CommStep))

@@ -287,6 +287,17 @@ def test_dtensor_sequence_parallel_collectives_copy_what_they_gather() -> None:
         assert copies(other, "forward") == [] and copies(other, "backward_input") == []
 
 
+def test_transformer_engine_fp8_gathers_fp8_on_the_wire() -> None:
+    """Megatron with TE FP8 and sequence parallelism: the norm writes the QKV and MLP inputs in
+    FP8 into the gather and the row-parallel linears gather their output gradients in FP8
+    (M / 2); in bf16, or without sequence parallelism (all-reduces), the 16-bit message."""
+    from schedules.kernels import tp_gather_bytes
+
+    m = 2 * 2 * 1024 * H
+    assert tp_gather_bytes(_tp_plan("megatron", precision="fp8")) == m / 2
+    assert tp_gather_bytes(_tp_plan("megatron")) == m
+
+
 def test_float8_tp_gathers_float8_on_the_wire() -> None:
     """The forward's all-gathers (and the backward's, and the full recompute's) take the gather
     size; the reduce-scatters keep the 16-bit message."""
