@@ -292,7 +292,7 @@ def tp_forward_steps(
                 op=op,
                 size_bytes=gathered if op == "all_gather" else tp_bytes,
                 repeat=per_op if op == "all_gather" else per_op - last * num_layers,
-                overlap=tp_comm_overlap,
+                overlap=tp_comm_overlap and not (blocking_gathers and op == "all_gather"),
             )
             for op in ops
         ]

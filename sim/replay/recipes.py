@@ -230,9 +230,18 @@ def _less(total_s: float, steps: tuple[Step, ...]) -> float:
 def _before_bwd(steps: tuple[Step, ...], ring: tuple[Step, ...]) -> tuple[Step, ...]:
     """``ring`` placed before the pass's main backward compute (``bwd``), where the attention
     backward runs among the layer's input gradients."""
+    return _before(steps, ring, "bwd", at_end=True)
+
+
+def _before(
+    steps: tuple[Step, ...], inserted: tuple[Step, ...], name: str, *, at_end: bool = False
+) -> tuple[Step, ...]:
+    """``inserted`` placed before the pass's compute step ``name`` (where the attention runs:
+    ``fwd`` or ``bwd``, the layer's compute outside the GEMM windows); without one, at the end
+    (``at_end``) or at the start."""
     names = [s.name if isinstance(s, ComputeStep) else "" for s in steps]
-    at = names.index("bwd") if "bwd" in names else len(steps)
-    return steps[:at] + ring + steps[at:]
+    at = names.index(name) if name in names else (len(steps) if at_end else 0)
+    return steps[:at] + inserted + steps[at:]
 
 
 def pass_extras(plan: Plan, costs: StepCosts, *, first: bool, last: bool) -> dict[str, list[Step]]:
@@ -445,11 +454,18 @@ def _uniform_recipes(
     wgrad_l = layer.backward_weight_launch_s
     forward = _with_launches(forward, layer.forward_launch_s, layer.forward_s)
     return {
-        "F": cp_fwd + forward + ep_fwd,
-        "B": cp_bwd
-        + _with_launches(backward(""), rec_l + dgrad_l + wgrad_l, rec + dgrad + wgrad)
+        # Megatron's CP exchange runs inside the attention, beside the layer's other compute
+        "F": _before(forward, cp_fwd, "fwd") + ep_fwd,
+        "B": _before(
+            _with_launches(backward(""), rec_l + dgrad_l + wgrad_l, rec + dgrad + wgrad),
+            cp_bwd,
+            "bwd",
+        )
         + ep_bwd,
-        "Bi": cp_bwd + _with_launches(backward("input"), rec_l + dgrad_l, rec + dgrad) + ep_bwd,
+        "Bi": _before(
+            _with_launches(backward("input"), rec_l + dgrad_l, rec + dgrad), cp_bwd, "bwd"
+        )
+        + ep_bwd,
         "W": _with_launches(backward("weight"), wgrad_l, wgrad),
     }
 

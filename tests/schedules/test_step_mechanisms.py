@@ -296,6 +296,7 @@ def test_transformer_engine_fp8_gathers_fp8_on_the_wire() -> None:
     m = 2 * 2 * 1024 * H
     assert tp_gather_bytes(_tp_plan("megatron", precision="fp8")) == m / 2
     assert tp_gather_bytes(_tp_plan("megatron")) == m
+    assert tp_gather_bytes(_tp_plan("megatron", precision="fp8", sequence_parallel=False)) == m
 
 
 def test_float8_tp_gathers_float8_on_the_wire() -> None:

@@ -239,3 +239,90 @@ def test_pytorch_tp_exposes_every_collective_megatron_hides_the_dgrad_ones(recom
     # nothing runs beside a DTensor collective; Megatron hides its dgrad ones behind GEMMs
     assert eager.breakdown.exposed_comm_s["tp"] == pytest.approx(busy["eager"], rel=1e-6)
     assert megatron.breakdown.exposed_comm_s["tp"] < 0.95 * busy["megatron"]
+
+
+def _layer_recipes(parallel: dict[str, Any], stack: str = "megatron", **model: Any) -> Any:
+    from sim.replay.recipes import layer_recipes, step_costs
+
+    raw = {
+        "model": {**MODEL, **model},
+        "cluster": {"node": "dgx-h100", "num_nodes": 2},
+        "parallel": {"tp": 4, "sequence_parallel": True, **parallel},
+        "training": {"micro_batch_size": 1, "global_batch_size": 16, "stack": stack},
+    }
+    plan = resolve_plan(load_plan(raw), 16)
+    costs = step_costs(plan, ComputeModel(plan_gpu(plan)))
+    return plan, costs, layer_recipes(plan, costs, 4, 4 if model.get("num_experts") else 0)
+
+
+def plan_gpu(plan: Any) -> Any:
+    from topologies.hardware import GPUS
+
+    return GPUS["h100-sxm"]
+
+
+def _comms(steps: Any, op: str) -> list[Any]:
+    from schedules.actions import CommStep
+
+    return [s for s in steps if isinstance(s, CommStep) and s.op == op and s.group == "tp"]
+
+
+def test_transformer_engine_userbuffers_only_on_the_megatron_stack() -> None:
+    # Megatron: the ring exchanges are on the copy engines; PyTorch's asynchronous TP is not
+    _, _, megatron = _layer_recipes({"tp_comm_overlap": True})
+    gathers = _comms(megatron["F"], "all_gather") + [
+        s for s in _comms(megatron["B"], "all_gather") if s.name.startswith("AG grad")
+    ]
+    assert len(gathers) == 4 and all(s.sm_free for s in gathers)
+    # the backward's bulk re-gathers run userbuffers kernels on SMs
+    bulk = [s for s in _comms(megatron["B"], "all_gather") if s.name.startswith("AG input")]
+    assert len(bulk) == 2 and not any(s.sm_free for s in bulk)
+    _, _, compiled = _layer_recipes({"tp_comm_overlap": True}, stack="compile")
+    assert not any(s.sm_free for key in ("F", "B") for s in _comms(compiled[key], "all_gather"))
+    assert not any("last piece" in s.name for s in _comms(compiled["F"], "reduce_scatter"))
+    assert any("last piece" in s.name for s in _comms(megatron["F"], "reduce_scatter"))
+
+
+@pytest.mark.parametrize("num_experts", [0, 8])
+def test_a_fully_recomputed_layer_gathers_before_its_first_forward_gemms(num_experts: int) -> None:
+    # TE turns the gathers' userbuffers off without autograd (Megatron's checkpoint forward)
+    moe = {"num_experts": num_experts, "moe_top_k": 2} if num_experts else {}
+    extra = {"ep": 2, "data_parallel": "distributed_optimizer"} if num_experts else {}
+    overlap = {"tp_comm_overlap": True, **extra}
+    _, _, full = _layer_recipes({**overlap, "recompute": "full"}, **moe)
+    _, _, kept = _layer_recipes(overlap, **moe)
+    assert _comms(full["F"], "all_gather") and not any(
+        s.overlap for s in _comms(full["F"], "all_gather")
+    )
+    assert all(s.overlap for s in _comms(kept["F"], "all_gather"))
+    # the rerun in the backward pairs them again
+    rerun = [s for s in _comms(full["B"], "all_gather") if not s.name.startswith("AG")]
+    assert rerun and all(s.overlap for s in rerun)
+
+
+def test_an_moe_layers_tp_windows_are_its_attention_gemms() -> None:
+    from schedules.actions import ComputeStep
+
+    moe = {"num_experts": 8, "moe_top_k": 2}
+    _, costs, recipes = _layer_recipes(
+        {"tp_comm_overlap": True, "ep": 2, "data_parallel": "distributed_optimizer"}, **moe
+    )
+    dense_qkv = costs.shares.qkv * costs.layer.backward_weight_s
+    windows = [s for s in recipes["B"] if isinstance(s, ComputeStep) and s.name == "wgrad qkv"]
+    # 4 MoE layers: their QKV GEMMs are a dense layer's, not a dense share of the MoE layer's
+    # weight-gradient time (which holds the experts' GEMMs)
+    assert [w.duration_s for w in windows] == pytest.approx([4 * dense_qkv])
+    assert costs.moe_layer is not None
+    dense_share_of_moe = costs.shares.qkv * costs.moe_layer.backward_weight_s
+    assert 4 * dense_share_of_moe != pytest.approx(4 * dense_qkv, rel=0.05)
+
+
+def test_megatron_cp_exchange_runs_beside_the_attention_compute() -> None:
+    from schedules.actions import CommStep, ComputeStep
+
+    _, _, recipes = _layer_recipes({"tp_comm_overlap": True, "cp": 2}, seq_len=4096)
+    for key, rest in (("F", "fwd"), ("B", "bwd")):
+        steps = recipes[key]
+        at = next(i for i, s in enumerate(steps) if isinstance(s, CommStep) and s.group == "cp")
+        assert steps[at].overlap
+        assert isinstance(steps[at + 1], ComputeStep) and steps[at + 1].name == rest
