@@ -1008,7 +1008,7 @@ def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
     the other ranks computed for it (``reduce_fn`` over ``stacked_partials``: reads the whole
     output, writes its shard), its input laid out sequence-major first with more than one
     sequence per micro-batch (``restride_A_for_fused_matmul_reduce_scatter``). Backward
-    (``schedules.actions._torch_async_backward_steps``): the fused gradient all-gathers' shard
+    (``schedules.tp_steps._torch_async_backward_steps``): the fused gradient all-gathers' shard
     copies; the chunk + cat copy of each reduce-scatter left to NCCL (``DTENSOR_SEQUENCE_
     COPIES``: the attention's, and a gated MLP's), a plain MLP's fused one as in the forward.
     Per-op recompute: the re-gathers fused with wk (and a gated MLP's w3) copy their shards, a

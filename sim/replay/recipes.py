@@ -13,16 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from schedules.actions import (
-    TE_GATHERS_BLOCK_WITHOUT_GRAD,
-    CommStep,
-    ComputeStep,
-    LinearShares,
-    Step,
-    branch_shares,
-    tp_backward_steps,
-    tp_forward_steps,
-)
+from schedules.actions import CommStep, ComputeStep, Step
 from schedules.activations import ACTIVATION_BYTES
 from schedules.arithmetic import (
     cp_kv_message_bytes,
@@ -48,6 +39,13 @@ from schedules.optimizer_passes import megatron_step_bytes
 from schedules.plan import Plan
 from schedules.stages import recomputed_layers
 from schedules.step import StepDescription
+from schedules.tp_steps import (
+    TE_GATHERS_BLOCK_WITHOUT_GRAD,
+    LinearShares,
+    branch_shares,
+    tp_backward_steps,
+    tp_forward_steps,
+)
 from schedules.transformer_engine import weight_cast_bytes_per_step
 from sim.compute.compute_model import ComputeModel, LayerTimes
 

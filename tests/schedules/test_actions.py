@@ -12,12 +12,9 @@ from schedules.actions import (
     CommStep,
     Compute,
     ComputeStep,
-    LinearShares,
     MarkStep,
     Step,
     Transfer,
-    tp_backward_steps,
-    tp_forward_steps,
 )
 from schedules.data_parallel.registry import DATA_PARALLEL
 from schedules.fsdp_program import FsdpRank, FsdpUnits, fsdp_program
@@ -30,6 +27,7 @@ from schedules.pipeline_program import (
 )
 from schedules.pipeline_schedules.one_f_one_b import one_f_one_b
 from schedules.plan import ParallelConfig
+from schedules.tp_steps import LinearShares, tp_backward_steps, tp_forward_steps
 
 
 def comm_counts(steps: tuple[Step, ...]) -> Counter[str]:

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from schedules.actions import CommStep, ComputeStep, LinearShares, tp_backward_steps
+from schedules.actions import CommStep, ComputeStep
 from schedules.kernels import ASYNC_TP_SHARD_COPIES, layer_kernels, torch_async_tp
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
+from schedules.tp_steps import LinearShares, tp_backward_steps
 
 SHARES = LinearShares(qkv=0.2, k=0.05, proj=0.1, fc1=0.4, fc2=0.3, forward=(0.2, 0.1, 0.4, 0.3))
 

@@ -199,7 +199,7 @@ def test_the_report_names_the_block_shape(tmp_path: Any, capsys: Any) -> None:
 def test_a_parallel_block_rebuilds_no_second_norm_input() -> None:
     """DTensor TP without SP under per-op recompute reruns the attention output's all-reduce to
     rebuild the MLP norm's input; a parallel block has no such norm."""
-    from schedules.actions import LinearShares, tp_backward_steps
+    from schedules.tp_steps import LinearShares, tp_backward_steps
 
     def names(parallel_block: bool) -> list[str]:
         steps = tp_backward_steps(

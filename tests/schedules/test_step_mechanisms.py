@@ -302,7 +302,8 @@ def test_transformer_engine_fp8_gathers_fp8_on_the_wire() -> None:
 def test_float8_tp_gathers_float8_on_the_wire() -> None:
     """The forward's all-gathers (and the backward's, and the full recompute's) take the gather
     size; the reduce-scatters keep the 16-bit message."""
-    from schedules.actions import CommStep, LinearShares, tp_backward_steps, tp_forward_steps
+    from schedules.actions import CommStep
+    from schedules.tp_steps import LinearShares, tp_backward_steps, tp_forward_steps
 
     forward = tp_forward_steps(
         forward_s=1.0, num_layers=2, tp_bytes=100.0, tp=8, sequence_parallel=True, gather_bytes=50.0
