@@ -148,6 +148,18 @@ class CommStep:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HostStep:
+    """Host-thread work inside a pass that starts once the GPU has run everything before it (a
+    device synchronisation and what the host does after it before it launches again): nothing
+    after it, kernel or collective, starts before it ends."""
+
+    name: str
+    """Label suffix, e.g. ``moe sync``."""
+    duration_s: float
+    """Host time from the moment the GPU is done."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MarkStep:
     """A point inside a pass where something else is issued (e.g. a gradient bucket is ready)."""
 
@@ -155,7 +167,7 @@ class MarkStep:
     """Which mark (e.g. the bucket number)."""
 
 
-Step = ComputeStep | CommStep | MarkStep
+Step = ComputeStep | CommStep | HostStep | MarkStep
 """One element of a pass recipe."""
 
 
@@ -281,6 +293,18 @@ class ProgramBuilder:
                 )
                 if issued is not None:
                     (hidden if step.overlap else waits).append(issued)
+            elif isinstance(step, HostStep):
+                if step.duration_s > 0:
+                    synced = self.add(
+                        Compute(
+                            name=f"{label} {step.name}",
+                            duration_s=step.duration_s,
+                            kind="host",
+                            stream="host",
+                            deps=self.after_compute(*waits, *lead),
+                        )
+                    )
+                    waits, lead = [synced], [synced]
             elif on_mark is not None:
                 waits += on_mark(step.index)
         return sorted({*waits, *hidden})

@@ -97,6 +97,11 @@ class Kernel:
     """Host launches this modelled kernel makes beyond its loop's per-kernel count
     (``sim.compute.compute_model.LAUNCHES_PER_KERNEL``), where the loop's code gives them
     (``EAGER_ROTARY_LAUNCHES``)."""
+    small_kernels: float = 0.0
+    """Kernels run beside this one whose data is too small for their bytes to count (a
+    router's top-k, softmax and bookkeeping over a few thousand tokens): each takes
+    ``sim.compute.compute_model.SMALL_KERNEL_S`` of GPU time. Their launches are in
+    ``extra_launches``."""
 
     def __post_init__(self) -> None:
         if self.kind not in KERNEL_KINDS:

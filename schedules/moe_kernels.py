@@ -14,6 +14,8 @@ and rotary embeddings are those of a dense layer.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from schedules.activations import ACTIVATION_BYTES
 from schedules.kernels import (
     ELEMENTWISE_BYTES,
@@ -36,7 +38,25 @@ from schedules.plan import Plan
 
 PERMUTE_PASSES = 2
 """Copies of the routed tokens per direction: the permutation into expert order (read + write)
-and, on the way back, the un-permutation with the weighted sum of the k outputs."""
+and, on the way back, the un-permutation with the weighted sum of the k outputs (PyTorch
+stacks; Megatron-Core's are ``MEGATRON_PERMUTE_BYTES``)."""
+MEGATRON_PERMUTE_BYTES = {False: ((18.0, 2.0), (18.0, 12.0)), True: ((4.0, 4.0), (4.0, 4.0))}
+"""Bytes Megatron-Core's alltoall dispatcher moves permuting and un-permuting one layer's
+tokens, forward and backward, as (per T k h, per T h) with T the GPU's tokens, k the top-k and
+h the hidden size, by ``parallel.moe_permute_fusion``; read in the source, not measured.
+Unfused (core v0.9 ``moe_utils.permute`` / ``unpermute`` and ``sort_chunks_by_idxs``: the
+gathers into expert order on both sides of the all-to-all, the weighted scatter-add back with
+bf16 atomics, their index bookkeeping): 18Tkh + 2Th forward, 18Tkh + 12Th backward. Fused
+(Transformer Engine's ``moe_permute`` / ``moe_unpermute``, ``--moe-permute-fusion``): a read
+and a write of the tokens and of their k copies, 4Tkh + 4Th each way. ``PERMUTE_PASSES``
+prices 8Tkh forward and 16Tkh backward."""
+MEGATRON_ROUTER_KERNELS = {False: (34.0, 14.0), True: (16.0, 7.0)}
+"""Small kernels of Megatron-Core's router, aux loss and dispatch bookkeeping per layer and
+micro-batch, forward and backward, by ``parallel.moe_router_fusion`` (counted in the source,
+not measured): 34 and 14 unfused (core v0.9: softmax, top-k, the routing map's scatter, the
+aux loss's sums and means, the token counts, the probabilities' masks); about 23 in all with
+Transformer Engine's fused router (the December 2025 development branch), split as the unfused
+ones are. Each costs ``SMALL_KERNEL_S`` of GPU time and a launch (``Kernel.small_kernels``)."""
 
 
 def _grouped(
@@ -88,8 +108,31 @@ def moe_elementwise_forward_bytes(plan: Plan) -> float:
     experts = per * expert_tokens(plan) * expert_width(model) / parallel.expert_tp
     shared = per * dense_tokens * model.moe_shared_expert_ffn_hidden_size / parallel.tp
     copies = routed_tokens(plan) * model.moe_top_k * model.hidden_size
-    permute = PERMUTE_PASSES * 2 * ACTIVATION_BYTES * copies
+    permute = 0.0 if megatron_permutation(plan) else PERMUTE_PASSES * 2 * ACTIVATION_BYTES * copies
     return elementwise_forward_bytes(plan) - dense_activation + experts + shared + permute
+
+
+def megatron_permutation(plan: Plan) -> bool:
+    """Whether the plan's MoE layer runs Megatron-Core's permutation and router
+    (``MEGATRON_PERMUTE_BYTES``, ``MEGATRON_ROUTER_KERNELS``): the megatron stack."""
+    return kernel_stack(plan) == "megatron"
+
+
+def megatron_permute_kernels(plan: Plan) -> tuple[Kernel, Kernel]:
+    """Megatron-Core's permutation and un-permutation of one layer's tokens, forward and
+    backward (``MEGATRON_PERMUTE_BYTES``)."""
+    tokens, h = routed_tokens(plan), plan.model.hidden_size
+    per_copy, per_token = tokens * plan.model.moe_top_k * h, tokens * h
+    forward, backward = MEGATRON_PERMUTE_BYTES[plan.parallel.moe_permute_fusion]
+    return (
+        memory("permute", forward[0] * per_copy + forward[1] * per_token, "copy", converts=False),
+        memory(
+            "permute_backward",
+            backward[0] * per_copy + backward[1] * per_token,
+            "copy",
+            converts=False,
+        ),
+    )
 
 
 def moe_layer_kernels(plan: Plan) -> PieceKernels:
@@ -104,22 +147,47 @@ def moe_layer_kernels(plan: Plan) -> PieceKernels:
     elementwise_bytes = moe_elementwise_forward_bytes(plan)
     cast_bytes = weight_cast_bytes(plan, moe_layer_params_per_gpu(plan.model, plan.parallel)) / 2
     casts = (memory("weight_cast", cast_bytes),) if cast_bytes else ()
+    permute: tuple[Kernel, ...] = ()
+    permute_backward: tuple[Kernel, ...] = ()
+    small = {"forward": 0.0, "backward": 0.0}
+    if megatron_permutation(plan):
+        permute_forward_kernel, permute_backward_kernel = megatron_permute_kernels(plan)
+        permute, permute_backward = (permute_forward_kernel,), (permute_backward_kernel,)
+        count = MEGATRON_ROUTER_KERNELS[plan.parallel.moe_router_fusion]
+        small = {"forward": count[0], "backward": count[1]}
+
+    def with_small(kernel: Kernel, phase: str) -> Kernel:
+        if kernel.name not in ("router", "router_dgrad") or not small[phase]:
+            return kernel
+        return replace(
+            kernel,
+            small_kernels=small[phase],
+            extra_launches=kernel.extra_launches + small[phase],
+        )
+
     forward = (
         *casts,
-        *(_grouped(name, (m, n, k), (rows, n, k), gemm_dtype) for name, m, n, k, rows in named),
+        *(
+            with_small(_grouped(name, (m, n, k), (rows, n, k), gemm_dtype), "forward")
+            for name, m, n, k, rows in named
+        ),
         *core_forward,
         memory("elementwise", elementwise_bytes),
+        *permute,
     )
     recompute = recompute_kernels(plan, forward, core_forward, elementwise_bytes)
     return PieceKernels(
         forward=forward,
         backward_input=(
             *(
-                _grouped(f"{name}_dgrad", (m, k, n), (rows, k, n), gemm_dtype)
+                with_small(
+                    _grouped(f"{name}_dgrad", (m, k, n), (rows, k, n), gemm_dtype), "backward"
+                )
                 for name, m, n, k, rows in named
             ),
             *core_backward,
             memory("elementwise_backward", 2 * elementwise_bytes),
+            *permute_backward,
             *((memory("grad_cast", cast_bytes),) if cast_bytes else ()),
         ),
         backward_weight=tuple(

@@ -432,6 +432,14 @@ class ParallelConfig:
     default)."""
     moe_token_dispatcher: str = "alltoall"
     """How tokens reach their experts (--moe-token-dispatcher-type): alltoall | allgather."""
+    moe_permute_fusion: bool = False
+    """Megatron-Core --moe-permute-fusion: Transformer Engine's fused permutation and
+    un-permutation instead of the gather, scatter and sort kernels (megatron stack only,
+    ``schedules.moe_kernels.MEGATRON_PERMUTE_BYTES``)."""
+    moe_router_fusion: bool = False
+    """Megatron-Core --moe-router-fusion: Transformer Engine's fused top-k, score and aux-loss
+    kernels in the router (megatron stack only,
+    ``schedules.moe_kernels.MEGATRON_ROUTER_KERNELS``)."""
     pp_scatter_gather: bool = True
     """Megatron's scatter-gather pipeline p2p (--scatter-gather-tensors-in-pipeline, default on;
     not applied with SP): each TP rank sends 1/t of the activation, the receiver all-gathers it

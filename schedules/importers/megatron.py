@@ -12,6 +12,7 @@ Sources: Megatron-LM core_v0.15.0 ``megatron/training/arguments.py`` (defaults a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,18 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--enable-cuda-graph": bool,
     "--external-cuda-graph": bool,
     "--cuda-graph-impl": str,
+    "--num-experts": int,
+    "--moe-router-topk": int,
+    "--moe-ffn-hidden-size": int,
+    "--moe-shared-expert-intermediate-size": int,
+    "--moe-layer-freq": str,
+    "--moe-expert-capacity-factor": float,
+    "--expert-model-parallel-size": int,
+    "--expert-tensor-parallel-size": int,
+    "--moe-token-dispatcher-type": str,
+    "--moe-grouped-gemm": bool,
+    "--moe-permute-fusion": bool,
+    "--moe-router-fusion": bool,
 }
 """The flags read (arguments.py, core_v0.15.0) and their argparse types; bool: store_true."""
 _MEGATRON_NOISE = frozenset({
@@ -85,6 +98,9 @@ _MEGATRON_NOISE = frozenset({
     "--wandb-save-dir", "--exit-duration-in-mins", "--distributed-backend",
     "--distributed-timeout-minutes", "--use-mcore-models", "--loss-scale",
     "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
+    "--moe-aux-loss-coeff", "--moe-z-loss-coeff", "--moe-router-load-balancing-type",
+    "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-router-topk-scaling-factor",
+    "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "--moe-router-dtype",
 })  # fmt: skip
 """Flags that change nothing a step costs: learning rate and optimizer hyperparameters, the
 number of steps, initialisation, rotary base, data, tokenizer files, checkpointing, logging and
@@ -101,6 +117,7 @@ _MEGATRON_CHOICES = {
     "--position-embedding-type": ("learned_absolute", "rope", "mrope", "relative", "none"),
     "--fp8-format": ("e4m3", "hybrid"),
     "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
+    "--moe-token-dispatcher-type": ("allgather", "alltoall", "alltoall_seq", "flex"),
 }
 
 
@@ -230,6 +247,7 @@ def _megatron_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
             parallel[key] = True
     if pp > 1 and tp > 1 and not parallel.get("sequence_parallel"):
         parallel["pp_scatter_gather"] = False  # Megatron-Core has no scatter-gather p2p path
+    parallel.update(_megatron_moe_parallel(flags, notes))
     return parallel
 
 
@@ -344,12 +362,72 @@ def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any
         "linear_bias": not flags.get("--disable-bias-linear"),
         "dropout": max(flags.get(f"--{k}-dropout", 0.1) for k in ("attention", "hidden")) > 0,
     }
+    model.update(_megatron_moe_model(flags, layers, notes))
     if flags.get("--add-qkv-bias") and not model["linear_bias"]:
         notes.append(
             f"{flags.file}: --add-qkv-bias puts biases on QKV only; linear_bias is "
             "all-or-none: left off"
         )
     return {k: v for k, v in model.items() if v is not None}
+
+
+def _megatron_moe_model(flags: _Flags, layers: int, notes: list[str]) -> dict[str, Any]:
+    """The MoE keys of the model (none without ``--num-experts``): experts, top-k, widths, the
+    capacity factor and which layers are MoE (``--moe-layer-freq``: every n-th layer, or
+    Megatron's pattern ``([0]*k+[1]*m)`` of k leading dense layers)."""
+    experts = flags.get("--num-experts")
+    if not experts:
+        return {}
+    moe: dict[str, Any] = {"num_experts": experts, "moe_top_k": flags.get("--moe-router-topk", 2)}
+    for flag, key in (("--moe-ffn-hidden-size", "moe_ffn_hidden_size"),
+                      ("--moe-shared-expert-intermediate-size",
+                       "moe_shared_expert_ffn_hidden_size"),
+                      ("--moe-expert-capacity-factor", "moe_capacity_factor")):  # fmt: skip
+        if flags.get(flag) is not None:
+            moe[key] = flags.get(flag)
+    freq = flags.get("--moe-layer-freq")
+    if freq is not None:
+        pattern = re.fullmatch(r"\(?\[0\]\*(\d+)\+\[1\]\*(\d+)\)?", freq.replace(" ", ""))
+        if freq.isdigit() and int(freq) >= 1:
+            moe["moe_layer_freq"] = int(freq)
+        elif pattern and int(pattern[1]) + int(pattern[2]) == layers:
+            moe["moe_first_dense_layers"] = int(pattern[1])
+        else:
+            raise ValueError(
+                f"{flags.file}: --moe-layer-freq must be an integer >= 1 or ([0]*k+[1]*m) with "
+                f"k + m = --num-layers {layers}, got {shorten(freq)}"
+            )
+    if not flags.get("--moe-grouped-gemm"):
+        notes.append(
+            f"{flags.file}: no --moe-grouped-gemm: Megatron runs the local experts one after "
+            "another (SequentialMLP); priced as a grouped GEMM"
+        )
+    return moe
+
+
+def _megatron_moe_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
+    """Expert parallelism, the dispatcher and Megatron-Core's MoE fusions."""
+    parallel: dict[str, Any] = {}
+    for key, flag in (("ep", "--expert-model-parallel-size"),
+                      ("etp", "--expert-tensor-parallel-size")):  # fmt: skip
+        value = flags.get(flag)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"{flags.file}: {flag} must be >= 1, got {value}")
+            parallel[key] = value
+    dispatcher = flags.get("--moe-token-dispatcher-type")
+    if dispatcher in ("alltoall_seq", "flex"):
+        notes.append(
+            f"{flags.file}: --moe-token-dispatcher-type {dispatcher} is priced as alltoall"
+        )
+        dispatcher = "alltoall"
+    if dispatcher is not None:
+        parallel["moe_token_dispatcher"] = dispatcher
+    for flag, key in (("--moe-permute-fusion", "moe_permute_fusion"),
+                      ("--moe-router-fusion", "moe_router_fusion")):  # fmt: skip
+        if flags.get(flag):
+            parallel[key] = True
+    return parallel
 
 
 def _megatron_activation(flags: _Flags, notes: list[str]) -> str:

@@ -320,6 +320,8 @@ class Engine:
                 if behind > 0:  # its last kernels were launched after the GPU got there
                     record.host_tail_s = behind
                     yield self.env.timeout(behind)
+                if not on_gpu:  # the host thread launches nothing while it runs host work
+                    self._launched[rank] = max(self._launched[rank], self.env.now)
             elif (alone := self._alone(rank, action)) is not None:
                 # the rank is the group's only simulated member: no rendezvous, one timer
                 seq += 1

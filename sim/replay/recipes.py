@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from schedules.actions import CommStep, ComputeStep, Step
+from schedules.actions import CommStep, ComputeStep, HostStep, Step
 from schedules.activations import ACTIVATION_BYTES
 from schedules.arithmetic import (
     cp_kv_message_bytes,
@@ -35,6 +35,7 @@ from schedules.kernels import (
     weight_gemm_shapes,
 )
 from schedules.moe import dispatch_bytes, expert_tokens, is_moe
+from schedules.moe_kernels import megatron_permutation
 from schedules.optimizer_passes import megatron_step_bytes
 from schedules.plan import Plan
 from schedules.stages import recomputed_layers
@@ -47,7 +48,7 @@ from schedules.tp_steps import (
     tp_forward_steps,
 )
 from schedules.transformer_engine import weight_cast_bytes_per_step
-from sim.compute.compute_model import ComputeModel, LayerTimes
+from sim.compute.compute_model import ComputeModel, LayerTimes, launch_loop
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +82,9 @@ class StepCosts:
     """One MoE token dispatch (or combine) message per GPU."""
     expert_tp_bytes: float = 0.0
     """The all-gather (reduce-scatter) of the dispatched tokens over expert TP (etp > 1)."""
+    moe_sync_s: float = 0.0
+    """Host time after Megatron-Core's device synchronisation in an MoE layer's dispatch
+    before the GPU has work again (``moe_sync_s``; 0 where the dispatcher does not sync)."""
     kept: StepCosts | None = None
     """The same costs without recomputation: the layers block recompute leaves alone
     (``parallel.recompute_num_layers``; None when every layer is treated alike)."""
@@ -104,11 +108,12 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         else 0.0
         for gemms in linears
     )
-    moe_layer, dispatch, expert_tp = None, 0.0, 0.0
+    moe_layer, dispatch, expert_tp, sync = None, 0.0, 0.0, 0.0
     if is_moe(model):
         moe_layer, dispatch = compute.moe_layer_times(plan), dispatch_bytes(plan)
         if parallel.expert_tp > 1:
             expert_tp = expert_tokens(plan) * model.hidden_size * ACTIVATION_BYTES
+        sync = moe_sync_s(plan, compute)
     return StepCosts(
         layer=layer,
         embed=compute.embedding_times(plan),
@@ -135,6 +140,7 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         moe_layer=moe_layer,
         dispatch_bytes=dispatch,
         expert_tp_bytes=expert_tp,
+        moe_sync_s=sync,
         kept=None
         if parallel.recompute_num_layers is None
         else step_costs(kept_plan(plan), compute),
@@ -327,12 +333,49 @@ def _recipes(
     return {key: dense[key] + moe[key] for key in dense}
 
 
-def _ep_steps(plan: Plan, costs: StepCosts, num_layers: int, *, recompute: bool) -> list[Step]:
+def moe_sync_s(plan: Plan, compute: ComputeModel) -> float:
+    """Host time between Megatron-Core's device synchronisation in an MoE layer's dispatch and
+    the GPU's next work: the host launches again from the point the GPU reached, so the GPU waits
+    for one modelled kernel's launches (``ComputeModel.launch_s``). Megatron-Core's alltoall
+    dispatcher copies the token counts to the host and synchronises once per layer's forward
+    (core v0.9 ``token_dispatcher.py``; the development branch's ``cuda_sync_point``,
+    ``before_ep_alltoall``): the all-to-all's splits and the grouped GEMMs' sizes are host
+    values. 0 for the allgather dispatcher and off the megatron stack."""
+    if not megatron_permutation(plan) or plan.parallel.moe_token_dispatcher != "alltoall":
+        return 0.0
+    return compute.host_s_per_launch * compute.launches_per_kernel(launch_loop(plan))
+
+
+MOE_COUNT_BYTES = 8
+"""Bytes per expert of the token counts Megatron-Core's alltoall dispatcher gathers over the
+TP x EP group before each dispatch (int64, ``gather_from_sequence_parallel_region``)."""
+
+
+def _ep_steps(
+    plan: Plan, costs: StepCosts, num_layers: int, *, recompute: bool, backward: bool
+) -> list[Step]:
     """The token dispatch and combine of ``num_layers`` MoE layers in one pass (blocking, as
     Megatron-Core runs them), with the expert-TP gather and scatter when etp > 1; twice with
-    full recompute (the recomputed forward dispatches again)."""
+    full recompute (the recomputed forward dispatches again). Each forward dispatch of
+    Megatron-Core's alltoall dispatcher first gathers the token counts over TP x EP and
+    synchronises the device (``moe_sync_s``)."""
     parallel, passes = plan.parallel, 2 if recompute else 1
     size, n = costs.dispatch_bytes, num_layers * passes
+    forwards = num_layers if recompute or not backward else 0  # passes that run the forward
+    counts: list[Step] = []
+    if costs.moe_sync_s and forwards:
+        group = parallel.tp * parallel.ep
+        counts_bytes = MOE_COUNT_BYTES * plan.model.num_experts * group
+        counts = [
+            CommStep(
+                name="moe counts all_gather",
+                group="tpep",
+                op="all_gather",
+                size_bytes=counts_bytes,
+                repeat=forwards,
+            ),
+            HostStep(name="moe sync", duration_s=forwards * costs.moe_sync_s),
+        ]
     if parallel.moe_token_dispatcher == "allgather":
         return [
             CommStep(
@@ -347,7 +390,8 @@ def _ep_steps(plan: Plan, costs: StepCosts, num_layers: int, *, recompute: bool)
             ),
         ]
     steps: list[Step] = [
-        CommStep(name="moe dispatch", group="ep", op="all_to_all", size_bytes=size, repeat=n)
+        *counts,
+        CommStep(name="moe dispatch", group="ep", op="all_to_all", size_bytes=size, repeat=n),
     ]
     if costs.expert_tp_bytes:
         etp = costs.expert_tp_bytes
@@ -444,9 +488,9 @@ def _uniform_recipes(
     ep_fwd: tuple[Step, ...] = ()
     ep_bwd: tuple[Step, ...] = ()
     if moe:
-        ep_fwd = tuple(_ep_steps(plan, costs, num_layers, recompute=False))
+        ep_fwd = tuple(_ep_steps(plan, costs, num_layers, recompute=False, backward=False))
         full = parallel.recompute == "full"
-        ep_bwd = tuple(_ep_steps(plan, costs, num_layers, recompute=full))
+        ep_bwd = tuple(_ep_steps(plan, costs, num_layers, recompute=full, backward=True))
     rec, dgrad, wgrad = layer.recompute_s, layer.backward_input_s, layer.backward_weight_s
     rec_l, dgrad_l = layer.recompute_launch_s, layer.backward_input_launch_s
     wgrad_l = layer.backward_weight_launch_s

@@ -58,7 +58,7 @@ MOE_MODEL_KEYS = (
     "moe_capacity_factor",
 )
 """Model keys of an MoE run, spelled as in a plan."""
-MOE_PARALLEL_KEYS = ("ep", "etp", "moe_token_dispatcher")
+MOE_PARALLEL_KEYS = ("ep", "etp", "moe_token_dispatcher", "moe_permute_fusion", "moe_router_fusion")
 """Expert-parallel keys of an MoE run, spelled as in a plan."""
 _MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len")
 _NODE_FOR_GPU: dict[str, tuple[str | dict[str, str], str]] = {

@@ -12,7 +12,9 @@ from schedules.actions import (
     CommStep,
     Compute,
     ComputeStep,
+    HostStep,
     MarkStep,
+    ProgramBuilder,
     Step,
     Transfer,
 )
@@ -429,3 +431,21 @@ def test_shard_grad_op_gathers_only_in_forward_and_hsdp_adds_an_all_reduce() -> 
 
 def _fields(spec: FsdpRank) -> dict[str, object]:
     return {name: getattr(spec, name) for name in FsdpRank.__dataclass_fields__}
+
+
+def test_host_step_waits_for_the_gpu_and_gates_what_follows() -> None:
+    b = ProgramBuilder(rank=0, groups={"ep": (0, 1)})
+    waits = b.run_steps(
+        "F",
+        (
+            ComputeStep(name="fwd", duration_s=1.0),
+            HostStep(name="sync", duration_s=0.1),
+            CommStep(name="a2a", group="ep", op="all_to_all", size_bytes=8.0),
+            ComputeStep(name="experts", duration_s=1.0),
+        ),
+    )
+    _fwd, sync, a2a, experts = b.actions
+    assert isinstance(sync, Compute) and (sync.stream, sync.deps) == ("host", (0,))
+    assert a2a.deps == (0, 1)  # the all-to-all's splits are host values after the sync
+    assert experts.deps == (1, 2)
+    assert waits == [] and b.last_compute == 3

@@ -942,3 +942,65 @@ def test_torchtitan_disable_loss_parallel(tmp_path: Path) -> None:
     assert imported.sections["training"]["loss_parallel"] is False
     default = from_torchtitan_toml(_write(tmp_path, "default.toml", LLAMA3_70B_TOML))
     assert "loss_parallel" not in default.sections["training"]
+
+
+MOE_ARGS = (
+    "--num-layers 56 --hidden-size 6144 --num-attention-heads 48 --seq-length 4096 "
+    "--group-query-attention --num-query-groups 8 --ffn-hidden-size 16384 --swiglu "
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --sequence-parallel "
+    "--use-distributed-optimizer --expert-model-parallel-size 8 --expert-tensor-parallel-size 1 "
+    "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 8192 "
+    "--moe-shared-expert-intermediate-size 2048 --moe-grouped-gemm --moe-permute-fusion "
+    "--moe-router-fusion --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2 "
+    "--moe-layer-freq '([0]*1+[1]*55)' --micro-batch-size 1 --global-batch-size 256 --bf16"
+)
+
+
+def test_megatron_moe_flags(tmp_path: Path) -> None:
+    imported = from_megatron_args(_write(tmp_path, "moe.sh", f"pretrain_gpt.py {MOE_ARGS}\n"))
+    model, parallel = imported.sections["model"], imported.sections["parallel"]
+    assert {k: v for k, v in model.items() if "expert" in k or k.startswith("moe")} == {
+        "num_experts": 8, "moe_top_k": 2, "moe_ffn_hidden_size": 8192,
+        "moe_shared_expert_ffn_hidden_size": 2048, "moe_first_dense_layers": 1,
+    }  # fmt: skip
+    assert {k: parallel[k] for k in ("ep", "etp", "moe_token_dispatcher")} == {
+        "ep": 8, "etp": 1, "moe_token_dispatcher": "alltoall",
+    }  # fmt: skip
+    assert parallel["moe_permute_fusion"] is parallel["moe_router_fusion"] is True
+    assert not any("--moe" in w for w in imported.warnings)  # the aux-loss coefficient: noise
+    raw, _ = merge_sections(
+        {"model": {"vocab_size": 32000}, "cluster": {"node": "dgx-h100", "num_nodes": 16}},
+        imported,
+    )
+    plan = _resolved(raw, 128)
+    assert (plan.parallel.dp, plan.parallel.ep, plan.model.num_experts) == (8, 8, 8)
+    assert plan.parallel.moe_permute_fusion and plan.parallel.moe_router_fusion
+
+
+@pytest.mark.parametrize(
+    ("extra", "warning"),
+    [
+        ("--moe-token-dispatcher-type flex --moe-grouped-gemm",
+         "m.sh: --moe-token-dispatcher-type flex is priced as alltoall"),
+        ("", "m.sh: no --moe-grouped-gemm: Megatron runs the local experts one after another "
+         "(SequentialMLP); priced as a grouped GEMM"),
+    ],
+)  # fmt: skip
+def test_megatron_moe_notes(tmp_path: Path, extra: str, warning: str) -> None:
+    args = f"pretrain_gpt.py {SHAPE} --num-experts 8 {extra}\n"
+    assert warning in from_megatron_args(_write(tmp_path, "m.sh", args)).warnings
+
+
+def test_megatron_moe_layer_freq(tmp_path: Path) -> None:
+    args = f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-grouped-gemm --moe-layer-freq 2\n"
+    model = from_megatron_args(_write(tmp_path, "m.sh", args)).sections["model"]
+    assert model["moe_layer_freq"] == 2
+    with pytest.raises(ValueError) as error:
+        from_megatron_args(
+            _write(tmp_path, "m.sh", f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-layer-freq "
+                   "'([0]*3+[1]*28)'\n")
+        )  # fmt: skip
+    assert str(error.value) == (
+        "m.sh: --moe-layer-freq must be an integer >= 1 or ([0]*k+[1]*m) with k + m = "
+        "--num-layers 32, got '([0]*3+[1]*28)'"
+    )

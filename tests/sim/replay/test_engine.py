@@ -422,3 +422,21 @@ def test_each_ranks_accounting_is_built_when_first_read() -> None:
     assert ranks[1].exposed_comm_s == {"g": 4.0} and list(ranks._built) == [1]
     eager = Timeline(spans=timeline.spans, ranks={r: ranks[r] for r in ranks})
     assert (eager.step_time_s, eager.critical_rank) == (6.0, 1) and len(ranks) == 2
+
+
+def test_host_work_holds_back_the_launches_after_it() -> None:
+    # a runs 0-1; the host syncs on it and works 1-1.5 (a device synchronisation); b's kernels
+    # are launched from 1.5 to 2.5 and it runs 1.5-1.7, ending with its last launch at 2.5.
+    # Without the sync the host would have launched b at 0-1 and b would end at 1.7.
+    program = Program(
+        rank=0,
+        actions=(
+            Compute(name="a", duration_s=1.0),
+            Compute(name="sync", duration_s=0.5, kind="host", stream="host", deps=(0,)),
+            Compute(name="b", duration_s=0.2, launch_s=1.0, deps=(1,)),
+        ),
+    )
+    timeline = replay(program)
+    assert log(timeline) == [("a", 0.0, 1.0), ("sync", 1.0, 1.5), ("b", 1.5, 2.5)]
+    assert timeline.step_time_s == pytest.approx(2.5)
+    assert timeline.ranks[0].exposed_comm_s == pytest.approx({"host": 1.3})

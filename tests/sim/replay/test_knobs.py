@@ -52,6 +52,14 @@ KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
         {"tp": 2, "sequence_parallel": True, "ep": 4, "data_parallel": "distributed_optimizer"},
         "allgather",
     ),
+    "moe_permute_fusion": (
+        {"tp": 2, "sequence_parallel": True, "ep": 4, "data_parallel": "distributed_optimizer"},
+        True,
+    ),
+    "moe_router_fusion": (
+        {"tp": 2, "sequence_parallel": True, "ep": 4, "data_parallel": "distributed_optimizer"},
+        True,
+    ),
     "offload_optimizer": ({"data_parallel": "zero2", "tp": 2}, "cpu"),
     "offload_param": ({"data_parallel": "zero3", "tp": 2}, "cpu"),
     "offload_pin_memory": ({"data_parallel": "zero2", "tp": 2, "offload_optimizer": "cpu"}, True),
@@ -79,14 +87,15 @@ FRAMEWORK_KNOBS = {
     "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "pp_scatter_gather",
     "pipeline_layers", "first_stage_layers", "last_stage_layers", "moe_token_dispatcher",
     "offload_optimizer", "offload_param", "offload_pin_memory", "offload_pipeline_read",
-    "offload_pipeline_write", "cp_rotate_method", "recompute_num_layers",
+    "offload_pipeline_write", "cp_rotate_method", "recompute_num_layers", "moe_permute_fusion",
+    "moe_router_fusion",
 }  # fmt: skip
 """``embedding_as_layer`` and ``loss_as_layer`` cannot be toggled alone on a valid plan (they move
 the layer count across a divisibility boundary); tests/schedules/test_stages.py checks the split
 they give."""
 
 
-MOE_KNOBS = {"moe_token_dispatcher"}
+MOE_KNOBS = {"moe_token_dispatcher", "moe_permute_fusion", "moe_router_fusion"}
 """Knobs of expert parallelism: their plans run an MoE version of the model (8 experts)."""
 
 
@@ -106,7 +115,10 @@ def _fingerprint(parallel: dict[str, Any]) -> tuple[Any, ...]:
     program = build_programs(
         describe_step(resolved, gpus_per_node=8), ComputeModel(GPUS["h100-sxm"])
     )[0]
-    actions = tuple((a.name, a.deps) for a in program.actions)  # what waits for what
+    # what waits for what, and how long each compute takes (a host-bound plan hides the GPU)
+    actions = tuple(
+        (a.name, a.deps, round(getattr(a, "duration_s", 0.0), 12)) for a in program.actions
+    )
     return round(result.step_time_s, 12), memory, len(result.spans), actions
 
 

@@ -3,17 +3,19 @@ the expert-data-parallel group, and routing imbalance slowing the step."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from schedules.actions import Collective
+from schedules.actions import Collective, Compute
 from schedules.moe import dispatch_bytes
+from schedules.moe_kernels import moe_layer_kernels
 from schedules.plan import load_plan, num_microbatches
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
-from sim.compute.compute_model import ComputeModel
+from sim.compute.compute_model import SMALL_KERNEL_S, ComputeModel
 from sim.replay.recipes import moe_shares, step_costs
 from sim.replay.simulate import simulate_plan
 from sim.replay.step_replay import build_programs
@@ -146,3 +148,88 @@ def test_moe_layer_tp_windows_are_its_attention_and_shared_expert_gemms(shared_f
             getattr(costs.shares, name) * dense_wgrad * shared_ffn / 2816
         )
     assert shares.forward == ()
+
+
+def _moe_kernels(parallel: dict[str, Any], **training: Any) -> Any:
+    plan = load_plan(
+        {
+            "model": MODEL,
+            "cluster": {"node": "dgx-h100", "num_nodes": 2},
+            "parallel": parallel,
+            "training": {"micro_batch_size": 1, "global_batch_size": 32, **training},
+        }
+    )
+    return moe_layer_kernels(plan)
+
+
+@pytest.mark.parametrize(
+    ("fusion", "forward", "backward"),
+    [
+        # 1,024 tokens x top 2 x hidden 1,024 = 2 Mi copies, 1 Mi tokens:
+        (False, 18 * 2**21 + 2 * 2**20, 18 * 2**21 + 12 * 2**20),  # gathers, sorts, atomics
+        (True, 4 * 2**21 + 4 * 2**20, 4 * 2**21 + 4 * 2**20),  # Transformer Engine's fused
+    ],
+)
+def test_megatron_permutation_bytes_follow_its_fusion(
+    fusion: bool, forward: float, backward: float
+) -> None:
+    kernels = _moe_kernels(
+        {"ep": 8, "data_parallel": "distributed_optimizer", "moe_permute_fusion": fusion}
+    )
+    assert [k.bytes for k in kernels.forward if k.name == "permute"] == [forward]
+    assert [k.bytes for k in kernels.backward_input if k.name == "permute_backward"] == [backward]
+
+
+@pytest.mark.parametrize(("fusion", "forward", "backward"), [(False, 34, 14), (True, 16, 7)])
+def test_megatron_router_runs_its_small_kernels(fusion: bool, forward: int, backward: int) -> None:
+    kernels = _moe_kernels(
+        {"ep": 8, "data_parallel": "distributed_optimizer", "moe_router_fusion": fusion}
+    )
+    router = next(k for k in kernels.forward if k.name == "router")
+    dgrad = next(k for k in kernels.backward_input if k.name == "router_dgrad")
+    assert (router.small_kernels, router.extra_launches) == (forward, forward)
+    assert (dgrad.small_kernels, dgrad.extra_launches) == (backward, backward)
+    gemm_s = ComputeModel(GPUS["h100-sxm"]).kernel_time_s(
+        dataclasses.replace(router, small_kernels=0.0)
+    )
+    model = ComputeModel(GPUS["h100-sxm"])
+    assert model.kernel_time_s(router) == pytest.approx(
+        gemm_s + forward * SMALL_KERNEL_S * model.time_factor
+    )
+
+
+def test_pytorch_stacks_keep_the_plain_permutation_copies() -> None:
+    kernels = _moe_kernels({"ep": 8, "data_parallel": "fsdp"}, stack="compile")
+    names = {k.name for k in (*kernels.forward, *kernels.backward_input)}
+    assert not {"permute", "permute_backward"} & names
+    assert all(k.small_kernels == 0 for k in (*kernels.forward, *kernels.backward_input))
+
+
+@pytest.mark.parametrize(("recompute", "passes"), [("none", 1), ("full", 2)])
+def test_megatron_dispatch_gathers_counts_and_syncs_per_forward(
+    recompute: str, passes: int
+) -> None:
+    plan = resolve_plan(plan_of({"ep": 8, "recompute": recompute}), 16)
+    compute = ComputeModel(GPUS["h100-sxm"])
+    program = build_programs(describe_step(plan, gpus_per_node=8), compute)[0]
+    m = num_microbatches(plan)
+    actions = [a for a in program.actions if isinstance(a, Collective)]
+    # 4 MoE layers x every forward (the recomputed one too) x micro-batches: 8 experts' int64
+    # counts from each of the 8 GPUs of TP x EP
+    assert calls(actions, "tpep", "all_gather") == 4 * passes * m
+    assert {a.size_bytes for a in actions if a.group == "tpep"} == {8 * 8 * 8}
+    syncs = [a for a in program.actions if isinstance(a, Compute) and a.stream == "host"]
+    one = compute.host_s_per_launch * compute.launches_per_kernel("megatron")
+    assert sum(a.duration_s for a in syncs) == pytest.approx(4 * passes * m * one)
+    assert all(a.name.endswith("moe sync") for a in syncs)
+
+
+def test_allgather_dispatcher_does_not_sync() -> None:
+    plan = resolve_plan(
+        plan_of({"ep": 4, "tp": 2, "sequence_parallel": True, "moe_token_dispatcher": "allgather"}),
+        16,
+    )
+    program = build_programs(describe_step(plan, gpus_per_node=8), ComputeModel(GPUS["h100-sxm"]))[
+        0
+    ]
+    assert not [a for a in program.actions if isinstance(a, Compute) and a.stream == "host"]
