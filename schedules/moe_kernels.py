@@ -108,14 +108,21 @@ def moe_elementwise_forward_bytes(plan: Plan) -> float:
     experts = per * expert_tokens(plan) * expert_width(model) / parallel.expert_tp
     shared = per * dense_tokens * model.moe_shared_expert_ffn_hidden_size / parallel.tp
     copies = routed_tokens(plan) * model.moe_top_k * model.hidden_size
-    permute = 0.0 if megatron_permutation(plan) else PERMUTE_PASSES * 2 * ACTIVATION_BYTES * copies
+    permute = 0.0 if megatron_alltoall(plan) else PERMUTE_PASSES * 2 * ACTIVATION_BYTES * copies
     return elementwise_forward_bytes(plan) - dense_activation + experts + shared + permute
 
 
 def megatron_permutation(plan: Plan) -> bool:
-    """Whether the plan's MoE layer runs Megatron-Core's permutation and router
-    (``MEGATRON_PERMUTE_BYTES``, ``MEGATRON_ROUTER_KERNELS``): the megatron stack."""
+    """Whether the plan's MoE layer runs Megatron-Core's router (``MEGATRON_ROUTER_KERNELS``):
+    the megatron stack; its alltoall dispatcher's permutation (``MEGATRON_PERMUTE_BYTES``) too
+    where ``megatron_alltoall``."""
     return kernel_stack(plan) == "megatron"
+
+
+def megatron_alltoall(plan: Plan) -> bool:
+    """Whether the plan runs Megatron-Core's alltoall dispatcher (``MEGATRON_PERMUTE_BYTES``;
+    its allgather dispatcher permutes the gathered tokens, priced with ``PERMUTE_PASSES``)."""
+    return megatron_permutation(plan) and plan.parallel.moe_token_dispatcher == "alltoall"
 
 
 def megatron_permute_kernels(plan: Plan) -> tuple[Kernel, Kernel]:
@@ -150,9 +157,10 @@ def moe_layer_kernels(plan: Plan) -> PieceKernels:
     permute: tuple[Kernel, ...] = ()
     permute_backward: tuple[Kernel, ...] = ()
     small = {"forward": 0.0, "backward": 0.0}
-    if megatron_permutation(plan):
+    if megatron_alltoall(plan):
         permute_forward_kernel, permute_backward_kernel = megatron_permute_kernels(plan)
         permute, permute_backward = (permute_forward_kernel,), (permute_backward_kernel,)
+    if megatron_permutation(plan):
         count = MEGATRON_ROUTER_KERNELS[plan.parallel.moe_router_fusion]
         small = {"forward": count[0], "backward": count[1]}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from schedules.actions import CommStep, ComputeStep, MarkStep, Step
+from schedules.actions import CommStep, ComputeStep, HostStep, MarkStep, Step
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +52,7 @@ def _drop_empty(steps: list[Step]) -> tuple[Step, ...]:
         for s in steps
         if (isinstance(s, CommStep) and s.repeat > 0)
         or (isinstance(s, ComputeStep) and s.duration_s > 0)
-        or isinstance(s, MarkStep)
+        or isinstance(s, (MarkStep, HostStep))
     )
 
 

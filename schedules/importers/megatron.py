@@ -12,7 +12,7 @@ Sources: Megatron-LM core_v0.15.0 ``megatron/training/arguments.py`` (defaults a
 
 from __future__ import annotations
 
-import re
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--expert-tensor-parallel-size": int,
     "--moe-token-dispatcher-type": str,
     "--moe-grouped-gemm": bool,
+    "--moe-pad-expert-input-to-capacity": bool,
     "--moe-permute-fusion": bool,
     "--moe-router-fusion": bool,
 }
@@ -387,16 +388,15 @@ def _megatron_moe_model(flags: _Flags, layers: int, notes: list[str]) -> dict[st
             moe[key] = flags.get(flag)
     freq = flags.get("--moe-layer-freq")
     if freq is not None:
-        pattern = re.fullmatch(r"\(?\[0\]\*(\d+)\+\[1\]\*(\d+)\)?", freq.replace(" ", ""))
-        if freq.isdigit() and int(freq) >= 1:
-            moe["moe_layer_freq"] = int(freq)
-        elif pattern and int(pattern[1]) + int(pattern[2]) == layers:
-            moe["moe_first_dense_layers"] = int(pattern[1])
-        else:
-            raise ValueError(
-                f"{flags.file}: --moe-layer-freq must be an integer >= 1 or ([0]*k+[1]*m) with "
-                f"k + m = --num-layers {layers}, got {shorten(freq)}"
-            )
+        moe.update(_moe_layer_pattern(flags.file, freq, layers))
+    if moe.get("moe_capacity_factor") is not None and not flags.get(
+        "--moe-pad-expert-input-to-capacity"
+    ):
+        notes.append(
+            f"{flags.file}: --moe-expert-capacity-factor without "
+            "--moe-pad-expert-input-to-capacity: priced as padded to capacity (static shapes, "
+            "no host synchronisation)"
+        )
     if not flags.get("--moe-grouped-gemm"):
         notes.append(
             f"{flags.file}: no --moe-grouped-gemm: Megatron runs the local experts one after "
@@ -405,9 +405,78 @@ def _megatron_moe_model(flags: _Flags, layers: int, notes: list[str]) -> dict[st
     return moe
 
 
+def _moe_layer_pattern(file: str, text: str, layers: int) -> dict[str, int]:
+    """``--moe-layer-freq``: an integer n (every n-th layer is MoE) or Megatron's Python list
+    expression of 0 (dense) and 1 (MoE) per layer (``([0]+[1]*23)``, ``([1]*1+[0]*1)*12``), as
+    the plan's ``moe_first_dense_layers`` k and ``moe_layer_freq`` n: k dense layers, then every
+    n-th one MoE. A list of another shape is refused."""
+    if text.strip().isdigit():
+        if int(text) < 1:
+            raise ValueError(f"{file}: --moe-layer-freq must be >= 1, got {text}")
+        return {} if int(text) == 1 else {"moe_layer_freq": int(text)}
+    pattern = _layer_list(text)
+    bad = f"{file}: --moe-layer-freq {shorten(text)}"
+    if pattern is None or len(pattern) != layers or set(pattern) - {0, 1} or 1 not in pattern:
+        raise ValueError(
+            f"{bad} must be an integer >= 1 or a list of 0s and 1s, one per layer of the "
+            f"--num-layers {layers} (as ([0]*k+[1]*m)), with at least one MoE layer"
+        )
+    dense = pattern.index(1)
+    rest = pattern[dense:]
+    ones = [i for i, v in enumerate(rest) if v]
+    freq = ones[1] - ones[0] if len(ones) > 1 else len(rest)
+    if rest != [int(i % freq == 0) for i in range(len(rest))]:
+        raise ValueError(f"{bad}: only k dense layers followed by every n-th layer MoE is modelled")
+    found = {"moe_first_dense_layers": dense, "moe_layer_freq": freq}
+    return {k: v for k, v in found.items() if v != (0 if k == "moe_first_dense_layers" else 1)}
+
+
+def _layer_list(text: str) -> list[int] | None:
+    """The value of a list expression of integer lists, ``+`` and ``*`` by integers (what
+    Megatron's ``moe_freq_type`` evaluates), or None for anything else."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+
+    def value(node: ast.AST) -> list[int] | int | None:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            items = [value(e) for e in node.elts]
+            return items if all(type(i) is int for i in items) else None  # type: ignore[return-value]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult):
+                if isinstance(left, list) and type(right) is int and 0 <= right <= 1 << 16:
+                    return left * right
+                if isinstance(right, list) and type(left) is int and 0 <= left <= 1 << 16:
+                    return right * left
+        return None
+
+    result = value(tree)
+    return result if isinstance(result, list) else None
+
+
 def _megatron_moe_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
-    """Expert parallelism, the dispatcher and Megatron-Core's MoE fusions."""
+    """Expert parallelism, the dispatcher (Megatron's default: allgather) and Megatron-Core's
+    MoE fusions; without ``--num-experts`` an expert-parallel degree above 1 is refused (as
+    Megatron does) and the other MoE flags are ignored."""
     parallel: dict[str, Any] = {}
+    moe_flags = ("--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                 "--moe-token-dispatcher-type", "--moe-permute-fusion",
+                 "--moe-router-fusion")  # fmt: skip
+    if not flags.get("--num-experts"):
+        if (flags.get("--expert-model-parallel-size") or 1) > 1:
+            raise ValueError(
+                f"{flags.file}: --expert-model-parallel-size "
+                f"{flags.get('--expert-model-parallel-size')} needs --num-experts"
+            )
+        notes += [f"{flags.file}: {f} without --num-experts (ignored)" for f in moe_flags
+                  if flags.has(f) and f != "--expert-model-parallel-size"]  # fmt: skip
+        return parallel
     for key, flag in (("ep", "--expert-model-parallel-size"),
                       ("etp", "--expert-tensor-parallel-size")):  # fmt: skip
         value = flags.get(flag)
@@ -421,8 +490,7 @@ def _megatron_moe_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
             f"{flags.file}: --moe-token-dispatcher-type {dispatcher} is priced as alltoall"
         )
         dispatcher = "alltoall"
-    if dispatcher is not None:
-        parallel["moe_token_dispatcher"] = dispatcher
+    parallel["moe_token_dispatcher"] = dispatcher or "allgather"
     for flag, key in (("--moe-permute-fusion", "moe_permute_fusion"),
                       ("--moe-router-fusion", "moe_router_fusion")):  # fmt: skip
         if flags.get(flag):

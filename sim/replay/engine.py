@@ -182,6 +182,9 @@ class _State:
     records: list[_Record]
     waiters: dict[int, simpy.Event] = field(default_factory=dict)
     streams: dict[Hashable, list[int]] = field(default_factory=dict)
+    host_fed: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Compute-stream actions that wait for host-thread work, and that work: the host launches
+    them only once it is done (a device synchronisation, a host loop)."""
 
 
 STALL_S = 100.0
@@ -237,6 +240,10 @@ class Engine:
                 raise ValueError(f"rank {program.rank} action {index} depends on a later action")
             if isinstance(action, Compute):
                 streams[action.stream].append(index)
+                if action.stream == "compute" and deps:
+                    host = tuple(d for d in deps if _on_host(program.actions[d]))
+                    if host:
+                        state.host_fed[index] = host
             elif isinstance(action, Collective):
                 streams[(action.group, action.ranks)].append(index)
             else:
@@ -304,6 +311,9 @@ class Engine:
                 on_gpu = action.stream == "compute"
                 if on_gpu:  # the host launches in program order, ahead of the GPU
                     host_s = self._launched[rank]
+                    fed = state.host_fed.get(index)
+                    if fed:  # launched once the host work it waits for is done
+                        host_s = max(host_s, *(state.records[d].end_s for d in fed))
                     self._launched[rank] = host_s + action.launch_s
                     if host_s > self.env.now:
                         record.host_wait_s = host_s - self.env.now
@@ -320,8 +330,6 @@ class Engine:
                 if behind > 0:  # its last kernels were launched after the GPU got there
                     record.host_tail_s = behind
                     yield self.env.timeout(behind)
-                if not on_gpu:  # the host thread launches nothing while it runs host work
-                    self._launched[rank] = max(self._launched[rank], self.env.now)
             elif (alone := self._alone(rank, action)) is not None:
                 # the rank is the group's only simulated member: no rendezvous, one timer
                 seq += 1
@@ -547,6 +555,11 @@ def _span(rank: int, action: Action, record: _Record) -> Span:
     )
 
 
+def _on_host(action: Action) -> bool:
+    """Whether ``action`` is host-thread work (``Compute`` on ``stream="host"``)."""
+    return isinstance(action, Compute) and action.stream == "host"
+
+
 def _wait_owner(
     action: Action, record: _Record, since_s: float, ready_s: float
 ) -> tuple[str, float]:
@@ -559,7 +572,9 @@ def _wait_owner(
     if isinstance(action, Transfer):
         return "pp", max(since_s, record.start_s)
     if action.stream == "host":
-        return "host", since_s  # the host thread was behind: what delayed it is its share
+        # the host thread was behind: what delayed it is its share, but for the collectives it
+        # waited for (``_feeding_copies``), charged first as they ended first
+        return "host", since_s
     return "", record.end_s
 
 
@@ -658,25 +673,32 @@ def _charge_wait(
 def _feeding_copies(
     actions: Sequence[Action], records: list[_Record], index: int, free_s: float
 ) -> list[int]:
-    """Host copies (``HOST_OPS``) and host-thread work that collective ``index`` waited for, and
-    the collectives and copies before them in such chains (a gradient's copy after its
-    reduce-scatter), as far back as they still ended after ``free_s``."""
+    """Host copies (``HOST_OPS``) and host-thread work that collective (or host work) ``index``
+    waited for, the collectives and copies before them in such chains (a gradient's copy after
+    its reduce-scatter), and the collectives host work waited for, as far back as they still
+    ended after ``free_s``."""
     found: list[int] = []
     todo = [index]
     while todo:
-        action = actions[todo.pop()]
-        if not isinstance(action, Collective):
+        at = todo.pop()
+        action = actions[at]
+        host = _on_host(action) and at == index  # host work the compute waits for itself
+        if not isinstance(action, Collective) and not host:
             continue
         for dep in action.deps:
             feeder = actions[dep]
             if records[dep].end_s <= free_s:
                 continue
-            if isinstance(feeder, Compute) and feeder.stream == "host":
+            if host:  # what host work waited for before it began (a sync on a gather)
+                if isinstance(feeder, Collective):
+                    found.append(dep)
+                continue
+            if _on_host(feeder):
                 found.append(dep)  # host loops before a collective: charged to the host
                 continue
             if not isinstance(feeder, Collective):
                 continue
-            if feeder.op in HOST_OPS or action.op in HOST_OPS:
+            if feeder.op in HOST_OPS or (isinstance(action, Collective) and action.op in HOST_OPS):
                 found.append(dep)
                 todo.append(dep)
     return found

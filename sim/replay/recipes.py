@@ -336,19 +336,22 @@ def _recipes(
 def moe_sync_s(plan: Plan, compute: ComputeModel) -> float:
     """Host time between Megatron-Core's device synchronisation in an MoE layer's dispatch and
     the GPU's next work: the host launches again from the point the GPU reached, so the GPU waits
-    for one modelled kernel's launches (``ComputeModel.launch_s``). Megatron-Core's alltoall
-    dispatcher copies the token counts to the host and synchronises once per layer's forward
-    (core v0.9 ``token_dispatcher.py``; the development branch's ``cuda_sync_point``,
-    ``before_ep_alltoall``): the all-to-all's splits and the grouped GEMMs' sizes are host
-    values. 0 for the allgather dispatcher and off the megatron stack."""
-    if not megatron_permutation(plan) or plan.parallel.moe_token_dispatcher != "alltoall":
+    for one modelled kernel's launches (``ComputeModel.launch_s``). Both of Megatron-Core's
+    dispatchers copy the token counts to the host once per layer's forward (core v0.9 and the
+    development branch's ``token_dispatcher.py``): the alltoall dispatcher synchronises before
+    its all-to-all (``cuda_sync_point`` ``before_ep_alltoall``: the splits and the grouped GEMMs'
+    sizes are host values), the allgather dispatcher after its gather (``.cpu()`` of the local
+    experts' token counts). 0 off the megatron stack, and with a capacity factor, priced as
+    Megatron's drop-and-pad (``--moe-pad-expert-input-to-capacity``: static shapes, no copy,
+    what CUDA graphs capture, ``ComputeModel.moe_layer_times``)."""
+    if not megatron_permutation(plan) or plan.model.moe_capacity_factor is not None:
         return 0.0
     return compute.host_s_per_launch * compute.launches_per_kernel(launch_loop(plan))
 
 
 MOE_COUNT_BYTES = 8
 """Bytes per expert of the token counts Megatron-Core's alltoall dispatcher gathers over the
-TP x EP group before each dispatch (int64, ``gather_from_sequence_parallel_region``)."""
+expert-TP x EP group before each dispatch (int64, ``gather_from_sequence_parallel_region``)."""
 
 
 def _ep_steps(
@@ -357,15 +360,32 @@ def _ep_steps(
     """The token dispatch and combine of ``num_layers`` MoE layers in one pass (blocking, as
     Megatron-Core runs them), with the expert-TP gather and scatter when etp > 1; twice with
     full recompute (the recomputed forward dispatches again). Each forward dispatch of
-    Megatron-Core's alltoall dispatcher first gathers the token counts over TP x EP and
-    synchronises the device (``moe_sync_s``)."""
+    Megatron-Core's alltoall dispatcher first gathers the token counts over expert-TP x EP and
+    synchronises the device; its allgather dispatcher synchronises after its gather
+    (``moe_sync_s``)."""
     parallel, passes = plan.parallel, 2 if recompute else 1
     size, n = costs.dispatch_bytes, num_layers * passes
     forwards = num_layers if recompute or not backward else 0  # passes that run the forward
-    counts: list[Step] = []
+    sync: list[Step] = []
     if costs.moe_sync_s and forwards:
-        group = parallel.tp * parallel.ep
-        counts_bytes = MOE_COUNT_BYTES * plan.model.num_experts * group
+        sync = [HostStep(name="moe sync", duration_s=forwards * costs.moe_sync_s)]
+    if parallel.moe_token_dispatcher == "allgather":
+        return [
+            CommStep(
+                name="moe all_gather", group="tpep", op="all_gather", size_bytes=size, repeat=n
+            ),
+            *sync,
+            CommStep(
+                name="moe reduce_scatter",
+                group="tpep",
+                op="reduce_scatter",
+                size_bytes=size,
+                repeat=n,
+            ),
+        ]
+    counts: list[Step] = []
+    if sync:
+        counts_bytes = MOE_COUNT_BYTES * plan.model.num_experts * parallel.expert_tp * parallel.ep
         counts = [
             CommStep(
                 name="moe counts all_gather",
@@ -374,20 +394,7 @@ def _ep_steps(
                 size_bytes=counts_bytes,
                 repeat=forwards,
             ),
-            HostStep(name="moe sync", duration_s=forwards * costs.moe_sync_s),
-        ]
-    if parallel.moe_token_dispatcher == "allgather":
-        return [
-            CommStep(
-                name="moe all_gather", group="tpep", op="all_gather", size_bytes=size, repeat=n
-            ),
-            CommStep(
-                name="moe reduce_scatter",
-                group="tpep",
-                op="reduce_scatter",
-                size_bytes=size,
-                repeat=n,
-            ),
+            *sync,
         ]
     steps: list[Step] = [
         *counts,

@@ -991,16 +991,63 @@ def test_megatron_moe_notes(tmp_path: Path, extra: str, warning: str) -> None:
     assert warning in from_megatron_args(_write(tmp_path, "m.sh", args)).warnings
 
 
-def test_megatron_moe_layer_freq(tmp_path: Path) -> None:
-    args = f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-grouped-gemm --moe-layer-freq 2\n"
+@pytest.mark.parametrize(
+    ("freq", "keys"),
+    [
+        ("2", {"moe_layer_freq": 2}),
+        ("1", {}),
+        ("'([0]+[1]*31)'", {"moe_first_dense_layers": 1}),  # Megatron's docstring form
+        ("'[1]*32'", {}),
+        ("'([1]*1+[0]*1)*16'", {"moe_layer_freq": 2}),
+        ("'[0]*2+([1]+[0]*2)*10'", {"moe_first_dense_layers": 2, "moe_layer_freq": 3}),
+    ],
+)
+def test_megatron_moe_layer_freq(tmp_path: Path, freq: str, keys: dict[str, int]) -> None:
+    args = f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-grouped-gemm --moe-layer-freq {freq}\n"
     model = from_megatron_args(_write(tmp_path, "m.sh", args)).sections["model"]
-    assert model["moe_layer_freq"] == 2
+    assert {
+        k: v for k, v in model.items() if k in ("moe_layer_freq", "moe_first_dense_layers")
+    } == (keys)
+
+
+@pytest.mark.parametrize(
+    ("freq", "message"),
+    [
+        ("'([0]*3+[1]*28)'", "m.sh: --moe-layer-freq '([0]*3+[1]*28)' must be an integer >= 1 or "
+         "a list of 0s and 1s, one per layer of the --num-layers 32 (as ([0]*k+[1]*m)), with at "
+         "least one MoE layer"),
+        ("'[1,1,0]+[1]*29'", "m.sh: --moe-layer-freq '[1,1,0]+[1]*29': only k dense layers "
+         "followed by every n-th layer MoE is modelled"),
+        ("'__import__(\"os\")'", "m.sh: --moe-layer-freq '__import__(\"os\")' must be an "
+         "integer >= 1 or a list of 0s and 1s, one per layer of the --num-layers 32 (as "
+         "([0]*k+[1]*m)), with at least one MoE layer"),
+    ],
+)  # fmt: skip
+def test_bad_megatron_moe_layer_freq(tmp_path: Path, freq: str, message: str) -> None:
+    args = f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-layer-freq {freq}\n"
+    with pytest.raises(ValueError) as error:
+        from_megatron_args(_write(tmp_path, "m.sh", args))
+    assert str(error.value) == message
+
+
+def test_megatron_moe_defaults_and_stray_flags(tmp_path: Path) -> None:
+    args = f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-grouped-gemm\n"
+    parallel = from_megatron_args(_write(tmp_path, "m.sh", args)).sections["parallel"]
+    assert parallel["moe_token_dispatcher"] == "allgather"  # Megatron's default
+    dense = f"pretrain_gpt.py {SHAPE} --moe-permute-fusion --expert-model-parallel-size 1\n"
+    imported = from_megatron_args(_write(tmp_path, "m.sh", dense))
+    assert "m.sh: --moe-permute-fusion without --num-experts (ignored)" in imported.warnings
+    assert "moe_permute_fusion" not in imported.sections["parallel"]
     with pytest.raises(ValueError) as error:
         from_megatron_args(
-            _write(tmp_path, "m.sh", f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-layer-freq "
-                   "'([0]*3+[1]*28)'\n")
-        )  # fmt: skip
-    assert str(error.value) == (
-        "m.sh: --moe-layer-freq must be an integer >= 1 or ([0]*k+[1]*m) with k + m = "
-        "--num-layers 32, got '([0]*3+[1]*28)'"
+            _write(tmp_path, "m.sh", f"pretrain_gpt.py {SHAPE} --expert-model-parallel-size 8\n")
+        )
+    assert str(error.value) == "m.sh: --expert-model-parallel-size 8 needs --num-experts"
+    capacity = (
+        f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-grouped-gemm "
+        "--moe-expert-capacity-factor 1.25\n"
     )
+    assert (
+        "m.sh: --moe-expert-capacity-factor without --moe-pad-expert-input-to-capacity: priced "
+        "as padded to capacity (static shapes, no host synchronisation)"
+    ) in from_megatron_args(_write(tmp_path, "m.sh", capacity)).warnings

@@ -440,3 +440,27 @@ def test_host_work_holds_back_the_launches_after_it() -> None:
     assert log(timeline) == [("a", 0.0, 1.0), ("sync", 1.0, 1.5), ("b", 1.5, 2.5)]
     assert timeline.step_time_s == pytest.approx(2.5)
     assert timeline.ranks[0].exposed_comm_s == pytest.approx({"host": 1.3})
+
+
+def test_a_wait_before_host_work_is_charged_to_what_the_host_waited_for() -> None:
+    # a runs 0-1; a counts gather 1-4 (unit network: 3 bytes take 3 s); the host syncs on both
+    # and works 4-4.5; b waits 1-4.5: 3 s on the gather's group, 0.5 s on the host
+    program = Program(
+        rank=0,
+        actions=(
+            Compute(name="a", duration_s=1.0),
+            Collective(
+                name="counts",
+                group="tpep",
+                ranks=(0, 1),
+                op="all_gather",
+                size_bytes=3.0,
+                deps=(0,),
+            ),
+            Compute(name="sync", duration_s=0.5, kind="host", stream="host", deps=(0, 1)),
+            Compute(name="b", duration_s=1.0, deps=(2,)),
+        ),
+    )
+    timeline = replay(program)
+    assert log(timeline)[-1] == ("b", 4.5, 5.5)
+    assert timeline.ranks[0].exposed_comm_s == pytest.approx({"tpep": 3.0, "host": 0.5})

@@ -205,26 +205,47 @@ def test_pytorch_stacks_keep_the_plain_permutation_copies() -> None:
     assert all(k.small_kernels == 0 for k in (*kernels.forward, *kernels.backward_input))
 
 
+def test_megatron_allgather_dispatcher_keeps_the_plain_permutation_but_not_the_router() -> None:
+    parallel = {
+        "ep": 4,
+        "tp": 2,
+        "sequence_parallel": True,
+        "data_parallel": "distributed_optimizer",
+    }
+    plain = _moe_kernels({**parallel, "moe_token_dispatcher": "allgather"})
+    alltoall = _moe_kernels(parallel)
+    assert not [k for k in plain.forward if k.name == "permute"]
+    assert [k for k in alltoall.forward if k.name == "permute"]
+    elementwise = {p: next(k.bytes for k in kernels.forward if k.name == "elementwise")
+                   for p, kernels in (("plain", plain), ("alltoall", alltoall))}  # fmt: skip
+    # the plain copies: 2 passes x read + write x 2 bytes x 512 tokens (1,024 over SP 2) x top 2
+    # x 1,024 hidden
+    assert elementwise["plain"] - elementwise["alltoall"] == pytest.approx(8 * 512 * 2 * 1024)
+    assert next(k for k in plain.forward if k.name == "router").small_kernels == 34
+
+
 @pytest.mark.parametrize(("recompute", "passes"), [("none", 1), ("full", 2)])
+@pytest.mark.parametrize(("parallel", "group"), [({"ep": 8}, 8), ({"ep": 4, "tp": 2}, 4)])
 def test_megatron_dispatch_gathers_counts_and_syncs_per_forward(
-    recompute: str, passes: int
+    recompute: str, passes: int, parallel: dict[str, Any], group: int
 ) -> None:
-    plan = resolve_plan(plan_of({"ep": 8, "recompute": recompute}), 16)
+    sp = {"sequence_parallel": True} if parallel.get("tp", 1) > 1 else {}
+    plan = resolve_plan(plan_of({**parallel, **sp, "etp": 1, "recompute": recompute}), 16)
     compute = ComputeModel(GPUS["h100-sxm"])
     program = build_programs(describe_step(plan, gpus_per_node=8), compute)[0]
     m = num_microbatches(plan)
     actions = [a for a in program.actions if isinstance(a, Collective)]
     # 4 MoE layers x every forward (the recomputed one too) x micro-batches: 8 experts' int64
-    # counts from each of the 8 GPUs of TP x EP
+    # counts from each GPU of expert-TP x EP (etp 1: the ep GPUs, whatever the TP)
     assert calls(actions, "tpep", "all_gather") == 4 * passes * m
-    assert {a.size_bytes for a in actions if a.group == "tpep"} == {8 * 8 * 8}
+    assert {a.size_bytes for a in actions if a.group == "tpep"} == {8 * 8 * group}
     syncs = [a for a in program.actions if isinstance(a, Compute) and a.stream == "host"]
     one = compute.host_s_per_launch * compute.launches_per_kernel("megatron")
     assert sum(a.duration_s for a in syncs) == pytest.approx(4 * passes * m * one)
     assert all(a.name.endswith("moe sync") for a in syncs)
 
 
-def test_allgather_dispatcher_does_not_sync() -> None:
+def test_allgather_dispatcher_syncs_after_its_gather() -> None:
     plan = resolve_plan(
         plan_of({"ep": 4, "tp": 2, "sequence_parallel": True, "moe_token_dispatcher": "allgather"}),
         16,
@@ -232,4 +253,21 @@ def test_allgather_dispatcher_does_not_sync() -> None:
     program = build_programs(describe_step(plan, gpus_per_node=8), ComputeModel(GPUS["h100-sxm"]))[
         0
     ]
+    actions = program.actions
+    syncs = [i for i, a in enumerate(actions) if isinstance(a, Compute) and a.stream == "host"]
+    assert len(syncs) == num_microbatches(plan)  # one host step per forward pass (4 layers)
+    for i in syncs:  # after the pass's token gather, before its reduce-scatter
+        gather = max(d for d in actions[i].deps if isinstance(actions[d], Collective))
+        assert actions[gather].name.endswith("moe all_gather")
+        scatter = next(a for a in actions[i:] if isinstance(a, Collective))
+        assert scatter.name.endswith("moe reduce_scatter") and i in scatter.deps
+    assert not [a for a in actions if isinstance(a, Collective) and "counts" in a.name]
+
+
+def test_a_capacity_factor_runs_without_the_sync() -> None:
+    plan = resolve_plan(plan_of({"ep": 8}, moe_capacity_factor=1.25), 16)
+    program = build_programs(describe_step(plan, gpus_per_node=8), ComputeModel(GPUS["h100-sxm"]))[
+        0
+    ]
     assert not [a for a in program.actions if isinstance(a, Compute) and a.stream == "host"]
+    assert not [a for a in program.actions if isinstance(a, Collective) and a.group == "tpep"]
