@@ -389,9 +389,13 @@ def _megatron_moe_model(flags: _Flags, layers: int, notes: list[str]) -> dict[st
     freq = flags.get("--moe-layer-freq")
     if freq is not None:
         moe.update(_moe_layer_pattern(flags.file, freq, layers))
-    if moe.get("moe_capacity_factor") is not None and not flags.get(
-        "--moe-pad-expert-input-to-capacity"
-    ):
+    pad = flags.get("--moe-pad-expert-input-to-capacity")
+    if pad and moe.get("moe_capacity_factor") is None:
+        raise ValueError(
+            f"{flags.file}: --moe-pad-expert-input-to-capacity needs "
+            "--moe-expert-capacity-factor (Megatron refuses it without one)"
+        )
+    if moe.get("moe_capacity_factor") is not None and not pad:
         notes.append(
             f"{flags.file}: --moe-expert-capacity-factor without "
             "--moe-pad-expert-input-to-capacity: priced as padded to capacity (static shapes, "
@@ -410,11 +414,12 @@ def _moe_layer_pattern(file: str, text: str, layers: int) -> dict[str, int]:
     expression of 0 (dense) and 1 (MoE) per layer (``([0]+[1]*23)``, ``([1]*1+[0]*1)*12``), as
     the plan's ``moe_first_dense_layers`` k and ``moe_layer_freq`` n: k dense layers, then every
     n-th one MoE. A list of another shape is refused."""
-    if text.strip().isdigit():
-        if int(text) < 1:
-            raise ValueError(f"{file}: --moe-layer-freq must be >= 1, got {text}")
-        return {} if int(text) == 1 else {"moe_layer_freq": int(text)}
-    pattern = _layer_list(text)
+    number = text.strip()
+    if number.isascii() and number.isdigit() and len(number) <= 9:
+        if int(number) < 1:
+            raise ValueError(f"{file}: --moe-layer-freq must be >= 1, got {number}")
+        return {} if int(number) == 1 else {"moe_layer_freq": int(number)}
+    pattern = _layer_list(text, limit=max(layers, 1))
     bad = f"{file}: --moe-layer-freq {shorten(text)}"
     if pattern is None or len(pattern) != layers or set(pattern) - {0, 1} or 1 not in pattern:
         raise ValueError(
@@ -431,12 +436,15 @@ def _moe_layer_pattern(file: str, text: str, layers: int) -> dict[str, int]:
     return {k: v for k, v in found.items() if v != (0 if k == "moe_first_dense_layers" else 1)}
 
 
-def _layer_list(text: str) -> list[int] | None:
-    """The value of a list expression of integer lists, ``+`` and ``*`` by integers (what
-    Megatron's ``moe_freq_type`` evaluates), or None for anything else."""
-    try:
-        tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
+MAX_LAYER_LIST_CHARS = 4096
+"""Longest ``--moe-layer-freq`` list expression read (Megatron's own are a few dozen characters)."""
+
+
+def _layer_list(text: str, *, limit: int) -> list[int] | None:
+    """The value of a list expression of integer lists, ``+`` and ``*`` by small integers (what
+    Megatron's ``moe_freq_type`` evaluates), or None for anything else, for a list (or a part)
+    longer than ``limit`` and for an expression too long or too deeply nested to read."""
+    if len(text) > MAX_LAYER_LIST_CHARS:
         return None
 
     def value(node: ast.AST) -> list[int] | int | None:
@@ -444,19 +452,23 @@ def _layer_list(text: str) -> list[int] | None:
             return node.value
         if isinstance(node, ast.List):
             items = [value(e) for e in node.elts]
-            return items if all(type(i) is int for i in items) else None  # type: ignore[return-value]
+            ints = [i for i in items if type(i) is int]
+            return ints if len(ints) == len(items) and len(ints) <= limit else None
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
             left, right = value(node.left), value(node.right)
             if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
-                return left + right
+                return left + right if len(left) + len(right) <= limit else None
             if isinstance(node.op, ast.Mult):
-                if isinstance(left, list) and type(right) is int and 0 <= right <= 1 << 16:
-                    return left * right
-                if isinstance(right, list) and type(left) is int and 0 <= left <= 1 << 16:
-                    return right * left
+                if isinstance(right, list):
+                    left, right = right, left
+                if isinstance(left, list) and type(right) is int and right >= 0:
+                    return left * right if len(left) * right <= limit else None
         return None
 
-    result = value(tree)
+    try:
+        result = value(ast.parse(text.strip(), mode="eval").body)
+    except (SyntaxError, RecursionError, MemoryError):
+        return None
     return result if isinstance(result, list) else None
 
 

@@ -1051,3 +1051,32 @@ def test_megatron_moe_defaults_and_stray_flags(tmp_path: Path) -> None:
         "m.sh: --moe-expert-capacity-factor without --moe-pad-expert-input-to-capacity: priced "
         "as padded to capacity (static shapes, no host synchronisation)"
     ) in from_megatron_args(_write(tmp_path, "m.sh", capacity)).warnings
+
+
+@pytest.mark.parametrize(
+    "freq",
+    [
+        "'([1]*65536)*65536'",  # a 2^32-item list if evaluated
+        "'[1]*65536*65536*65536'",
+        "'" + "+".join(["[1]"] * 3000) + "'",  # deeper than Python's parser goes
+        "'" + "(" * 300 + "[1]" + ")" * 300 + "'",
+        "'²'",  # a digit to str.isdigit, not to int()
+        "9" * 5000,
+    ],
+)
+def test_oversized_megatron_moe_layer_freq_is_one_error_line(tmp_path: Path, freq: str) -> None:
+    args = f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-layer-freq {freq}\n"
+    with pytest.raises(ValueError) as error:
+        from_megatron_args(_write(tmp_path, "m.sh", args))
+    assert str(error.value).startswith("m.sh: --moe-layer-freq ")
+    assert "must be an integer >= 1 or a list of 0s and 1s" in str(error.value)
+
+
+def test_megatron_pad_to_capacity_needs_a_capacity_factor(tmp_path: Path) -> None:
+    args = f"pretrain_gpt.py {SHAPE} --num-experts 8 --moe-pad-expert-input-to-capacity\n"
+    with pytest.raises(ValueError) as error:
+        from_megatron_args(_write(tmp_path, "m.sh", args))
+    assert str(error.value) == (
+        "m.sh: --moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (Megatron "
+        "refuses it without one)"
+    )

@@ -271,3 +271,16 @@ def test_a_capacity_factor_runs_without_the_sync() -> None:
     ]
     assert not [a for a in program.actions if isinstance(a, Compute) and a.stream == "host"]
     assert not [a for a in program.actions if isinstance(a, Collective) and a.group == "tpep"]
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_moe_breakdown_adds_up_with_the_sync(dispatcher: str, recompute: str) -> None:
+    parallel = {"ep": 8, "moe_token_dispatcher": dispatcher, "recompute": recompute}
+    result = simulate_plan(plan_of(parallel))
+    bd = result.breakdown
+    total = bd.compute_s + bd.optimizer_s + bd.bubble_s + bd.host_s
+    assert total + sum(bd.exposed_comm_s.values()) == pytest.approx(result.step_time_s)
+    assert bd.host_s > 0  # the synchronisation's wait for the host's next launch
+    if dispatcher == "alltoall":  # the counts gather is charged to its group, not to the host
+        assert bd.exposed_comm_s.get("tpep", 0.0) > 0
