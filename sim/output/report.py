@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from schedules.memory import ALLOCATOR_RESERVE
 from schedules.moe import chance_load
+from schedules.moe_kernels import megatron_permutation
 from schedules.params import active_params, total_params
 from sim.output.offload_report import offload_lines
 from sim.replay.result import PlanResult
@@ -103,6 +104,20 @@ def _chance(plan: Plan) -> str:
     )
 
 
+def _fusions(plan: Plan) -> str:
+    """Megatron-Core's MoE fusions as the replay prices them, and whether each layer's dispatch
+    synchronises the host (``sim.replay.recipes.moe_sync_s``)."""
+    par, parts = plan.parallel, []
+    if megatron_permutation(plan):
+        if par.moe_token_dispatcher == "alltoall":
+            parts.append(f"permutation {'fused' if par.moe_permute_fusion else 'unfused'}")
+        parts.append(f"router {'fused' if par.moe_router_fusion else 'unfused'}")
+    dropless = plan.model.moe_capacity_factor is None
+    if dropless and (megatron_permutation(plan) or par.ep > 1):
+        parts.append("a host sync per layer's forward")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def experts_lines(plan: Plan) -> list[str]:
     """For an MoE model: experts, routing and expert parallelism; nothing for a dense one."""
     model, par = plan.model, plan.parallel
@@ -110,13 +125,13 @@ def experts_lines(plan: Plan) -> list[str]:
         return []
     shared = ", shared experts" if model.moe_shared_expert_ffn_hidden_size else ""
     capacity = model.moe_capacity_factor
-    dropping = "dropless" if capacity is None else f"capacity factor {capacity:g}"
+    dropping = "dropless" if capacity is None else f"capacity factor {capacity:g} (padded)"
     return [
         _row(
             "  experts",
             f"{model.num_experts} routed (top-{model.moe_top_k}){shared}, ep={par.ep} "
-            f"etp={par.expert_tp}, {par.moe_token_dispatcher} dispatcher, {dropping}, "
-            f"busiest expert {_hottest(plan)}{_chance(plan)}",
+            f"etp={par.expert_tp}, {par.moe_token_dispatcher} dispatcher{_fusions(plan)}, "
+            f"{dropping}, busiest expert {_hottest(plan)}{_chance(plan)}",
         ),
         _row(
             "  parameters",

@@ -334,17 +334,26 @@ def _recipes(
 
 
 def moe_sync_s(plan: Plan, compute: ComputeModel) -> float:
-    """Host time between Megatron-Core's device synchronisation in an MoE layer's dispatch and
-    the GPU's next work: the host launches again from the point the GPU reached, so the GPU waits
-    for one modelled kernel's launches (``ComputeModel.launch_s``). Both of Megatron-Core's
-    dispatchers copy the token counts to the host once per layer's forward (core v0.9 and the
-    development branch's ``token_dispatcher.py``): the alltoall dispatcher synchronises before
-    its all-to-all (``cuda_sync_point`` ``before_ep_alltoall``: the splits and the grouped GEMMs'
-    sizes are host values), the allgather dispatcher after its gather (``.cpu()`` of the local
-    experts' token counts). 0 off the megatron stack, and with a capacity factor, priced as
-    Megatron's drop-and-pad (``--moe-pad-expert-input-to-capacity``: static shapes, no copy,
-    what CUDA graphs capture, ``ComputeModel.moe_layer_times``)."""
-    if not megatron_permutation(plan) or plan.model.moe_capacity_factor is not None:
+    """Host time between the device synchronisation in an MoE layer's token dispatch and the
+    GPU's next work: the host launches again from the point the GPU reached, so the GPU waits for
+    one modelled kernel's launches (``ComputeModel.launch_s``). The token counts go to the host
+    once per layer's forward (read in the source, none measured):
+
+    - Megatron-Core, both dispatchers (core v0.9 and the development branch's
+      ``token_dispatcher.py``): the alltoall dispatcher synchronises before its all-to-all
+      (``cuda_sync_point`` ``before_ep_alltoall``: the splits and the grouped GEMMs' sizes are
+      host values), the allgather dispatcher after its gather (``.cpu()`` of the local experts'
+      counts);
+    - torchtitan's expert parallelism (``distributed/expert_parallel.py``, 2025:
+      ``_token_dispatch`` exchanges the counts by all-to-all and ``.tolist()``s the splits, "this
+      would incur a device-to-host sync"), so the PyTorch stacks with ep > 1.
+
+    0 otherwise, and with a capacity factor, priced as Megatron's drop-and-pad
+    (``--moe-pad-expert-input-to-capacity``: static shapes, no copy, what CUDA graphs capture,
+    ``ComputeModel.moe_layer_times``)."""
+    if plan.model.moe_capacity_factor is not None:
+        return 0.0
+    if not megatron_permutation(plan) and plan.parallel.ep < 2:
         return 0.0
     return compute.host_s_per_launch * compute.launches_per_kernel(launch_loop(plan))
 
@@ -352,6 +361,9 @@ def moe_sync_s(plan: Plan, compute: ComputeModel) -> float:
 MOE_COUNT_BYTES = 8
 """Bytes per expert of the token counts Megatron-Core's alltoall dispatcher gathers over the
 expert-TP x EP group before each dispatch (int64, ``gather_from_sequence_parallel_region``)."""
+TORCH_MOE_COUNT_BYTES = 4
+"""Bytes per expert of the token counts torchtitan's expert parallelism exchanges by all-to-all
+over EP before each dispatch (``torch.histc``'s float32)."""
 
 
 def _ep_steps(
@@ -361,7 +373,8 @@ def _ep_steps(
     Megatron-Core runs them), with the expert-TP gather and scatter when etp > 1; twice with
     full recompute (the recomputed forward dispatches again). Each forward dispatch of
     Megatron-Core's alltoall dispatcher first gathers the token counts over expert-TP x EP and
-    synchronises the device; its allgather dispatcher synchronises after its gather
+    synchronises the device; its allgather dispatcher synchronises after its gather;
+    torchtitan's expert parallelism exchanges the counts by all-to-all over EP and synchronises
     (``moe_sync_s``)."""
     parallel, passes = plan.parallel, 2 if recompute else 1
     size, n = costs.dispatch_bytes, num_layers * passes
@@ -384,7 +397,7 @@ def _ep_steps(
             ),
         ]
     counts: list[Step] = []
-    if sync:
+    if sync and megatron_permutation(plan):
         counts_bytes = MOE_COUNT_BYTES * plan.model.num_experts * parallel.expert_tp * parallel.ep
         counts = [
             CommStep(
@@ -392,6 +405,17 @@ def _ep_steps(
                 group="tpep",
                 op="all_gather",
                 size_bytes=counts_bytes,
+                repeat=forwards,
+            ),
+            *sync,
+        ]
+    elif sync:  # torchtitan: the counts by all-to-all over EP, then ``.tolist()``
+        counts = [
+            CommStep(
+                name="moe counts all_to_all",
+                group="ep",
+                op="all_to_all",
+                size_bytes=TORCH_MOE_COUNT_BYTES * plan.model.num_experts,
                 repeat=forwards,
             ),
             *sync,

@@ -15,7 +15,7 @@ from schedules.moe_kernels import moe_layer_kernels
 from schedules.plan import load_plan, num_microbatches
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
-from sim.compute.compute_model import SMALL_KERNEL_S, ComputeModel
+from sim.compute.compute_model import SMALL_KERNEL_S, ComputeModel, launch_loop
 from sim.replay.recipes import moe_shares, step_costs
 from sim.replay.simulate import simulate_plan
 from sim.replay.step_replay import build_programs
@@ -284,3 +284,47 @@ def test_moe_breakdown_adds_up_with_the_sync(dispatcher: str, recompute: str) ->
     assert bd.host_s > 0  # the synchronisation's wait for the host's next launch
     if dispatcher == "alltoall":  # the counts gather is charged to its group, not to the host
         assert bd.exposed_comm_s.get("tpep", 0.0) > 0
+
+
+@pytest.mark.parametrize(("ep", "syncs"), [(8, 1), (1, 0)])
+def test_torchtitan_expert_parallelism_exchanges_counts_and_syncs(ep: int, syncs: int) -> None:
+    plan = load_plan(
+        {
+            "model": MODEL,
+            "cluster": {"node": "dgx-h100", "num_nodes": 2},
+            "parallel": {"ep": ep, "data_parallel": "ddp"},
+            "training": {"micro_batch_size": 1, "global_batch_size": 32, "stack": "compile"},
+        }
+    )
+    compute = ComputeModel(GPUS["h100-sxm"])
+    program = build_programs(describe_step(resolve_plan(plan, 16), gpus_per_node=8), compute)[0]
+    m = num_microbatches(resolve_plan(plan, 16))
+    counts = [a for a in program.actions if isinstance(a, Collective) and "counts" in a.name]
+    # one float32 count per expert (8) to every EP peer, per MoE layer's forward (4 layers)
+    assert sum(a.repeat for a in counts) == 4 * m * syncs
+    assert {(a.group, a.op, a.size_bytes) for a in counts} == (
+        {("ep", "all_to_all", 4 * 8)} if syncs else set()
+    )
+    hosts = [a for a in program.actions if isinstance(a, Compute) and a.stream == "host"]
+    one = compute.host_s_per_launch * compute.launches_per_kernel(launch_loop(plan))
+    assert sum(a.duration_s for a in hosts) == pytest.approx(4 * m * syncs * one)
+
+
+@pytest.mark.parametrize(
+    ("parallel", "model", "shown"),
+    [
+        ({"ep": 8, "moe_permute_fusion": True}, {},
+         "alltoall dispatcher (permutation fused, router unfused, a host sync per layer's "
+         "forward), dropless"),
+        ({"ep": 4, "tp": 2, "sequence_parallel": True, "moe_token_dispatcher": "allgather"},
+         {"moe_capacity_factor": 1.5},
+         "allgather dispatcher (router unfused), capacity factor 1.5 (padded)"),
+    ],
+)  # fmt: skip
+def test_report_names_the_moe_mechanisms_it_prices(
+    parallel: dict[str, Any], model: dict[str, Any], shown: str
+) -> None:
+    from sim.output.report import experts_lines
+
+    (line, _) = experts_lines(plan_of(parallel, **model))
+    assert shown in line
