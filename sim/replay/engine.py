@@ -1,10 +1,11 @@
 """The replay engine: runs per-rank programs on SimPy streams and process-group FIFOs.
 
 Each simulated GPU has a compute stream (its ``Compute`` actions, one after another), a host
-thread (``Compute`` actions on ``stream="host"``: framework loops the GPU cannot run ahead of; a
-compute waiting for one is charged to ``host``, as if it were a group; and the launches of the
-compute stream's kernels, ``Compute.launch_s``, issued in program order ahead of the GPU, which
-cannot start an action its host has not reached nor end it before its last launch) and one FIFO
+thread (``Compute`` actions on ``stream="host"``: framework loops and device synchronisations the
+GPU cannot run ahead of; a compute waiting for one is charged to ``host``, as if it were a group,
+and its kernels are launched only from that host work's end; and the launches of the compute
+stream's kernels, ``Compute.launch_s``, issued in program order ahead of the GPU, which cannot
+start an action its host has not reached nor end it before its last launch) and one FIFO
 per process group it belongs to (its ``Collective`` actions on that group, one at a time, in
 issue order: NCCL's one queue per communicator). A collective starts when every simulated
 member has issued it (its deps are done and it reached the head of the member's FIFO); its
