@@ -69,7 +69,7 @@ LANE_MEANINGS = {
     "ep": "expert-parallel token all-to-all",
     "etp": "expert tensor-parallel collectives",
     "edp": "expert data-parallel gradients",
-    "tpep": "token exchange over TP x EP",
+    "tpep": "token exchange over expert-TP x EP",
     "pp": "pipeline sends and receives",
     "dp": "data-parallel gradients and parameter gathers",
     "dpcp": "gradients over DP x CP",
