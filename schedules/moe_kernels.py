@@ -112,17 +112,17 @@ def moe_elementwise_forward_bytes(plan: Plan) -> float:
     return elementwise_forward_bytes(plan) - dense_activation + experts + shared + permute
 
 
-def megatron_permutation(plan: Plan) -> bool:
-    """Whether the plan's MoE layer runs Megatron-Core's router (``MEGATRON_ROUTER_KERNELS``):
-    the megatron stack; its alltoall dispatcher's permutation (``MEGATRON_PERMUTE_BYTES``) too
-    where ``megatron_alltoall``."""
+def megatron_moe(plan: Plan) -> bool:
+    """Whether the plan's MoE layer is Megatron-Core's (the megatron stack): its router's small
+    kernels (``MEGATRON_ROUTER_KERNELS``), its dispatchers' host synchronisation and, with the
+    alltoall dispatcher, its permutation (``megatron_alltoall``)."""
     return kernel_stack(plan) == "megatron"
 
 
 def megatron_alltoall(plan: Plan) -> bool:
     """Whether the plan runs Megatron-Core's alltoall dispatcher (``MEGATRON_PERMUTE_BYTES``;
     its allgather dispatcher permutes the gathered tokens, priced with ``PERMUTE_PASSES``)."""
-    return megatron_permutation(plan) and plan.parallel.moe_token_dispatcher == "alltoall"
+    return megatron_moe(plan) and plan.parallel.moe_token_dispatcher == "alltoall"
 
 
 def megatron_permute_kernels(plan: Plan) -> tuple[Kernel, Kernel]:
@@ -160,7 +160,7 @@ def moe_layer_kernels(plan: Plan) -> PieceKernels:
     if megatron_alltoall(plan):
         permute_forward_kernel, permute_backward_kernel = megatron_permute_kernels(plan)
         permute, permute_backward = (permute_forward_kernel,), (permute_backward_kernel,)
-    if megatron_permutation(plan):
+    if megatron_moe(plan):
         count = MEGATRON_ROUTER_KERNELS[plan.parallel.moe_router_fusion]
         small = {"forward": count[0], "backward": count[1]}
 

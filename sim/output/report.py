@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from schedules.memory import ALLOCATOR_RESERVE
 from schedules.moe import chance_load
-from schedules.moe_kernels import megatron_permutation
+from schedules.moe_kernels import megatron_moe
 from schedules.params import active_params, total_params
 from sim.output.offload_report import offload_lines
 from sim.replay.result import PlanResult
@@ -108,12 +108,12 @@ def _fusions(plan: Plan) -> str:
     """Megatron-Core's MoE fusions as the replay prices them, and whether each layer's dispatch
     synchronises the host (``sim.replay.recipes.moe_sync_s``)."""
     par, parts = plan.parallel, []
-    if megatron_permutation(plan):
+    if megatron_moe(plan):
         if par.moe_token_dispatcher == "alltoall":
             parts.append(f"permutation {'fused' if par.moe_permute_fusion else 'unfused'}")
         parts.append(f"router {'fused' if par.moe_router_fusion else 'unfused'}")
     dropless = plan.model.moe_capacity_factor is None
-    if dropless and (megatron_permutation(plan) or par.ep > 1):
+    if dropless and (megatron_moe(plan) or par.ep > 1):
         parts.append("a host sync per layer's forward")
     return f" ({', '.join(parts)})" if parts else ""
 

@@ -35,7 +35,7 @@ from schedules.kernels import (
     weight_gemm_shapes,
 )
 from schedules.moe import dispatch_bytes, expert_tokens, is_moe
-from schedules.moe_kernels import megatron_permutation
+from schedules.moe_kernels import megatron_moe
 from schedules.optimizer_passes import megatron_step_bytes
 from schedules.plan import Plan
 from schedules.stages import recomputed_layers
@@ -353,7 +353,7 @@ def moe_sync_s(plan: Plan, compute: ComputeModel) -> float:
     ``ComputeModel.moe_layer_times``)."""
     if plan.model.moe_capacity_factor is not None:
         return 0.0
-    if not megatron_permutation(plan) and plan.parallel.ep < 2:
+    if not megatron_moe(plan) and plan.parallel.ep < 2:
         return 0.0
     return compute.host_s_per_launch * compute.launches_per_kernel(launch_loop(plan))
 
@@ -397,7 +397,7 @@ def _ep_steps(
             ),
         ]
     counts: list[Step] = []
-    if sync and megatron_permutation(plan):
+    if sync and megatron_moe(plan):
         counts_bytes = MOE_COUNT_BYTES * plan.model.num_experts * parallel.expert_tp * parallel.ep
         counts = [
             CommStep(

@@ -170,7 +170,7 @@ def _moe_kernels(parallel: dict[str, Any], **training: Any) -> Any:
         (True, 4 * 2**21 + 4 * 2**20, 4 * 2**21 + 4 * 2**20),  # Transformer Engine's fused
     ],
 )
-def test_megatron_permutation_bytes_follow_its_fusion(
+def test_megatron_moe_bytes_follow_its_fusion(
     fusion: bool, forward: float, backward: float
 ) -> None:
     kernels = _moe_kernels(
