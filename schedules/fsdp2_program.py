@@ -25,6 +25,11 @@ False: it would be gathered again at once for backward), then the root. Per micr
   unit after its backward.
 - Step end: the gradient-norm all-reduce of ``clip_grad_norm_`` over DTensor shards, then the
   optimizer on the local shard.
+- MoE layers under expert parallelism (torchtitan's ``apply_fsdp``): the routed experts are
+  sharded over ``edp``; their all-gather follows the rest of the layer's on the all-gather stream
+  and their reduce-scatter the rest's, and torchtitan sets up explicit forward prefetching (the
+  host synchronises in each layer's token dispatch): each layer issues the next one's all-gather
+  after its own copy-out.
 - CPU offload (``CPUOffloadPolicy``): each unit's fp32 shard is copied to the GPU before its
   all-gather and its gradient shard to the host after its reduce-scatter, the optimizer runs on
   the CPU (``schedules.fsdp_offload``).
@@ -65,6 +70,11 @@ class Fsdp2Unit:
     reduce dtype), in ``post_backward`` after waiting for the previous reduce-scatter."""
     reshard_after_forward: bool = True
     """Free the parameters after forward (backward gathers them again)."""
+    expert_param_bytes: float = 0.0
+    """An MoE layer's routed experts under expert parallelism: all-gathered over ``edp`` (their
+    own shard group) after the rest of the unit on the same all-gather stream."""
+    expert_grad_bytes: float = 0.0
+    """Their gradients, reduce-scattered over ``edp`` after the rest of the unit's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,9 +87,14 @@ class Fsdp2Rank:
     """Gradient-accumulation micro-batches."""
     units: tuple[Fsdp2Unit, ...]
     """The model's units in forward order."""
+    forward_prefetch_explicit: bool = False
+    """torchtitan's explicit forward prefetch under expert parallelism
+    (``set_modules_to_forward_prefetch``: each layer issues the next one's all-gather right after
+    its own copy-out, so one copy-out back gates it) instead of the implicit two."""
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """``dp`` = the shard group; ``hsdp`` = the replicate group (HSDP), ``tp``/``cp`` as usual,
-    and the gradient-norm group."""
+    the gradient-norm group, and for MoE layers ``edp`` (the experts' shard group) and the
+    expert-parallel groups their recipes use."""
     grad_norm_group: str = ""
     """Group of the step-end gradient-norm all-reduce; empty for none."""
     optimizer_s: float = 0.0
@@ -111,9 +126,19 @@ class _Fsdp2:
         index = self.b.collective(
             f"AG {u.name} {tag}", "dp", "all_gather", u.param_bytes, deps=ready
         )
-        if index is None:  # one-rank group: the copy-out waits for the copy itself
+        gathered = [] if index is None else [index]
+        if u.expert_param_bytes > 0:  # the experts next, on the same all-gather stream
+            experts = self.b.collective(
+                f"AG {u.name} experts {tag}",
+                "edp",
+                "all_gather",
+                u.expert_param_bytes,
+                deps=tuple(gathered) or ready,
+            )
+            gathered += [] if experts is None else [experts]
+        if not gathered:  # one-rank groups: the copy-out waits for the copy itself
             return [] if ready == deps else list(ready)
-        return [index]
+        return gathered
 
     def copy_out(self, unit: int, tag: str, gathered: list[int], waits: list[int]) -> list[int]:
         """The compute-stream copy-out of a gathered unit; returns what the next compute waits."""
@@ -127,9 +152,10 @@ class _Fsdp2:
 
     def forward(self, mb: int, waits: list[int]) -> list[int]:
         units, b = self.spec.units, self.b
+        back = 1 if self.spec.forward_prefetch_explicit else 2
         for i, u in enumerate(units):
             if self.sharded[i]:
-                gathered = self.gather(i, f"mb{mb}", after_copy_out=2)
+                gathered = self.gather(i, f"mb{mb}", after_copy_out=back)
                 waits = self.copy_out(i, f"mb{mb}", gathered, waits)
             waits = b.run_steps(f"F{mb} {u.name}", u.forward, tuple(waits))
             self.sharded[i] = u.reshard_after_forward
@@ -163,6 +189,15 @@ class _Fsdp2:
             label = f"{u.name} mb{mb}"
             issued = reduce_unit(b, label, u.grad_bytes, [copy_in], tail=self.host.tail)
             self.pending_rs = issued[:1]  # its event; HSDP's all-reduce is not waited for here
+            if u.expert_grad_bytes > 0:  # the experts' after the rest, on the same stream
+                rs_deps = tuple(self.pending_rs) or b.after_compute(copy_in)
+                experts = b.collective(
+                    f"RS {label} experts", "edp", "reduce_scatter", u.expert_grad_bytes,
+                    deps=rs_deps,
+                )  # fmt: skip
+                if experts is not None:
+                    issued.append(experts)
+                    self.pending_rs = [experts]
             copies, held = self.host.grads(label, u.grad_bytes, issued, [copy_in], mb)
             self.reduced += issued + copies
             mb_reduced += issued + copies

@@ -120,6 +120,36 @@ def check_experts(model: ModelConfig, parallel: ParallelConfig, dp: int) -> None
         )
 
 
+def check_fsdp_experts(plan: Plan) -> None:
+    """MoE under torch FSDP is simulated as torchtitan shards it (``apply_fsdp``): FSDP2 units
+    without pipelining, CPU offload or float8 all-gathers, and with ep = 1 the experts split
+    over TP like the rest (etp = tp), so that one shard group gathers the whole layer."""
+    parallel = plan.parallel
+    if not plan.model.num_experts or not data_parallel_kind(parallel).torch_fsdp:
+        return
+    what = f"an MoE model (num_experts={plan.model.num_experts}) with data_parallel fsdp"
+    if not parallel.fsdp2:
+        raise ValueError(
+            f"{what} is simulated as torchtitan's FSDP2 (fully_shard) units: set "
+            f"data_parallel: fsdp2 (got fsdp_version={parallel.fsdp_version})"
+        )
+    if parallel.pp > 1:
+        raise ValueError(f"{what} is simulated without pipeline parallelism, got pp={parallel.pp}")
+    if parallel.offload_param != "none":
+        raise ValueError(
+            f"{what} is simulated without CPU offload, got offload_param={parallel.offload_param!r}"
+        )
+    if plan.training.float8_all_gather:
+        raise ValueError(
+            f"{what} is simulated with bf16 all-gathers: set training.float8_all_gather false"
+        )
+    if parallel.ep == 1 and parallel.expert_tp != parallel.tp:
+        raise ValueError(
+            f"{what} and ep=1 needs the experts split like the rest of the layer: "
+            f"etp={parallel.expert_tp} must equal tp={parallel.tp}"
+        )
+
+
 MAX_MICROBATCHES = 65_536
 """Most micro-batches one step may have (published runs use up to a few thousand)."""
 
@@ -226,6 +256,7 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_step_size(plan.model, training.global_batch_size // per_step)
     check_knobs(parallel, dp)
     check_experts(plan.model, parallel, dp)
+    check_fsdp_experts(plan)
     check_context_parallel(plan)
     check_async_tp(plan)
     check_float8(plan)

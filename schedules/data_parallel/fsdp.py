@@ -129,6 +129,7 @@ FSDP = DataParallelKind(
     knobs=FSDP_KNOBS,
     gathers_units=True,
     torch_fsdp=True,
+    moe=True,
     program="fsdp",
     buckets=one_bucket,
     transient_buffer_bytes=transient_buffer_bytes,

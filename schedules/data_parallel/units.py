@@ -1,6 +1,8 @@
 """Memory of the kinds that shard parameters and gather them unit by unit (FSDP, HSDP, ZeRO-3).
 
-One unit is one transformer layer's parameters on a GPU. ``reduce_bytes`` is the element size of
+One unit is one transformer layer's parameters on a GPU (an MoE layer's: its router, shared
+experts and the rank's E / ep routed experts, split etp ways; the buffers are sized by the
+larger kind of layer). ``reduce_bytes`` is the element size of
 the gradient reduce-scatter: FSDP's ``reduce_dtype``, ZeRO-3's gradient dtype.
 
     unit_buffer_bytes(plan, stage, reduce_bytes=4, gathered_units=2)
@@ -8,29 +10,42 @@ the gradient reduce-scatter: FSDP's ``reduce_dtype``, ZeRO-3's gradient dtype.
 
 from __future__ import annotations
 
+from schedules.moe import is_moe
 from schedules.params import (
     PARAM_BYTES,
     layer_params_per_gpu,
     layers_per_stage,
+    moe_layer_params_per_gpu,
+    stage_moe_layers,
     stage_params_per_gpu,
 )
 from schedules.plan import Plan
 
 
+def unit_params_per_gpu(plan: Plan) -> float:
+    """Parameters of the largest layer unit on one GPU: a dense layer's, or an MoE layer's
+    where the model has MoE layers and they are the larger."""
+    layer = layer_params_per_gpu(plan.model, plan.parallel.tp)
+    if not is_moe(plan.model):
+        return layer
+    return max(layer, moe_layer_params_per_gpu(plan.model, plan.parallel))
+
+
 def unit_gradient_bytes(plan: Plan, reduce_bytes: float) -> float:
     """One unit's unsharded gradients, plus their copy in ``reduce_bytes`` when it differs."""
-    layer = layer_params_per_gpu(plan.model, plan.parallel.tp)
-    return layer * (PARAM_BYTES + (reduce_bytes if reduce_bytes != PARAM_BYTES else 0))
+    return unit_params_per_gpu(plan) * (
+        PARAM_BYTES + (reduce_bytes if reduce_bytes != PARAM_BYTES else 0)
+    )
 
 
 def pipelined_unit_bytes(plan: Plan, reduce_bytes: float) -> float:
     """Under pipelining one unit's reduce-scatter input (the rest is held unsharded)."""
-    return layer_params_per_gpu(plan.model, plan.parallel.tp) * reduce_bytes
+    return unit_params_per_gpu(plan) * reduce_bytes
 
 
 def gathered_units_bytes(plan: Plan, num_units: float) -> float:
     """``num_units`` units' gathered bf16 parameters."""
-    return num_units * layer_params_per_gpu(plan.model, plan.parallel.tp) * PARAM_BYTES
+    return num_units * unit_params_per_gpu(plan) * PARAM_BYTES
 
 
 def pipelined_stage_bytes(plan: Plan, stage: int, reduce_bytes: float) -> float:
@@ -41,5 +56,9 @@ def pipelined_stage_bytes(plan: Plan, stage: int, reduce_bytes: float) -> float:
 
 def root_params_per_gpu(plan: Plan, stage: int) -> float:
     """Parameters of a stage outside its transformer layers: embedding, final norm, LM head."""
-    layers = layers_per_stage(plan, stage) * layer_params_per_gpu(plan.model, plan.parallel.tp)
+    dense = layer_params_per_gpu(plan.model, plan.parallel.tp)
+    layers = layers_per_stage(plan, stage) * dense
+    if is_moe(plan.model):
+        moe_extra = moe_layer_params_per_gpu(plan.model, plan.parallel) - dense
+        layers += stage_moe_layers(plan, stage) * moe_extra
     return stage_params_per_gpu(plan, stage) - layers

@@ -17,8 +17,9 @@ from schedules.arithmetic import layer_params_per_gpu
 from schedules.float8 import layer_gather_bytes
 from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
 from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
+from schedules.moe import expert_params_per_gpu, is_moe, is_moe_layer, mean_hottest, with_hottest
 from schedules.offload import RankOffload
-from schedules.params import embedding_params_per_gpu
+from schedules.params import embedding_params_per_gpu, moe_layer_params_per_gpu
 from schedules.plan import Plan
 from schedules.step import StepDescription
 from sim.compute.compute_model import ComputeModel
@@ -27,6 +28,7 @@ from sim.replay.recipes import (
     layer_recipes,
     optimizer_time_s,
     pass_extras,
+    step_costs,
 )
 
 
@@ -43,7 +45,9 @@ def fsdp_groups(step: StepDescription, rank: int) -> dict[str, tuple[int, ...]]:
     The shard group spans the CP ranks too, as the state is sharded over DP x CP: torchtitan
     applies ``fully_shard`` on its ``dp_shard_cp`` mesh (HSDP: ``("dp_replicate",
     "dp_shard_cp")``), so parameters are gathered from, and gradients reduce-scattered over,
-    every rank of it; each CP rank's gradients cover its own tokens only."""
+    every rank of it; each CP rank's gradients cover its own tokens only. An MoE model's ranks
+    also have ``ep``, ``etp``, ``tpep`` (its recipes' token exchange) and ``edp``, the routed
+    experts' shard group under expert parallelism (torchtitan's ``edp_mesh``)."""
     par, layout = step.plan.parallel, step.layout
     groups = {"tp": layout.group("tp", rank), "cp": layout.group("cp", rank)}
     shard = step.replica_group_size // par.cp
@@ -52,6 +56,8 @@ def fsdp_groups(step: StepDescription, rank: int) -> dict[str, tuple[int, ...]]:
         groups["hsdp"] = layout.group("dp_replicate", rank, shard_size=shard)
     else:
         groups["dp"] = layout.group("dpcp", rank)
+    if is_moe(step.plan.model):
+        groups.update({g: layout.group(g, rank) for g in ("ep", "etp", "edp", "tpep")})
     return groups
 
 
@@ -162,18 +168,27 @@ def fsdp2_units(
     """torchtitan's units: the embedding, every layer, then ``[norm, output]``.
 
     ``[norm, output]`` keeps its parameters after forward unless ``fsdp_reshard_after_forward``
-    is set True (torchtitan's ``reshard_after_forward_policy = "always"``).
+    is set True (torchtitan's ``reshard_after_forward_policy = "always"``). An MoE layer is one
+    unit with its router and shared experts; under expert parallelism its routed experts are
+    sharded over ``edp`` instead of the unit's group (torchtitan's ``apply_fsdp``: a per-parameter
+    mesh, or the experts as their own ``fully_shard`` prefetched with the layer), so they are
+    gathered and reduced by collectives of their own.
     """
     plan = step.plan
     par, model = plan.parallel, plan.model
-    recipes = layer_recipes(plan, costs, 1)
+    dense_recipes = layer_recipes(plan, costs, 1)
+    moe_recipes = layer_recipes(plan, costs, 1, 1) if is_moe(model) else dense_recipes
     x = pass_extras(plan, costs, first=True, last=True)
     reduce_bytes = step.reduce_bytes_per_param
     layer = layer_params_per_gpu(model, par.tp)
-    root = step.stages[0].params - layer * model.num_layers
+    moe_layer = moe_layer_params_per_gpu(model, par) if is_moe(model) else layer
+    num_moe = sum(is_moe_layer(model, i) for i in range(model.num_layers))
+    root = step.stages[0].params - layer * model.num_layers - (moe_layer - layer) * num_moe
     embed = min(root, embedding_params_per_gpu(model, par.tp))
     layers_reshard = reshard_after_forward(plan)
     layer_gather = layer_gather_bytes(plan)
+    # under expert parallelism the routed experts have a shard group of their own
+    experts = expert_params_per_gpu(model, par) if is_moe(model) and par.ep > 1 else 0.0
 
     def unit(
         name: str,
@@ -182,6 +197,7 @@ def fsdp2_units(
         bwd: list[Step] | tuple[Step, ...],
         reshard: bool,
         gathered: float | None = None,
+        expert_params: float = 0.0,
     ) -> Fsdp2Unit:
         gathered = params * 2.0 if gathered is None else gathered  # float8 all-gather: less
         return Fsdp2Unit(
@@ -190,17 +206,36 @@ def fsdp2_units(
             grad_bytes=params * reduce_bytes,
             forward=tuple(fwd),
             backward=tuple(bwd),
-            copy_out_s=compute.memory_time_s(2.0 * gathered),
-            copy_in_s=compute.memory_time_s((2.0 + reduce_bytes) * params),
+            copy_out_s=compute.memory_time_s(2.0 * (gathered + expert_params * 2.0)),
+            copy_in_s=compute.memory_time_s((2.0 + reduce_bytes) * (params + expert_params)),
             reshard_after_forward=reshard,
+            expert_param_bytes=expert_params * 2.0,
+            expert_grad_bytes=expert_params * reduce_bytes,
         )
+
+    priced: dict[float, dict[str, tuple[Step, ...]]] = {}
+
+    def layer_moe_recipes(i: int) -> dict[str, tuple[Step, ...]]:
+        """The MoE layer's recipes at its own busiest-expert factor where a what-if sets one."""
+        hottest = mean_hottest(plan, (i,))
+        if hottest is None:
+            return moe_recipes
+        if hottest not in priced:
+            variant = with_hottest(plan, hottest)
+            priced[hottest] = layer_recipes(variant, step_costs(variant, compute), 1, 1)
+        return priced[hottest]
+
+    def layer_unit(i: int) -> Fsdp2Unit:
+        if not is_moe_layer(model, i):
+            return unit(f"L{i}", layer, dense_recipes["F"], dense_recipes["B"], layers_reshard,
+                        layer_gather)  # fmt: skip
+        recipes = layer_moe_recipes(i)
+        return unit(f"L{i}", moe_layer - experts, recipes["F"], recipes["B"], layers_reshard,
+                    expert_params=experts)  # fmt: skip
 
     return (
         unit("embed", embed, x["fwd_pre"], x["bwd_post"], layers_reshard),
-        *(
-            unit(f"L{i}", layer, recipes["F"], recipes["B"], layers_reshard, layer_gather)
-            for i in range(model.num_layers)
-        ),
+        *(layer_unit(i) for i in range(model.num_layers)),
         unit(
             "head",
             root - embed,
@@ -215,6 +250,7 @@ def fsdp2_programs(
     step: StepDescription, costs: StepCosts, compute: ComputeModel, ranks: tuple[int, ...]
 ) -> list[Program]:
     """Programs of ``ranks`` for an FSDP2 / HSDP-over-FSDP2 plan without pipelining."""
+    plan = step.plan
     units = fsdp2_units(step, costs, compute)
     norm_group = step.grad_norm_group
     programs = []
@@ -224,6 +260,7 @@ def fsdp2_programs(
             rank=rank,
             num_microbatches=step.num_microbatches,
             units=units,
+            forward_prefetch_explicit=is_moe(plan.model) and plan.parallel.ep > 1,
             groups=groups,
             grad_norm_group=norm_group,
             optimizer_s=optimizer_time_s(step, compute, 0),

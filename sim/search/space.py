@@ -23,7 +23,7 @@ from typing import Any
 from schedules.data_parallel.registry import data_parallel_kind, kinds_where
 from schedules.kernels import kernel_stack
 from schedules.memory import memory_per_gpu
-from schedules.plan import RECOMPUTE_MODES, Plan, load_plan, plan_to_dict
+from schedules.plan import FSDP2_ALIAS, RECOMPUTE_MODES, Plan, load_plan, plan_to_dict
 from schedules.resolve import resolve_plan
 
 DEFAULT_KINDS = ("ddp", "zero1", "distributed_optimizer", "fsdp2", "zero3")
@@ -96,8 +96,9 @@ def candidate_layouts(
     recomputes = sorted(space.recompute, key=RECOMPUTE_MODES.index)  # lightest first
     eps = _expert_degrees(plan, space, gpus_per_node)
     kinds = space.data_parallel
-    if plan.model.num_experts:  # the kinds MoE layers are simulated with
-        kinds = tuple(k for k in kinds if k in kinds_where("moe")) or kinds
+    if plan.model.num_experts:  # the kinds MoE layers are simulated with (FSDP as FSDP2)
+        moe = kinds_where("moe")
+        kinds = tuple(k for k in kinds if ("fsdp" if k == FSDP2_ALIAS else k) in moe) or kinds
     for tp, pp, cp, ep, kind, mbs, recompute in itertools.product(
         tps, pps, space.cp, eps, kinds, space.micro_batch_size, recomputes
     ):

@@ -107,7 +107,7 @@ def test_buckets_as_each_framework_forms_them() -> None:
 
 def test_facts_that_replace_name_comparisons() -> None:
     assert kinds_where("gathers_units") == ("zero3", "fsdp", "hsdp")
-    assert kinds_where("moe") == ("ddp", "zero1", "zero2", "distributed_optimizer")
+    assert kinds_where("moe") == ("ddp", "zero1", "zero2", "fsdp", "distributed_optimizer")
     assert kinds_where("torch_fsdp") == ("fsdp", "hsdp")
     assert [k for k, v in DATA_PARALLEL.items() if v.check_offload] == [
         "zero1",

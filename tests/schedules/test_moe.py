@@ -24,6 +24,8 @@ from schedules.moe import (
 from schedules.params import (
     active_params,
     layer_params,
+    layer_params_per_gpu,
+    moe_layer_params_per_gpu,
     stage_expert_params_per_gpu,
     stage_params_per_gpu,
     total_params,
@@ -194,7 +196,23 @@ def test_expert_states_shard_over_expert_data_parallel() -> None:
         (TINY, {"ep": 3}, "is not divisible by parallel.ep=3"),
         (TINY, {"ep": 8, "tp": 2, "sequence_parallel": True}, "must divide tp * cp * dp"),
         (TINY, {"ep": 2, "tp": 2}, "needs sequence_parallel"),
-        (TINY, {"ep": 2, "data_parallel": "fsdp"}, "MoE plans are simulated with"),
+        (TINY, {"ep": 2, "data_parallel": "hsdp"}, "MoE plans are simulated with"),
+        (TINY, {"ep": 2, "data_parallel": "fsdp"}, "set data_parallel: fsdp2"),
+        (
+            TINY,
+            {"ep": 2, "data_parallel": "fsdp2", "pp": 2},
+            "without pipeline parallelism, got pp=2",
+        ),
+        (
+            TINY,
+            {"ep": 2, "data_parallel": "fsdp2", "offload_param": "cpu"},
+            "without CPU offload, got offload_param='cpu'",
+        ),
+        (
+            TINY,
+            {"data_parallel": "fsdp2", "tp": 2, "sequence_parallel": True, "etp": 1},
+            "etp=1 must equal tp=2",
+        ),
         ({**TINY, "num_experts": 0}, {"ep": 2}, "need an MoE model"),
         ({**TINY, "moe_top_k": 9}, {}, "moe_top_k=9"),
         ({**TINY, "moe_imbalance": 0.5}, {}, "moe_imbalance=0.5"),
@@ -205,6 +223,28 @@ def test_bad_moe_plans_name_the_problem(
 ) -> None:
     with pytest.raises(ValueError, match=message.replace("*", r"\*").replace(".", r"\.")):
         plan_of(model, parallel)
+
+
+def test_fsdp2_shards_the_experts_over_their_own_group_and_sizes_its_buffers_by_the_moe_layer() -> (
+    None
+):
+    """torchtitan's FSDP2 with EP 2 on 8 GPUs: the routed experts' states are sharded over the 4
+    GPUs of edp, the rest over all 8; the two units in flight and one unit's gradients (bf16 and
+    the fp32 reduce-scatter input) are MoE layers', the largest."""
+    plan = plan_of(TINY, {"ep": 2, "data_parallel": "fsdp2"})
+    params = stage_params_per_gpu(plan, 0)
+    experts = stage_expert_params_per_gpu(plan, 0)
+    assert experts == 4 * 8 / 2 * 3 * 64 * 128
+    memory = stage_memory_bytes(plan, 0)
+    assert memory["weights"] == pytest.approx((params - experts) * 2 / 8 + experts * 2 / 4)
+    assert memory["optimizer"] == pytest.approx((params - experts) * 12 / 8 + experts * 12 / 4)
+    unit = moe_layer_params_per_gpu(plan.model, plan.parallel)
+    assert unit > layer_params_per_gpu(plan.model, 1)
+    assert memory["buffers"] == pytest.approx(2 * unit * 2 + unit * (2 + 4))
+    # the head unit ([norm, output]): what is left of the stage's parameters past its layers
+    embedding = 1000 * 64
+    head = params - embedding - 4 * unit
+    assert memory["fsdp_unsharded"] == pytest.approx(head * (2 + 4))
 
 
 def test_the_moe_layer_being_recomputed_holds_its_expert_activations() -> None:

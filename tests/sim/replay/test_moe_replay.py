@@ -12,6 +12,7 @@ import pytest
 from schedules.actions import Collective, Compute
 from schedules.moe import dispatch_bytes
 from schedules.moe_kernels import moe_layer_kernels
+from schedules.params import moe_layer_params_per_gpu
 from schedules.plan import load_plan, num_microbatches
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
@@ -328,3 +329,101 @@ def test_report_names_the_moe_mechanisms_it_prices(
 
     (line, _) = experts_lines(plan_of(parallel, **model))
     assert shown in line
+
+
+def fsdp2_program(ep: int, **model: Any) -> tuple[Any, list[Any]]:
+    plan = resolve_plan(
+        load_plan(
+            {
+                "model": {**MODEL, **model},
+                "cluster": {"node": "dgx-h100", "num_nodes": 2},
+                "parallel": {"ep": ep, "data_parallel": "fsdp2"},
+                "training": {"micro_batch_size": 1, "global_batch_size": 32, "stack": "compile"},
+            }
+        ),
+        16,
+    )
+    compute = ComputeModel(GPUS["h100-sxm"])
+    return plan, build_programs(describe_step(plan, gpus_per_node=8), compute)[0].actions
+
+
+def test_fsdp2_gathers_and_reduces_routed_experts_over_their_own_group() -> None:
+    """torchtitan's FSDP2 with EP 8 on 16 GPUs: each MoE layer's routed experts (its 1 of 8,
+    3 x 1,024 x 1,408 parameters) are all-gathered over edp (2 GPUs) after the rest of the layer
+    (over all 16), on the same stream, before forward and again before backward, and their fp32
+    gradients reduce-scattered over edp after the rest's."""
+    plan, actions = fsdp2_program(8)
+    m = num_microbatches(plan)
+    experts = 3 * 1024 * 1408
+    edp = [a for a in actions if isinstance(a, Collective) and a.group == "edp"]
+    assert {(a.op, a.size_bytes) for a in edp} == {
+        ("all_gather", experts * 2),
+        ("reduce_scatter", experts * 4),
+    }
+    assert sum(a.op == "all_gather" for a in edp) == 4 * 2 * m
+    assert sum(a.op == "reduce_scatter" for a in edp) == 4 * m
+    assert len(edp[0].ranks) == 2
+    rest = moe_layer_params_per_gpu(plan.model, plan.parallel) - experts
+    for action in actions:
+        if isinstance(action, Collective) and action.group == "edp":
+            (before,) = action.deps  # the rest of the same layer, on the same stream
+            dense = actions[before]
+            assert (dense.group, dense.op) == ("dp", action.op)
+            assert dense.name == action.name.replace(" experts", "")
+            per_param = 2 if action.op == "all_gather" else 4
+            assert dense.size_bytes == pytest.approx(rest * per_param)
+            assert len(dense.ranks) == 16
+
+
+def test_fsdp2_without_expert_parallelism_gathers_each_moe_layer_whole() -> None:
+    plan, actions = fsdp2_program(1)
+    assert not [a for a in actions if isinstance(a, Collective) and a.group == "edp"]
+    gathers = {a.size_bytes for a in actions if isinstance(a, Collective) and "AG L" in a.name}
+    assert gathers == {moe_layer_params_per_gpu(plan.model, plan.parallel) * 2}
+
+
+@pytest.mark.parametrize(("ep", "back"), [(8, 1), (1, 2)])
+def test_fsdp2_forward_prefetch_is_explicit_under_expert_parallelism(ep: int, back: int) -> None:
+    """Under EP torchtitan prefetches the next layer explicitly right after this one's copy-out
+    (one copy-out back gates an all-gather); otherwise FSDP2's implicit prefetch keeps two."""
+    _, actions = fsdp2_program(ep)
+    names = {a.name: i for i, a in enumerate(actions)}
+    gather = actions[names["AG L3 mb0"]]
+    assert names[f"copy-out L{3 - back} mb0"] in gather.deps
+
+
+def test_fsdp2_moe_step_adds_up_and_folds_exactly() -> None:
+    plan, _ = fsdp2_program(8)
+    folded = simulate_plan(plan)
+    unfolded = simulate_plan(plan, fold=False)
+    assert folded.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-9)
+    bd = folded.breakdown
+    total = bd.compute_s + bd.optimizer_s + bd.bubble_s + bd.host_s
+    assert total + sum(bd.exposed_comm_s.values()) == pytest.approx(folded.step_time_s)
+    assert bd.host_s > 0  # torchtitan's token dispatch synchronises with the host
+
+
+def test_fsdp2_prices_each_moe_layer_at_its_own_imbalance() -> None:
+    """A what-if that makes layer 2 hot changes that layer's unit only: its token dispatch grows
+    and the step with it; the same factor on every layer is the model-wide figure."""
+    from schedules.whatif import parse_flags
+
+    plan, _ = fsdp2_program(8, seq_len=8192)  # compute-bound: the host is not the pace
+    compute = ComputeModel(GPUS["h100-sxm"])
+
+    def dispatches(p: Any, layer: str) -> set[float]:
+        program = build_programs(describe_step(p, gpus_per_node=8), compute)[0]
+        return {
+            a.size_bytes
+            for a in program.actions
+            if isinstance(a, Collective) and a.group == "ep" and f" {layer} " in f" {a.name} "
+        }
+
+    hot = dataclasses.replace(plan, whatif=parse_flags(["moe_imbalance=2:3.0"]))
+    assert max(dispatches(hot, "L2")) > max(dispatches(plan, "L2"))
+    assert dispatches(hot, "L1") == dispatches(plan, "L1")
+    assert simulate_plan(hot).step_time_s > simulate_plan(plan).step_time_s
+    every = ",".join(f"{layer}:1.5" for layer in range(4))
+    per_layer = dataclasses.replace(plan, whatif=parse_flags([f"moe_imbalance={every}"]))
+    wide = dataclasses.replace(plan, whatif=parse_flags(["moe_imbalance=1.5"]))
+    assert simulate_plan(per_layer).step_time_s == pytest.approx(simulate_plan(wide).step_time_s)
