@@ -37,10 +37,11 @@ def _attention_core_bytes(
 
 
 def _tp_split_bytes(model: ModelConfig, num_tokens: float) -> float:
-    """Terms inside the TP region: Q, K, V, projection input, MLP hidden (sharded by t)."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
-    q_k_v = ACTIVATION_BYTES * (h + 2 * kv)
-    projection_in = ACTIVATION_BYTES * h
+    """Terms inside the TP region: Q, K, V, projection input, MLP hidden (sharded by t); Q and
+    the projection input are ad wide (h unless ``head_dim`` is set apart)."""
+    q, f, kv = model.q_size, model.ffn_hidden_size, model.kv_size
+    q_k_v = ACTIVATION_BYTES * (q + 2 * kv)
+    projection_in = ACTIVATION_BYTES * q
     mlp_hidden = ACTIVATION_BYTES * (3 * f if model.gated_mlp else 2 * f)
     return num_tokens * (q_k_v + projection_in + mlp_hidden)
 
@@ -93,10 +94,10 @@ def _op_saved_bytes(model: ModelConfig, num_tokens: float, *, tp: int, sp_diviso
     the outputs of the odd-numbered matmuls (wq, wv, w1, and w2 when gated, whose row-parallel
     output is whole before its reduction; see ``schedules.flops.op_recomputed_gemms``) and of the
     attention kernel (its output and fp32 log-sum-exp)."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    h, f, kv, q = model.hidden_size, model.ffn_hidden_size, model.kv_size, model.q_size
     block_input = h / sp_divisor
-    saved_mm = (h + kv + f) / tp + (h if model.gated_mlp else 0.0)
-    attention_out = h / tp
+    saved_mm = (q + kv + f) / tp + (h if model.gated_mlp else 0.0)
+    attention_out = q / tp
     lse = 4.0 * model.num_heads / tp / ACTIVATION_BYTES
     return ACTIVATION_BYTES * num_tokens * (block_input + saved_mm + attention_out + lse)
 

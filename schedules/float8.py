@@ -167,10 +167,10 @@ def forward_backend(plan: Plan, stack: str) -> str:
 
 
 def layer_linear_params_per_gpu(model: ModelConfig, tp: int) -> float:
-    """Weights of one layer's linears on one GPU: h (h + 2kd) + h h + (2 or 3) h f, over tp."""
-    h, f = model.hidden_size, model.ffn_hidden_size
+    """Weights of one layer's linears on one GPU: h (ad + 2kd) + ad h + (2 or 3) h f, over tp."""
+    h, f, q = model.hidden_size, model.ffn_hidden_size, model.q_size
     num_mlp = 3 if model.gated_mlp else 2
-    return (h * (h + 2 * model.kv_size) + h * h + num_mlp * h * f) / tp
+    return (h * (q + 2 * model.kv_size) + q * h + num_mlp * h * f) / tp
 
 
 def layer_gather_bytes(plan: Plan) -> float:

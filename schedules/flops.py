@@ -56,9 +56,10 @@ def gemm_flops(m: float, n: float, k: float) -> float:
 
 
 def attention_linear_flops(model: ModelConfig, num_tokens: float) -> float:
-    """QKV projection 2Th(h + 2kd) plus output projection 2Th^2, for T tokens."""
-    h = model.hidden_size
-    return gemm_flops(num_tokens, h + 2 * model.kv_size, h) + gemm_flops(num_tokens, h, h)
+    """QKV projection 2Th(ad + 2kd) plus output projection 2Th*ad, for T tokens (ad = h unless
+    ``head_dim`` is set apart)."""
+    h, q = model.hidden_size, model.q_size
+    return gemm_flops(num_tokens, q + 2 * model.kv_size, h) + gemm_flops(num_tokens, h, q)
 
 
 def mlp_flops(model: ModelConfig, num_tokens: float) -> float:
@@ -79,11 +80,11 @@ def window_pairs_fraction(seq_len: float, window: float) -> float:
 
 
 def attention_core_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:
-    """QK^T and AV: 2 * 2bs^2h = 4bs^2h, halved when ``causal`` (only the lower triangle); with
-    a sliding window (``model.attention_window``) only the products inside it
-    (``window_pairs_fraction``), or, counted ``causal=False``, s x W."""
-    s, h = model.seq_len, model.hidden_size
-    full = 2 * gemm_flops(micro_batch_size * s, s, h)
+    """QK^T and AV: 2 * 2bs^2 ad = 4bs^2h (ad = h unless ``head_dim`` is set apart), halved when
+    ``causal`` (only the lower triangle); with a sliding window (``model.attention_window``) only
+    the products inside it (``window_pairs_fraction``), or, counted ``causal=False``, s x W."""
+    s, q = model.seq_len, model.q_size
+    full = 2 * gemm_flops(micro_batch_size * s, s, q)
     window = model.attention_window
     if causal:
         return full * window_pairs_fraction(s, window)
@@ -158,7 +159,7 @@ def op_recomputed_gemms(model: ModelConfig) -> tuple[tuple[float, float], ...]:
     so a plain MLP reruns none of its matmuls: wk, wo (and w3), widths kd, h (and f).
     """
     h, f = model.hidden_size, model.ffn_hidden_size
-    attention = ((model.kv_size, h), (h, h))
+    attention = ((model.kv_size, h), (h, model.q_size))
     return (*attention, (f, h)) if model.gated_mlp else attention
 
 

@@ -27,9 +27,10 @@ False: it would be gathered again at once for backward), then the root. Per micr
   optimizer on the local shard.
 - MoE layers under expert parallelism (torchtitan's ``apply_fsdp``): the routed experts are
   sharded over ``edp``; their all-gather follows the rest of the layer's on the all-gather stream
-  and their reduce-scatter the rest's, and torchtitan sets up explicit forward prefetching (the
-  host synchronises in each layer's token dispatch): each layer issues the next one's all-gather
-  after its own copy-out.
+  (and the next layer's follows theirs), their reduce-scatter the rest's. torchtitan sets up
+  explicit forward prefetching there, since the host synchronises in each layer's token
+  dispatch: that changes when the host issues the next layer's all-gather, not what it waits for
+  on the device (``wait_for_unshard`` still gates it two copy-outs back).
 - CPU offload (``CPUOffloadPolicy``): each unit's fp32 shard is copied to the GPU before its
   all-gather and its gradient shard to the host after its reduce-scatter, the optimizer runs on
   the CPU (``schedules.fsdp_offload``).
@@ -87,10 +88,6 @@ class Fsdp2Rank:
     """Gradient-accumulation micro-batches."""
     units: tuple[Fsdp2Unit, ...]
     """The model's units in forward order."""
-    forward_prefetch_explicit: bool = False
-    """torchtitan's explicit forward prefetch under expert parallelism
-    (``set_modules_to_forward_prefetch``: each layer issues the next one's all-gather right after
-    its own copy-out, so one copy-out back gates it) instead of the implicit two."""
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """``dp`` = the shard group; ``hsdp`` = the replicate group (HSDP), ``tp``/``cp`` as usual,
     the gradient-norm group, and for MoE layers ``edp`` (the experts' shard group) and the
@@ -114,6 +111,7 @@ class _Fsdp2:
         self.copy_outs: list[int] = []
         self.reduced: list[int] = []
         self.pending_rs: list[int] = []
+        self.last_expert_gather: int | None = None
         self.host = FsdpHostCopies(self.b, spec.offload)
 
     def gather(self, unit: int, tag: str, after_copy_out: int) -> list[int]:
@@ -123,9 +121,11 @@ class _Fsdp2:
         deps = (self.copy_outs[back],) if back >= 0 else ()
         u = self.spec.units[unit]
         ready = self.host.fetch(f"{u.name} {tag}", u.param_bytes, deps)
+        after = () if self.last_expert_gather is None else (self.last_expert_gather,)
         index = self.b.collective(
-            f"AG {u.name} {tag}", "dp", "all_gather", u.param_bytes, deps=ready
-        )
+            f"AG {u.name} {tag}", "dp", "all_gather", u.param_bytes,
+            deps=tuple(sorted({*ready, *after})),
+        )  # fmt: skip
         gathered = [] if index is None else [index]
         if u.expert_param_bytes > 0:  # the experts next, on the same all-gather stream
             experts = self.b.collective(
@@ -135,7 +135,9 @@ class _Fsdp2:
                 u.expert_param_bytes,
                 deps=tuple(gathered) or ready,
             )
-            gathered += [] if experts is None else [experts]
+            if experts is not None:  # the next unit's all-gather queues behind it
+                gathered.append(experts)
+                self.last_expert_gather = experts
         if not gathered:  # one-rank groups: the copy-out waits for the copy itself
             return [] if ready == deps else list(ready)
         return gathered
@@ -152,10 +154,9 @@ class _Fsdp2:
 
     def forward(self, mb: int, waits: list[int]) -> list[int]:
         units, b = self.spec.units, self.b
-        back = 1 if self.spec.forward_prefetch_explicit else 2
         for i, u in enumerate(units):
             if self.sharded[i]:
-                gathered = self.gather(i, f"mb{mb}", after_copy_out=back)
+                gathered = self.gather(i, f"mb{mb}", after_copy_out=2)
                 waits = self.copy_out(i, f"mb{mb}", gathered, waits)
             waits = b.run_steps(f"F{mb} {u.name}", u.forward, tuple(waits))
             self.sharded[i] = u.reshard_after_forward

@@ -236,13 +236,14 @@ WEIGHT_GEMMS = ("qkv", "proj", "fc1", "fc2")
 
 
 def weight_gemm_shapes(plan: Plan) -> tuple[tuple[float, float, float], ...]:
-    """Forward (m, n, k) of the QKV, projection, MLP up and MLP down GEMMs on one GPU."""
+    """Forward (m, n, k) of the QKV, projection, MLP up and MLP down GEMMs on one GPU (the query
+    and projection input ad wide: h unless ``head_dim`` is set apart)."""
     model, t = plan.model, plan.parallel.tp
-    tokens, h, f = _tokens(plan), model.hidden_size, model.ffn_hidden_size
+    tokens, h, f, q = _tokens(plan), model.hidden_size, model.ffn_hidden_size, model.q_size
     up_width = 2 * f if model.gated_mlp else f
     return (
-        (tokens, (h + 2 * model.kv_size) / t, h),
-        (tokens, h, h / t),
+        (tokens, (q + 2 * model.kv_size) / t, h),
+        (tokens, h, q / t),
         (tokens, up_width / t, h),
         (tokens, h, f / t),
     )
@@ -400,7 +401,7 @@ def elementwise_forward_bytes(plan: Plan) -> float:
     """Bytes the memory-bound kernels of one layer's forward move on one GPU, per its stack."""
     model, parallel = plan.model, plan.parallel
     per = ELEMENTWISE_BYTES[kernel_stack(plan)]
-    tokens, t, h = _tokens(plan), parallel.tp, model.hidden_size
+    tokens, t = _tokens(plan), parallel.tp
     norm, residual = per[model.norm], per["residual"]
     if autocast_weights(plan):  # the fp32 residual stream
         norm, residual = (FP32_RESIDUAL_BYTES[kernel_stack(plan)][k] for k in ("norm", "residual"))
@@ -410,15 +411,17 @@ def elementwise_forward_bytes(plan: Plan) -> float:
     if model.dropout:  # each add drops out the branch it adds, writing its mask
         residual += DROPOUT_MASK_BYTES
     norms = model.norms_per_layer * norm * stream
+    if model.qk_norm:  # each query and key head normed over its d channels
+        norms += norm * tokens * (model.q_size + model.kv_size) / t
     residuals = 2 * residual * stream  # 2 adds (a parallel block adds its two branches in turn)
     rotary = 0.0
     if model.position_embedding == "rope":
-        rotary = per["rotary"] * tokens * (h + model.kv_size) / t
+        rotary = per["rotary"] * tokens * (model.q_size + model.kv_size) / t
     activation = per["gated" if model.gated_mlp else "plain"] * tokens * model.ffn_hidden_size / t
     expand = 0.0
     if kernel_stack(plan) == "eager" and model.num_kv_heads < model.num_heads:
-        # repeat_kv: K and V expanded to every query head (read kd, write h, each)
-        expand = 2 * ACTIVATION_BYTES * tokens * (model.kv_size + h) / t
+        # repeat_kv: K and V expanded to every query head (read kd, write ad, each)
+        expand = 2 * ACTIVATION_BYTES * tokens * (model.kv_size + model.q_size) / t
     return norms + residuals + rotary + activation + expand
 
 
@@ -499,7 +502,7 @@ def attention_layout_bytes(plan: Plan) -> float:
     (``EAGER_ATTENTION_LAYOUT_BYTES``; the same again in the backward); 0 on the fused stacks."""
     if kernel_stack(plan) != "eager":
         return 0.0
-    return EAGER_ATTENTION_LAYOUT_BYTES * _tokens(plan) * plan.model.hidden_size / plan.parallel.tp
+    return EAGER_ATTENTION_LAYOUT_BYTES * _tokens(plan) * plan.model.q_size / plan.parallel.tp
 
 
 def bias_grad_kernels(plan: Plan) -> tuple[Kernel, ...]:
@@ -757,7 +760,7 @@ def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, 
     gemm_dtype, _ = dtypes(plan)
     tokens, t = _tokens(plan), plan.parallel.tp
     kv, h, f = plan.model.kv_size, plan.model.hidden_size, plan.model.ffn_hidden_size
-    shapes = [("k", tokens, kv / t, h), ("proj", tokens, h, h / t)]
+    shapes = [("k", tokens, kv / t, h), ("proj", tokens, h, plan.model.q_size / t)]
     if plan.model.gated_mlp:  # a plain MLP's fc2 output only feeds the residual: not rerun
         shapes.append(("fc1_up", tokens, f / t, h))
     if float8_recipe(plan, kernel_stack(plan)) is not None:
@@ -821,7 +824,7 @@ def _projection_widths(plan: Plan) -> dict[str, tuple[float, ...]]:
     """The output widths (per GPU) of the separate linears each fused GEMM stands for."""
     model, t = plan.model, plan.parallel.tp
     widths: dict[str, tuple[float, ...]] = {
-        "qkv": (model.hidden_size / t, model.kv_size / t, model.kv_size / t)
+        "qkv": (model.q_size / t, model.kv_size / t, model.kv_size / t)
     }
     if model.gated_mlp:
         widths["fc1"] = (model.ffn_hidden_size / t, model.ffn_hidden_size / t)
@@ -1044,7 +1047,7 @@ def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
     kept = plan.parallel.recompute in ("none", "selective", "full")  # the input gathers read again
     if phase == "forward":
         gather, gather_launches = fused_gather(returned=False)
-        proj, proj_launches = fused_scatter(model.hidden_size)
+        proj, proj_launches = fused_scatter(model.q_size)
         fc2, fc2_launches = fused_scatter(model.ffn_hidden_size)
         size = 2 * gather + proj + fc2
         launches = 2 * gather_launches + proj_launches + fc2_launches
@@ -1061,7 +1064,7 @@ def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
             size, launches = size + fc1, launches + fc1_launches
     elif phase == "full_recompute":  # the forward's but the MLP output's fused reduce-scatter
         gather, gather_launches = fused_gather(returned=False)
-        proj, proj_launches = fused_scatter(model.hidden_size)
+        proj, proj_launches = fused_scatter(model.q_size)
         size, launches = 2 * gather + proj, 2 * gather_launches + proj_launches
     else:  # op_recompute
         gather, gather_launches = fused_gather(returned=True)

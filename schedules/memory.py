@@ -214,7 +214,7 @@ def eager_saved_bytes(
     recompute = parallel.recompute if recompute is None else recompute
     if kernel_stack(plan) != "eager" or recompute not in ("none", "selective"):
         return 0.0
-    h, kd = model.hidden_size, min(model.kv_size, model.hidden_size)
+    h, kd = model.q_size, min(model.kv_size, model.q_size)  # h: the query width, ad
     grouped, rope = kd < h, model.position_embedding == "rope"
     fused_qkv = autocast_weights(plan)  # commbench --step's model
     counted = h + 2 * kd  # Q, K and V in the fused count

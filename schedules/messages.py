@@ -72,10 +72,10 @@ def cp_kv_message_bytes(
     model: ModelConfig, micro_batch_size: float, *, tp: int, cp: int, repeat_kv: bool = False
 ) -> float:
     """One ring step of context-parallel attention: this rank's K and V, 2 * 2 b (s/cp) kd / t;
-    with ``repeat_kv`` h wide instead of kd (torchtitan's Llama expands K and V to every query
+    with ``repeat_kv`` ad wide instead of kd (torchtitan's Llama expands K and V to every query
     head before SDPA, and torch's ring passes them on expanded)."""
     tokens = micro_batch_size * model.seq_len / cp
-    width = model.hidden_size if repeat_kv else model.kv_size
+    width = model.q_size if repeat_kv else model.kv_size
     return 2 * ACTIVATION_COMM_BYTES * tokens * width / tp
 
 

@@ -68,6 +68,10 @@ _LLAMA2 = "Llama 2 paper, arXiv:2307.09288, and the released config.json"
 _LLAMA3 = "Llama 3 paper, arXiv:2407.21783, Table 3 (3.1 has the same shapes)"
 _MISTRAL = "Mistral 7B, arXiv:2310.06825, Table 1 (window_size 4096: sliding-window attention)"
 _QWEN = "Qwen2.5 technical report, arXiv:2412.15115, and the released config.json"
+_QWEN3 = (
+    "Qwen3 technical report, arXiv:2505.09388, Tables 1 and 2, and the released config.json "
+    "(head_dim 128 whatever h / a is, per-head QK RMSNorm)"
+)
 _GPT3 = "Brown et al. 2020, arXiv:2005.14165, Table 2.1 (d_ff = 4 d_model, GPT-2 BPE vocabulary)"
 MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "llama2-7b": (_llama(32, 4096, 32, 32, 11008, 32000, 4096), _LLAMA2),
@@ -104,6 +108,30 @@ MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
         ),
         "Qwen2 technical report, arXiv:2407.10671, Table 1, and Qwen/Qwen2-57B-A14B config.json "
         "(57B total, 14B active; its QKV biases and shared-expert gate, 0.01%, are left out)",
+    ),
+    "qwen3-8b": (
+        {**_llama(36, 4096, 32, 8, 12288, 151936, 4096), "qk_norm": True},
+        f"{_QWEN3} (8.2B parameters)",
+    ),
+    "qwen3-32b": (
+        {**_llama(64, 5120, 64, 8, 25600, 151936, 4096), "head_dim": 128, "qk_norm": True},
+        f"{_QWEN3} (32.8B parameters; 64 heads of 128 on a 5,120-wide model)",
+    ),
+    "qwen3-30b-a3b": (
+        {
+            **_moe(_llama(48, 2048, 32, 4, 6144, 151936, 4096), 128, 8, 768),
+            "head_dim": 128,
+            "qk_norm": True,
+        },
+        f"{_QWEN3} (30.5B total, 3.3B active; 128 routed experts, top-8, no shared expert)",
+    ),
+    "qwen3-235b-a22b": (
+        {
+            **_moe(_llama(94, 4096, 64, 4, 12288, 151936, 4096), 128, 8, 1536),
+            "head_dim": 128,
+            "qk_norm": True,
+        },
+        f"{_QWEN3} (235B total, 22B active; 128 routed experts, top-8, no shared expert)",
     ),
     "deepseek-v3": (
         _moe(

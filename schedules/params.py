@@ -29,10 +29,11 @@ PARAM_BYTES = 2
 
 
 def attention_params(model: ModelConfig) -> int:
-    """Q, K, V and output projections: h*(h + 2kd) + h*h, plus biases (h + 2kd + h)."""
-    h, kv = model.hidden_size, model.kv_size
-    weights = h * (h + 2 * kv) + h * h
-    biases = (h + 2 * kv) + h if model.linear_bias else 0
+    """Q, K, V and output projections: h*(ad + 2kd) + ad*h (ad = h unless ``head_dim`` is set
+    apart), plus biases (ad + 2kd + h)."""
+    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    weights = h * (q + 2 * kv) + q * h
+    biases = (q + 2 * kv) + h if model.linear_bias else 0
     return weights + biases
 
 
@@ -56,7 +57,13 @@ def layer_params(model: ModelConfig) -> int:
     For GPT (MHA, f = 4h, biases, LayerNorm) this is 12h^2 + 13h, the per-layer term of
     Megatron's formula (Narayanan et al. 2021, Sec. 5.1).
     """
-    return attention_params(model) + mlp_params(model) + model.norms_per_layer * norm_params(model)
+    norms = model.norms_per_layer * norm_params(model) + qk_norm_params(model)
+    return attention_params(model) + mlp_params(model) + norms
+
+
+def qk_norm_params(model: ModelConfig) -> int:
+    """The query and key norms' weights (``model.qk_norm``): d each, shared by the heads."""
+    return 2 * model.head_dim if model.qk_norm else 0
 
 
 def embedding_params(model: ModelConfig) -> int:
@@ -114,7 +121,7 @@ def layer_params_per_gpu(model: ModelConfig, tp: int) -> float:
     the row-parallel output biases (h each for the attention projection and the MLP down
     projection) are replicated on every TP rank, as in Megatron.
     """
-    norms = model.norms_per_layer * norm_params(model)
+    norms = model.norms_per_layer * norm_params(model) + qk_norm_params(model)
     replicated = norms + (2 * model.hidden_size if model.linear_bias else 0)
     return (layer_params(model) - replicated) / tp + replicated
 

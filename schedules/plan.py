@@ -82,6 +82,7 @@ MODEL_LIMITS = {
     "hidden_size": 1 << 20,
     "num_heads": 1 << 16,
     "num_kv_heads": 1 << 16,
+    "head_dim": 1 << 14,
     "ffn_hidden_size": 1 << 22,
     "vocab_size": 1 << 24,
     "seq_len": 1 << 24,
@@ -152,6 +153,13 @@ class ModelConfig:
     """Sequence length s in tokens."""
     num_kv_heads: int = 0
     """Key/value heads (GQA when < num_heads); 0 in the file means num_heads."""
+    qk_norm: bool = False
+    """RMSNorm of every query and key head over its d channels before rotary (Qwen3, Megatron's
+    ``--qk-layernorm``): 2d parameters per layer and a norm pass over Q and K."""
+    head_dim: int = 0
+    """Width d of one attention head (Megatron's ``--kv-channels``, Hugging Face's ``head_dim``);
+    0 in the file means hidden_size / num_heads. Qwen3 and Gemma set it apart from h / a: the
+    query and output projections are then a*d wide, not h."""
     gated_mlp: bool = True
     """SwiGLU-style MLP with 3 matrices (True) or a GeLU MLP with 2 (False)."""
     tied_embeddings: bool = False
@@ -224,11 +232,16 @@ class ModelConfig:
             object.__setattr__(self, "gated_mlp", MLP_ACTIVATIONS[self.mlp_activation])
         _check_choice("model.position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
         _check_choice("model.norm", self.norm, NORMS)
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"model.hidden_size={self.hidden_size} is not divisible by "
-                f"model.num_heads={self.num_heads}"
-            )
+        if self.head_dim < 0:
+            raise ValueError(f"model.head_dim must be >= 0, got {self.head_dim}")
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"model.hidden_size={self.hidden_size} is not divisible by "
+                    f"model.num_heads={self.num_heads} (set model.head_dim for heads of another "
+                    "width)"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.num_kv_heads > self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"model.num_kv_heads={self.num_kv_heads} must divide "
@@ -258,9 +271,10 @@ class ModelConfig:
         return 1 if self.parallel_block else 2
 
     @property
-    def head_dim(self) -> int:
-        """Width of one attention head, h / a."""
-        return self.hidden_size // self.num_heads
+    def q_size(self) -> int:
+        """Width of the query projection and of the output projection's input, num_heads *
+        head_dim (h unless ``head_dim`` is set apart)."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:

@@ -94,7 +94,7 @@ def check_experts(model: ModelConfig, parallel: ParallelConfig, dp: int) -> None
         )
     if not data_parallel_kind(parallel).moe:
         raise ValueError(
-            f"MoE plans are simulated with data_parallel {' | '.join(kinds_where('moe'))}, got "
+            f"MoE plans are simulated with data_parallel {' | '.join(_moe_kinds())}, got "
             f"data_parallel={parallel.data_parallel!r}"
         )
     if model.num_experts % parallel.ep:
@@ -120,10 +120,27 @@ def check_experts(model: ModelConfig, parallel: ParallelConfig, dp: int) -> None
         )
 
 
+def _moe_kinds() -> tuple[str, ...]:
+    """The kinds MoE plans run with, FSDP as the FSDP2 it runs as."""
+    return tuple("fsdp2" if kind == "fsdp" else kind for kind in kinds_where("moe"))
+
+
+def torchtitan_experts(plan: Plan) -> Plan:
+    """An MoE plan under torch FSDP with expert parallelism and no ``etp``: torchtitan's experts
+    are not tensor-parallel unless told so (its ``expert_tensor_parallel_degree`` defaults to 1),
+    where Megatron's default is etp = tp."""
+    parallel = plan.parallel
+    fsdp = data_parallel_kind(parallel).torch_fsdp
+    if plan.model.num_experts and parallel.ep > 1 and not parallel.etp and fsdp:
+        return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, etp=1))
+    return plan
+
+
 def check_fsdp_experts(plan: Plan) -> None:
     """MoE under torch FSDP is simulated as torchtitan shards it (``apply_fsdp``): FSDP2 units
-    without pipelining, CPU offload or float8 all-gathers, and with ep = 1 the experts split
-    over TP like the rest (etp = tp), so that one shard group gathers the whole layer."""
+    without pipelining, CPU offload or float8 all-gathers; the experts either whole (etp 1, its
+    default under expert parallelism) or split like the rest of the layer (etp = tp, which ep = 1
+    needs, so that one shard group gathers the whole layer)."""
     parallel = plan.parallel
     if not plan.model.num_experts or not data_parallel_kind(parallel).torch_fsdp:
         return
@@ -131,7 +148,8 @@ def check_fsdp_experts(plan: Plan) -> None:
     if not parallel.fsdp2:
         raise ValueError(
             f"{what} is simulated as torchtitan's FSDP2 (fully_shard) units: set "
-            f"data_parallel: fsdp2 (got fsdp_version={parallel.fsdp_version})"
+            f"data_parallel: fsdp2 (got fsdp_version={parallel.fsdp_version or 'unset'}, FSDP1 "
+            "without pipelining)"
         )
     if parallel.pp > 1:
         raise ValueError(f"{what} is simulated without pipeline parallelism, got pp={parallel.pp}")
@@ -142,6 +160,12 @@ def check_fsdp_experts(plan: Plan) -> None:
     if plan.training.float8_all_gather:
         raise ValueError(
             f"{what} is simulated with bf16 all-gathers: set training.float8_all_gather false"
+        )
+    if parallel.expert_tp not in (1, parallel.tp):
+        raise ValueError(
+            f"{what} runs its experts whole or split like the rest of the layer (torchtitan's "
+            f"expert_tensor_parallel_degree 1 or tp): etp={parallel.expert_tp} must be 1 or "
+            f"tp={parallel.tp}"
         )
     if parallel.ep == 1 and parallel.expert_tp != parallel.tp:
         raise ValueError(
@@ -242,6 +266,7 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     """The plan with ``dp`` filled in, after checking every constraint against ``world_size``."""
     if world_size <= 0:
         raise ValueError(f"world size must be > 0, got {world_size}")
+    plan = torchtitan_experts(plan)
     parallel = plan.parallel
     dp = resolve_dp(parallel, world_size)
     check_model_split(plan.model, parallel)

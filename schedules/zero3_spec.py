@@ -162,6 +162,8 @@ def layer_submodules(
     tp: int = 1,
     fused: bool = False,
     parallel_block: bool = False,
+    q_size: int = 0,
+    qk_norm_params: int = 0,
 ) -> list[tuple[str, tuple[float, ...]]]:
     """A transformer layer's modules with direct parameters and their tensors on one TP rank.
 
@@ -169,12 +171,13 @@ def layer_submodules(
     post_attn_norm, fc1, fc2``); otherwise Hugging Face Llama's (``q_proj`` ... ``down_proj``).
     Column-parallel weights and biases are split ``tp`` ways; row-parallel weights too, their
     biases and the norms are replicated: the sizes sum to ``schedules.params.layer_params_per_gpu``.
-    A ``parallel_block`` has the input norm only.
+    A ``parallel_block`` has the input norm only. ``q_size``: the query width a*d (0: hidden);
+    ``qk_norm_params``: the query and key norms' weights (replicated), a module of their own.
 
     >>> layer_submodules(hidden=4, ffn=8, kv_size=2, gated=True, bias=False, norm_params=4)[1]
     ('q_proj', (16.0,))
     """
-    h, f = hidden, ffn
+    h, f, q = hidden, ffn, q_size or hidden
 
     def linear(rows: int, cols: int, column_parallel: bool) -> tuple[float, ...]:
         weight = rows * cols / tp
@@ -185,17 +188,19 @@ def layer_submodules(
     norm = (float(h), float(norm_params - h)) if norm_params > h else (float(norm_params),)
     num_in = 2 if gated else 1
     if fused:
-        attention = [("qkv", linear(h, h + 2 * kv_size, True)), ("dense", linear(h, h, False))]
+        attention = [("qkv", linear(h, q + 2 * kv_size, True)), ("dense", linear(q, h, False))]
         mlp = [("fc1", linear(h, num_in * f, True)), ("fc2", linear(f, h, False))]
     else:
         attention = [
-            ("q_proj", linear(h, h, True)),
+            ("q_proj", linear(h, q, True)),
             ("k_proj", linear(h, kv_size, True)),
             ("v_proj", linear(h, kv_size, True)),
-            ("o_proj", linear(h, h, False)),
+            ("o_proj", linear(q, h, False)),
         ]
         mlp = [("gate_proj", linear(h, f, True))] if gated else []
         mlp += [("up_proj", linear(h, f, True)), ("down_proj", linear(f, h, False))]
+    if qk_norm_params:
+        attention.append(("qk_norm", (float(qk_norm_params),)))
     second_norm = [] if parallel_block else [("post_attn_norm", norm)]
     return [("input_norm", norm), *attention, *second_norm, *mlp]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.params import norm_params
+from schedules.params import norm_params, qk_norm_params
 from schedules.plan import Plan
 from schedules.zero3_fetch import zero3_buffer_bytes
 from schedules.zero3_spec import Submodule, Zero3Rank, layer_submodules
@@ -47,6 +47,8 @@ def zero3_modules(plan: Plan) -> tuple[ModuleShape, ...]:
         hidden=h,
         ffn=model.ffn_hidden_size,
         kv_size=model.kv_size,
+        q_size=model.q_size,
+        qk_norm_params=qk_norm_params(model),
         gated=model.gated_mlp,
         bias=model.linear_bias,
         norm_params=norm_params(model),

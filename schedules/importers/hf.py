@@ -21,11 +21,13 @@ _HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
     "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox",
 }
 """Supported ``architectures`` entries and their ``model_type``."""
-_HF_KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32}
+_HF_KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32, "qwen3": 32, "qwen3_moe": 4}
 """``num_key_value_heads`` when absent (None: the query heads), from each config class."""
 
 
@@ -39,6 +41,7 @@ _HF_NOISE = frozenset({
     "summary_first_dropout", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
     "reorder_and_upcast_attn", "classifier_dropout", "output_attentions",
     "output_hidden_states", "return_dict", "is_decoder", "bad_words_ids", "rotary_pct",
+    "norm_topk_prob", "router_aux_loss_coef", "output_router_logits",
 })  # fmt: skip
 """Keys that change nothing a training step costs: token ids, initialisation, norm epsilons,
 the rotary base and scaling (the same kernels), inference caching (``use_cache``,
@@ -47,10 +50,10 @@ bookkeeping. Counted in the warning, not listed."""
 
 
 def model_from_hf_config(path: Path) -> Imported:
-    """The ``model`` section of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, GPT-2 or
-    GPT-NeoX); ``seq_len`` is ``max_position_embeddings`` (a warning says to override it). The
-    model is named by ``_name_or_path``, else by the folder holding ``config.json`` (a Hub
-    download's folder is the model's name), else by the file's stem."""
+    """The ``model`` section of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Qwen3,
+    Qwen3-MoE, GPT-2 or GPT-NeoX); ``seq_len`` is ``max_position_embeddings`` (a warning says to
+    override it). The model is named by ``_name_or_path``, else by the folder holding
+    ``config.json`` (a Hub download's folder is the model's name), else by the file's stem."""
     fields = _read(path, "Hugging Face config", _load_json, noise=_HF_NOISE)
     family, _ = _hf_family(fields)
     notes: list[str] = []
@@ -111,20 +114,20 @@ def _hf_seq_len(fields: _Fields, key: str, notes: list[str]) -> int:
 
 
 def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
-    """Llama, Mistral and Qwen2: gated SiLU MLP, RMSNorm, rotary positions."""
+    """Llama, Mistral, Qwen2 and Qwen3 (with its per-head QK norm, ``head_dim`` and, for
+    Qwen3-MoE, its experts): gated SiLU MLP, RMSNorm, rotary positions."""
     hidden, heads = fields.count("hidden_size"), fields.count("num_attention_heads")
     kv_default = _HF_KV_HEADS_DEFAULT[family]
     if not fields.has("num_key_value_heads") and kv_default is not None:
         notes.append(f"{fields.file}: num_key_value_heads absent: the config class's {kv_default}")
     kv_heads = fields.count("num_key_value_heads", kv_default, nullable=True) or heads
     head_dim = fields.get("head_dim", (int, type(None)), None)
-    if head_dim not in (None, hidden // heads):
-        notes.append(
-            f"{fields.file}: head_dim={head_dim} differs from hidden_size / num_attention_heads"
-            f" = {hidden // heads}, which the plan uses (ignored)"
-        )
+    if head_dim is not None and head_dim < 1:
+        raise ValueError(f"{fields.file}: head_dim must be >= 1, got {head_dim}")
+    if head_dim is None and family.startswith("qwen3"):
+        head_dim = 128  # Qwen3Config's default, whatever hidden_size / num_attention_heads is
     window = _hf_sliding_window(fields, family)
-    if window and family == "qwen2":  # Qwen2Config.layer_types: layers i >= max_window_layers
+    if window and family != "mistral":  # Qwen2Config.layer_types: layers i >= max_window_layers
         first = fields.get("max_window_layers", int, 28)
         if first >= fields.count("num_hidden_layers"):
             window = 0
@@ -134,7 +137,7 @@ def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
             )
         else:
             notes.append(
-                f"{fields.file}: Qwen2 slides its window on the layers from "
+                f"{fields.file}: Qwen slides its window on the layers from "
                 f"max_window_layers={first} on only; model.attention_window={window} applies it "
                 "to every layer"
             )
@@ -153,6 +156,28 @@ def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
         "linear_bias": _hf_llama_bias(fields, family, notes),
         "dropout": fields.get("attention_dropout", float, 0.0) > 0,
         **({"attention_window": window} if window else {}),
+        **({"head_dim": head_dim} if head_dim not in (None, hidden // heads) else {}),
+        **({"qk_norm": True} if family.startswith("qwen3") else {}),
+        **(_hf_qwen3_moe(fields) if family == "qwen3_moe" else {}),
+    }
+
+
+def _hf_qwen3_moe(fields: _Fields) -> dict[str, Any]:
+    """Qwen3-MoE's experts (``Qwen3MoeSparseMoeBlock``): ``num_experts`` routed experts of width
+    ``moe_intermediate_size``, ``num_experts_per_tok`` per token, no shared expert; every layer
+    sparse when ``decoder_sparse_step`` is 1 and ``mlp_only_layers`` is empty (the other patterns,
+    layer i sparse when (i + 1) % step == 0, are not a plan's ``moe_layer_freq``)."""
+    step = fields.get("decoder_sparse_step", int, 1)
+    dense = fields.get("mlp_only_layers", list, [])
+    if step != 1 or dense:
+        raise ValueError(
+            f"{fields.file}: decoder_sparse_step={step} with mlp_only_layers={shorten(dense)}: "
+            "only every layer sparse (1 and []) is read"
+        )
+    return {
+        "num_experts": fields.count("num_experts"),
+        "moe_top_k": fields.count("num_experts_per_tok"),
+        "moe_ffn_hidden_size": fields.count("moe_intermediate_size"),
     }
 
 
@@ -189,10 +214,11 @@ def _hf_llama_bias(fields: _Fields, family: str, notes: list[str]) -> bool:
 
 def _hf_sliding_window(fields: _Fields, family: str) -> int:
     """``model.attention_window``: Mistral's ``sliding_window`` (default 4096; null: none), or
-    Qwen2's where ``use_sliding_window`` is true (its config keeps the key unused otherwise);
-    0: none."""
+    Qwen2's and Qwen3's where ``use_sliding_window`` is true (its config keeps the key unused
+    otherwise); 0: none."""
     window = None
-    if family == "mistral" or (family == "qwen2" and fields.get("use_sliding_window", bool, False)):
+    qwen = family in ("qwen2", "qwen3", "qwen3_moe")
+    if family == "mistral" or (qwen and fields.get("use_sliding_window", bool, False)):
         window = fields.get("sliding_window", (int, type(None)), 4096)
     if window is not None and window < 0:
         raise ValueError(f"{fields.file}: sliding_window must be >= 0, got {window}")

@@ -49,6 +49,7 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--num-query-groups": int,
     "--ffn-hidden-size": int,
     "--kv-channels": int,
+    "--qk-layernorm": bool,
     "--seq-length": int,
     "--max-position-embeddings": int,
     "--swiglu": bool,
@@ -341,8 +342,8 @@ def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any
     elif flags.get("--num-query-groups") is not None:
         notes.append(f"{flags.file}: --num-query-groups without --group-query-attention (ignored)")
     kv_channels = flags.get("--kv-channels")
-    if kv_channels not in (None, hidden // heads):
-        notes.append(f"{flags.file}: --kv-channels {kv_channels} is not hidden/heads (ignored)")
+    if kv_channels is not None and kv_channels < 1:
+        raise ValueError(f"{flags.file}: --kv-channels must be >= 1, got {kv_channels}")
     activation = _megatron_activation(flags, notes)
     default_ffn = int(4 * hidden * 2 / 3 / 64) * 64 if activation == "swiglu" else 4 * hidden
     model = {
@@ -354,6 +355,8 @@ def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any
         "ffn_hidden_size": flags.get("--ffn-hidden-size", default_ffn),
         "vocab_size": _megatron_vocab(flags, notes),
         "seq_len": seq_len,
+        **({"head_dim": kv_channels} if kv_channels not in (None, hidden // heads) else {}),
+        **({"qk_norm": True} if flags.get("--qk-layernorm") else {}),
         "mlp_activation": activation,
         "norm": {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}[
             flags.get("--normalization", "LayerNorm")

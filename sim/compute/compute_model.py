@@ -85,7 +85,7 @@ kernel on H100: "most shapes are within 90-100% of tensor-wise efficiency, but t
 tail going down to 50%" (pytorch/pytorch#147971, February 2025, after the tile heuristics of
 pytorch/pytorch#134781); the lower edge of that bulk. The backward GEMMs of those recipes run
 cuBLAS's tensorwise kernel (torchao ``addmm_float8_unwrapped``): no factor."""
-IN_STEP_SLOWDOWN = {"ampere": 0.117, "hopper": 0.201}
+IN_STEP_SLOWDOWN = {"ampere": 0.117, "hopper": 0.204}
 """Fraction by which the kernels of a multi-GPU training job run longer than the isolated curves
 say, per GPU generation (``GPUSpec.family``): a fitted factor, not a mechanism. Every published
 multi-GPU run is slower than the kernel curves, from 8 GPUs to 3,072 and on every source, while

@@ -68,7 +68,7 @@ LANE_MEANINGS = {
     "cp": "context-parallel K/V exchange",
     "ep": "expert-parallel token all-to-all",
     "etp": "expert tensor-parallel collectives",
-    "edp": "expert data-parallel gradients",
+    "edp": "expert data-parallel (gradients; FSDP2: parameters too)",
     "tpep": "token exchange over expert-TP x EP",
     "pp": "pipeline sends and receives",
     "dp": "data-parallel gradients and parameter gathers",

@@ -250,7 +250,6 @@ def fsdp2_programs(
     step: StepDescription, costs: StepCosts, compute: ComputeModel, ranks: tuple[int, ...]
 ) -> list[Program]:
     """Programs of ``ranks`` for an FSDP2 / HSDP-over-FSDP2 plan without pipelining."""
-    plan = step.plan
     units = fsdp2_units(step, costs, compute)
     norm_group = step.grad_norm_group
     programs = []
@@ -260,7 +259,6 @@ def fsdp2_programs(
             rank=rank,
             num_microbatches=step.num_microbatches,
             units=units,
-            forward_prefetch_explicit=is_moe(plan.model) and plan.parallel.ep > 1,
             groups=groups,
             grad_norm_group=norm_group,
             optimizer_s=optimizer_time_s(step, compute, 0),

@@ -97,8 +97,8 @@ def candidate_layouts(
     eps = _expert_degrees(plan, space, gpus_per_node)
     kinds = space.data_parallel
     if plan.model.num_experts:  # the kinds MoE layers are simulated with (FSDP as FSDP2)
-        moe = kinds_where("moe")
-        kinds = tuple(k for k in kinds if ("fsdp" if k == FSDP2_ALIAS else k) in moe) or kinds
+        moe = tuple(FSDP2_ALIAS if k == "fsdp" else k for k in kinds_where("moe"))
+        kinds = tuple(k for k in kinds if k in moe) or kinds
     for tp, pp, cp, ep, kind, mbs, recompute in itertools.product(
         tps, pps, space.cp, eps, kinds, space.micro_batch_size, recomputes
     ):

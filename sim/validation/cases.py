@@ -458,6 +458,9 @@ def _model_section(model: dict[str, Any], missing: list[str]) -> dict[str, Any]:
             missing.append(f"model.{key} ({model.get(key)})")
         section[key] = value
     section["num_kv_heads"] = as_integer(model.get("num_kv_heads")) or section["num_heads"]
+    for key in ("head_dim", "qk_norm"):  # heads of another width than h / a; Qwen3's QK norm
+        if key in model:
+            section[key] = model[key]
     section.update(parse_architecture(model))
     for key in MOE_MODEL_KEYS:  # mixture-of-experts runs carry the plan's own keys
         if key in model:

@@ -53,15 +53,17 @@ def megatron_core_flops_per_step(
     ffn_hidden_size: float,
     gated_mlp: bool,
     causal: bool = False,
+    query_size: int = 0,
 ) -> float:
     """Megatron-Core ``num_floating_point_operations`` (model FLOPs, non-causal attention).
 
-    12 B s l h^2 [(1 + g/a + s/h) + (ffn/h)(1.5 if gated) + V/(2 l h)], with the query projection
-    equal to the hidden size (as for every case here).
+    12 B s l h^2 [(1 + g/a + s/h) q/h + (ffn/h)(1.5 if gated) + V/(2 l h)], q the query
+    projection's width (``--kv-channels`` x heads; ``query_size`` 0: the hidden size).
     """
     b, s, layers, h, v = global_batch_size, seq_len, num_layers, hidden_size, vocab_size
     # Megatron-LM since 2025-03-06 (commit 8873b55d) halves the score term for the causal mask.
     attention = 1.0 + num_kv_heads / num_heads + s / (2 * h if causal else h)
+    attention *= (query_size or h) / h
     mlp = (ffn_hidden_size / h) * (1.5 if gated_mlp else 1.0)
     return 12.0 * b * s * layers * h**2 * (attention + mlp + v / (2.0 * layers * h))
 
@@ -131,6 +133,7 @@ def _flops_from_definition(case: dict[str, Any]) -> tuple[float, str] | None:
             ffn_hidden_size=_active_ffn(model, ffn, shape["num_layers"]),
             gated_mlp="swiglu" in str(model.get("arch") or "").lower(),
             causal="halved for the causal mask" in definition,
+            query_size=heads * (as_integer(model.get("head_dim")) or 0),
         )
         return flops, "Megatron-Core num_floating_point_operations"
     return None

@@ -159,7 +159,7 @@ def test_mistral_defaults_and_sliding_window(tmp_path: Path) -> None:
         )
     )
     assert qwen.sections["model"]["attention_window"] == 131072
-    assert any(w.startswith("config.json: Qwen2 slides its window") for w in qwen.warnings)
+    assert any(w.startswith("config.json: Qwen slides its window") for w in qwen.warnings)
 
 
 def test_gpt2_config_json(tmp_path: Path) -> None:
@@ -224,7 +224,7 @@ def test_gpt_neox_parallel_residual_is_a_parallel_block(tmp_path: Path) -> None:
     [
         ({"architectures": ["BertModel"]}, "config.json: architectures ['BertModel'] is not "
          "supported; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-         "GPT2LMHeadModel, GPTNeoXForCausalLM"),
+         "Qwen3ForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel, GPTNeoXForCausalLM"),
         ({"model_type": "t5"}, "config.json: model_type 't5' is not supported"),
         ({**QWEN25_7B, "hidden_size": "3584"},
          "config.json: hidden_size must be an integer, got '3584'"),

@@ -213,6 +213,11 @@ def test_expert_states_shard_over_expert_data_parallel() -> None:
             {"data_parallel": "fsdp2", "tp": 2, "sequence_parallel": True, "etp": 1},
             "etp=1 must equal tp=2",
         ),
+        (
+            TINY,
+            {"data_parallel": "fsdp2", "tp": 4, "sequence_parallel": True, "etp": 2, "ep": 2},
+            "etp=2 must be 1 or tp=4",
+        ),
         ({**TINY, "num_experts": 0}, {"ep": 2}, "need an MoE model"),
         ({**TINY, "moe_top_k": 9}, {}, "moe_top_k=9"),
         ({**TINY, "moe_imbalance": 0.5}, {}, "moe_imbalance=0.5"),
@@ -295,3 +300,23 @@ def test_a_run_of_layers_is_priced_at_its_mean_load() -> None:
     # every layer at or below chance: the lowest share, priced at chance
     calm = dataclasses.replace(plan.whatif, moe_layer_imbalance=((0, 1.0), (1, 1.05)))
     assert mean_hottest(dataclasses.replace(plan, whatif=calm), [0, 1]) == 1.0
+
+
+def test_fsdp2_experts_are_whole_unless_told_and_float8_gathers_are_refused() -> None:
+    """torchtitan's expert_tensor_parallel_degree defaults to 1: unset, etp is 1 under FSDP2
+    with EP (Megatron's default, tp, elsewhere), so each of the 16 GPUs of a TP-2 stage holds
+    whole experts, its edp spanning tp x dp / ep = 4 GPUs."""
+    tp2 = {"tp": 2, "sequence_parallel": True, "ep": 4}
+    titan = plan_of(TINY, {**tp2, "data_parallel": "fsdp2"}, gpus=16)
+    megatron = plan_of(TINY, {**tp2, "data_parallel": "distributed_optimizer"}, gpus=16)
+    assert (titan.parallel.expert_tp, megatron.parallel.expert_tp) == (1, 2)
+    assert expert_data_parallel(titan.parallel) == 4
+    raw = {
+        "model": TINY,
+        "cluster": {"node": "dgx-h100", "num_nodes": 1},
+        "parallel": {"ep": 2, "data_parallel": "fsdp2"},
+        "training": {"micro_batch_size": 2, "global_batch_size": 64, "precision": "fp8",
+                     "stack": "compile", "float8_all_gather": True},
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"set training\.float8_all_gather false"):
+        resolve_plan(load_plan(raw), 8)

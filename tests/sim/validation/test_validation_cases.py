@@ -402,15 +402,15 @@ def test_simulable_case_count_per_source() -> None:
         if mapping.simulable:
             counts[mapping.source] = counts.get(mapping.source, 0) + 1
     # Table 1 (10) + Table 2 ZeRO-3 (6); Table 5 (8) + 530B on 2240 GPUs (2); NeMo (12);
-    # Mixtral 8x7B and 8x22B (2); torchtitan 2024-12 Tables 1-6 (18: Tables 1-4's 9, Table 2's
-    # three CP rows, Table 5's two PP schedules, Table 6's four rows at 405B), asynchronous TP (8),
-    # H200 (2);
+    # Mixtral 8x7B, 8x22B and Qwen3-235B-A22B (3); torchtitan 2024-12 Tables 1-6 (18: Tables
+    # 1-4's 9, Table 2's three CP rows, Table 5's two PP schedules, Table 6's four rows at
+    # 405B), asynchronous TP (8), H200 (2);
     # Megatron-Bridge Llama 3 70B and 3.1 405B (2)
     assert counts == {
         "narayanan21": 16,
         "korthikanti22": 10,
         "nemo2407": 12,
-        "mcoremoe": 2,
+        "mcoremoe": 3,
         "torchtitan": 28,
         "mbridge": 2,
     }
