@@ -38,9 +38,10 @@ def _attention_core_bytes(
 
 def _tp_split_bytes(model: ModelConfig, num_tokens: float) -> float:
     """Terms inside the TP region: Q, K, V, projection input, MLP hidden (sharded by t); Q and
-    the projection input are ad wide (h unless ``head_dim`` is set apart)."""
+    the projection input are ad wide (h unless ``head_dim`` is set apart); with ``qk_norm`` the
+    norm keeps its input too, Q and K before it."""
     q, f, kv = model.q_size, model.ffn_hidden_size, model.kv_size
-    q_k_v = ACTIVATION_BYTES * (q + 2 * kv)
+    q_k_v = ACTIVATION_BYTES * (q + 2 * kv + (q + kv if model.qk_norm else 0))
     projection_in = ACTIVATION_BYTES * q
     mlp_hidden = ACTIVATION_BYTES * (3 * f if model.gated_mlp else 2 * f)
     return num_tokens * (q_k_v + projection_in + mlp_hidden)

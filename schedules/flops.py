@@ -80,9 +80,10 @@ def window_pairs_fraction(seq_len: float, window: float) -> float:
 
 
 def attention_core_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:
-    """QK^T and AV: 2 * 2bs^2 ad = 4bs^2h (ad = h unless ``head_dim`` is set apart), halved when
-    ``causal`` (only the lower triangle); with a sliding window (``model.attention_window``) only
-    the products inside it (``window_pairs_fraction``), or, counted ``causal=False``, s x W."""
+    """QK^T and AV: 2 * 2bs^2 ad (4bs^2h where ad = h, unless ``head_dim`` is set apart),
+    halved when ``causal`` (only the lower triangle); with a sliding window
+    (``model.attention_window``) only the products inside it (``window_pairs_fraction``), or,
+    counted ``causal=False``, s x W."""
     s, q = model.seq_len, model.q_size
     full = 2 * gemm_flops(micro_batch_size * s, s, q)
     window = model.attention_window

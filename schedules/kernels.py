@@ -566,7 +566,7 @@ class AttentionShape:
     seq_kv: float
     """Key/value tokens attended to, s (context parallelism passes all of them around)."""
     head_dim: float
-    """h / a."""
+    """d: h / a unless ``model.head_dim`` sets it apart."""
 
 
 def attention_shape(plan: Plan) -> AttentionShape:

@@ -888,6 +888,9 @@ def plan_key_names() -> tuple[str, ...]:
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as a mapping that ``load_plan`` reads back to an equal plan."""
     out: dict[str, Any] = {s: dataclasses.asdict(getattr(plan, s)) for s in _SECTIONS}
+    model = plan.model
+    if model.head_dim * model.num_heads == model.hidden_size:  # the default: stays with the heads
+        out["model"]["head_dim"] = 0
     out.update({k: getattr(plan, k) for k in _TOP_LEVEL_SCALARS if getattr(plan, k)})
     if plan.whatif:
         out["whatif"] = plan.whatif.to_dict()

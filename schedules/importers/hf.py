@@ -124,10 +124,10 @@ def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
     head_dim = fields.get("head_dim", (int, type(None)), None)
     if head_dim is not None and head_dim < 1:
         raise ValueError(f"{fields.file}: head_dim must be >= 1, got {head_dim}")
-    if head_dim is None and family.startswith("qwen3"):
+    if head_dim is None and family == "qwen3":
         head_dim = 128  # Qwen3Config's default, whatever hidden_size / num_attention_heads is
     window = _hf_sliding_window(fields, family)
-    if window and family != "mistral":  # Qwen2Config.layer_types: layers i >= max_window_layers
+    if window and family in ("qwen2", "qwen3"):  # Qwen2Config.layer_types: i >= max_window_layers
         first = fields.get("max_window_layers", int, 28)
         if first >= fields.count("num_hidden_layers"):
             window = 0
@@ -156,7 +156,7 @@ def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
         "linear_bias": _hf_llama_bias(fields, family, notes),
         "dropout": fields.get("attention_dropout", float, 0.0) > 0,
         **({"attention_window": window} if window else {}),
-        **({"head_dim": head_dim} if head_dim not in (None, hidden // heads) else {}),
+        **({"head_dim": head_dim} if head_dim is not None and head_dim * heads != hidden else {}),
         **({"qk_norm": True} if family.startswith("qwen3") else {}),
         **(_hf_qwen3_moe(fields) if family == "qwen3_moe" else {}),
     }
@@ -168,7 +168,7 @@ def _hf_qwen3_moe(fields: _Fields) -> dict[str, Any]:
     sparse when ``decoder_sparse_step`` is 1 and ``mlp_only_layers`` is empty (the other patterns,
     layer i sparse when (i + 1) % step == 0, are not a plan's ``moe_layer_freq``)."""
     step = fields.get("decoder_sparse_step", int, 1)
-    dense = fields.get("mlp_only_layers", list, [])
+    dense = fields.get("mlp_only_layers", (list, type(None)), []) or []
     if step != 1 or dense:
         raise ValueError(
             f"{fields.file}: decoder_sparse_step={step} with mlp_only_layers={shorten(dense)}: "

@@ -355,7 +355,7 @@ def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any
         "ffn_hidden_size": flags.get("--ffn-hidden-size", default_ffn),
         "vocab_size": _megatron_vocab(flags, notes),
         "seq_len": seq_len,
-        **({"head_dim": kv_channels} if kv_channels not in (None, hidden // heads) else {}),
+        **({"head_dim": kv_channels} if kv_channels and kv_channels * heads != hidden else {}),
         **({"qk_norm": True} if flags.get("--qk-layernorm") else {}),
         "mlp_activation": activation,
         "norm": {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}[

@@ -126,11 +126,15 @@ def experts_lines(plan: Plan) -> list[str]:
     shared = ", shared experts" if model.moe_shared_expert_ffn_hidden_size else ""
     capacity = model.moe_capacity_factor
     dropping = "dropless" if capacity is None else f"capacity factor {capacity:g} (padded)"
+    exchange = f"{par.moe_token_dispatcher} dispatcher"  # Megatron-Core's
+    if not megatron_moe(plan):  # PyTorch expert parallelism (torchtitan's token dispatch)
+        exchange = "tokens by " + ("all-to-all" if par.moe_token_dispatcher == "alltoall" else
+                                   "all-gather")  # fmt: skip
     return [
         _row(
             "  experts",
             f"{model.num_experts} routed (top-{model.moe_top_k}){shared}, ep={par.ep} "
-            f"etp={par.expert_tp}, {par.moe_token_dispatcher} dispatcher{_fusions(plan)}, "
+            f"etp={par.expert_tp}, {exchange}{_fusions(plan)}, "
             f"{dropping}, busiest expert {_hottest(plan)}{_chance(plan)}",
         ),
         _row(

@@ -170,3 +170,59 @@ def test_zero3_modules_hold_every_parameter_of_a_wide_headed_layer() -> None:
         )  # fmt: skip
         total = sum(sum(tensors) for _, tensors in modules)
         assert total == layer_params_per_gpu(model, 2)
+
+
+def test_hf_head_width_defaults_follow_each_config_class(tmp_path: Path) -> None:
+    """Qwen3Config defaults head_dim to 128; Qwen3MoeConfig has none and its attention takes
+    hidden / heads; a head width that does not divide the hidden size is kept as given."""
+    moe = {k: v for k, v in QWEN3_30B_A3B.items() if k != "head_dim"}
+    read = model_from_hf_config(_write(tmp_path, "config.json", moe)).sections["model"]
+    assert "head_dim" not in read and read["hidden_size"] // read["num_heads"] == 64
+    dense = {**moe, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
+    dense = {k: v for k, v in dense.items() if not k.startswith(("moe_", "num_experts"))}
+    assert (
+        model_from_hf_config(_write(tmp_path, "d.json", dense)).sections["model"]["head_dim"] == 128
+    )
+    odd = {**QWEN3_30B_A3B, "hidden_size": 2050, "mlp_only_layers": None}
+    assert (
+        model_from_hf_config(_write(tmp_path, "o.json", odd)).sections["model"]["head_dim"] == 128
+    )
+
+
+def test_an_exported_plan_keeps_the_default_head_width_tied_to_the_heads() -> None:
+    from schedules.plan import plan_to_dict
+
+    dense = plan_of({**WIDE, "head_dim": 0})
+    assert plan_to_dict(dense)["model"]["head_dim"] == 0
+    wide = plan_of(WIDE)
+    assert plan_to_dict(wide)["model"]["head_dim"] == 32
+    assert load_plan(plan_to_dict(wide)) == wide
+
+
+def test_qk_norm_keeps_its_input_for_the_backward() -> None:
+    plain, normed = plan_of(WIDE).model, plan_of({**WIDE, "qk_norm": True}).model
+    tokens = 2 * 128
+    extra = layer_activation_bytes(normed, 2, tp=2, recompute="selective") - (
+        layer_activation_bytes(plain, 2, tp=2, recompute="selective")
+    )
+    assert extra == tokens * 2 * (128 + 64) / 2  # Q and K before the norm, split over TP
+
+
+def test_megatron_core_flops_count_the_query_width() -> None:
+    """The model zoo's Qwen3-235B-A22B row: 24.2 s and 200 TFLOP/s per GPU on 256 GPUs agree
+    only with the 8,192-wide query (Megatron-Core ``num_floating_point_operations``)."""
+    from sim.validation.measured import megatron_core_flops_per_step
+
+    shape = dict(
+        global_batch_size=2048, seq_len=4096, num_layers=94, hidden_size=4096,
+        vocab_size=151936, num_heads=64, num_kv_heads=4, ffn_hidden_size=8 * 1536,
+        gated_mlp=True, causal=True,
+    )  # fmt: skip
+    wide = megatron_core_flops_per_step(**shape, query_size=64 * 128)
+    assert wide / 256 / 24.2 / 1e12 == pytest.approx(200, rel=0.005)
+    narrow = megatron_core_flops_per_step(**shape)
+    tokens = 2048 * 4096
+    # the attention linears and scores scale with the query: (1 + g/a + s/2h) x 12 B s l h^2
+    assert wide - narrow == pytest.approx(
+        12 * tokens * 94 * 4096**2 * (1 + 4 / 64 + 4096 / 8192) * (8192 / 4096 - 1)
+    )

@@ -142,6 +142,7 @@ def test_every_example_plan_resolves_on_its_cluster() -> None:
         "llama3-70b-256xh100.yaml",
         "llama3-8b-ddp-8xh100.yaml",
         "mixtral-8x7b-ep8-64xh100.yaml",
+        "qwen3-30b-a3b-fsdp2-16xh100.yaml",
         "small-zb.yaml",
     ]
     expected_dp = {
@@ -151,6 +152,7 @@ def test_every_example_plan_resolves_on_its_cluster() -> None:
         "llama3-70b": 16,
         "llama3-8b": 8,
         "mixtral-8x7b": 16,
+        "qwen3-30b-a3b": 16,
     }
     for name in names:
         plan = load_plan(EXAMPLES / name)

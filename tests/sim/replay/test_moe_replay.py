@@ -320,6 +320,8 @@ def test_torchtitan_expert_parallelism_exchanges_counts_and_syncs(ep: int, syncs
         ({"ep": 4, "tp": 2, "sequence_parallel": True, "moe_token_dispatcher": "allgather"},
          {"moe_capacity_factor": 1.5},
          "allgather dispatcher (router unfused), capacity factor 1.5 (padded)"),
+        ({"ep": 8, "data_parallel": "fsdp2"}, {},
+         "ep=8 etp=1, tokens by all-to-all (a host sync per layer's forward), dropless"),
     ],
 )  # fmt: skip
 def test_report_names_the_moe_mechanisms_it_prices(
