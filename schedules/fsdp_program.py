@@ -54,6 +54,36 @@ class FsdpUnits:
     """Work before the layers in forward and after them in backward (first stage)."""
     head: ChunkWork = NO_WORK
     """Work after the layers in forward and before them in backward (last stage)."""
+    moe_units: frozenset[int] = frozenset()
+    """The chunk's mixture-of-experts layers (0-based in the chunk): they run ``moe_layer`` and
+    gather ``moe_param_bytes`` over the shard group plus ``expert_param_bytes`` over ``edp``."""
+    moe_layer: ChunkWork = NO_WORK
+    """One MoE layer's recipes."""
+    moe_param_bytes: float = 0.0
+    """All-gather output of an MoE unit's parameters sharded over the unit's group (all of them
+    without expert parallelism; with it, all but the routed experts)."""
+    moe_grad_bytes: float = 0.0
+    """Reduce-scatter input of those."""
+    expert_param_bytes: float = 0.0
+    """All-gather output of an MoE unit's routed experts over ``edp`` (expert parallelism), after
+    the rest of the unit's on the same stream."""
+    expert_grad_bytes: float = 0.0
+    """Their reduce-scatter input over ``edp``."""
+
+    def recipes(self, unit: int) -> ChunkWork:
+        """The recipes of layer unit ``unit``."""
+        return self.moe_layer if unit in self.moe_units else self.layer
+
+    def sizes(self, unit: int) -> tuple[float, float, float, float]:
+        """(param, grad, expert param, expert grad) bytes of layer unit ``unit``."""
+        if unit in self.moe_units:
+            return (
+                self.moe_param_bytes,
+                self.moe_grad_bytes,
+                self.expert_param_bytes,
+                self.expert_grad_bytes,
+            )
+        return self.unit_param_bytes, self.unit_grad_bytes, 0.0, 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -276,19 +306,19 @@ class FsdpStages:
 
 def _pass_parts(units: FsdpUnits, kind: str) -> list[tuple[int, tuple[Step, ...]]]:
     """(unit, recipe) in execution order for a pass kind; ROOT parts are embedding/head work."""
-    layer, n = units.layer, units.num_units
+    n = units.num_units
     if kind == "F":
         return [
             (ROOT, units.embed.forward),
-            *((u, layer.forward) for u in range(n)),
+            *((u, units.recipes(u).forward) for u in range(n)),
             (ROOT, units.head.forward),
         ]
     if kind == "W":
-        return [(u, layer.backward_weight) for u in range(n - 1, -1, -1)]
+        return [(u, units.recipes(u).backward_weight) for u in range(n - 1, -1, -1)]
     field_name = "backward" if kind == "B" else "backward_input"
     return [
         (ROOT, getattr(units.head, field_name)),
-        *((u, getattr(layer, field_name)) for u in range(n - 1, -1, -1)),
+        *((u, getattr(units.recipes(u), field_name)) for u in range(n - 1, -1, -1)),
         (ROOT, getattr(units.embed, field_name)),
     ]
 
@@ -345,18 +375,26 @@ class FsdpPipelineState:
         self, step: Pass, gathers: list[int], marks: list[tuple[str, int]], deps: tuple[int, ...]
     ) -> Callable[[int], list[int]]:
         """Issue AG(g) and prefetch AG(next) where g's compute starts; RS where grads are ready."""
-        issued: dict[int, int | None] = {}
+        issued: dict[int, list[int]] = {}
         units = self.stages.chunks[step.chunk]
         tag = f"{step}"
 
         def issue(unit: int) -> None:
             if unit in issued:
                 return
-            size = units.root_param_bytes if unit == ROOT else units.unit_param_bytes
-            name = f"AG {'root' if unit == ROOT else f'u{unit}'} {tag}"
-            issued[unit] = self.b.collective(
-                name, "dp", "all_gather", size, deps=self.b.after_compute(*deps)
-            )
+            if unit == ROOT:
+                size, experts = units.root_param_bytes, 0.0
+            else:
+                size, _, experts, _ = units.sizes(unit)
+            label = "root" if unit == ROOT else f"u{unit}"
+            ready = self.b.after_compute(*deps)
+            index = self.b.collective(f"AG {label} {tag}", "dp", "all_gather", size, deps=ready)
+            issued[unit] = [] if index is None else [index]
+            if experts > 0:  # an MoE unit's routed experts, next on the all-gather stream
+                after = tuple(issued[unit]) or ready
+                name = f"AG {label} experts {tag}"
+                expert = self.b.collective(name, "edp", "all_gather", experts, deps=after)
+                issued[unit] += [] if expert is None else [expert]
 
         def on_mark(i: int) -> list[int]:
             what, unit = marks[i]
@@ -367,8 +405,7 @@ class FsdpPipelineState:
             issue(unit)
             if position + 1 < len(gathers):
                 issue(gathers[position + 1])
-            index = issued[unit]
-            return [] if index is None else [index]
+            return list(issued[unit])
 
         return on_mark
 
@@ -382,9 +419,18 @@ class FsdpPipelineState:
 
     def _reduce_unit(self, chunk: int, unit: int, tag: str, waits: list[int]) -> list[int]:
         units = self.stages.chunks[chunk]
-        size = units.root_grad_bytes if unit == ROOT else units.unit_grad_bytes
+        size, experts = units.root_grad_bytes, 0.0
+        if unit != ROOT:
+            _, size, _, experts = units.sizes(unit)
         label = f"{'root' if unit == ROOT else f'u{unit}'} c{chunk}" + (f" {tag}" if tag else "")
-        return reduce_unit(self.b, label, size, waits)
+        issued = reduce_unit(self.b, label, size, waits)
+        if experts > 0:  # the routed experts' over edp, next on the reduce-scatter stream
+            deps = tuple(issued[:1]) or self.b.after_compute(*waits)
+            expert = self.b.collective(
+                f"RS {label} experts", "edp", "reduce_scatter", experts, deps=deps
+            )
+            issued += [] if expert is None else [expert]
+        return issued
 
     def reduce_grad(self, chunk: int, waits: list[int]) -> None:
         """Every unit's reduce-scatter after the chunk's last backward, root then layers in

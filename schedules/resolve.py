@@ -138,9 +138,9 @@ def torchtitan_experts(plan: Plan) -> Plan:
 
 def check_fsdp_experts(plan: Plan) -> None:
     """MoE under torch FSDP is simulated as torchtitan shards it (``apply_fsdp``): FSDP2 units
-    without pipelining, CPU offload or float8 all-gathers; the experts either whole (etp 1, its
-    default under expert parallelism) or split like the rest of the layer (etp = tp, which ep = 1
-    needs, so that one shard group gathers the whole layer)."""
+    (under pipelining too), without CPU offload or float8 all-gathers; the experts either whole
+    (etp 1, its default under expert parallelism) or split like the rest of the layer (etp = tp,
+    which ep = 1 needs, so that one shard group gathers the whole layer)."""
     parallel = plan.parallel
     if not plan.model.num_experts or not data_parallel_kind(parallel).torch_fsdp:
         return
@@ -151,8 +151,6 @@ def check_fsdp_experts(plan: Plan) -> None:
             f"data_parallel: fsdp2 (got fsdp_version={parallel.fsdp_version or 'unset'}, FSDP1 "
             "without pipelining)"
         )
-    if parallel.pp > 1:
-        raise ValueError(f"{what} is simulated without pipeline parallelism, got pp={parallel.pp}")
     if parallel.offload_param != "none":
         raise ValueError(
             f"{what} is simulated without CPU offload, got offload_param={parallel.offload_param!r}"

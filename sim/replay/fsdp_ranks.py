@@ -11,17 +11,19 @@ pipeline program (``schedules.fsdp_program.FsdpStages``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from schedules.actions import ChunkWork, Program, Step
 from schedules.arithmetic import layer_params_per_gpu
 from schedules.float8 import layer_gather_bytes
 from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
-from schedules.fsdp_program import FsdpRank, FsdpStages, FsdpUnits, fsdp_program
+from schedules.fsdp_program import NO_WORK, FsdpRank, FsdpStages, FsdpUnits, fsdp_program
 from schedules.moe import expert_params_per_gpu, is_moe, is_moe_layer, mean_hottest, with_hottest
 from schedules.offload import RankOffload
 from schedules.params import embedding_params_per_gpu, moe_layer_params_per_gpu
 from schedules.plan import Plan
-from schedules.step import StepDescription
+from schedules.stages import chunk_first_layer
+from schedules.step import ChunkDescription, StepDescription
 from sim.compute.compute_model import ComputeModel
 from sim.replay.recipes import (
     StepCosts,
@@ -77,8 +79,16 @@ def sharded_groups(step: StepDescription, rank: int, *extra: str) -> dict[str, t
     return groups
 
 
-def fsdp_stages(step: StepDescription, costs: StepCosts, stage: int) -> FsdpStages:
-    """The FSDP2 units of every chunk of pipeline rank ``stage`` (one unit per layer + root)."""
+def fsdp_stages(
+    step: StepDescription,
+    costs: StepCosts,
+    stage: int,
+    chunk_costs: Callable[[ChunkDescription], StepCosts] | None = None,
+) -> FsdpStages:
+    """The FSDP2 units of every chunk of pipeline rank ``stage`` (one unit per layer + root). An
+    MoE layer is a unit of its own kind (``FsdpUnits.moe_units``): its recipes at the chunk's
+    costs (``chunk_costs``: a per-layer imbalance what-if's mean over the chunk), its routed
+    experts under expert parallelism gathered and reduced over ``edp``."""
     plan = step.plan
     par = plan.parallel
     recipes = layer_recipes(plan, costs, 1)
@@ -90,11 +100,28 @@ def fsdp_stages(step: StepDescription, costs: StepCosts, stage: int) -> FsdpStag
     )
     per_param = step.reduce_bytes_per_param
     unit_params = layer_params_per_gpu(plan.model, par.tp)
+    model = plan.model
+    moe_params = moe_layer_params_per_gpu(model, par) if is_moe(model) else unit_params
+    experts = expert_params_per_gpu(model, par) if is_moe(model) and par.ep > 1 else 0.0
     chunks = []
     for chunk in step.stages[stage].chunks:
         num_units = chunk.num_layers
         x = pass_extras(plan, costs, first=chunk.first, last=chunk.last)
         root_params = chunk.params - unit_params * num_units
+        root_params -= (moe_params - unit_params) * chunk.num_moe_layers
+        first = chunk_first_layer(par, model.num_layers, chunk.vstage)
+        moe_units = frozenset(u for u in range(num_units) if is_moe_layer(model, first + u))
+        moe_layer = NO_WORK
+        if moe_units:  # at the chunk's mean busiest-expert factor, as its pipeline work
+            variant = with_hottest(plan, chunk.moe_hottest)
+            moe_costs = costs if chunk_costs is None else chunk_costs(chunk)
+            moe_recipes = layer_recipes(variant, moe_costs, 1, 1)
+            moe_layer = ChunkWork(
+                forward=moe_recipes["F"],
+                backward=moe_recipes["B"],
+                backward_input=moe_recipes["Bi"],
+                backward_weight=moe_recipes["W"],
+            )
         chunks.append(
             FsdpUnits(
                 num_units=num_units,
@@ -105,6 +132,12 @@ def fsdp_stages(step: StepDescription, costs: StepCosts, stage: int) -> FsdpStag
                 root_grad_bytes=root_params * per_param,
                 embed=_extra_work(x["fwd_pre"], x["bwd_post"]),
                 head=_extra_work(x["fwd_post"], x["bwd_pre"]),
+                moe_units=moe_units,
+                moe_layer=moe_layer,
+                moe_param_bytes=(moe_params - experts) * 2.0,
+                moe_grad_bytes=(moe_params - experts) * per_param,
+                expert_param_bytes=experts * 2.0,
+                expert_grad_bytes=experts * per_param,
             )
         )
     return FsdpStages(

@@ -104,7 +104,7 @@ def pipeline_programs(
         s.stage: tuple(_chunk_work(step, chunk_costs(c), c) for c in s.chunks) for s in step.stages
     }
     fsdp = step.kind.gathers_units
-    stages = {r: fsdp_stages(step, costs, r) for r in range(par.pp)} if fsdp else {}
+    stages = {r: fsdp_stages(step, costs, r, chunk_costs) for r in range(par.pp)} if fsdp else {}
     programs = []
     for rank in ranks:
         coords = layout.coords(rank)

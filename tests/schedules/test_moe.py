@@ -200,11 +200,6 @@ def test_expert_states_shard_over_expert_data_parallel() -> None:
         (TINY, {"ep": 2, "data_parallel": "fsdp"}, "set data_parallel: fsdp2"),
         (
             TINY,
-            {"ep": 2, "data_parallel": "fsdp2", "pp": 2},
-            "without pipeline parallelism, got pp=2",
-        ),
-        (
-            TINY,
             {"ep": 2, "data_parallel": "fsdp2", "offload_param": "cpu"},
             "without CPU offload, got offload_param='cpu'",
         ),

@@ -433,3 +433,41 @@ def test_fsdp2_prices_each_moe_layer_at_its_own_imbalance() -> None:
     per_layer = dataclasses.replace(plan, whatif=parse_flags([f"moe_imbalance={every}"]))
     wide = dataclasses.replace(plan, whatif=parse_flags(["moe_imbalance=1.5"]))
     assert simulate_plan(per_layer).step_time_s == pytest.approx(simulate_plan(wide).step_time_s)
+
+
+def test_fsdp2_under_pipelining_gathers_every_moe_parameter_once_per_stage() -> None:
+    """FSDP2 units inside torch.distributed.pipelining, the first layer dense: each stage's first
+    forward gathers its whole share, the MoE units' rest over all 16 GPUs of the stage's group
+    and their experts over edp, the root and the dense layer as before; the experts' gradients
+    are reduce-scattered over edp once per step (REDUCE_GRAD)."""
+    plan = resolve_plan(
+        load_plan(
+            {
+                "model": {**MODEL, "moe_first_dense_layers": 1},
+                "cluster": {"node": "dgx-h100", "num_nodes": 4},
+                "parallel": {"pp": 2, "ep": 8, "data_parallel": "fsdp2"},
+                "training": {"micro_batch_size": 1, "global_batch_size": 32, "stack": "compile"},
+            }
+        ),
+        32,
+    )
+    step = describe_step(plan, gpus_per_node=8)
+    compute = ComputeModel(GPUS["h100-sxm"])
+    experts = 3 * 1024 * 1408
+    for program in build_programs(step, compute, ranks=(0, 16)):
+        stage = 0 if program.rank == 0 else 1
+        gathers = [
+            a for a in program.actions if isinstance(a, Collective) and a.op == "all_gather"
+            and a.name.endswith(" F0")
+        ]  # fmt: skip
+        assert sum(a.size_bytes for a in gathers) == pytest.approx(step.stages[stage].params * 2)
+        edp = [a for a in gathers if a.group == "edp"]
+        assert {a.size_bytes for a in edp} == {experts * 2}
+        assert len(edp) == step.stages[stage].chunks[0].num_moe_layers
+        scatters = [
+            a for a in program.actions
+            if isinstance(a, Collective) and a.op == "reduce_scatter" and a.group == "edp"
+        ]  # fmt: skip
+        assert [a.size_bytes for a in scatters] == [experts * 4] * len(edp)
+    folded = simulate_plan(plan)
+    assert folded.step_time_s == pytest.approx(simulate_plan(plan, fold=False).step_time_s)
