@@ -298,7 +298,7 @@ class FsdpStages:
     (torch 2.13's ``REDUCE_GRAD``)."""
     reduce_before_send: bool = False
     """Run every unit's post-backward after the chunk's last backward but before its send, each
-    making the compute stream wait for the previous unit's reduce-scatter (torch before
+    making the compute stream wait for the previous FSDP group's reduce-scatter (torch before
     ``REDUCE_GRAD``, read at 2.6.0: ``backward_maybe_with_nosync``'s ``run_post_backward``;
     ``FSDPParamGroup.post_backward`` waits on ``reduce_scatter_state.event``); plan key
     ``parallel.fsdp_pp_reduce: before_send``."""
@@ -332,6 +332,10 @@ class FsdpPipelineState:
         self.sharded = [True] * len(stages.chunks)
         self.root_gathered = [False] * len(stages.chunks)
         self.reduced: list[int] = []
+        self.expert_gather: tuple[int, ...] = ()
+        """The last routed experts' all-gather: the next one on the all-gather stream follows it."""
+        self.expert_scatter: tuple[int, ...] = ()
+        """The last routed experts' reduce-scatter: the next one on its stream follows it."""
 
     def _gathers(self, chunk: int, kind: str) -> list[int]:
         """Units this pass must all-gather, in the order their compute needs them."""
@@ -387,14 +391,16 @@ class FsdpPipelineState:
             else:
                 size, _, experts, _ = units.sizes(unit)
             label = "root" if unit == ROOT else f"u{unit}"
-            ready = self.b.after_compute(*deps)
+            ready = self.b.after_compute(*deps, *self.expert_gather)  # one all-gather stream
             index = self.b.collective(f"AG {label} {tag}", "dp", "all_gather", size, deps=ready)
             issued[unit] = [] if index is None else [index]
             if experts > 0:  # an MoE unit's routed experts, next on the all-gather stream
                 after = tuple(issued[unit]) or ready
                 name = f"AG {label} experts {tag}"
                 expert = self.b.collective(name, "edp", "all_gather", experts, deps=after)
-                issued[unit] += [] if expert is None else [expert]
+                if expert is not None:
+                    issued[unit].append(expert)
+                    self.expert_gather = (expert,)
 
         def on_mark(i: int) -> list[int]:
             what, unit = marks[i]
@@ -423,13 +429,15 @@ class FsdpPipelineState:
         if unit != ROOT:
             _, size, _, experts = units.sizes(unit)
         label = f"{'root' if unit == ROOT else f'u{unit}'} c{chunk}" + (f" {tag}" if tag else "")
-        issued = reduce_unit(self.b, label, size, waits)
+        issued = reduce_unit(self.b, label, size, [*waits, *self.expert_scatter])  # one stream
         if experts > 0:  # the routed experts' over edp, next on the reduce-scatter stream
-            deps = tuple(issued[:1]) or self.b.after_compute(*waits)
+            deps = tuple(issued[:1]) or self.b.after_compute(*waits, *self.expert_scatter)
             expert = self.b.collective(
                 f"RS {label} experts", "edp", "reduce_scatter", experts, deps=deps
             )
-            issued += [] if expert is None else [expert]
+            if expert is not None:
+                issued.append(expert)
+                self.expert_scatter = (expert,)
         return issued
 
     def reduce_grad(self, chunk: int, waits: list[int]) -> None:
@@ -441,10 +449,14 @@ class FsdpPipelineState:
         units = self.stages.chunks[chunk]
         previous: tuple[str, list[int]] = ("", [])
         for unit in (ROOT, *range(units.num_units)):
-            name, issued = previous
-            if self.stages.reduce_before_send and issued:
-                wait = Compute(name=f"wait RS {name} c{chunk}", duration_s=0.0, deps=(issued[0],))
+            name, events = previous
+            if self.stages.reduce_before_send and events:
+                wait = Compute(name=f"wait RS {name} c{chunk}", duration_s=0.0, deps=tuple(events))
                 self.b.add(wait)
             issued = self._reduce_unit(chunk, unit, "", waits)
             self.reduced += issued
-            previous = ("root" if unit == ROOT else f"u{unit}", issued)
+            # the group's reduce-scatter event (recorded before HSDP's all-reduce); an MoE unit's
+            # experts are an FSDP group of their own, reduced after the rest
+            experts = unit != ROOT and units.sizes(unit)[3] > 0 and len(issued) > 1
+            events = issued[-1:] if experts else issued[:1]
+            previous = ("root" if unit == ROOT else f"u{unit}", events)

@@ -471,3 +471,28 @@ def test_fsdp2_under_pipelining_gathers_every_moe_parameter_once_per_stage() -> 
         assert [a.size_bytes for a in scatters] == [experts * 4] * len(edp)
     folded = simulate_plan(plan)
     assert folded.step_time_s == pytest.approx(simulate_plan(plan, fold=False).step_time_s)
+
+
+def test_fsdp2_under_pipelining_queues_expert_collectives_on_the_streams() -> None:
+    """One all-gather stream and one reduce-scatter stream: each unit's collectives follow the
+    previous unit's experts'; before the send (``fsdp_pp_reduce: before_send``) the compute
+    stream waits for the previous FSDP group's reduce-scatter, an MoE unit's experts' last."""
+    plan = resolve_plan(
+        load_plan(
+            {
+                "model": MODEL,
+                "cluster": {"node": "dgx-h100", "num_nodes": 4},
+                "parallel": {"pp": 2, "ep": 8, "data_parallel": "fsdp2",
+                             "fsdp_pp_reduce": "before_send"},
+                "training": {"micro_batch_size": 1, "global_batch_size": 32, "stack": "compile"},
+            }
+        ),
+        32,
+    )  # fmt: skip
+    compute = ComputeModel(GPUS["h100-sxm"])
+    (program,) = build_programs(describe_step(plan, gpus_per_node=8), compute, ranks=(16,))
+    actions = program.actions
+    index = {a.name: i for i, a in enumerate(actions)}
+    assert index["AG u0 experts F0"] in actions[index["AG u1 F0"]].deps
+    assert index["RS u0 c0 experts"] in actions[index["RS u1 c0"]].deps
+    assert actions[index["wait RS u0 c0"]].deps == (index["RS u0 c0 experts"],)
