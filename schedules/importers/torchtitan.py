@@ -1,7 +1,8 @@
 """The ``model``, ``parallel`` and ``training`` sections of a torchtitan TOML config (v0.1-v0.2):
-Llama 3 flavors as presets, the parallel degrees and data-parallel kind (DDP, FSDP2, HSDP), the
-pipeline schedule and torchtitan's layer split, async TP, activation checkpointing, the batch,
-precision and compilation, with torchtitan's defaults for absent keys.
+Llama 3 and Qwen3 flavors as presets, the parallel degrees (the expert-parallel ones of an MoE
+model too) and data-parallel kind (DDP, FSDP2, HSDP), the pipeline schedule and torchtitan's
+layer split, async TP, activation checkpointing, the batch, precision and compilation, with
+torchtitan's defaults for absent keys.
 
 Sources: torchtitan v0.2.2, the last release configured by TOML
 (``torchtitan/config/job_config.py``, ``models/llama3/__init__.py`` and
@@ -24,6 +25,14 @@ from schedules.plan import CP_ROTATE_METHODS, FLOAT8_RECIPES
 
 _TITAN_FLAVORS = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
 """torchtitan's llama3 flavors (models/llama3/__init__.py) and the presets of the same shape."""
+_TITAN_QWEN3_FLAVORS = {
+    "8B": "qwen3-8b",
+    "32B": "qwen3-32b",
+    "30B-A3B": "qwen3-30b-a3b",
+    "235B-A22B": "qwen3-235b-a22b",
+}
+"""torchtitan's qwen3 flavors (v0.2.2 ``models/qwen3/__init__.py``: heads of 128, QK norm; the
+MoE ones with 128 experts, top-8) and the presets of the same shape."""
 _TITAN_SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved", "GPipe": "gpipe"}
 """torch.distributed.pipelining schedules the plan has; 1F1B and GPipe are single-stage."""
 _TITAN_OLD_PARALLEL_KEYS = frozenset({
@@ -76,6 +85,7 @@ def from_torchtitan_toml(path: Path, *, world_size: int | None = None) -> Import
     compile_t = fields.sub("compile")
     compiled = _titan_compiled(compile_t, training_t)
     parallel, dp = _titan_parallel(parallel_t, training_t, num_layers, compiled, notes, world_size)
+    parallel.update(_titan_experts(parallel_t, preset, notes))
     recompute = _titan_recompute(fields.sub("activation_checkpoint"), notes)
     if recompute:
         parallel["recompute"] = recompute
@@ -128,6 +138,12 @@ def _titan_parallelism_table(fields: _Fields, training: _Fields, notes: list[str
 
 def _titan_preset(model: _Fields, notes: list[str]) -> str | None:
     name, flavor = model.get("name", str, "llama3"), model.get("flavor", str, "debugmodel")
+    if name == "qwen3":
+        if flavor not in _TITAN_QWEN3_FLAVORS:
+            why = f"{shorten(flavor)} has no preset: give model's shape"
+            notes.append(model.note("flavor", why))
+            return None
+        return _TITAN_QWEN3_FLAVORS[flavor]
     if name != "llama3":
         notes.append(model.note("name", f"{shorten(name)} has no preset: give model's shape"))
         return None
@@ -194,6 +210,23 @@ def _titan_parallel(
             "context_parallel_rotate_method", CP_ROTATE_METHODS, "allgather"
         )
     return parallel, dp
+
+
+def _titan_experts(par: _Fields, preset: str | None, notes: list[str]) -> dict[str, Any]:
+    """``expert_parallel_degree`` and ``expert_tensor_parallel_degree`` (torchtitan: 1 or tp;
+    both "no effect for non-MoE models"): ``ep`` and ``etp`` on an MoE preset or a model given by
+    shape, ignored with a note on a dense preset."""
+    ep = par.get("expert_parallel_degree", int, 1)
+    etp = par.get("expert_tensor_parallel_degree", int, 1)
+    for key, value in (("expert_parallel_degree", ep), ("expert_tensor_parallel_degree", etp)):
+        if value < 1:
+            raise ValueError(f"{par.file}: parallelism.{key} must be >= 1, got {value}")
+    if ep == 1:
+        return {}
+    if preset is not None and not MODEL_PRESETS[preset][0].get("num_experts"):
+        notes.append(par.note("expert_parallel_degree", f"on the dense {preset} (ignored)"))
+        return {}
+    return {"ep": ep, "etp": etp}
 
 
 def _titan_leftover(file: str, world_size: int, others: int) -> int:

@@ -1080,3 +1080,28 @@ def test_megatron_pad_to_capacity_needs_a_capacity_factor(tmp_path: Path) -> Non
         "m.sh: --moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (Megatron "
         "refuses it without one)"
     )
+
+
+def test_torchtitan_qwen3_flavors_and_expert_parallel_degrees(tmp_path: Path) -> None:
+    """torchtitan v0.2.2's qwen3 flavors map to the Qwen3 presets; expert_parallel_degree and
+    expert_tensor_parallel_degree become ep and etp on an MoE model and, as torchtitan says,
+    change nothing on a dense one."""
+    moe = (
+        '[model]\nname = "qwen3"\nflavor = "30B-A3B"\n[training]\nlocal_batch_size = 2\n'
+        "seq_len = 4096\n[parallelism]\nexpert_parallel_degree = 8\n"
+        "expert_tensor_parallel_degree = 1\n"
+    )
+    imported = from_torchtitan_toml(_write(tmp_path, "moe.toml", moe), world_size=16)
+    assert imported.sections["model"]["preset"] == "qwen3-30b-a3b"
+    assert (imported.sections["parallel"]["ep"], imported.sections["parallel"]["etp"]) == (8, 1)
+    raw, _ = merge_sections({"cluster": {"node": "dgx-h100", "num_nodes": 2}}, imported)
+    plan = _resolved(raw, 16)
+    assert (plan.model.head_dim, plan.model.num_experts, plan.parallel.ep) == (128, 128, 8)
+    dense = moe.replace('"30B-A3B"', '"8B"')
+    imported = from_torchtitan_toml(_write(tmp_path, "dense.toml", dense), world_size=16)
+    assert "ep" not in imported.sections["parallel"]
+    assert any("expert_parallel_degree on the dense qwen3-8b" in w for w in imported.warnings)
+    small = moe.replace('"30B-A3B"', '"0.6B"')
+    imported = from_torchtitan_toml(_write(tmp_path, "small.toml", small), world_size=16)
+    assert "preset" not in imported.sections["model"]
+    assert any("model.flavor '0.6B' has no preset" in w for w in imported.warnings)
