@@ -20,7 +20,7 @@ from schedules.data_parallel.registry import (
 from schedules.float8 import check_float8
 from schedules.kernels import kernel_stack, torch_async_tp, torch_ddp_step
 from schedules.pipeline_schedules import pipeline_schedule
-from schedules.plan import ModelConfig, ParallelConfig, Plan
+from schedules.plan import FSDP2_ALIAS, ModelConfig, ParallelConfig, Plan
 from schedules.stages import check_stage_split
 
 
@@ -94,7 +94,7 @@ def check_experts(model: ModelConfig, parallel: ParallelConfig, dp: int) -> None
         )
     if not data_parallel_kind(parallel).moe:
         raise ValueError(
-            f"MoE plans are simulated with data_parallel {' | '.join(_moe_kinds())}, got "
+            f"MoE plans are simulated with data_parallel {' | '.join(moe_kinds())}, got "
             f"data_parallel={parallel.data_parallel!r}"
         )
     if model.num_experts % parallel.ep:
@@ -120,9 +120,9 @@ def check_experts(model: ModelConfig, parallel: ParallelConfig, dp: int) -> None
         )
 
 
-def _moe_kinds() -> tuple[str, ...]:
-    """The kinds MoE plans run with, FSDP as the FSDP2 it runs as."""
-    return tuple("fsdp2" if kind == "fsdp" else kind for kind in kinds_where("moe"))
+def moe_kinds() -> tuple[str, ...]:
+    """The ``data_parallel`` values MoE plans run with, FSDP as the FSDP2 it runs as."""
+    return tuple(FSDP2_ALIAS if kind == "fsdp" else kind for kind in kinds_where("moe"))
 
 
 def torchtitan_experts(plan: Plan) -> Plan:

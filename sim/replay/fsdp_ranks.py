@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from schedules.actions import ChunkWork, Program, Step
 from schedules.arithmetic import layer_params_per_gpu
+from schedules.data_parallel.units import root_params_per_gpu
 from schedules.float8 import layer_gather_bytes
 from schedules.fsdp2_program import Fsdp2Rank, Fsdp2Unit, fsdp2_program
 from schedules.fsdp_program import NO_WORK, FsdpRank, FsdpStages, FsdpUnits, fsdp_program
@@ -90,19 +91,11 @@ def fsdp_stages(
     costs (``chunk_costs``: a per-layer imbalance what-if's mean over the chunk), its routed
     experts under expert parallelism gathered and reduced over ``edp``."""
     plan = step.plan
-    par = plan.parallel
-    recipes = layer_recipes(plan, costs, 1)
-    layer = ChunkWork(
-        forward=recipes["F"],
-        backward=recipes["B"],
-        backward_input=recipes["Bi"],
-        backward_weight=recipes["W"],
-    )
+    par, model = plan.parallel, plan.model
+    layer = _layer_work(layer_recipes(plan, costs, 1))
     per_param = step.reduce_bytes_per_param
-    unit_params = layer_params_per_gpu(plan.model, par.tp)
-    model = plan.model
-    moe_params = moe_layer_params_per_gpu(model, par) if is_moe(model) else unit_params
-    experts = expert_params_per_gpu(model, par) if is_moe(model) and par.ep > 1 else 0.0
+    unit_params = layer_params_per_gpu(model, par.tp)
+    moe_params, experts = moe_unit_params(plan)
     chunks = []
     for chunk in step.stages[stage].chunks:
         num_units = chunk.num_layers
@@ -115,13 +108,7 @@ def fsdp_stages(
         if moe_units:  # at the chunk's mean busiest-expert factor, as its pipeline work
             variant = with_hottest(plan, chunk.moe_hottest)
             moe_costs = costs if chunk_costs is None else chunk_costs(chunk)
-            moe_recipes = layer_recipes(variant, moe_costs, 1, 1)
-            moe_layer = ChunkWork(
-                forward=moe_recipes["F"],
-                backward=moe_recipes["B"],
-                backward_input=moe_recipes["Bi"],
-                backward_weight=moe_recipes["W"],
-            )
+            moe_layer = _layer_work(layer_recipes(variant, moe_costs, 1, 1))
         chunks.append(
             FsdpUnits(
                 num_units=num_units,
@@ -144,6 +131,27 @@ def fsdp_stages(
         chunks=tuple(chunks),
         reshard_after_forward=reshard_after_forward(plan),
         reduce_before_send=par.fsdp_pp_reduce == "before_send",
+    )
+
+
+def moe_unit_params(plan: Plan) -> tuple[float, float]:
+    """An MoE layer unit's parameters on one GPU (a dense layer's for a dense model), and of
+    those the routed experts that expert parallelism shards over ``edp`` instead of the unit's
+    group (0 without it: they are gathered with the rest)."""
+    model, par = plan.model, plan.parallel
+    if not is_moe(model):
+        return layer_params_per_gpu(model, par.tp), 0.0
+    experts = expert_params_per_gpu(model, par) if par.ep > 1 else 0.0
+    return moe_layer_params_per_gpu(model, par), experts
+
+
+def _layer_work(recipes: dict[str, tuple[Step, ...]]) -> ChunkWork:
+    """One layer's pass recipes as its ``ChunkWork``."""
+    return ChunkWork(
+        forward=recipes["F"],
+        backward=recipes["B"],
+        backward_input=recipes["Bi"],
+        backward_weight=recipes["W"],
     )
 
 
@@ -214,14 +222,11 @@ def fsdp2_units(
     x = pass_extras(plan, costs, first=True, last=True)
     reduce_bytes = step.reduce_bytes_per_param
     layer = layer_params_per_gpu(model, par.tp)
-    moe_layer = moe_layer_params_per_gpu(model, par) if is_moe(model) else layer
-    num_moe = sum(is_moe_layer(model, i) for i in range(model.num_layers))
-    root = step.stages[0].params - layer * model.num_layers - (moe_layer - layer) * num_moe
+    moe_layer, experts = moe_unit_params(plan)
+    root = root_params_per_gpu(plan, 0)
     embed = min(root, embedding_params_per_gpu(model, par.tp))
     layers_reshard = reshard_after_forward(plan)
     layer_gather = layer_gather_bytes(plan)
-    # under expert parallelism the routed experts have a shard group of their own
-    experts = expert_params_per_gpu(model, par) if is_moe(model) and par.ep > 1 else 0.0
 
     def unit(
         name: str,

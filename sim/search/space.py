@@ -20,11 +20,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from schedules.data_parallel.registry import data_parallel_kind, kinds_where
+from schedules.data_parallel.registry import data_parallel_kind
 from schedules.kernels import kernel_stack
 from schedules.memory import memory_per_gpu
-from schedules.plan import FSDP2_ALIAS, RECOMPUTE_MODES, Plan, load_plan, plan_to_dict
-from schedules.resolve import resolve_plan
+from schedules.plan import RECOMPUTE_MODES, Plan, load_plan, plan_to_dict
+from schedules.resolve import moe_kinds, resolve_plan
 
 DEFAULT_KINDS = ("ddp", "zero1", "distributed_optimizer", "fsdp2", "zero3")
 """Data-parallel kinds searched by default (``hsdp``, ``zero2`` and FSDP1 on request)."""
@@ -97,7 +97,7 @@ def candidate_layouts(
     eps = _expert_degrees(plan, space, gpus_per_node)
     kinds = space.data_parallel
     if plan.model.num_experts:  # the kinds MoE layers are simulated with (FSDP as FSDP2)
-        moe = tuple(FSDP2_ALIAS if k == "fsdp" else k for k in kinds_where("moe"))
+        moe = moe_kinds()
         kinds = tuple(k for k in kinds if k in moe) or kinds
     for tp, pp, cp, ep, kind, mbs, recompute in itertools.product(
         tps, pps, space.cp, eps, kinds, space.micro_batch_size, recomputes
