@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from comm_bench.compute import UsageError, detect_gpu_key, resolve_device
-from comm_bench.step_model import batch_of, build_model
+from comm_bench.step_model import batch_of, build_model, check_buildable
 from fileio.output import Target, check_output, write_bytes, write_text
 from schedules.activations import layer_activation_bytes, logits_bytes
 from schedules.memory import eager_saved_bytes
@@ -43,7 +43,7 @@ from schedules.params import embedding_params, layer_params, lm_head_params
 from schedules.plan import Plan, load_plan, plan_to_dict
 from topologies.hardware import GPUS
 from vocab.compute_calibration import STEP_SCHEMA
-from vocab.kernel_classes import CLASSES, busy_time_s, classify
+from vocab.kernel_classes import CLASSES, busy_time_s, classify, kernel_gap_s
 
 STATE_BYTES_PER_PARAM = 16
 """fp32 master weights and gradients, AdamW's two fp32 moments."""
@@ -246,11 +246,13 @@ def profile_step(
         for event, (start, end) in zip(kernels, intervals, strict=True):
             classes[classify(event.name)] += end - start
         busy_s, count = busy_time_s(intervals), len(kernels)
+        gap_s = kernel_gap_s(intervals)
     else:
         ops = [e for e in prof.key_averages() if e.key.startswith("aten::")]
         for op in ops:
             classes[classify(op.key)] += op.self_cpu_time_total / 1e6
         busy_s, count = sum(classes.values()), sum(op.count for op in ops)
+        gap_s = 0.0  # CPU operators run back to back on the host
     if trace_out is not None:
         write_bytes(trace_out, chrome_trace_bytes(prof, gzipped=trace_out.name.endswith(".gz")))
     return {
@@ -259,6 +261,7 @@ def profile_step(
         "idle_s": max(0.0, wall_s - busy_s),
         "wall_s": wall_s,
         "num_kernels": count,
+        "kernel_gap_s": gap_s,
     }
 
 
@@ -311,6 +314,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.plan.is_file():
         raise FileNotFoundError(f"plan file not found: {args.plan}")
     plan = load_plan(args.plan)
+    check_buildable(plan.model)
     if kind == "cpu":
         torch.set_num_threads(args.threads)
     layers = args.layers
@@ -426,6 +430,11 @@ def summary(result: dict[str, Any]) -> str:
             f"# wall per kernel launched {wall / kernels * 1e6:.1f} us (the host's launch cost "
             f"when the step is launch-bound: idle {profile['idle_s'] / wall:.0%})"
         )
+        if profile.get("kernel_gap_s"):
+            lines.append(
+                f"# gap between kernels {profile['kernel_gap_s'] * 1e6:.2f} us (the GPU's own, "
+                "while the host is ahead)"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -1,16 +1,19 @@
 """A plan's transformer in plain PyTorch, for timing real training steps (``commbench --step``).
 
 Built from the plan's ``model:`` section as the eager reference implementations are written
-(Llama / GPT in torchtitan and nanoGPT): token embedding (plus learned positions), per layer a
-norm, a fused QKV projection with grouped-query heads, rotary embeddings, causal
-``scaled_dot_product_attention``, the output projection, a residual add, a norm, a gated (SwiGLU /
-GeGLU) or plain (GeLU / ReLU) MLP and a residual add; then the final norm, the LM head (tied or
-not) and an fp32 cross-entropy. Recompute follows the plan: ``full`` checkpoints every layer,
-``selective`` the attention core (``torch.utils.checkpoint``, non-reentrant), ``op`` every layer
-under torchtitan's per-op policy (``_apply_op_sac``: the attention outputs and every other matmul
-output of the layer are saved, the rest recomputed; on this model's fused QKV and up projections
-that saves QKV and up and reruns only the output projection, where torchtitan's separate
-projections rerun wk, wo and w3).
+(Llama / Qwen3 / GPT in torchtitan and nanoGPT): token embedding (plus learned positions), per
+layer a norm, a fused QKV projection (or separate Q, K and V ones: ``separate_projections``) with
+grouped-query heads of width ``head_dim``, each query and key head normed (``qk_norm``), rotary
+embeddings, causal ``scaled_dot_product_attention``, the output projection, a residual add, a
+norm, a gated (SwiGLU / GeGLU) or plain (GeLU / ReLU) MLP and a residual add (a
+``parallel_block`` adds attention and MLP of one normed input together); then the final norm,
+the LM head (tied or not) and an fp32 cross-entropy. Recompute follows the plan: ``full``
+checkpoints every layer, ``selective`` the attention core (``torch.utils.checkpoint``,
+non-reentrant), ``op`` every layer under torchtitan's per-op policy (``_apply_op_sac``: the
+attention outputs and every other matmul output of the layer are saved, the rest recomputed; on
+fused QKV and up projections that saves QKV and up and reruns only the output projection, on
+separate ones, as torchtitan's, it reruns wk, wo and w3). Mixture-of-experts
+layers, sliding-window attention and dropout are not built: ``check_buildable`` refuses them.
 
     model = build_model(plan.model, num_layers=4, recompute="none").to(device)
 """
@@ -88,7 +91,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    """Fused QKV, grouped-query causal attention, output projection."""
+    """QKV (fused or separate), grouped-query causal attention, output projection."""
 
     def __init__(self, model: ModelConfig, *, checkpoint_core: bool) -> None:
         super().__init__()
@@ -99,9 +102,18 @@ class Attention(nn.Module):
         )
         self.rope = model.position_embedding == "rope"
         self.checkpoint_core = checkpoint_core
-        width = model.hidden_size + 2 * model.kv_size
-        self.qkv = nn.Linear(model.hidden_size, width, bias=model.linear_bias)
-        self.out = nn.Linear(model.hidden_size, model.hidden_size, bias=model.linear_bias)
+        h, bias = model.hidden_size, model.linear_bias
+        self.widths = (model.q_size, model.kv_size, model.kv_size)
+        self.qkv: nn.Module | None = None
+        self.separate: nn.ModuleList | None = None
+        if model.separate_projections:
+            self.separate = nn.ModuleList(nn.Linear(h, width, bias=bias) for width in self.widths)
+        else:
+            self.qkv = nn.Linear(h, sum(self.widths), bias=bias)
+        # RMSNorms whatever the model's norm (Qwen3's; d weights each, as the plan counts)
+        self.q_norm = nn.RMSNorm(model.head_dim) if model.qk_norm else None
+        self.k_norm = nn.RMSNorm(model.head_dim) if model.qk_norm else None
+        self.out = nn.Linear(model.q_size, h, bias=bias)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.kv_heads != self.heads:
@@ -109,13 +121,20 @@ class Attention(nn.Module):
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.separate is not None:
+            return tuple(projection(x) for projection in self.separate)
+        assert self.qkv is not None
+        return self.qkv(x).split(self.widths, dim=-1)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q_width = self.heads * self.head_dim
-        kv_width = self.kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split((q_width, kv_width, kv_width), dim=-1)
-        q = q.view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._project(x)
+        q = q.view(batch, seq, self.heads, self.head_dim)
+        k = k.view(batch, seq, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:  # per head, before rotary
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.rope:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -123,40 +142,51 @@ class Attention(nn.Module):
             y = checkpoint(self._core, q, k, v, use_reentrant=False)
         else:
             y = self._core(q, k, v)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, q_width))
+        return self.out(y.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
 
 
 class Mlp(nn.Module):
-    """Gated (one 2f-wide up projection, split) or plain MLP."""
+    """Gated (one 2f-wide up projection split, or separate gate and up ones) or plain MLP."""
 
     def __init__(self, model: ModelConfig) -> None:
         super().__init__()
         self.gated = model.gated_mlp
         self.activation = model.activation
-        width = model.ffn_hidden_size * (2 if self.gated else 1)
-        self.up = nn.Linear(model.hidden_size, width, bias=model.linear_bias)
-        self.down = nn.Linear(model.ffn_hidden_size, model.hidden_size, bias=model.linear_bias)
+        h, f, bias = model.hidden_size, model.ffn_hidden_size, model.linear_bias
+        self.gate: nn.Linear | None = None
+        if self.gated and model.separate_projections:
+            self.gate, self.up = nn.Linear(h, f, bias=bias), nn.Linear(h, f, bias=bias)
+        else:
+            self.up = nn.Linear(h, f * (2 if self.gated else 1), bias=bias)
+        self.down = nn.Linear(f, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.up(x)
-        if self.gated:
-            gate, value = hidden.chunk(2, dim=-1)
-            act = F.silu(gate) if self.activation == "swiglu" else F.gelu(gate)
-            return self.down(act * value)
-        act = F.relu(hidden) if self.activation == "relu" else F.gelu(hidden)
-        return self.down(act)
+        if self.gate is not None:
+            gate, value = self.gate(x), self.up(x)
+        elif self.gated:
+            gate, value = self.up(x).chunk(2, dim=-1)
+        else:
+            hidden = self.up(x)
+            return self.down(F.relu(hidden) if self.activation == "relu" else F.gelu(hidden))
+        act = F.silu(gate) if self.activation == "swiglu" else F.gelu(gate)
+        return self.down(act * value)
 
 
 class Block(nn.Module):
-    """One pre-norm transformer layer."""
+    """One pre-norm transformer layer (attention then MLP, or both on one normed input)."""
 
     def __init__(self, model: ModelConfig, *, checkpoint_core: bool) -> None:
         super().__init__()
-        self.norm1, self.norm2 = _norm(model), _norm(model)
+        self.parallel = model.parallel_block
+        self.norm1 = _norm(model)
+        self.norm2 = None if self.parallel else _norm(model)
         self.attention = Attention(model, checkpoint_core=checkpoint_core)
         self.mlp = Mlp(model)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.norm2 is None:  # parallel block: both branches read one norm, added together
+            normed = self.norm1(x)
+            return x + self.attention(normed, cos, sin) + self.mlp(normed)
         x = x + self.attention(self.norm1(x), cos, sin)
         return x + self.mlp(self.norm2(x))
 
@@ -206,10 +236,27 @@ class Decoder(nn.Module):
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
+def check_buildable(model: ModelConfig) -> None:
+    """Refuse, with one line naming the key, a model this loop does not build (so nothing is
+    measured as something it is not)."""
+    unbuilt = (
+        ("num_experts", model.num_experts, "mixture-of-experts layers"),
+        ("attention_window", model.attention_window, "sliding-window attention"),
+        ("dropout", model.dropout, "dropout"),
+    )
+    for key, value, what in unbuilt:
+        if value:
+            raise ValueError(
+                f"model.{key}={value}: commbench --step does not build {what}; measure the "
+                f"model without it"
+            )
+
+
 def build_model(model: ModelConfig, *, num_layers: int, recompute: str) -> Decoder:
     """The plan's model with ``num_layers`` layers (a slice when fewer than the model has)."""
     if num_layers < 1:
         raise ValueError(f"--layers must be >= 1, got {num_layers}")
+    check_buildable(model)
     return Decoder(model, num_layers=num_layers, recompute=recompute)
 
 

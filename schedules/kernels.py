@@ -35,7 +35,7 @@ from schedules.float8 import (
 from schedules.flops import window_pairs_fraction
 from schedules.messages import ACTIVATION_COMM_BYTES, tp_branches_per_layer, tp_message_bytes
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
-from schedules.plan import Plan, num_microbatches
+from schedules.plan import ModelConfig, Plan, num_microbatches
 from schedules.stacks import kernel_stack, loss_compiled
 from schedules.transformer_engine import te_cast_bytes, te_recipe
 
@@ -412,7 +412,8 @@ def elementwise_forward_bytes(plan: Plan) -> float:
         residual += DROPOUT_MASK_BYTES
     norms = model.norms_per_layer * norm * stream
     if model.qk_norm:  # each query and key head normed over its d channels
-        norms += norm * tokens * (model.q_size + model.kv_size) / t
+        qk_norm = EAGER_QK_NORM["bytes"][0] if composite_qk_norm(plan) else norm
+        norms += qk_norm * qk_norm_elements(plan)
     residuals = 2 * residual * stream  # 2 adds (a parallel block adds its two branches in turn)
     rotary = 0.0
     if model.position_embedding == "rope":
@@ -423,6 +424,52 @@ def elementwise_forward_bytes(plan: Plan) -> float:
         # repeat_kv: K and V expanded to every query head (read kd, write ad, each)
         expand = 2 * ACTIVATION_BYTES * tokens * (model.kv_size + model.q_size) / t
     return norms + residuals + rotary + activation + expand
+
+
+def qk_norm_elements(plan: Plan) -> float:
+    """Query and key elements one GPU norms per layer and micro-batch (``model.qk_norm``)."""
+    model = plan.model
+    return _tokens(plan) * (model.q_size + model.kv_size) / plan.parallel.tp
+
+
+EAGER_QK_NORM = {"bytes": (40.0, 108.0), "launches": (16.0, 34.0)}
+"""Bytes per normed element (forward, backward) and launches per layer and micro-batch (both
+norms) of the query and key norms where torch runs ``rms_norm`` as its composite
+(``composite_qk_norm``): the fused kernel needs the input's dtype to equal the weight's, and
+under autocast over fp32 weights the bf16 projection meets an fp32 weight (torch warns: "Mismatch
+dtype between input and weight ... Cannot dispatch to fused implementation"). Counted op by op
+with a dispatch mode (tests/comm_bench/test_step_model.py): forward a cast to fp32 (2 + 4),
+``pow`` (4 + 4), ``mean`` (4), ``add_`` and ``rsqrt`` on the row statistics, two products
+(4 + 4 each) and the cast back (4 + 2) = 40; backward 16 passes, 108. Kernels on one H200
+(results/heldout5/probe_ce_qknorm.json, ``tools/kernel_probe.py --parts qk_norm``): 8 forward and
+17 backward per norm (a memset among them), 2.3-2.8 TB/s at these bytes; with bf16 weights the
+fused kernel runs instead (1 and 4 kernels). In results/heldout5's eager Qwen3-shaped steps the
+step held 2,800 more kernels than the plain RMSNorm would give (28 layers, 2 micro-batches)."""
+
+
+def composite_qk_norm(plan: Plan) -> bool:
+    """Whether the plan's query and key RMSNorms (Qwen3's, whatever the model's other norms)
+    run as torch's composite (``EAGER_QK_NORM``): eager, under autocast over fp32 weights (the
+    reference loop; bf16 weights and compiled steps fuse them)."""
+    return plan.model.qk_norm and kernel_stack(plan) == "eager" and autocast_weights(plan)
+
+
+def eager_qk_norm_launches(plan: Plan) -> dict[str, float]:
+    """``EAGER_QK_NORM``'s launches where the plan runs the composite norms, else none."""
+    if not composite_qk_norm(plan):
+        return {"forward": 0.0, "backward": 0.0}
+    forward, backward = EAGER_QK_NORM["launches"]
+    return {"forward": forward, "backward": backward}
+
+
+def elementwise_backward_bytes(plan: Plan, forward_bytes: float) -> float:
+    """Bytes of a layer's memory-bound backward: twice its forward's, the composite query and
+    key norms at their own count (``EAGER_QK_NORM``)."""
+    if not composite_qk_norm(plan):
+        return 2 * forward_bytes
+    qk_forward, qk_backward = EAGER_QK_NORM["bytes"]
+    elements = qk_norm_elements(plan)
+    return 2 * (forward_bytes - qk_forward * elements) + qk_backward * elements
 
 
 def eager_rotary_launches(plan: Plan) -> dict[str, float]:
@@ -472,15 +519,25 @@ def unfused_norm(plan: Plan) -> bool:
     )
 
 
+def norm_output_readers(model: ModelConfig) -> int:
+    """Linears of one layer that read a norm's output: the attention's input projection (three
+    with ``separate_projections``) and the MLP's (two, gate and up, when separate and gated)."""
+    attention = 3 if model.separate_projections else 1
+    mlp = 2 if model.separate_projections and model.gated_mlp else 1
+    return attention + mlp
+
+
 def norm_cast_bytes(plan: Plan) -> float:
-    """Bytes of one layer's casts of its fp32 norm outputs (two, one in a parallel block) to
-    bf16 per micro-batch on one
-    GPU (``FP32_RESIDUAL_BYTES``; their gradients are cast back in the backward); 0 where the
-    residual stream is bf16 or the casts are fused."""
+    """Bytes of one layer's casts of its fp32 norm outputs to bf16 per micro-batch on one GPU
+    (``FP32_RESIDUAL_BYTES``; their gradients are cast back in the backward): autocast casts the
+    input of every linear that reads a norm's output, each a copy of its own
+    (``norm_output_readers``: two in a fused layer, sequential or parallel, five with separate
+    gated projections; results/heldout5/traced's separate-projection step against its fused
+    twin); 0 where the residual stream is bf16 or the casts are fused."""
     if not autocast_weights(plan):
         return 0.0
     cast = FP32_RESIDUAL_BYTES[kernel_stack(plan)]["cast"]
-    return plan.model.norms_per_layer * cast * residual_stream_elements(plan)
+    return norm_output_readers(plan.model) * cast * residual_stream_elements(plan)
 
 
 def split_grad_bytes(plan: Plan) -> float:
@@ -763,6 +820,9 @@ def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, 
     shapes = [("k", tokens, kv / t, h), ("proj", tokens, h, plan.model.q_size / t)]
     if plan.model.gated_mlp:  # a plain MLP's fc2 output only feeds the residual: not rerun
         shapes.append(("fc1_up", tokens, f / t, h))
+    # every memory-bound kernel of the forward again, with the launches its code gives it
+    launches = eager_rotary_launches(plan)["forward"] + eager_qk_norm_launches(plan)["forward"]
+    elementwise = replace(memory("elementwise", elementwise_bytes), extra_launches=launches)
     if float8_recipe(plan, kernel_stack(plan)) is not None:
         return (
             *(
@@ -770,12 +830,12 @@ def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, 
                 for name, m, n, k in shapes
                 for kernel in _float8_linear(plan, name, (m, n, k), label=f"{name}_recompute")[0]
             ),
-            memory("elementwise", elementwise_bytes),
+            elementwise,
             *_sequence_copies(plan, "op_recompute"),
         )
     return (
         *(gemm(f"{name}_recompute", m, n, k, gemm_dtype) for name, m, n, k in shapes),
-        memory("elementwise", elementwise_bytes),
+        elementwise,
         *_sequence_copies(plan, "op_recompute"),
     )
 
@@ -1106,16 +1166,25 @@ def layer_kernels(plan: Plan) -> PieceKernels:
         else ()
     )
     norm_casts = norm_cast_bytes(plan)
+    # the launch ratio covers a fused layer's two casts; separate projections launch more
+    more_casts = max(norm_output_readers(plan.model) - 2, 0) if norm_casts else 0
     layout = attention_layout_bytes(plan)
     layouts = (memory("attention_layout", layout, "copy", converts=False),) if layout else ()
-    rotary = eager_rotary_launches(plan)
+    rotary, qk_norm = eager_rotary_launches(plan), eager_qk_norm_launches(plan)
     forward = (
         *casts,
         *gemms_forward,
         *core_forward,
         *layouts,
-        replace(memory("elementwise", elementwise_bytes), extra_launches=rotary["forward"]),
-        *((memory("norm_output_cast", norm_casts, "copy"),) if norm_casts else ()),
+        replace(
+            memory("elementwise", elementwise_bytes),
+            extra_launches=rotary["forward"] + qk_norm["forward"],
+        ),
+        *(
+            (replace(memory("norm_output_cast", norm_casts, "copy"), extra_launches=more_casts),)
+            if norm_casts
+            else ()
+        ),
         *_sequence_copies(plan, "forward"),
     )
     recompute = recompute_kernels(plan, forward, core_forward, elementwise_bytes)
@@ -1131,12 +1200,17 @@ def layer_kernels(plan: Plan) -> PieceKernels:
                 else ()
             ),
             replace(
-                memory("elementwise_backward", 2 * elementwise_bytes),
-                extra_launches=rotary["backward"],
+                memory("elementwise_backward", elementwise_backward_bytes(plan, elementwise_bytes)),
+                extra_launches=rotary["backward"] + qk_norm["backward"],
             ),
             *_sequence_copies(plan, "backward"),
             *(
-                (memory("norm_grad_cast", FP32_RESIDUAL_GRAD_CASTS * norm_casts, "copy"),)
+                (
+                    replace(
+                        memory("norm_grad_cast", FP32_RESIDUAL_GRAD_CASTS * norm_casts, "copy"),
+                        extra_launches=more_casts,
+                    ),
+                )
                 if norm_casts
                 else ()
             ),

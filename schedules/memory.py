@@ -51,7 +51,10 @@ from schedules.context_parallel import ring_buffer_bytes
 from schedules.data_parallel.registry import data_parallel_kind, offload_of, replica_group_size
 from schedules.kernels import (
     autocast_weights,
+    composite_qk_norm,
     kernel_stack,
+    norm_output_readers,
+    qk_norm_elements,
     residual_stream_elements,
     torch_ddp_step,
 )
@@ -168,6 +171,16 @@ def moe_layer_extra_bytes(plan: Plan) -> float:
     return moe_activation_bytes(plan) - ACTIVATION_BYTES * tokens * dense_hidden
 
 
+COMPOSITE_QK_NORM_SAVED_BYTES = 6
+"""Bytes per query and key element the composite QK norm (``schedules.kernels.EAGER_QK_NORM``)
+keeps beyond the fused count's bf16 input: its fp32 copy of the input (``pow`` and the product
+with the row statistics save it) and its fp32 normed output (the product with the weight saves
+it), 8 bytes in all, where the fused norm keeps the 2-byte input. Counted with saved-tensor hooks
+on one layer of ``commbench --step``'s model under autocast, with the norm and without (8.06
+bytes per element more: the row statistics are the rest). Selective recompute keeps them (the
+norms run outside the checkpointed core)."""
+
+
 def eager_saved_bytes(
     plan: Plan, *, recompute: str | None = None, moe_layer: bool = False
 ) -> float:
@@ -193,6 +206,14 @@ def eager_saved_bytes(
     - a gated MLP's unfused activation (``silu(gate) * up``) saves ``silu(gate)`` for the
       product's backward, beside the gate, the up projection and the product (f more; an MoE
       layer: its routed experts' width per expert token copy, and its shared experts').
+    - the composite QK norm of that loop (``COMPOSITE_QK_NORM_SAVED_BYTES``).
+    - with separate projections (or a parallel block) more linears read a norm's fp32 output
+      than there are norms, and under autocast each casts and keeps its own bf16 copy
+      (``schedules.kernels.norm_output_readers``); and each view SDPA keeps keeps only its own
+      projection's output (Q with learned positions, K with learned positions and no repeat, V
+      with no repeat), none under selective recompute. Counted with saved-tensor hooks against
+      the fused model for rope and learned positions, 2 and 8 K/V heads, no and selective
+      recompute: exact.
 
     Per token and layer, in elements, with recompute none: 2 (h - kd) with separate
     projections; in ``commbench --step``'s model with rope 3h - 2kd (grouped-query) or
@@ -216,28 +237,37 @@ def eager_saved_bytes(
         return 0.0
     h, kd = model.q_size, min(model.kv_size, model.q_size)  # h: the query width, ad
     grouped, rope = kd < h, model.position_embedding == "rope"
-    fused_qkv = autocast_weights(plan)  # commbench --step's model
+    step_loop = autocast_weights(plan)  # commbench --step's model
+    separate = model.separate_projections
     counted = h + 2 * kd  # Q, K and V in the fused count
     if recompute == "selective":
-        attention = h + kd if fused_qkv and rope else 0.0
-    elif not fused_qkv:
+        attention = h + kd if step_loop and rope and not separate else 0.0
+    elif not step_loop:
         attention = 2 * (h - kd)
     else:
-        view_kept = not rope or not grouped  # Q's view (learned) or V's view (no repeat)
+        if separate:  # each view SDPA keeps keeps its own projection's output only
+            kept = (0 if rope else h + (0 if grouped else kd)) + (0 if grouped else kd)
+        else:  # Q's view (learned) or V's view (no repeat) keeps the whole QKV output
+            kept = counted if not rope or not grouped else 0
         new_q = h if rope else 0
         new_k = h if grouped else (kd if rope else 0)
         new_v = h if grouped else 0
         output_copy = h if rope else 0
-        attention = (counted if view_kept else 0) + new_q + new_k + new_v - counted + output_copy
+        attention = kept + new_q + new_k + new_v - counted + output_copy
     tokens = plan.training.micro_batch_size * model.seq_len / parallel.cp
-    total = attention * tokens / parallel.tp
+    # under autocast each linear reading a norm's fp32 output casts and keeps its own bf16 copy
+    extra_casts = (norm_output_readers(model) - model.norms_per_layer) if step_loop else 0
+    total = attention * tokens / parallel.tp + extra_casts * residual_stream_elements(plan)
+    qk_norm = (
+        COMPOSITE_QK_NORM_SAVED_BYTES * qk_norm_elements(plan) if composite_qk_norm(plan) else 0
+    )
     if not model.gated_mlp:
-        return ACTIVATION_BYTES * total
+        return ACTIVATION_BYTES * total + qk_norm
     if not moe_layer:
-        return ACTIVATION_BYTES * (total + model.ffn_hidden_size * tokens / parallel.tp)
+        return ACTIVATION_BYTES * (total + model.ffn_hidden_size * tokens / parallel.tp) + qk_norm
     experts = expert_tokens(plan) * expert_width(model) / parallel.expert_tp
     shared = tokens * model.moe_shared_expert_ffn_hidden_size / parallel.tp
-    return ACTIVATION_BYTES * (total + experts + shared)
+    return ACTIVATION_BYTES * (total + experts + shared) + qk_norm
 
 
 def _per_layer_bytes(plan: Plan, stage: int) -> float:

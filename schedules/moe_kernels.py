@@ -24,6 +24,7 @@ from schedules.kernels import (
     PieceKernels,
     attention_core_kernels,
     dtypes,
+    elementwise_backward_bytes,
     elementwise_forward_bytes,
     gemm,
     kernel_stack,
@@ -194,7 +195,7 @@ def moe_layer_kernels(plan: Plan) -> PieceKernels:
                 for name, m, n, k, rows in named
             ),
             *core_backward,
-            memory("elementwise_backward", 2 * elementwise_bytes),
+            memory("elementwise_backward", elementwise_backward_bytes(plan, elementwise_bytes)),
             *permute_backward,
             *((memory("grad_cast", cast_bytes),) if cast_bytes else ()),
         ),

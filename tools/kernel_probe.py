@@ -24,6 +24,15 @@ Each part times real kernels with CUDA events and writes what it saw to one JSON
 - ``float8_gemm``: ``torch._scaled_mm`` with tensor-wise and row-wise scales, with and without
   fast accumulation, next to the bf16 GEMM, at the linear layers of Llama 3 8B and of 70B and
   405B under TP 8, in the forward, input-gradient and weight-gradient shapes.
+- ``cross_entropy``: the loss over bf16 logits, forward and backward, at language-model
+  vocabularies: Megatron-Core's unfused ``VocabParallelCrossEntropy`` on one rank (its passes
+  as ``megatron/core/tensor_parallel/cross_entropy.py`` writes them: an fp32 copy, the max, an
+  in-place subtraction, exp and division, the sum; backward an in-place product and the copy's
+  gradient cast back) and PyTorch's ``F.cross_entropy(logits.float())``; bytes per second at
+  ``CROSS_ENTROPY_IMPLS``' bytes per logit.
+- ``qk_norm``: ``nn.RMSNorm(head_dim)`` over a (batch, seq, heads, head_dim) bf16 projection,
+  with fp32 weights under autocast (the reference loop) and with bf16 weights, forward and
+  backward: milliseconds and kernels launched (profiler).
 
     python tools/kernel_probe.py --output probe.json [--sustained-s 40]
 """
@@ -364,9 +373,128 @@ def float8_gemm(tokens: int = 8192) -> list[dict[str, Any]]:
     return rows
 
 
+class _MegatronCrossEntropy(torch.autograd.Function):
+    """Megatron-Core's ``_VocabParallelCrossEntropy`` on one rank (its all-reduces are over one
+    rank: nothing), pass for pass."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        logits_max = torch.max(logits, dim=-1)[0]
+        logits -= logits_max.unsqueeze(dim=-1)
+        logits_2d = logits.view(-1, logits.size(-1))
+        arange_1d = torch.arange(logits_2d.size(0), device=logits.device)
+        predicted = logits_2d[arange_1d, target.view(-1)].clone().view_as(target)
+        torch.exp(logits, out=logits)
+        sum_exp = logits.sum(dim=-1)
+        loss = torch.log(sum_exp) - predicted
+        logits.div_(sum_exp.unsqueeze(dim=-1))
+        ctx.save_for_backward(logits, target)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        softmax, target = ctx.saved_tensors
+        grad_2d = softmax.view(-1, softmax.size(-1))
+        arange_1d = torch.arange(grad_2d.size(0), device=softmax.device)
+        grad_2d[arange_1d, target.view(-1)] -= 1.0
+        softmax.mul_(grad_output.unsqueeze(dim=-1))
+        return softmax, None
+
+
+def _megatron_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return _MegatronCrossEntropy.apply(logits, target)
+
+
+def _torch_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")
+
+
+CROSS_ENTROPY_IMPLS = {
+    "megatron_unfused": (_megatron_loss, 38, 14),
+    "torch_float": (_torch_loss, 16, 8),
+}
+"""Each loss, with the bytes per logit its forward and backward move: Megatron-Core's counted
+from its code; PyTorch's a nominal count (the bf16 read and fp32 write of the cast, the
+log-softmax's read and write; the backward's gradient) for comparing rates, not a count of
+every pass its kernels make."""
+
+
+def _cross_entropy_row(impl: str, tokens: int, vocab: int) -> dict[str, Any]:
+    loss_fn, forward_bytes, backward_bytes = CROSS_ENTROPY_IMPLS[impl]
+    logits = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16)
+    target = torch.randint(0, vocab, (tokens,), device="cuda")
+
+    def forward() -> torch.Tensor:
+        return loss_fn(logits.detach().requires_grad_(), target)
+
+    forward_ms = timed_ms(forward, iters=10)
+    backward_ms = timed_ms(lambda: forward().sum().backward(), iters=10) - forward_ms
+    logit_count = tokens * vocab
+    return {"impl": impl, "tokens": tokens, "vocab": vocab, "forward_ms": forward_ms,
+            "backward_ms": backward_ms, "bytes_per_logit": [forward_bytes, backward_bytes],
+            "forward_gb_per_s": forward_bytes * logit_count / forward_ms / 1e6,
+            "backward_gb_per_s": backward_bytes * logit_count / backward_ms / 1e6}  # fmt: skip
+
+
+def cross_entropy() -> list[dict[str, Any]]:
+    """The loss's forward and backward over bf16 logits of tokens x vocabulary (per TP rank)."""
+    rows = []
+    for tokens, vocab in ((8192, 151936), (8192, 75968), (4096, 128256), (8192, 50304)):
+        for impl in CROSS_ENTROPY_IMPLS:
+            rows.append(_cross_entropy_row(impl, tokens, vocab))
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _kernels_launched(fn: Callable[[], Any]) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def _qk_norm_row(shape: tuple[int, ...], weights: str) -> dict[str, Any]:
+    autocast = weights == "fp32_autocast"
+    dtype = torch.float32 if autocast else torch.bfloat16
+    norm = torch.nn.RMSNorm(shape[-1], device="cuda", dtype=dtype)
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    def forward() -> torch.Tensor:
+        with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+            return norm(x)
+
+    y = forward()
+    forward_kernels = _kernels_launched(forward)
+    backward_kernels = _kernels_launched(lambda: y.backward(grad, retain_graph=True))
+
+    def forward_and_backward() -> None:
+        x.grad = norm.weight.grad = None  # no accumulation into the previous run's gradients
+        forward().backward(grad)
+
+    forward_ms = timed_ms(forward)
+    backward_ms = timed_ms(forward_and_backward) - forward_ms
+    return {"shape": list(shape), "weights": weights, "forward_ms": forward_ms,
+            "backward_ms": backward_ms, "forward_kernels": forward_kernels,
+            "backward_kernels": backward_kernels}  # fmt: skip
+
+
+def qk_norm() -> list[dict[str, Any]]:
+    """RMSNorm over each head of a bf16 projection: fp32 weights under autocast, bf16 weights."""
+    return [
+        _qk_norm_row(shape, weights)
+        for shape in ((4, 2048, 16, 128), (1, 4096, 64, 128))
+        for weights in ("fp32_autocast", "bf16")
+    ]
+
+
 PARTS = (
     "gemm_alignment", "attention_head_dim", "fused_adamw", "memory_kernels", "sustained",
-    "cp_ring", "float8_gemm",
+    "cp_ring", "float8_gemm", "cross_entropy", "qk_norm",
 )  # fmt: skip
 
 
@@ -390,6 +518,8 @@ def main() -> None:
         ("sustained", lambda: sustained(args.sustained_s)),
         ("cp_ring", cp_ring),
         ("float8_gemm", float8_gemm),
+        ("cross_entropy", cross_entropy),
+        ("qk_norm", qk_norm),
     ):
         if name not in wanted:
             continue

@@ -122,6 +122,10 @@ class ComputeCalibration:
     """Kernel launches the measured training loop makes per kernel of the modelled inventory
     (``schedules.kernels``); None for the stack's default
     (``sim.compute.compute_model.LAUNCHES_PER_KERNEL``)."""
+    kernel_gap_s: float | None = None
+    """GPU time between consecutive kernels while the host is ahead, as measured in a profiled
+    step (``vocab.kernel_classes.kernel_gap_s``); None for the default
+    (``sim.compute.compute_model.KERNEL_GAP_S``)."""
 
     def __post_init__(self) -> None:
         for dtype, kinds in self.kernels.items():
@@ -162,6 +166,7 @@ class ComputeCalibration:
             ("host_s_per_launch", (0.0, 0.1)),
             ("launches_per_kernel", (0.1, 100)),
             ("optimizer_bytes_per_param", (1.0, 1000.0)),
+            ("kernel_gap_s", (0.0, 1e-4)),
         ):
             value = getattr(self, name)
             if value is not None and not (
@@ -217,6 +222,7 @@ class ComputeCalibration:
             "optimizer_bytes_per_param": self.optimizer_bytes_per_param,
             "host_s_per_launch": self.host_s_per_launch,
             "launches_per_kernel": self.launches_per_kernel,
+            "kernel_gap_s": self.kernel_gap_s,
         }
 
     @classmethod
@@ -261,6 +267,7 @@ class ComputeCalibration:
             optimizer_bytes_per_param=data.get("optimizer_bytes_per_param"),
             host_s_per_launch=data.get("host_s_per_launch"),
             launches_per_kernel=data.get("launches_per_kernel"),
+            kernel_gap_s=data.get("kernel_gap_s"),
         )
 
 

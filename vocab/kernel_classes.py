@@ -12,6 +12,7 @@ wins), on the lower-cased name of a CUDA kernel (``sm90_xmma_gemm_...``, ``flash
 from __future__ import annotations
 
 import re
+import statistics
 
 CLASSES = (
     "gemm",
@@ -55,6 +56,25 @@ def classify(name: str) -> str:
         if pattern.search(lowered):
             return kind
     return "other"
+
+
+HOST_BOUND_GAP_S = 10e-6
+"""Gaps between consecutive kernels from this long up are the host falling behind (or a
+synchronisation), not the device's own gap (``kernel_gap_s``)."""
+
+
+def kernel_gap_s(intervals: list[tuple[float, float]]) -> float:
+    """Median time (seconds; intervals in seconds) between one kernel's end and the next one's
+    start, over the gaps shorter than ``HOST_BOUND_GAP_S``: the device's own gap while the host
+    is ahead (the median: a profile whose host lags now and then pulls the mean up). Kernels
+    that start before the previous ones end (another stream) are skipped; 0 with no such gap."""
+    gaps = []
+    end = float("inf")
+    for start, stop in sorted(intervals):
+        if 0.0 <= start - end < HOST_BOUND_GAP_S:
+            gaps.append(start - end)
+        end = stop if end == float("inf") else max(end, stop)
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def busy_time_s(intervals: list[tuple[float, float]]) -> float:

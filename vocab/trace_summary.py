@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vocab.kernel_classes import CLASSES, busy_time_s
+from vocab.kernel_classes import CLASSES, busy_time_s, kernel_gap_s
 from vocab.kineto import (
     LAUNCH_CATEGORIES,
     PHASES,
@@ -109,6 +109,11 @@ class TraceStep:
     """NCCL kernels per collective."""
     communication_only_s: float = 0.0
     """GPU time in which only communication kernels ran (the exposed communication)."""
+    kernel_gap_s: float = 0.0
+    """The GPU's gap between consecutive compute kernels while the host was ahead
+    (``vocab.kernel_classes.kernel_gap_s``); 0 for a CPU trace."""
+    phase_kernels: Mapping[str, int] = field(default_factory=dict)
+    """GPU activities per phase (``vocab.kineto.PHASES``)."""
 
     @property
     def idle_s(self) -> float:
@@ -128,6 +133,7 @@ class TraceStep:
             "idle_s": self.idle_s,
             "wall_s": self.wall_s,
             "num_kernels": self.num_kernels,
+            "kernel_gap_s": self.kernel_gap_s,
         }
 
 
@@ -178,6 +184,7 @@ def summarise(
         busy_s=busy(step),
         classes_s=classes,
         phases_s={p: busy([a for a in step if a.phase == p]) for p in PHASES},
+        phase_kernels={p: sum(1 for a in step if a.phase == p) for p in PHASES},
         num_kernels=len(step),
         num_launches=sum(launches.values()),
         host_s=host_time_s(trace, window),
@@ -188,6 +195,15 @@ def summarise(
         unplaced=sum(1 for a in step if union and not a.launched),
         collectives=collectives(step),
         communication_only_s=busy(step) - busy([a for a in step if a.kind != "communication"]),
+        kernel_gap_s=kernel_gap_s(
+            [
+                ((a.start_us - window.start_us) * US, (a.end_us - window.start_us) * US)
+                for a in step
+                if a.kind != "communication"
+            ]
+        )
+        if union
+        else 0.0,
     )
 
 

@@ -85,7 +85,7 @@ kernel on H100: "most shapes are within 90-100% of tensor-wise efficiency, but t
 tail going down to 50%" (pytorch/pytorch#147971, February 2025, after the tile heuristics of
 pytorch/pytorch#134781); the lower edge of that bulk. The backward GEMMs of those recipes run
 cuBLAS's tensorwise kernel (torchao ``addmm_float8_unwrapped``): no factor."""
-IN_STEP_SLOWDOWN = {"ampere": 0.117, "hopper": 0.204}
+IN_STEP_SLOWDOWN = {"ampere": 0.109, "hopper": 0.202}
 """Fraction by which the kernels of a multi-GPU training job run longer than the isolated curves
 say, per GPU generation (``GPUSpec.family``): a fitted factor, not a mechanism. Every published
 multi-GPU run is slower than the kernel curves, from 8 GPUs to 3,072 and on every source, while
@@ -93,11 +93,12 @@ single-GPU steps are not (a plain-PyTorch loop on one H100, refdata/h100/traces:
 without it, +17% to +27% with 0.21), so it applies to plans of more than one GPU only. Which
 mechanism it stands for is not separated: sustained clocks under the power cap (one H100's
 8192^3 GEMMs, back to back, ran 12% below their burst rate at 700 W; results/mechanisms), NCCL's
-resident kernels, jitter, framework costs the kernel inventory lacks.
+resident kernels, jitter, framework costs the kernel inventory lacks. The device's gap between
+kernels (``KERNEL_GAP_S``) is priced apart, and took 0.008 (Ampere) and 0.002 (Hopper) off it.
 
 Fitted on every published run of the generation in ``refdata/validation/cases.json`` (least
 absolute error in log step time, robust to the runs whose mechanisms are missing): Ampere on
-the 26 A100 runs of Narayanan et al. 2021 and Korthikanti et al. 2022, Hopper on the 44 H100 and
+the 26 A100 runs of Narayanan et al. 2021 and Korthikanti et al. 2022, Hopper on the 45 H100 and
 H200 runs of NeMo, torchtitan, Megatron-Core MoE and Megatron-Bridge. The generations differ
 once the attention dropout of the pre-FlashAttention Megatron runs is priced
 (``schedules.kernels.DROPOUT_BYTES``): each A100 run alone would take 0.00-0.22 (median 0.10;
@@ -109,9 +110,9 @@ on all five layouts (``tests/sim/validation/test_layer_times.py``); what the sam
 steps want on top is spent outside the layers. ``commsim validate --leave-one-source-out``
 refits it without the source it scores (``docs/validation.md``). Fits to measured steps set it
 to 0."""
-IN_STEP_SLOWDOWN_ELSEWHERE = 0.182
+IN_STEP_SLOWDOWN_ELSEWHERE = 0.171
 """The in-step slowdown of a generation no published run here used (Volta, Blackwell, AMD, ...):
-the same fit over all 70 runs."""
+the same fit over all 71 runs."""
 
 
 def default_in_step_slowdown(family: str) -> float:
@@ -125,6 +126,18 @@ measured overlapping GPT and Llama training kernels with NCCL/RCCL collectives o
 MI250 and MI210 (arXiv:2507.03114, 2025: mean 18.9%, up to 40%). The mechanism: NCCL's kernels
 hold SMs (one block per channel, 16-32 of an H100's 132 SMs) and HBM bandwidth. A compute
 calibration's ``overlap_slowdown`` replaces it."""
+KERNEL_GAP_S = 1.5e-6
+"""GPU time between one kernel's end and the next one's start on a stream while the host is
+ahead of it (the device's own launch latency: the next grid starts once the previous drains).
+Measured in eleven torch.profiler traces of whole training steps, eager and compiled, on one H100
+(results/h100_heldout, refdata/h100/traces: a separate plain-PyTorch loop) and one H200
+(results/heldout5/traced): the gaps under 10 us between consecutive kernels have medians of
+1.38-1.60 us and means of 1.51-1.89 us in every one, 1,513-3,977 gaps each; the gaps above are
+the host falling behind (``host_s_per_launch``). The unprofiled GPU-bound steps agree: step time
+minus the profiled kernels' busy time is 1.0-1.6 us per kernel on the eager H100 steps of
+results/h100_heldout. Every launch on the GPU pays it (``launch_count``), CUDA graphs included.
+A profiled step measures its own (``commbench --step``, ``commsim fit --trace``:
+``ComputeCalibration.kernel_gap_s``)."""
 DEFAULT_HOST_S_PER_LAUNCH = 27.6e-6
 """Host time per kernel launch of an eager PyTorch training step: 97.8 ms for 3,549 kernels in
 the most host-bound step measured on one H100 (``commbench --step``, an 8-layer h1024 model, 4
@@ -253,7 +266,8 @@ results/mechanisms/probe_memory_h100.json and probe_memory_h200.json). The casts
 bf16 ran at 1.58-2.82 TB/s on one H100 (mean 2.06: 0.62 of 3.35) and 1.64-3.77 TB/s on one H200
 (mean 2.46: 0.51 of 4.8), bf16 to fp32 the slowest on both. Other Hopper GPUs take the H100's
 figure; other families keep the default. The same probe puts adds, GeLU and the norms at 0.67 (H100)
-and 0.57 (H200) on average, but the elementwise class stays at the default: at 0.67 the plain
+and 0.57 (H200) on average, but the elementwise class stays at the default on the H100 (the H200
+takes the ratio of the two: ``ELEMENTWISE_EFFICIENCY``): at 0.67 the plain
 bf16-weights loop of refdata/h100/traces went from +6 / +9 % to +10 / +14 % and the published H100
 runs from 6.8 % to 7.4 % (an eager loop's elementwise bytes vary more with its code than this rate
 does). Copies that convert nothing run at ``MOVE_EFFICIENCY`` instead."""
@@ -265,6 +279,16 @@ probe_memory_h200.json: 2.45, 2.40 and 3.03 TB/s on one H100, mean 0.78 of 3.35;
 4.04 TB/s on one H200, mean 0.68 of 4.8), faster than the casts on both. The plain loop's H100
 traces concatenate split gradients at 3.0-4.0 TB/s (``EAGER_SPLIT_GRAD_BYTES``); at the casts'
 rate the traced loop's copy class came out 15% slow."""
+ELEMENTWISE_EFFICIENCY = {"h200": 0.678}
+"""Fraction of HBM bandwidth the elementwise memory class (norms, activations, adds, rotary)
+reaches on a GPU whose rate is measured relative to the H100's, in place of the 0.80 default:
+the H100's default times the ratio of the two GPUs' measured elementwise efficiencies. In the
+same probes (``tools/kernel_probe.py --parts memory_kernels``, results/mechanisms/
+probe_memory_h100.json and probe_memory_h200.json: the adds, in-place add, norms and GeLU at three
+step-sized tensors) the H100 moved 2.20 TB/s on average (0.656 of 3.35) and the H200 2.67 TB/s
+(0.556 of 4.8): 1.21 times the H100's rate, not the 1.43 of their bandwidths, since both run the
+same SMs at the same clocks. 0.80 x 0.556 / 0.656 = 0.678. Without it every GPU-bound H200 step
+of results/h200_heldout and results/heldout5 came out 2-10 % fast."""
 ADAM_BYTES_PER_PARAM = 26.0
 """Fused Adam traffic per parameter besides the gradient: read and write fp32 master, m, v
 (24 bytes) and write the bf16 copy (2 bytes)."""
@@ -433,6 +457,8 @@ class ComputeModel:
         if efficiency is None and memory_class == "copy" and self.gpu.family == "hopper":
             rates = CAST_EFFICIENCY if converts else MOVE_EFFICIENCY
             efficiency = rates.get(self.gpu.name, rates["h100-sxm"])
+        if efficiency is None and memory_class == "elementwise":
+            efficiency = ELEMENTWISE_EFFICIENCY.get(self.gpu.name)
         if efficiency is None:
             efficiency = default_efficiency(self.gpu, "memory", "bf16")
         return self.gpu.hbm_bandwidth_bytes_per_s * efficiency
@@ -451,15 +477,38 @@ class ComputeModel:
             LAUNCHES_PER_KERNEL.get(loop, LAUNCHES_PER_KERNEL["eager"]) if value is None else value
         )
 
-    def launch_s(self, kernels: Iterable[Kernel], loop: str) -> float:
-        """Host time to launch ``kernels`` as the ``loop`` (``launch_loop``) runs them: the
-        loop's launches per modelled kernel, plus the launches the code or the library gives
-        some of them (``known_launches``)."""
+    @property
+    def kernel_gap_s(self) -> float:
+        """GPU time between consecutive kernels: calibrated, or ``KERNEL_GAP_S`` (none on the
+        ``cpu`` pseudo-GPU, whose operators run back to back on the host)."""
+        value = self.calibration.kernel_gap_s
+        if value is None:
+            return 0.0 if self.gpu.family == "cpu" else KERNEL_GAP_S
+        return float(value)
+
+    def launch_count(self, kernels: Iterable[Kernel], loop: str) -> float:
+        """Launches of ``kernels`` as the ``loop`` (``launch_loop``) runs them: the loop's
+        launches per modelled kernel, plus the launches the code or the library gives some of
+        them (``known_launches``)."""
         count = extra = 0.0
         for kernel in kernels:
             count += 1
             extra += known_launches(kernel, loop)
-        return (count * self.launches_per_kernel(loop) + extra) * self.host_s_per_launch
+        return count * self.launches_per_kernel(loop) + extra
+
+    def launch_s(self, kernels: Iterable[Kernel], loop: str) -> float:
+        """Host time to launch ``kernels`` as the ``loop`` runs them (``launch_count``)."""
+        return self.launch_count(kernels, loop) * self.host_s_per_launch
+
+    def run_s(self, kernels: tuple[Kernel, ...], loop: str) -> float:
+        """GPU time of ``kernels`` run one after another as the ``loop`` launches them: their
+        own times and the gap before each launch (``kernel_gap_s``), the gaps scaled by
+        ``time_factor`` as the kernels are (so the in-step slowdown's share of the compute
+        stream stays ``s / (1 + s)`` of it)."""
+        if not kernels:
+            return 0.0
+        gaps_s = self.launch_count(kernels, loop) * self.kernel_gap_s * self.time_factor
+        return self.price(kernels) + gaps_s
 
     @property
     def in_step_slowdown(self) -> float:
@@ -550,10 +599,10 @@ class ComputeModel:
             return self.launch_s(phase, loop)
 
         return LayerTimes(
-            forward_s=self.price(kernels.forward),
-            backward_input_s=self.price(kernels.backward_input),
-            backward_weight_s=self.price(kernels.backward_weight),
-            recompute_s=self.price(kernels.recompute),
+            forward_s=self.run_s(kernels.forward, loop),
+            backward_input_s=self.run_s(kernels.backward_input, loop),
+            backward_weight_s=self.run_s(kernels.backward_weight, loop),
+            recompute_s=self.run_s(kernels.recompute, loop),
             forward_launch_s=launch(kernels.forward),
             backward_input_launch_s=launch(kernels.backward_input),
             backward_weight_launch_s=0.0 if graphed else launch(kernels.backward_weight),

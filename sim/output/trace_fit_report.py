@@ -62,7 +62,8 @@ def _trace_lines(fit: TraceFit) -> list[str]:
         f" ({step.device or 'device not named'}), {step.num_kernels} {step.work}, "
         f"{step.num_launches} launch calls",
         f"  profiled: wall {step.wall_s * 1e3:.3f} ms, busy {step.busy_s * 1e3:.3f} ms, idle "
-        f"{step.idle_s / step.wall_s:.1%}; host {step.host_s_per_launch * 1e6:.1f} us per launch",
+        f"{step.idle_s / step.wall_s:.1%}; host {step.host_s_per_launch * 1e6:.1f} us per launch"
+        + (f"; {step.kernel_gap_s * 1e6:.2f} us between kernels" if step.kernel_gap_s else ""),
         f"  step time fitted to {fit.step_time_s * 1e3:.3f} ms: {fit.step_time_from}",
         f"  GEMMs: {gemms.num_calls} traced, the plan runs {gemms.num_modelled}; "
         + (
@@ -150,6 +151,7 @@ def fit_json(
         "busy_s": step.busy_s,
         "idle_s": step.idle_s,
         "host_s_per_launch_profiled": step.host_s_per_launch,
+        "kernel_gap_s": step.kernel_gap_s,
         "step_time_s": fit.step_time_s,
         "step_time_from": fit.step_time_from,
         "placed_share": fit.placed_share,

@@ -200,7 +200,9 @@ def ring_steps(plan: Plan, compute: ComputeModel) -> tuple[tuple[Step, ...], tup
         return tuple(
             ComputeStep(
                 name=s.name,
-                duration_s=compute.price(ring_work_kernels(plan, s, backward=backward)),
+                duration_s=compute.run_s(
+                    ring_work_kernels(plan, s, backward=backward), launch_loop(plan)
+                ),
             )
             if isinstance(s, RingWork)
             else CommStep(

@@ -269,6 +269,12 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
         fused = optimizer_launches(stage_params_per_gpu(plan, 0))
         counted = num_kernels - fused - known_launches(plan, microbatches)
         launches = max(counted, 1) / modelled_launch_count(plan, microbatches)
+    gap = profile.get("kernel_gap_s")  # files written before it was measured have none
+    measured_gap = (
+        float(gap)
+        if isinstance(gap, int | float) and not isinstance(gap, bool) and 0 <= gap <= 1e-4
+        else None
+    )
     fitted = ComputeCalibration(
         gpu=gpu.name,
         device=str(measurement.get("device", "")),
@@ -276,6 +282,7 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
         in_step_slowdown=0.0,
         launches_per_kernel=launches,
         optimizer_bytes_per_param=optimizer,
+        kernel_gap_s=measured_gap,
     )
     predicted = _replayed_step_s(plan, fitted)
     low, high = TIME_SCALE_RANGE

@@ -103,12 +103,19 @@ def phase_rows(step: TraceStep, result: PlanResult, step_time_s: float) -> list[
     for span in result.spans:
         if span.rank == rank and span.kind in ("compute", "optimizer"):
             simulated[_phase_of(span.name, span.kind)] += span.duration_s
+    # the passes' kernels with the GPU's gap before each, as the replay prices them (the
+    # optimizer step is priced by its bytes alone)
+    gaps = {
+        phase: step.phase_kernels.get(phase, 0) * step.kernel_gap_s if phase != "optimizer" else 0.0
+        for phase in simulated
+    }
     rows = [
-        Row(what=phase, traced_s=step.phases_s.get(phase, 0.0), predicted_s=seconds)
+        Row(what=phase, traced_s=step.phases_s.get(phase, 0.0) + gaps[phase], predicted_s=seconds)
         for phase, seconds in simulated.items()
     ]
-    # the unprofiled step's idle: its time less the traced kernels' (the profiler slows the host)
-    idle_s = max(0.0, step_time_s - step.busy_s)
+    # the unprofiled step's idle: its time less the traced kernels' and their gaps (the profiler
+    # slows the host)
+    idle_s = max(0.0, step_time_s - step.busy_s - sum(gaps.values()))
     rows.append(Row(what="idle (host, waits)", traced_s=idle_s,
                     predicted_s=result.breakdown.host_s + result.breakdown.bubble_s))  # fmt: skip
     rows.append(Row(what="step", traced_s=step_time_s, predicted_s=result.step_time_s))

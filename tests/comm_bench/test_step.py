@@ -38,12 +38,42 @@ def _plan(tmp_path: Path, **model: object) -> Path:
         {},
         {"mlp_activation": "gelu", "norm": "layernorm", "linear_bias": True},
         {"position_embedding": "learned", "tied_embeddings": True},
+        {"head_dim": 24, "qk_norm": True},  # Qwen3: 4 heads of 24 on h = 64
+        {"separate_projections": True, "linear_bias": True},
+        {"separate_projections": True, "mlp_activation": "gelu"},
+        {"parallel_block": True, "norm": "layernorm"},
     ],
 )
 def test_the_torch_model_has_the_plans_parameter_count(tmp_path: Path, model: dict) -> None:
     plan = load_plan(_plan(tmp_path, **model))
     built = build_model(plan.model, num_layers=3, recompute="none")
     assert sum(p.numel() for p in built.parameters()) == total_params(plan.model)
+
+
+def test_heads_set_apart_from_h_run_at_their_width(tmp_path: Path) -> None:
+    plan = load_plan(_plan(tmp_path, head_dim=24, qk_norm=True))
+    built = build_model(plan.model, num_layers=1, recompute="none")
+    attention = built.layers[0].attention
+    assert attention.qkv.weight.shape == (4 * 24 + 2 * 2 * 24, 64)  # a*d + 2 * kv*d rows
+    assert attention.out.weight.shape == (64, 4 * 24)
+    assert attention.q_norm.weight.shape == (24,)
+    tokens, labels = torch.randint(0, 256, (2, 32)), torch.randint(0, 256, (2, 32))
+    built(tokens, labels).backward()
+    assert attention.q_norm.weight.grad is not None  # on the path of the loss
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("num_experts", 4), ("attention_window", 8), ("dropout", True)],
+)
+def test_what_the_loop_does_not_build_is_refused_with_one_line(
+    tmp_path: Path, capsys, key: str, value: object
+) -> None:
+    argv = ["--step", str(_plan(tmp_path, **{key: value})), "--device", "cpu", "--steps", "1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"model.{key}={value}" in err and "commbench --step does not build" in err
 
 
 def test_a_step_is_timed_profiled_and_written(tmp_path: Path, capsys) -> None:

@@ -330,3 +330,73 @@ def test_the_eager_stack_keeps_repeated_kv_the_output_copy_and_the_activation() 
     assert none - memory.activation_bytes(selective, 0) == pytest.approx(
         8 * (fused + EAGER_EXTRA - kept - 2 * 4096 * 2048)
     )
+
+
+def _saved_bytes_of_one_layer(raw_model: dict, recompute: str) -> tuple[float, float]:
+    """(bytes autograd saves for one layer of ``commbench --step``'s model under CPU autocast,
+    counted with saved-tensor hooks; ``memory.eager_saved_bytes`` of the same plan)."""
+    import warnings
+
+    import torch
+
+    from comm_bench.step_model import build_model
+    from schedules.plan import load_plan
+    from schedules.resolve import resolve_plan
+
+    raw = {
+        "model": {"name": "m", "num_layers": 1, "hidden_size": 256, "num_heads": 8,
+                  "ffn_hidden_size": 512, "vocab_size": 128, "seq_len": 64, "norm": "layernorm",
+                  **raw_model},
+        "cluster": {"node": {"base": "dgx-h100", "num_gpus": 1}},
+        "parallel": {"recompute": recompute},
+        "training": {"micro_batch_size": 2, "global_batch_size": 2,
+                     "mixed_precision": "autocast", "stack": "eager"},
+    }  # fmt: skip
+    plan = resolve_plan(load_plan(raw), 1)
+    model = build_model(plan.model, num_layers=1, recompute=recompute)
+    layer = model.layers[0]
+    x = torch.randn(2, 64, 256, requires_grad=True)
+    kept: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with (
+            torch.autocast("cpu", torch.bfloat16),
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        ):
+            layer(x, model.get_buffer("cos"), model.get_buffer("sin"))
+    skip = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    skip.add(x.untyped_storage().data_ptr())
+    return sum(n for ptr, n in kept.items() if ptr not in skip), memory.eager_saved_bytes(plan)
+
+
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("kv_heads", [8, 2])
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_separate_projections_keep_what_the_loop_keeps(
+    rope: bool, kv_heads: int, recompute: str
+) -> None:
+    """Against the fused model, what one layer of the loop with separate projections keeps more
+    (or less), as saved-tensor hooks count it, is what ``eager_saved_bytes`` adds: under autocast
+    each of the five linears reading a norm keeps its own bf16 copy of the input (three more
+    than the fused two), and each view SDPA keeps keeps only its own projection's output."""
+    model = {"num_kv_heads": kv_heads, "position_embedding": "rope" if rope else "learned"}
+    fused, fused_modelled = _saved_bytes_of_one_layer(model, recompute)
+    separate, separate_modelled = _saved_bytes_of_one_layer(
+        {**model, "separate_projections": True}, recompute
+    )
+    assert separate - fused == separate_modelled - fused_modelled
+    # by hand, per token (h = 256, kd = 32 x kv_heads; bf16): three more input copies, 3 x 512,
+    # less the fused output the views kept beyond their own projections
+    kd = 32 * kv_heads
+    dropped = {  # elements per token the fused QKV output kept that the separate ones do not
+        (True, 8, "none"): 256 + kd, (True, 2, "none"): 0, (False, 8, "none"): 0,
+        (False, 2, "none"): 2 * kd, (True, 8, "selective"): 256 + kd,
+        (True, 2, "selective"): 256 + kd, (False, 8, "selective"): 0, (False, 2, "selective"): 0,
+    }[(rope, kv_heads, recompute)]  # fmt: skip
+    assert (separate - fused) / 128 == 3 * 512 - 2 * dropped

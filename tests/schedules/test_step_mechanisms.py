@@ -18,10 +18,12 @@ from schedules.kernels import (
     UNFUSED_RMSNORM_BYTES,
     attention_layout_bytes,
     bias_grad_kernels,
+    composite_qk_norm,
     elementwise_forward_bytes,
     head_kernels,
     layer_kernels,
     norm_cast_bytes,
+    norm_output_readers,
     split_grad_bytes,
 )
 from schedules.plan import load_plan
@@ -79,6 +81,27 @@ def test_autocast_keeps_an_fp32_residual_stream() -> None:
         TOKENS * (2 * 6 * H + 2 * 6 * H + 4 * F)
     )
     assert norm_cast_bytes(compiled) == 0.0
+
+
+def test_autocast_casts_the_input_of_every_linear_that_reads_a_norm() -> None:
+    """Under autocast each linear reading a norm's fp32 output casts its own bf16 copy: two in a
+    fused layer, sequential or parallel (one norm, read by QKV and up), five with separate gated
+    projections (q, k, v, gate, up), the three more launched beyond the fused layer's casts."""
+    cast = 6 * TOKENS * H  # read fp32, write bf16
+    fused = _plan({"norm": "rmsnorm", "gated_mlp": True})
+    separate = _plan({"norm": "rmsnorm", "gated_mlp": True, "separate_projections": True})
+    block = _plan({"parallel_block": True})
+    assert [norm_output_readers(p.model) for p in (fused, separate, block)] == [2, 5, 2]
+    assert norm_cast_bytes(fused) == pytest.approx(2 * cast)
+    assert norm_cast_bytes(separate) == pytest.approx(5 * cast)
+    assert norm_cast_bytes(block) == pytest.approx(2 * cast)  # one norm, two readers
+    for plan, more in ((fused, 0), (separate, 3), (block, 0)):
+        kernels = layer_kernels(plan)
+        (forward,) = (k for k in kernels.forward if k.name == "norm_output_cast")
+        (backward,) = (k for k in kernels.backward_input if k.name == "norm_grad_cast")
+        assert forward.extra_launches == backward.extra_launches == more
+    plain_separate = _plan({"separate_projections": True})  # a plain MLP: one up projection
+    assert norm_output_readers(plain_separate.model) == 4
 
 
 def test_biased_linears_reduce_their_output_gradients() -> None:
@@ -388,3 +411,42 @@ def test_separate_projections_run_a_gemm_each_and_sum_their_input_gradients() ->
     sums = [k.bytes for k in split.backward_input if k.name == "projection_grad_sum"]
     assert sums == [2 * (2 + 1) * tokens * H]
     assert split_grad_bytes(plan) == 0 and split_grad_bytes(_tp_plan()) > 0
+
+
+QWEN = {"norm": "rmsnorm", "position_embedding": "rope", "gated_mlp": True, "num_kv_heads": 4,
+        "head_dim": 128, "qk_norm": True}  # fmt: skip
+"""16 query heads of 128 (a d = 2048) and 4 key/value heads (k d = 512) on h = 1024."""
+
+
+def _elementwise(kernels: tuple[Any, ...], name: str) -> Any:
+    return next(k for k in kernels if k.name == name)
+
+
+def test_the_eager_qk_norm_under_autocast_runs_the_composite() -> None:
+    """Eager over fp32 weights: the query and key norms move 40 bytes per element forward and
+    108 backward and launch 16 and 34 kernels per layer (``EAGER_QK_NORM``); compiled or with
+    bf16 weights the fused norm's bytes and no extra launches."""
+    elements = TOKENS * (16 * 128 + 4 * 128)
+    eager = _plan(QWEN, stack="eager")
+    plain = _plan({**QWEN, "qk_norm": False}, stack="eager")
+    assert composite_qk_norm(eager) and not composite_qk_norm(plain)
+    added = elementwise_forward_bytes(eager) - elementwise_forward_bytes(plain)
+    assert added == 40 * elements
+    kernels, without = layer_kernels(eager), layer_kernels(plain)
+    forward, forward_plain = (_elementwise(k.forward, "elementwise") for k in (kernels, without))
+    assert forward.extra_launches - forward_plain.extra_launches == 16
+    backward, backward_plain = (
+        _elementwise(k.backward_input, "elementwise_backward") for k in (kernels, without)
+    )
+    assert backward.bytes - backward_plain.bytes == pytest.approx(108 * elements)
+    assert backward.extra_launches - backward_plain.extra_launches == 34
+    compiled = _plan(QWEN, stack="compile")  # Inductor's fused norm over the fp32 stream: 6
+    bf16_weights = _plan(QWEN, stack="eager", mixed_precision="bf16_weights")  # fused: 4
+    for other, fused_bytes in ((compiled, 6), (bf16_weights, 4)):
+        assert not composite_qk_norm(other)
+        norm_bytes = elementwise_forward_bytes(other) - elementwise_forward_bytes(
+            dataclasses.replace(other, model=dataclasses.replace(other.model, qk_norm=False))
+        )
+        assert norm_bytes == fused_bytes * elements
+        backward = _elementwise(layer_kernels(other).backward_input, "elementwise_backward")
+        assert backward.bytes == 2 * elementwise_forward_bytes(other)

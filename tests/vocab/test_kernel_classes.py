@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vocab.kernel_classes import busy_time_s, classify
+from vocab.kernel_classes import busy_time_s, classify, kernel_gap_s
 
 
 @pytest.mark.parametrize(
@@ -44,3 +44,15 @@ def test_names_from_real_profiles(name: str, kind: str) -> None:
 def test_busy_time_is_the_union_of_intervals() -> None:
     assert busy_time_s([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.8)]) == 4.0
     assert busy_time_s([]) == 0.0
+
+
+def test_the_kernel_gap_is_the_mean_of_the_short_gaps_between_kernels() -> None:
+    us = 1e-6
+    # gaps of 1 and 2 us count; 50 us is the host behind; the kernel starting inside the one
+    # before it (another stream) is skipped
+    intervals = [(0.0, 10 * us), (11 * us, 20 * us), (22 * us, 30 * us), (80 * us, 90 * us),
+                 (85 * us, 95 * us)]  # fmt: skip
+    assert kernel_gap_s(intervals) == pytest.approx(1.5 * us)
+    assert kernel_gap_s(list(reversed(intervals))) == pytest.approx(1.5 * us)  # any order
+    assert kernel_gap_s([(0.0, 1.0)]) == 0.0
+    assert kernel_gap_s([]) == 0.0

@@ -25,16 +25,20 @@ from schedules.params import layer_params_per_gpu
 from schedules.plan import ClusterConfig, ParallelConfig, Plan, TrainingConfig
 from sim.compute.compute_model import (
     CAST_EFFICIENCY,
+    ELEMENTWISE_EFFICIENCY,
     FLASH2_BACKWARD_ON_HOPPER,
     FLASH2_ON_HOPPER,
     IN_STEP_SLOWDOWN,
     IN_STEP_SLOWDOWN_ELSEWHERE,
+    KERNEL_GAP_S,
+    LAUNCHES_PER_KERNEL,
     MOVE_EFFICIENCY,
     ROWWISE_SCALED_MM,
     UNALIGNED_GEMM,
     ComputeModel,
     attention_head_dim_factor,
     gemm_alignment,
+    known_launches,
 )
 from tests.model_configs import LLAMA3_70B
 from topologies.hardware import GPUS
@@ -151,7 +155,8 @@ def test_layer_times_structure() -> None:
     base = plan(tp=4, sequence_parallel=True)
     times = model.layer_times(base)
     wgrad = sum(model.gemm_time_s(k, n, m) for m, n, k in weight_gemm_shapes(base))
-    assert times.backward_weight_s == pytest.approx(wgrad)
+    gaps = model.launch_count(layer_kernels(base).backward_weight, "megatron") * KERNEL_GAP_S
+    assert times.backward_weight_s == pytest.approx(wgrad + gaps * model.time_factor)
     assert times.recompute_s == 0.0
     full = model.layer_times(
         dataclasses.replace(base, parallel=ParallelConfig(tp=4, recompute="full"))
@@ -160,12 +165,53 @@ def test_layer_times_structure() -> None:
     attention_fwd = model.attention_time_s(
         batch=1, num_heads=16, seq_q=8192, seq_kv=8192, head_dim=128, causal=True
     )
-    selective = model.layer_times(plan(tp=4, recompute="selective"))
-    assert selective.recompute_s == pytest.approx(attention_fwd)
+    selective_plan = plan(tp=4, recompute="selective")
+    selective = model.layer_times(selective_plan)
+    core = layer_kernels(selective_plan).recompute
+    core_gaps = model.launch_count(core, "megatron") * KERNEL_GAP_S * model.time_factor
+    assert selective.recompute_s == pytest.approx(attention_fwd + core_gaps)
     # Model-FLOP throughput of the layer is a sensible fraction of the bf16 peak.
     flops = layer_flops(LLAMA3_70B, 1, tp=4)
     rate = flops.forward / times.forward_s / H100.peak_flops_per_s["bf16"]
     assert 0.5 < rate < 0.8
+
+
+def test_every_launch_leaves_the_gpu_the_measured_gap() -> None:
+    """Each launch costs the GPU 1.5 us before the kernel runs (``KERNEL_GAP_S``): Megatron's
+    2.61 launches per modelled kernel and cuBLAS's memsets; a calibration's measured gap
+    replaces it."""
+    model = ComputeModel(H100, ISOLATED)
+    base = plan(tp=4)
+    wgrad = layer_kernels(base).backward_weight
+    assert len(wgrad) == 4  # QKV, projection, fc1, fc2
+    memsets = sum(known_launches(k, "megatron") for k in wgrad)
+    launches = 4 * LAUNCHES_PER_KERNEL["megatron"] + memsets
+    assert model.launch_count(wgrad, "megatron") == pytest.approx(launches)
+    expected = model.price(wgrad) + launches * 1.5e-6
+    assert model.layer_times(base).backward_weight_s == pytest.approx(expected)
+    assert KERNEL_GAP_S == 1.5e-6
+    measured = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.0, kernel_gap_s=3e-6))
+    assert measured.layer_times(base).backward_weight_s == pytest.approx(
+        model.price(wgrad) + launches * 3e-6
+    )
+    slowed = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.25))  # scales both alike
+    assert slowed.layer_times(base).backward_weight_s == pytest.approx(1.25 * expected)
+    none = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.0, kernel_gap_s=0.0))
+    assert none.layer_times(base).backward_weight_s == pytest.approx(model.price(wgrad))
+    with pytest.raises(ValueError, match=re.escape("kernel_gap_s must be a number in [0, 0.0001]")):
+        ComputeCalibration(kernel_gap_s=0.5)
+
+
+def test_the_h200_runs_elementwise_kernels_at_its_measured_share() -> None:
+    """On the H200 the elementwise class runs at 0.678 of 4.8 TB/s (the H100's default scaled
+    by the two GPUs' probe ratio); its loss kernels keep the default, its casts their own."""
+    h200 = ComputeModel(GPUS["h200"], ISOLATED)
+    assert ELEMENTWISE_EFFICIENCY == {"h200": 0.678}
+    assert h200.memory_time_s(1e9, "elementwise") == pytest.approx(1e9 / (4.8e12 * 0.678))
+    assert h200.memory_time_s(1e9, "loss") == pytest.approx(1e9 / (4.8e12 * 0.80))
+    assert h200.memory_time_s(1e9, "copy") == pytest.approx(1e9 / (4.8e12 * 0.51))
+    h100 = ComputeModel(H100, ISOLATED)
+    assert h100.memory_time_s(1e9, "elementwise") == pytest.approx(1e9 / (3.35e12 * 0.80))
 
 
 def test_more_tensor_parallelism_means_less_time_per_gpu() -> None:
@@ -188,9 +234,12 @@ def test_head_embedding_and_optimizer_times() -> None:
     assert head_vocab_per_gpu(plan(tp=4)) == 128512 / 4  # Megatron's padding: 251 x 512
     lm_gemm = model.gemm_time_s(8192, 128512 / 4, 8192)
     assert head.forward_s > lm_gemm
-    assert head.backward_weight_s == pytest.approx(model.gemm_time_s(8192, 128512 / 4, 8192))
+    # one weight-gradient GEMM: Megatron's 2.61 launches per kernel (no memsets counted on that
+    # stack), each after the GPU's 1.5 us gap
+    gap = LAUNCHES_PER_KERNEL["megatron"] * KERNEL_GAP_S
+    assert head.backward_weight_s == pytest.approx(model.gemm_time_s(8192, 128512 / 4, 8192) + gap)
     embedding = model.embedding_times(plan(tp=4))
-    assert embedding.forward_s == pytest.approx(2 * 2 * 8192 * 8192 / (3.35e12 * 0.8))
+    assert embedding.forward_s == pytest.approx(2 * 2 * 8192 * 8192 / (3.35e12 * 0.8) + gap)
     cast = model.memory_time_s(1e9, "copy")  # casts run at their measured share on Hopper
     assert cast == pytest.approx(1e9 / (3.35e12 * CAST_EFFICIENCY["h100-sxm"]))
     # a copy that converts nothing (a layout copy, a concatenation, a fill) at the fills' rate

@@ -17,6 +17,7 @@ from sim.compute.compute_model import ComputeModel
 from sim.replay.engine import Engine, Timeline
 from sim.replay.recipes import layer_recipes, ring_steps, step_costs
 from topologies.hardware import GPUS
+from vocab.compute_calibration import ComputeCalibration
 
 TINY = {
     "name": "tiny", "num_layers": 2, "hidden_size": 8, "num_heads": 2, "num_kv_heads": 1,
@@ -25,10 +26,11 @@ TINY = {
 
 
 class FlopClock(ComputeModel):
-    """Fused attention at 256 FLOP/s; memory-bound kernels take no time."""
+    """Fused attention at 256 FLOP/s; memory-bound kernels and the gaps between kernels take no
+    time."""
 
     def __init__(self) -> None:
-        super().__init__(GPUS["h100-sxm"])
+        super().__init__(GPUS["h100-sxm"], ComputeCalibration(kernel_gap_s=0.0))
 
     def kernel_time_s(self, kernel: Kernel) -> float:
         return 0.0 if kernel.kind == "memory" else kernel.flops / 256.0

@@ -86,6 +86,13 @@ def test_the_comparison_rows_line_up_with_the_trace(small: tuple) -> None:
     result = simulate_plan(plan, compute_calibration=fit.calibration)
     phases = {row.what: row for row in phase_rows(step, result, 0.058)}
     assert phases["step"].predicted_s == result.step_time_s and phases["step"].traced_s == 0.058
+    # the passes' traced kernels with the trace's own gap before each, as the replay prices them
+    assert 1e-6 < step.kernel_gap_s < 3e-6
+    gaps = {p: step.phase_kernels[p] * step.kernel_gap_s for p in ("forward", "backward")}
+    for phase, gap in gaps.items():
+        assert phases[phase].traced_s == pytest.approx(step.phases_s[phase] + gap)
+    idle = 0.058 - step.busy_s - sum(gaps.values())
+    assert phases["idle (host, waits)"].traced_s == pytest.approx(max(idle, 0.0))
     # the traced optimizer phase is fused Adam alone; the prediction adds the bf16 / fp32
     # master copies (12 bytes per parameter) at the fit's copy rate
     resolved = resolve_plan(plan, 1)
