@@ -540,6 +540,25 @@ def norm_cast_bytes(plan: Plan) -> float:
     return norm_output_readers(plan.model) * cast * residual_stream_elements(plan)
 
 
+def norm_grad_cast_bytes(plan: Plan) -> float:
+    """Bytes of one layer's backward casts where the residual stream is fp32
+    (``FP32_RESIDUAL_GRAD_CASTS``): each linear that read a norm's cast output turns its input's
+    bf16 gradient into fp32 (``norm_output_readers``), and each residual add gives its bf16
+    branch (attention, MLP) the fp32 stream's gradient cast down: readers + 2, four in a fused
+    layer, seven with separate gated projections (results/heldout5/traced's trace: five
+    bf16-to-fp32 and two fp32-to-bf16 activation-sized casts per layer and micro-batch)."""
+    casts = norm_cast_bytes(plan)
+    if not casts:
+        return 0.0
+    readers = norm_output_readers(plan.model)
+    return casts * (readers + FP32_RESIDUAL_BRANCH_CASTS) / readers
+
+
+FP32_RESIDUAL_BRANCH_CASTS = 2
+"""Branch outputs (attention, MLP) whose gradient the fp32 residual stream casts to bf16 in the
+backward, per layer, sequential or parallel."""
+
+
 def split_grad_bytes(plan: Plan) -> float:
     """Bytes of one layer's split-backward concatenations per micro-batch on one GPU
     (``EAGER_SPLIT_GRAD_BYTES``): eager, the QKV output and the up projection's when gated;
@@ -877,7 +896,21 @@ PROJECTION_SUM_BYTES = 2
 """Bytes per element of each extra partial input gradient that separate projections sum
 (``model.separate_projections``): autograd adds the q, k and v linears' input gradients (and a
 gated MLP's gate and up ones) into their common input's gradient; Inductor fuses the adds into
-the next kernel that reads the sum, so each extra bf16 partial is read once more."""
+the next kernel that reads the sum, so each extra bf16 partial is read once more. The eager stack
+runs each add as a kernel of its own (``EAGER_PROJECTION_SUM_ACCESSES``)."""
+EAGER_PROJECTION_SUM_ACCESSES = 3
+"""Elements an eager add of one more partial input gradient reads and writes per element (the
+sum so far and the partial, the new sum), in the gradients' dtype: fp32 under autocast over fp32
+weights (each partial comes out of its linear's input cast), else bf16. results/heldout5/traced's
+separate-projection step runs 72 more fp32 adds of that size than its fused twin (three per layer
+and micro-batch: two for q, k and v, one for gate and up)."""
+
+
+def projection_sum_bytes_per_element(plan: Plan) -> float:
+    """Bytes per element of each extra partial input gradient separate projections sum."""
+    if kernel_stack(plan) != "eager":
+        return PROJECTION_SUM_BYTES
+    return EAGER_PROJECTION_SUM_ACCESSES * (4 if autocast_weights(plan) else ACTIVATION_BYTES)
 
 
 def _projection_widths(plan: Plan) -> dict[str, tuple[float, ...]]:
@@ -909,7 +942,8 @@ def separate_projection_kernels(plan: Plan, phases: Phases) -> Phases:
     batching passes are off by default: ``pre_grad_fusion_options`` empty). Each piece keeps the
     fused kernel's name, dtype and backend; the forward and the weight gradients split the
     output width, the input gradients the reduction (each piece writes a whole partial input
-    gradient, summed at ``PROJECTION_SUM_BYTES``). Casts stay as the fused linear's."""
+    gradient, summed at ``projection_sum_bytes_per_element``). Casts stay as the fused
+    linear's."""
     if not plan.model.separate_projections:
         return phases
     widths = _projection_widths(plan)
@@ -937,7 +971,7 @@ def separate_projection_kernels(plan: Plan, phases: Phases) -> Phases:
                 partials += (len(parts) - 1) * kernel.dims[0] * kernel.dims[1]
         split.append(tuple(out))
     if partials:
-        total = PROJECTION_SUM_BYTES * partials
+        total = projection_sum_bytes_per_element(plan) * partials
         split[1] = (*split[1], memory("projection_grad_sum", total))
     return split[0], split[1], split[2]
 
@@ -1207,7 +1241,7 @@ def layer_kernels(plan: Plan) -> PieceKernels:
             *(
                 (
                     replace(
-                        memory("norm_grad_cast", FP32_RESIDUAL_GRAD_CASTS * norm_casts, "copy"),
+                        memory("norm_grad_cast", norm_grad_cast_bytes(plan), "copy"),
                         extra_launches=more_casts,
                     ),
                 )

@@ -1,4 +1,4 @@
-# Shared harness of a batch of `commbench --step` runs on a lent GPU machine (sourced from the
+# Shared harness of a batch of `commbench --step` runs on a GPU machine (sourced from the
 # repository root; writes under $OUT). Usage, in the batch's own script:
 #   source tools/step_batch.sh NAME BUDGET_S     # $OUT/NAME/ and $OUT/NAME.tar.gz; no new run
 #   one PLAN MICROBATCHES eager|compiled trace|none LIMIT_S   # starts after BUDGET_S seconds

@@ -45,9 +45,9 @@ def main() -> None:
     }
     out = {
         "schema": "commsim-step-validation/1",
-        "about": "commbench --step files measured on one H100 after the calibrations were "
-        "written (held out), predicted on defaults and from each shipped step file's calibration "
-        "of the same loop (eager or compiled)",
+        "about": "commbench --step files measured on one GPU (the files' gpu) after the "
+        "calibrations were written (held out), predicted on defaults and from each shipped step "
+        "file's calibration of the same loop and GPU (eager or compiled)",
         "summary": error_figures(groups),
         "predictions": rows,
         "peak_memory": memory,

@@ -2,7 +2,7 @@
 # Fifth batch of held-out single-GPU steps: heads set apart from h / a with Qwen3's QK norm,
 # separate projections and a parallel block (built by commbench --step's model for the first
 # time), then the loss and QK-norm kernels (tools/kernel_probe.py --parts cross_entropy,qk_norm).
-# Run from the repository root on a lent machine; writes under $OUT.
+# Run from the repository root on a GPU machine; writes under $OUT.
 source tools/step_batch.sh batch5 300
 p=results/heldout5/plans
 timeout 60 python3 tools/kernel_probe.py --output "$dir/probe_ce_qknorm.json" --parts cross_entropy,qk_norm 2>&1 | tail -3

@@ -129,10 +129,10 @@ calibration's ``overlap_slowdown`` replaces it."""
 KERNEL_GAP_S = 1.5e-6
 """GPU time between one kernel's end and the next one's start on a stream while the host is
 ahead of it (the device's own launch latency: the next grid starts once the previous drains).
-Measured in eleven torch.profiler traces of whole training steps, eager and compiled, on one H100
+Measured in twelve torch.profiler traces of whole training steps, eager and compiled, on one H100
 (results/h100_heldout, refdata/h100/traces: a separate plain-PyTorch loop) and one H200
 (results/heldout5/traced): the gaps under 10 us between consecutive kernels have medians of
-1.38-1.60 us and means of 1.51-1.89 us in every one, 1,513-3,977 gaps each; the gaps above are
+1.25-1.60 us and means of 1.51-1.89 us in every one, 1,513-3,977 gaps each; the gaps above are
 the host falling behind (``host_s_per_launch``). The unprofiled GPU-bound steps agree: step time
 minus the profiled kernels' busy time is 1.0-1.6 us per kernel on the eager H100 steps of
 results/h100_heldout. Every launch on the GPU pays it (``launch_count``), CUDA graphs included.

@@ -269,10 +269,13 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
         fused = optimizer_launches(stage_params_per_gpu(plan, 0))
         counted = num_kernels - fused - known_launches(plan, microbatches)
         launches = max(counted, 1) / modelled_launch_count(plan, microbatches)
-    gap = profile.get("kernel_gap_s")  # files written before it was measured have none
+    # files written before it was measured have none; a GPU profile with no short gap (the host
+    # behind at every kernel) measured none, where a CPU profile's 0 is its operators' own
+    gap = profile.get("kernel_gap_s")
+    lowest = 0.0 if gpu.family == "cpu" else 1e-9
     measured_gap = (
         float(gap)
-        if isinstance(gap, int | float) and not isinstance(gap, bool) and 0 <= gap <= 1e-4
+        if isinstance(gap, int | float) and not isinstance(gap, bool) and lowest <= gap <= 1e-4
         else None
     )
     fitted = ComputeCalibration(

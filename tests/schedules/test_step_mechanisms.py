@@ -95,11 +95,17 @@ def test_autocast_casts_the_input_of_every_linear_that_reads_a_norm() -> None:
     assert norm_cast_bytes(fused) == pytest.approx(2 * cast)
     assert norm_cast_bytes(separate) == pytest.approx(5 * cast)
     assert norm_cast_bytes(block) == pytest.approx(2 * cast)  # one norm, two readers
-    for plan, more in ((fused, 0), (separate, 3), (block, 0)):
+    # the backward: each reader's input gradient cast up, each branch's output gradient down
+    for plan, more, grad_casts in ((fused, 0, 4), (separate, 3, 7), (block, 0, 4)):
         kernels = layer_kernels(plan)
         (forward,) = (k for k in kernels.forward if k.name == "norm_output_cast")
         (backward,) = (k for k in kernels.backward_input if k.name == "norm_grad_cast")
         assert forward.extra_launches == backward.extra_launches == more
+        assert backward.bytes == pytest.approx(grad_casts * cast)
+    # eager autocast: each of the three extra partial input gradients added in fp32 by a kernel
+    # of its own, 12 bytes per element (two of h for q, k, v; one for gate and up)
+    (sums,) = (k for k in layer_kernels(separate).backward_input if k.name == "projection_grad_sum")
+    assert sums.bytes == pytest.approx(12 * 3 * TOKENS * H)
     plain_separate = _plan({"separate_projections": True})  # a plain MLP: one up projection
     assert norm_output_readers(plain_separate.model) == 4
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Paired traces for batch 5's two eager misses: separate projections against the fused ones, a
-# parallel block against the sequential one, same shapes (run from the repository root on a lent
+# parallel block against the sequential one, same shapes (run from the repository root on a GPU
 # machine; writes under $OUT).
 source tools/step_batch.sh batch5b 240
 p=results/heldout5/plans

@@ -221,15 +221,15 @@ def test_cublas_memsets_before_large_aligned_bf16_gemms(
 
 
 def test_the_profiles_gap_between_kernels_is_carried() -> None:
-    """A profile's measured gap becomes the calibration's (a file without one keeps the
-    default; a CPU profile's 0 is kept, and the CPU's default is none)."""
+    """A profile's measured gap becomes the calibration's (a file without one, or a GPU profile
+    that found no short gap, keeps the default; the CPU's default is none)."""
     measurement = _measurement(1.1, 1.2, 1.3, 0.0)
     assert calibration_from_step(measurement, H100).kernel_gap_s is None
     measurement["profile"]["kernel_gap_s"] = 2.5e-6
     calibration = calibration_from_step(measurement, H100)
     assert calibration.kernel_gap_s == 2.5e-6
     assert ComputeModel(H100, calibration).kernel_gap_s == 2.5e-6
-    measurement["profile"]["kernel_gap_s"] = 0.0  # a CPU profile: operators back to back
-    assert calibration_from_step(measurement, H100).kernel_gap_s == 0.0
-    assert ComputeModel(GPUS["cpu"]).kernel_gap_s == 0.0  # and the CPU's default
+    measurement["profile"]["kernel_gap_s"] = 0.0  # a GPU profile with no short gap: none measured
+    assert calibration_from_step(measurement, H100).kernel_gap_s is None
+    assert ComputeModel(GPUS["cpu"]).kernel_gap_s == 0.0  # the CPU's operators: back to back
     assert ComputeModel(H100).kernel_gap_s == 1.5e-6
