@@ -298,13 +298,13 @@ a copy kernel), whose backward casts the gradient back. ``compile``: Inductor fu
 norm and the cast (``triton_red_fused__to_copy_add_native_layer_norm``): read the fp32 stream 4
 and the bf16 branch 2, write the fp32 stream 4 and the bf16 normed 2, 12 per norm and add pair
 where bf16 needs 10."""
-FP32_RESIDUAL_GRAD_CASTS = 2
-"""Casts per norm in the backward where the residual stream is fp32 and the casts are not fused
-(eager): the cast node's backward turns the norm output's bf16 gradient into fp32, and the
-residual add's backward casts the fp32 stream gradient to the bf16 branch's dtype (autograd
-returns each input's gradient in its dtype). The eager H100 trace of results/h100_heldout
-(Llama h1536) shows four fp32-to-bf16 and two bf16-to-fp32 activation-sized casts per layer:
-two forward, four backward."""
+FP32_RESIDUAL_BRANCH_CASTS = 2
+"""Branch outputs (attention, MLP) whose gradient the fp32 residual stream casts to bf16 in the
+backward, per layer, sequential or parallel (autograd returns each input's gradient in its
+dtype); beside them each linear that read a norm's cast output casts its input's gradient back to
+fp32 (``norm_grad_cast_bytes``). The eager H100 trace of results/h100_heldout (Llama h1536) shows
+four fp32-to-bf16 and two bf16-to-fp32 activation-sized casts per layer: two forward, four
+backward."""
 EAGER_ATTENTION_LAYOUT_BYTES = 4
 """Bytes per element of the attention output's layout copy in an eager layer: the heads-major
 output is made (tokens, hidden) contiguous again (``y.transpose(1, 2).contiguous()`` in
@@ -542,7 +542,7 @@ def norm_cast_bytes(plan: Plan) -> float:
 
 def norm_grad_cast_bytes(plan: Plan) -> float:
     """Bytes of one layer's backward casts where the residual stream is fp32
-    (``FP32_RESIDUAL_GRAD_CASTS``): each linear that read a norm's cast output turns its input's
+    (``FP32_RESIDUAL_BRANCH_CASTS``): each linear that read a norm's cast output turns its input's
     bf16 gradient into fp32 (``norm_output_readers``), and each residual add gives its bf16
     branch (attention, MLP) the fp32 stream's gradient cast down: readers + 2, four in a fused
     layer, seven with separate gated projections (results/heldout5/traced's trace: five
@@ -552,11 +552,6 @@ def norm_grad_cast_bytes(plan: Plan) -> float:
         return 0.0
     readers = norm_output_readers(plan.model)
     return casts * (readers + FP32_RESIDUAL_BRANCH_CASTS) / readers
-
-
-FP32_RESIDUAL_BRANCH_CASTS = 2
-"""Branch outputs (attention, MLP) whose gradient the fp32 residual stream casts to bf16 in the
-backward, per layer, sequential or parallel."""
 
 
 def split_grad_bytes(plan: Plan) -> float:

@@ -505,8 +505,6 @@ class ComputeModel:
         own times and the gap before each launch (``kernel_gap_s``), the gaps scaled by
         ``time_factor`` as the kernels are (so the in-step slowdown's share of the compute
         stream stays ``s / (1 + s)`` of it)."""
-        if not kernels:
-            return 0.0
         gaps_s = self.launch_count(kernels, loop) * self.kernel_gap_s * self.time_factor
         return self.price(kernels) + gaps_s
 
