@@ -142,13 +142,20 @@ def head_activation_bytes(
     return norm_in + ACTIVATION_BYTES * tokens * model.hidden_size
 
 
-LOGITS_BYTES_PER_ELEMENT = {"megatron": 10, "compile": 10, "eager": 12}
-"""Cross-entropy's peak over the logits, bytes per element, by kernel stack. Forward: the bf16
-logits (2), their fp32 upcast (4) and the fp32 softmax kept for backward (4) = 10 (Megatron's
-``vocab_parallel_cross_entropy`` upcasts in ``calculate_logits_max`` and saves ``exp_logits``;
-torchtitan's ``cross_entropy(pred.float())`` keeps ``pred`` while ``log_softmax`` writes). Eager
+LOGITS_BYTES_PER_ELEMENT = {"compile": 10, "eager": 12}
+"""Cross-entropy's peak over the logits, bytes per element, on the PyTorch stacks. Forward: the
+bf16 logits (2), their fp32 upcast (4) and the fp32 log-softmax written beside it (4) = 10
+(torchtitan's ``cross_entropy(pred.float())`` keeps ``pred`` while ``log_softmax`` writes). Eager
 backward is higher: the saved log-softmax output, the dense fp32 gradient from
 ``nll_loss_backward`` and the fp32 output of ``log_softmax_backward`` live together = 12."""
+MEGATRON_LOGITS_BYTES_PER_ELEMENT = {"none": 6, "native": 10, "te": 6, "te_inplace": 2}
+"""The same peak for each of Megatron-Core's cross-entropies (``training.cross_entropy_fusion``;
+``schedules.kernels.MEGATRON_CROSS_ENTROPY``). ``none``: the bf16 logits (2) and their fp32
+upcast (4), which the shift, exponential and division then overwrite in place and the backward
+scales in place before its cast to bf16 (4 + 2) = 6. ``native``: the same, but the backward's
+functionalised scatter copies the saved softmax (4 + 4 + 2) = 10. ``te``: the bf16 logits and
+the fp32 gradient written in the forward (2 + 4), then that gradient and its bf16 cast = 6.
+``te_inplace``: the gradient written over the bf16 logits = 2."""
 LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT = 16
 """The same peak under torch's ``loss_parallel`` (torchtitan's default with tensor parallelism:
 vocabulary-sharded logits, an uncompiled loss), whose DTensor handlers spell the loss out in

@@ -36,7 +36,7 @@ from schedules.flops import window_pairs_fraction
 from schedules.messages import ACTIVATION_COMM_BYTES, tp_branches_per_layer, tp_message_bytes
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import ModelConfig, Plan, num_microbatches
-from schedules.stacks import kernel_stack, loss_compiled
+from schedules.stacks import kernel_stack, loss_compiled, megatron_cross_entropy
 from schedules.transformer_engine import te_cast_bytes, te_recipe
 
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward", "memory")
@@ -48,11 +48,6 @@ calibration fits each pass class its own share of the memory bandwidth (the opti
 bytes per parameter)."""
 ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
 """Fused attention backward FLOPs / forward FLOPs (5 matmuls instead of 2, FlashAttention)."""
-CROSS_ENTROPY_FORWARD_PASSES = 4
-"""fp32 passes over the logits in the forward of vocab-parallel cross-entropy (cast, max, exp-sum,
-loss); approximate, from Megatron's ``vocab_parallel_cross_entropy``."""
-CROSS_ENTROPY_BACKWARD_PASSES = 2
-"""fp32 passes over the logits in its backward (softmax minus one-hot, scaled)."""
 COMPILED_CROSS_ENTROPY_BYTES = (4, 4)
 """Bytes per logit of the compiled cross-entropy, forward and backward: Inductor turns
 ``cross_entropy(logits.float())`` into reductions over the bf16 logits that never write the fp32
@@ -1310,9 +1305,78 @@ wider than 1,024 (``cunn_SoftMaxForward``: a max pass, a sum-of-exponentials pas
 pass read the row three times and write it once, 16); ``nll_loss_backward`` zero-fills the
 dense fp32 gradient (4); ``log_softmax_backward`` (a sum pass over the gradient, then gradient
 and output read and the result written, 16); the cast back to the bf16 logits' gradient (read
-4, write 2). 48 in all where Megatron's vocab-parallel loss makes 24. On the seven eager H100
-files of refdata/h100 the loss class (log-softmax and NLL kernels) takes 0.89-0.91 of the 32
-bytes' time at the default bandwidth."""
+4, write 2). 48 in all where Megatron's unfused vocab-parallel loss makes 52
+(``MEGATRON_CROSS_ENTROPY``). On the seven eager H100 files of refdata/h100 the loss class
+(log-softmax and NLL kernels) takes 0.89-0.91 of the 32 bytes' time at the default bandwidth."""
+
+
+MEGATRON_CROSS_ENTROPY: dict[str, tuple[tuple[tuple[str, float, str], ...], ...]] = {
+    "none": (
+        (
+            ("logits_upcast", 6, "copy"),
+            ("logits_max", 4, "loss"),
+            ("logits_shift", 8, "loss"),
+            ("logits_exp", 8, "loss"),
+            ("exp_sum", 4, "loss"),
+            ("softmax_divide", 8, "loss"),
+        ),
+        (("softmax_scale", 8, "loss"), ("logits_grad_cast", 6, "copy")),
+    ),
+    "native": (
+        (
+            ("logits_upcast_max", 6, "loss"),
+            ("logits_shift_exp_sum", 8, "loss"),
+            ("softmax_divide", 8, "loss"),
+        ),
+        (("softmax_copy", 8, "copy"), ("softmax_scale_cast", 10, "loss")),
+    ),
+    "te": (
+        (("online_softmax", 2, "loss"), ("cross_entropy_grad", 6, "loss")),
+        (("grad_scale", 8, "loss"), ("logits_grad_cast", 6, "copy")),
+    ),
+    "te_inplace": (
+        (("online_softmax", 2, "loss"), ("cross_entropy_grad", 4, "loss")),
+        (("grad_scale", 4, "loss"),),
+    ),
+}
+"""Bytes per logit of each pass over the vocabulary-parallel logits of Megatron-Core's
+cross-entropy (``training.cross_entropy_fusion``), per kernel, forward then backward, with the
+profile class each falls in. Counted from the code (bf16 logits, fp32 math):
+
+- ``none``, ``tensor_parallel/cross_entropy.py`` (the same passes since 2019):
+  ``calculate_logits_max`` upcasts (read 2, write 4) and takes the row maximum (4);
+  ``calculate_predicted_logits`` subtracts it in place (8), exponentiates in place (8) and sums
+  (4); ``calculate_cross_entropy_loss`` divides in place (8): 38. Backward: the softmax scaled by
+  the loss gradient in place (8), then autograd casts the fp32 gradient to the logits' bf16
+  (6): 14. One H200 probe timed these 38 / 14 bytes at 3.0 / 3.4 TB/s
+  (``results/heldout5/probe_ce_qknorm.json``).
+- ``native``, ``fusions/fused_cross_entropy.py``: the same three steps, each compiled by
+  ``megatron.core.jit.jit_fuser`` (``torch.compile`` from torch 2.2). Inductor fuses the upcast
+  into the maximum's reduction (one kernel writing the fp32 copy, 6), the shift, exponential and
+  sum into one (8, written back in place) and the division (8): 22. Backward: functionalising
+  the in-place scatter of ``calculate_gradients`` copies the saved softmax first (8), and the
+  scaled, cast gradient is written with the softmax's in-place update (read 4, write 4 + 2): 18.
+  The fusions and the copy are read off Inductor's generated code for these functions
+  (torch 2.13; SIMD scheduling fuses a pointwise node into a reduction of the same extent).
+- ``te``, Transformer Engine's ``triton/cross_entropy.py`` from 2.18: an online-softmax pass
+  reads the logits (2); a second reads them again and writes the fp32 gradient (2 + 4).
+  Backward: the gradient scaled in place (8), cast to bf16 by autograd (6).
+- ``te_inplace``, the same kernels from 2.0 to 2.17, which wrote the gradient over the bf16
+  logits: 2 + (2 + 2) forward, 4 backward."""
+MEGATRON_CROSS_ENTROPY_SMALL_KERNELS = {
+    "none": (12, 6),
+    "native": (3, 1),
+    "te": (4, 3),
+    "te_inplace": (4, 3),
+}
+"""Kernels over one value per token (or fewer) that each implementation runs beside its passes,
+forward and backward (``Kernel.small_kernels``). ``none``: the target mask (3), the shifted
+target (2) and its masked fill, the predicted logit's index, gather, copy and masked fill, the
+loss's log and subtraction; backward the index, the one-hot mask's cast and complement, gather,
+subtraction and scatter. ``native``: Inductor's kernels over the targets, the concatenation and
+the loss; backward the scatter. ``te``: three zero fills and a clamp; backward the scalar
+comparison that skips the scaling for a unit gradient (a host sync), its constant and a copy of
+the gradient."""
 
 
 def cross_entropy_kernels(
@@ -1327,9 +1391,7 @@ def cross_entropy_kernels(
             memory("cross_entropy_backward", fused_backward * logits, "loss"),
         )
     if kernel_stack(plan) == "megatron":
-        return (memory("cross_entropy", 4.0 * CROSS_ENTROPY_FORWARD_PASSES * logits, "loss"),), (
-            memory("cross_entropy_backward", 4.0 * CROSS_ENTROPY_BACKWARD_PASSES * logits, "loss"),
-        )
+        return megatron_cross_entropy_kernels(megatron_cross_entropy(plan), logits)
     forward, backward = (
         tuple(
             memory(name, size * logits, kind, converts=not name.endswith("_fill"))
@@ -1337,6 +1399,28 @@ def cross_entropy_kernels(
         )
         for phase in TORCH_CROSS_ENTROPY_BYTES
     )
+    return forward, backward
+
+
+def megatron_cross_entropy_kernels(
+    implementation: str, logits: float
+) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """(forward, backward) kernels of Megatron-Core's cross-entropy ``implementation``
+    (``MEGATRON_CROSS_ENTROPY``) over ``logits``: each pass over the logits a kernel, the
+    phase's small kernels (``MEGATRON_CROSS_ENTROPY_SMALL_KERNELS``) run beside the first."""
+    phases = []
+    for passes, small in zip(
+        MEGATRON_CROSS_ENTROPY[implementation],
+        MEGATRON_CROSS_ENTROPY_SMALL_KERNELS[implementation],
+        strict=True,
+    ):
+        kernels = [
+            memory(name, size * logits, kind, converts=not name.startswith("softmax_copy"))
+            for name, size, kind in passes
+        ]
+        kernels[0] = replace(kernels[0], small_kernels=small, extra_launches=small)
+        phases.append(tuple(kernels))
+    forward, backward = phases
     return forward, backward
 
 

@@ -42,6 +42,7 @@ from schedules.activations import (
     COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT,
     LOGITS_BYTES_PER_ELEMENT,
     LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT,
+    MEGATRON_LOGITS_BYTES_PER_ELEMENT,
     head_activation_bytes,
     layer_activation_bytes,
     logits_bytes,
@@ -70,7 +71,7 @@ from schedules.params import (
 )
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import Plan, num_microbatches
-from schedules.stacks import loss_compiled
+from schedules.stacks import loss_compiled, megatron_cross_entropy
 from schedules.stages import chunk_layers, recomputed_fraction
 
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -393,13 +394,16 @@ def logits_bytes_per_element(plan: Plan) -> float:
     """Peak bytes per logit of the plan's loss: Inductor's fused loss
     (``COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT``), torch's ``loss_parallel`` on the PyTorch
     stacks with tensor parallelism unless ``training.loss_parallel`` is off
-    (``LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT``), else the stack's (``LOGITS_BYTES_PER_ELEMENT``).
+    (``LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT``), Megatron-Core's cross-entropy's
+    (``MEGATRON_LOGITS_BYTES_PER_ELEMENT``), else the stack's (``LOGITS_BYTES_PER_ELEMENT``).
     Without ``loss_parallel`` every rank holds the whole vocabulary's logits
     (``vocab_sharded_loss``)."""
     stack = kernel_stack(plan)
     if loss_compiled(plan):
         return COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT
-    if stack != "megatron" and plan.parallel.tp > 1 and plan.training.loss_parallel:
+    if stack == "megatron":
+        return MEGATRON_LOGITS_BYTES_PER_ELEMENT[megatron_cross_entropy(plan)]
+    if plan.parallel.tp > 1 and plan.training.loss_parallel:
         return LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT
     return LOGITS_BYTES_PER_ELEMENT[stack]
 

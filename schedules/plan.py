@@ -50,6 +50,9 @@ FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 TE_FP8_RECIPES = ("delayed", "current")
 """Transformer Engine's FP8 recipes on the megatron stack (``DelayedScaling``,
 ``Float8CurrentScaling``; ``schedules.transformer_engine``)."""
+CROSS_ENTROPY_FUSIONS = ("none", "native", "te", "te_inplace")
+"""Megatron-Core's cross-entropy implementations (``training.cross_entropy_fusion``;
+``schedules.kernels.MEGATRON_CROSS_ENTROPY``)."""
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
 MOE_DISPATCHERS = ("alltoall", "allgather")
 """Megatron-Core's token dispatchers (``moe_token_dispatcher_type``)."""
@@ -596,6 +599,13 @@ class TrainingConfig:
     the log-softmax and its backward into reductions over the bf16 logits): unset means yes on
     the ``compile`` stack (torchtitan's ``compile.components`` default, a model whose forward
     returns the loss); false for a loop that compiles the model only. ``compile`` stack only."""
+    cross_entropy_fusion: str | None = None
+    """Which cross-entropy Megatron-Core runs over the vocabulary-parallel logits
+    (``schedules.kernels.MEGATRON_CROSS_ENTROPY``): ``none``, the unfused loss (Megatron-LM's
+    default); ``native`` (``--cross-entropy-loss-fusion``), the same passes fused by
+    ``torch.compile``; ``te`` (``--cross-entropy-fusion-impl te``), Transformer Engine's Triton
+    kernels from 2.18 on; ``te_inplace``, those kernels before 2.18, which wrote the gradient over
+    the bf16 logits. Unset: ``none``. ``megatron`` stack only (setting it implies that stack)."""
 
     cuda_graphs: bool = False
     """Whether the transformer layers run as captured CUDA graphs, one per layer and pass
@@ -628,6 +638,15 @@ class TrainingConfig:
             raise ValueError(
                 f"training.compile_loss needs training.stack=compile, got stack={self.stack}"
             )
+        if self.cross_entropy_fusion is not None:
+            _check_choice(
+                "training.cross_entropy_fusion", self.cross_entropy_fusion, CROSS_ENTROPY_FUSIONS
+            )
+            if self.stack not in (None, "megatron"):
+                raise ValueError(
+                    "training.cross_entropy_fusion needs training.stack=megatron, got "
+                    f"stack={self.stack}"
+                )
 
     def _check_float8(self) -> None:
         recipe = self.float8_recipe
@@ -734,6 +753,7 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         "training.attention_backend": ATTENTION_BACKENDS,
         "training.float8_recipe": FLOAT8_RECIPES,
         "training.te_fp8_recipe": TE_FP8_RECIPES,
+        "training.cross_entropy_fusion": CROSS_ENTROPY_FUSIONS,
         "training.mixed_precision": MIXED_PRECISIONS,
     }
     got = f"got {shorten(value)} ({type(value).__name__})"

@@ -31,13 +31,19 @@ MEGATRON_KNOBS = (
 """``parallel`` keys that only Megatron-LM has (``--tp-comm-overlap``,
 ``--overlap-param-gather``, its scatter-gather pipeline p2p, its pipeline-split flags): a plan
 setting one away from the default describes a Megatron run."""
+MEGATRON_TRAINING_KNOBS = ("cross_entropy_fusion",)
+"""``training`` keys that only Megatron-Core has (its cross-entropy implementation), the same
+way: set at all, they describe a Megatron run."""
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 
 
 def megatron_knobs_set(plan: Plan) -> list[str]:
-    """The ``MEGATRON_KNOBS`` the plan sets away from their defaults, in that order."""
-    return [k for k in MEGATRON_KNOBS if getattr(plan.parallel, k) != _DEFAULTS[k]]
+    """The ``MEGATRON_KNOBS`` the plan sets away from their defaults, then the
+    ``MEGATRON_TRAINING_KNOBS`` it sets, in that order."""
+    parallel = [k for k in MEGATRON_KNOBS if getattr(plan.parallel, k) != _DEFAULTS[k]]
+    training = [k for k in MEGATRON_TRAINING_KNOBS if getattr(plan.training, k) is not None]
+    return parallel + training
 
 
 def kernel_stack(plan: Plan) -> str:
@@ -85,3 +91,9 @@ def loss_compiled(plan: Plan) -> bool:
     """Whether ``torch.compile`` fuses the plan's cross-entropy: on the ``compile`` stack unless
     ``training.compile_loss`` is false."""
     return kernel_stack(plan) == "compile" and plan.training.compile_loss is not False
+
+
+def megatron_cross_entropy(plan: Plan) -> str:
+    """The Megatron-Core cross-entropy the plan runs (``training.cross_entropy_fusion``; unset:
+    ``none``, Megatron-LM's default)."""
+    return plan.training.cross_entropy_fusion or "none"

@@ -84,6 +84,8 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--moe-pad-expert-input-to-capacity": bool,
     "--moe-permute-fusion": bool,
     "--moe-router-fusion": bool,
+    "--cross-entropy-loss-fusion": bool,
+    "--cross-entropy-fusion-impl": str,
 }
 """The flags read (arguments.py, core_v0.15.0) and their argparse types; bool: store_true."""
 _MEGATRON_NOISE = frozenset({
@@ -120,6 +122,7 @@ _MEGATRON_CHOICES = {
     "--fp8-format": ("e4m3", "hybrid"),
     "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
     "--moe-token-dispatcher-type": ("allgather", "alltoall", "alltoall_seq", "flex"),
+    "--cross-entropy-fusion-impl": ("native", "te"),
 }
 
 
@@ -580,5 +583,14 @@ def _megatron_training(flags: _Flags, has_model: bool, notes: list[str]) -> dict
         or (graphs not in (None, "none"))
     ):
         training["cuda_graphs"] = True  # the layers captured, one graph per layer and pass
+    impl = flags.get("--cross-entropy-fusion-impl", "native")
+    if flags.get("--cross-entropy-loss-fusion"):
+        training["cross_entropy_fusion"] = impl
+        if impl == "te":
+            notes.append(
+                f"{flags.file}: --cross-entropy-fusion-impl te priced as Transformer Engine 2.18 "
+                "or later (an fp32 gradient); set training.cross_entropy_fusion: te_inplace for "
+                "an older one, which writes the gradient over the bf16 logits"
+            )
     training["stack"] = "megatron"
     return training

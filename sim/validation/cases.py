@@ -21,6 +21,7 @@ from typing import Any
 
 from fileio.strict import load_json, shorten
 from refdata import CASES_PATH
+from schedules.plan import CROSS_ENTROPY_FUSIONS
 from sim.validation.measured import (
     Measurement,
     as_integer,
@@ -193,6 +194,20 @@ def parse_te_fp8(text: Any) -> dict[str, Any]:
     if re.search(r"delayed[_ ]scaling", t):
         return {"te_fp8_recipe": "delayed"}
     return {}
+
+
+def parse_cross_entropy_fusion(parallel: dict[str, Any], missing: list[str]) -> dict[str, Any]:
+    """Megatron-Core's cross-entropy implementation where the case names it
+    (``cross_entropy_fusion``: one of ``CROSS_ENTROPY_FUSIONS``, read in the run's configuration,
+    the reading in ``cross_entropy_fusion_source``): the plan key, else none (Megatron-LM's
+    default, the unfused loss). Another value is a missing knob."""
+    value = parallel.get("cross_entropy_fusion")
+    if value is None:
+        return {}
+    if value not in CROSS_ENTROPY_FUSIONS:
+        missing.append(f"cross_entropy_fusion ({shorten(value)})")
+        return {}
+    return {"cross_entropy_fusion": value}
 
 
 def parse_recompute(text: Any) -> tuple[str | None, str | None]:
@@ -598,6 +613,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
         training["compile_loss"] = False
     if training["stack"] == "eager" and parse_fused_norm(case) is False:
         training["fused_norm"] = False
+    if training["stack"] == "megatron":
+        training.update(parse_cross_entropy_fusion(parallel, missing))
     if training["precision"] == "fp8":
         parse = parse_te_fp8 if training["stack"] == "megatron" else parse_float8
         training.update(parse(parallel.get("precision")))

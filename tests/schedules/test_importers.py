@@ -628,6 +628,24 @@ def test_megatron_cuda_graphs(tmp_path: Path, flags: str, graphed: bool) -> None
     assert training.get("cuda_graphs", False) is graphed
 
 
+@pytest.mark.parametrize(
+    ("flags", "fusion"),
+    [
+        ("--cross-entropy-loss-fusion", "native"),
+        ("--cross-entropy-loss-fusion --cross-entropy-fusion-impl native", "native"),
+        ("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", "te"),
+        ("--cross-entropy-fusion-impl te", None),  # the implementation alone fuses nothing
+        ("", None),
+    ],
+)
+def test_megatron_cross_entropy_fusion(tmp_path: Path, flags: str, fusion: str | None) -> None:
+    args = f"--micro-batch-size 1 --global-batch-size 8 --bf16 {flags}\n"
+    imported = from_megatron_args(_write(tmp_path, "args.txt", args))
+    assert imported.sections["training"].get("cross_entropy_fusion") == fusion
+    older = "set training.cross_entropy_fusion: te_inplace for an older one"
+    assert any(older in line for line in imported.warnings) is (fusion == "te")
+
+
 def test_megatron_bash_arrays_variables_and_pipeline_split(tmp_path: Path) -> None:
     """Llama 3 405B as Megatron splits it: 126 layers + embedding + loss over PP16 x 2."""
     script = """#!/bin/bash
@@ -683,6 +701,8 @@ SHAPE = "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-lengt
          "a.sh: --num-layers-per-virtual-pipeline-stage 3 does not divide the 32/4 layers of a "
          "pipeline stage"),
         ("--bf16 --fp16", "a.sh: --bf16 and --fp16 together (Megatron refuses both)"),
+        ("--cross-entropy-loss-fusion --cross-entropy-fusion-impl triton",
+         "a.sh: --cross-entropy-fusion-impl must be one of native, te, got 'triton'"),
         ("--lr 'unclosed", "a.sh: cannot be read as shell words: No closing quotation"),
     ],
 )  # fmt: skip

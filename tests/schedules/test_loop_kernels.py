@@ -23,6 +23,7 @@ from schedules.memory import memory_per_gpu
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
+from schedules.stacks import kernel_stack, stack_source
 from sim.cli.main import main
 from sim.compute.compute_model import launch_loop, optimizer_launches
 from sim.validation.cases import parse_compile_loss
@@ -147,9 +148,50 @@ def test_the_eager_torch_loss_upcasts_reads_three_times_and_casts_back() -> None
     loss = ("logits_upcast", "cross_entropy", "cross_entropy_grad_fill",
             "cross_entropy_backward", "logits_grad_cast")  # fmt: skip
     assert sum({**forward, **backward}[name][0] for name in loss) == 48
-    megatron_raw = _raw(parallel={"data_parallel": "distributed_optimizer"})
-    megatron = head_kernels(resolve_plan(load_plan(megatron_raw), 1))
-    assert _named(megatron.forward, "cross_entropy") == 16 * logits  # 4 fp32 passes
+
+
+_HEAD_WORK = ("final_norm", "final_norm_backward", "lm_head", "lm_head_dgrad", "lm_head_wgrad")
+
+
+@pytest.mark.parametrize(
+    ("fusion", "forward", "backward", "small", "peak"),
+    [
+        # unfused: upcast 2+4, max 4, shift 4+4, exp 4+4, sum 4, divide 4+4; scale 4+4, cast 4+2
+        (None, 38, 14, (12, 6), 6),
+        ("none", 38, 14, (12, 6), 6),
+        # compiled: upcast+max 2+4, shift+exp+sum 4+4, divide 4+4; copy 4+4, scale+cast 4+4+2
+        ("native", 22, 18, (3, 1), 10),
+        # Triton: online softmax 2, gradient 2+4; scale 4+4, autograd's cast 4+2
+        ("te", 8, 14, (4, 3), 6),
+        # before 2.18: online softmax 2, gradient over the logits 2+2; scale 2+2
+        ("te_inplace", 6, 4, (4, 3), 2),
+    ],
+)
+def test_each_megatron_cross_entropy_moves_its_bytes_per_logit(
+    fusion: str | None, forward: int, backward: int, small: tuple[int, int], peak: int
+) -> None:
+    training = {} if fusion is None else {"cross_entropy_fusion": fusion}
+    raw = _raw(parallel={"data_parallel": "distributed_optimizer"}, **training)
+    plan = resolve_plan(load_plan(raw), 1)
+    logits = 2 * MODEL["seq_len"] * MODEL["vocab_size"]  # 32000 is Megatron-padded already
+    head = head_kernels(plan)
+    phases = (head.forward, head.backward_input)
+    loss = [[k for k in phase if k.name not in _HEAD_WORK] for phase in phases]
+    assert [sum(k.bytes for k in phase) / logits for phase in loss] == [forward, backward]
+    assert all(k.kind == "memory" and k.memory_class in ("loss", "copy") for k in loss[0])
+    assert tuple(sum(k.small_kernels for k in phase) for phase in loss) == small
+    assert tuple(sum(k.extra_launches for k in phase) for phase in loss) == small
+    assert memory_per_gpu(plan, hbm_bytes=80e9)["logits"] == peak * logits
+
+
+def test_cross_entropy_fusion_is_megatron_s_and_implies_its_stack() -> None:
+    implied = resolve_plan(load_plan(_raw(cross_entropy_fusion="native")), 1)
+    assert kernel_stack(implied) == "megatron"
+    assert "inferred from cross_entropy_fusion" in stack_source(implied)
+    with pytest.raises(ValueError, match=r"cross_entropy_fusion needs training\.stack=megatron"):
+        load_plan(_raw(stack="compile", cross_entropy_fusion="te"))
+    with pytest.raises(ValueError, match=r"cross_entropy_fusion=.fused. is not one of none"):
+        load_plan(_raw(stack="megatron", cross_entropy_fusion="fused"))
 
 
 def test_a_compiled_loss_reads_the_bf16_logits_and_keeps_no_fp32_copy() -> None:

@@ -349,9 +349,35 @@ def test_nemo_llama3_8b_maps_cp_fp8_and_distributed_optimizer() -> None:
         "rmsnorm",
     )
     assert mapping.plan["training"]["flash_attention"] is True
+    assert mapping.plan["training"]["stack"] == "megatron"
+    assert mapping.plan["training"]["cross_entropy_fusion"] == "native"  # its launcher yaml
     # 128 sequences x 8192 tokens / (12273 tokens/s/GPU x 8 GPUs)
     assert mapping.measured is not None
     assert mapping.measured.step_time_s == pytest.approx(128 * 8192 / (12273 * 8))
+
+
+@needs_cases
+@pytest.mark.parametrize(
+    ("parallel", "stack", "training", "missing"),
+    [
+        ({"cross_entropy_fusion": "te_inplace"}, None, {"cross_entropy_fusion": "te_inplace"}, ()),
+        ({}, None, {}, ()),  # Megatron-LM's default, the unfused loss
+        ({"cross_entropy_fusion": "fused"}, None, {}, ("cross_entropy_fusion ('fused')",)),
+        ({"cross_entropy_fusion": "native"}, "eager", {}, ()),  # a Megatron knob only
+    ],
+)
+def test_the_cross_entropy_a_case_names_reaches_megatron_plans(
+    parallel: dict[str, Any], stack: str | None, training: dict[str, Any], missing: tuple
+) -> None:
+    case = copy.deepcopy(_cases()["narayanan21_t1_1.7B"])
+    case["parallel"].update(parallel)
+    if stack:
+        case["stack"] = stack
+    mapping = map_case(case)
+    assert mapping.missing == missing
+    if mapping.plan is not None:
+        plan = mapping.plan["training"]
+        assert {k: plan[k] for k in plan if k == "cross_entropy_fusion"} == training
 
 
 @needs_cases
