@@ -1361,22 +1361,26 @@ profile class each falls in. Counted from the code (bf16 logits, fp32 math):
 - ``te``, Transformer Engine's ``triton/cross_entropy.py`` from 2.18: an online-softmax pass
   reads the logits (2); a second reads them again and writes the fp32 gradient (2 + 4).
   Backward: the gradient scaled in place (8), cast to bf16 by autograd (6).
-- ``te_inplace``, the same kernels from 2.0 to 2.17, which wrote the gradient over the bf16
+- ``te_inplace``, the same kernels from 2.2 to 2.17, which wrote the gradient over the bf16
   logits: 2 + (2 + 2) forward, 4 backward."""
+CROSS_ENTROPY_MOVES = frozenset({"softmax_copy"})
+"""The copy-class passes of ``MEGATRON_CROSS_ENTROPY`` that move bytes without converting them
+(``Kernel.converts``): the native fusion's fp32 copy of the softmax."""
 MEGATRON_CROSS_ENTROPY_SMALL_KERNELS = {
     "none": (12, 6),
     "native": (3, 1),
-    "te": (4, 3),
-    "te_inplace": (4, 3),
+    "te": (4, 2),
+    "te_inplace": (4, 2),
 }
 """Kernels over one value per token (or fewer) that each implementation runs beside its passes,
 forward and backward (``Kernel.small_kernels``). ``none``: the target mask (3), the shifted
 target (2) and its masked fill, the predicted logit's index, gather, copy and masked fill, the
 loss's log and subtraction; backward the index, the one-hot mask's cast and complement, gather,
 subtraction and scatter. ``native``: Inductor's kernels over the targets, the concatenation and
-the loss; backward the scatter. ``te``: three zero fills and a clamp; backward the scalar
-comparison that skips the scaling for a unit gradient (a host sync), its constant and a copy of
-the gradient."""
+the loss; backward the scatter. ``te``: three zero fills and a clamp (one more fill for the
+gathered statistics under tensor parallelism, not counted); backward the constant that the
+gradient is compared with to skip a unit scaling (copied from the host, which then waits for the
+stream: a host sync, not priced) and a copy of the per-token gradient."""
 
 
 def cross_entropy_kernels(
@@ -1415,7 +1419,7 @@ def megatron_cross_entropy_kernels(
         strict=True,
     ):
         kernels = [
-            memory(name, size * logits, kind, converts=not name.startswith("softmax_copy"))
+            memory(name, size * logits, kind, converts=name not in CROSS_ENTROPY_MOVES)
             for name, size, kind in passes
         ]
         kernels[0] = replace(kernels[0], small_kernels=small, extra_launches=small)

@@ -603,9 +603,10 @@ class TrainingConfig:
     """Which cross-entropy Megatron-Core runs over the vocabulary-parallel logits
     (``schedules.kernels.MEGATRON_CROSS_ENTROPY``): ``none``, the unfused loss (Megatron-LM's
     default); ``native`` (``--cross-entropy-loss-fusion``), the same passes fused by
-    ``torch.compile``; ``te`` (``--cross-entropy-fusion-impl te``), Transformer Engine's Triton
-    kernels from 2.18 on; ``te_inplace``, those kernels before 2.18, which wrote the gradient over
-    the bf16 logits. Unset: ``none``. ``megatron`` stack only (setting it implies that stack)."""
+    ``torch.compile``; ``te`` (with ``--cross-entropy-fusion-impl te``), Transformer Engine's
+    Triton kernels from 2.18 on; ``te_inplace``, those kernels from 2.2 to 2.17, which wrote the
+    gradient over the bf16 logits. Unset: ``none``. ``megatron`` stack only (setting it, ``none``
+    included, implies that stack)."""
 
     cuda_graphs: bool = False
     """Whether the transformer layers run as captured CUDA graphs, one per layer and pass

@@ -6,7 +6,8 @@ The stacks price the same layer very differently (Megatron's fused kernels again
 eager modules: 20% of the step on Korthikanti et al.'s runs), so the default follows what the
 plan says: ``training.stack`` when given; else ``megatron`` for the distributed optimizer (the
 data-parallel kind's ``default_stack``) or when the plan sets a knob only Megatron-LM has away
-from its default (``MEGATRON_KNOBS``); else ``eager``, and a plan that looks like Megatron-LM
+from its default (``MEGATRON_KNOBS``) or sets Megatron-Core's cross-entropy
+(``MEGATRON_TRAINING_KNOBS``); else ``eager``, and a plan that looks like Megatron-LM
 (tensor and sequence parallel over DDP) gets a warning naming the assumption.
 
     stack = kernel_stack(plan); why = stack_source(plan)

@@ -585,12 +585,14 @@ def _megatron_training(flags: _Flags, has_model: bool, notes: list[str]) -> dict
         training["cuda_graphs"] = True  # the layers captured, one graph per layer and pass
     impl = flags.get("--cross-entropy-fusion-impl", "native")
     if flags.get("--cross-entropy-loss-fusion"):
-        training["cross_entropy_fusion"] = impl
+        # Megatron-LM accepts the pair up to core_v0.18, before Transformer Engine 2.18
+        training["cross_entropy_fusion"] = "te_inplace" if impl == "te" else impl
         if impl == "te":
             notes.append(
-                f"{flags.file}: --cross-entropy-fusion-impl te priced as Transformer Engine 2.18 "
-                "or later (an fp32 gradient); set training.cross_entropy_fusion: te_inplace for "
-                "an older one, which writes the gradient over the bf16 logits"
+                f"{flags.file}: --cross-entropy-fusion-impl te priced as Transformer Engine "
+                "before 2.18 (the gradient written over the bf16 logits): Megatron-LM takes the "
+                "pair up to core_v0.18 and refuses it from core_v0.19; set "
+                "training.cross_entropy_fusion: te for Transformer Engine 2.18 or later"
             )
     training["stack"] = "megatron"
     return training

@@ -103,15 +103,15 @@ absolute error in log step time, robust to the runs whose mechanisms are missing
 the 26 A100 runs of Narayanan et al. 2021 and Korthikanti et al. 2022, Hopper on the 45 H100 and
 H200 runs of NeMo, torchtitan, Megatron-Core MoE and Megatron-Bridge. The generations differ
 once the attention dropout of the pre-FlashAttention Megatron runs is priced
-(``schedules.kernels.DROPOUT_BYTES``): each A100 run alone would take 0.00-0.22 (median 0.10;
+(``schedules.kernels.DROPOUT_BYTES``): each A100 run alone would take -0.01-0.21 (median 0.09;
 the six ZeRO-3 runs of Narayanan Table 2 aside, whose fetch the model misses), each H100 or
-H200 run 0.08-0.70 (median 0.20; above 0.4 only context-parallel rows and the 8B asynchronous
-TP runs). On A100 the factor is not a per-kernel effect: one 22B layer on 8 GPUs, its kernels
-and TP collectives priced without it, takes what Korthikanti et al. Table 4 measured within 4 %
-on all five layouts (``tests/sim/validation/test_layer_times.py``); what the same paper's full
-steps want on top is spent outside the layers. ``commsim validate --leave-one-source-out``
-refits it without the source it scores (``docs/validation.md``). Fits to measured steps set it
-to 0."""
+H200 run 0.08-0.55 (median 0.19; above 0.4 only the 8B context-parallel rows at 128k-256k and
+Qwen3-235B-A22B). On A100 the factor is not a per-kernel effect: one 22B layer on 8 GPUs, its
+kernels and TP collectives priced without it, takes what Korthikanti et al. Table 4 measured
+within 4 % on all five layouts (``tests/sim/validation/test_layer_times.py``); what the same
+paper's full steps want on top is spent outside the layers. ``commsim validate
+--leave-one-source-out`` refits it without the source it scores (``docs/validation.md``). Fits
+to measured steps set it to 0."""
 IN_STEP_SLOWDOWN_ELSEWHERE = 0.165
 """The in-step slowdown of a generation no published run here used (Volta, Blackwell, AMD, ...):
 the same fit over all 71 runs."""

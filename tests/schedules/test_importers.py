@@ -633,7 +633,7 @@ def test_megatron_cuda_graphs(tmp_path: Path, flags: str, graphed: bool) -> None
     [
         ("--cross-entropy-loss-fusion", "native"),
         ("--cross-entropy-loss-fusion --cross-entropy-fusion-impl native", "native"),
-        ("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", "te"),
+        ("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", "te_inplace"),
         ("--cross-entropy-fusion-impl te", None),  # the implementation alone fuses nothing
         ("", None),
     ],
@@ -642,8 +642,8 @@ def test_megatron_cross_entropy_fusion(tmp_path: Path, flags: str, fusion: str |
     args = f"--micro-batch-size 1 --global-batch-size 8 --bf16 {flags}\n"
     imported = from_megatron_args(_write(tmp_path, "args.txt", args))
     assert imported.sections["training"].get("cross_entropy_fusion") == fusion
-    older = "set training.cross_entropy_fusion: te_inplace for an older one"
-    assert any(older in line for line in imported.warnings) is (fusion == "te")
+    newer = "set training.cross_entropy_fusion: te for Transformer Engine 2.18 or later"
+    assert any(newer in line for line in imported.warnings) is (fusion == "te_inplace")
 
 
 def test_megatron_bash_arrays_variables_and_pipeline_split(tmp_path: Path) -> None:

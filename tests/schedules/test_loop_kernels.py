@@ -162,9 +162,9 @@ _HEAD_WORK = ("final_norm", "final_norm_backward", "lm_head", "lm_head_dgrad", "
         # compiled: upcast+max 2+4, shift+exp+sum 4+4, divide 4+4; copy 4+4, scale+cast 4+4+2
         ("native", 22, 18, (3, 1), 10),
         # Triton: online softmax 2, gradient 2+4; scale 4+4, autograd's cast 4+2
-        ("te", 8, 14, (4, 3), 6),
+        ("te", 8, 14, (4, 2), 6),
         # before 2.18: online softmax 2, gradient over the logits 2+2; scale 2+2
-        ("te_inplace", 6, 4, (4, 3), 2),
+        ("te_inplace", 6, 4, (4, 2), 2),
     ],
 )
 def test_each_megatron_cross_entropy_moves_its_bytes_per_logit(
