@@ -327,7 +327,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _check_cpu_work(plan, layers, args.microbatches, steps + warmup + 1, args.max_minutes)
     dtype = args.dtype or ("bf16" if kind == "cuda" else "fp32")
     torch.manual_seed(0)
-    model = build_model(plan.model, num_layers=layers, recompute=plan.parallel.recompute)
+    model = build_model(
+        plan.model,
+        num_layers=layers,
+        recompute=plan.parallel.recompute,
+        repeat_kv=plan.training.repeat_kv,
+    )
     model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=kind == "cuda")
     runnable: torch.nn.Module = torch.compile(model) if compiled else model  # type: ignore[assignment]

@@ -93,8 +93,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(nn.Module):
     """QKV (fused or separate), grouped-query causal attention, output projection."""
 
-    def __init__(self, model: ModelConfig, *, checkpoint_core: bool) -> None:
+    def __init__(self, model: ModelConfig, *, checkpoint_core: bool, repeat_kv: bool) -> None:
         super().__init__()
+        self.repeat_kv = repeat_kv
         self.heads, self.kv_heads, self.head_dim = (
             model.num_heads,
             model.num_kv_heads,
@@ -116,9 +117,12 @@ class Attention(nn.Module):
         self.out = nn.Linear(model.q_size, h, bias=bias)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.kv_heads != self.heads:
-            repeat = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        if self.kv_heads == self.heads:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if not self.repeat_kv:  # the kernel reads the grouped heads (training.repeat_kv false)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -175,12 +179,12 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """One pre-norm transformer layer (attention then MLP, or both on one normed input)."""
 
-    def __init__(self, model: ModelConfig, *, checkpoint_core: bool) -> None:
+    def __init__(self, model: ModelConfig, *, checkpoint_core: bool, repeat_kv: bool) -> None:
         super().__init__()
         self.parallel = model.parallel_block
         self.norm1 = _norm(model)
         self.norm2 = None if self.parallel else _norm(model)
-        self.attention = Attention(model, checkpoint_core=checkpoint_core)
+        self.attention = Attention(model, checkpoint_core=checkpoint_core, repeat_kv=repeat_kv)
         self.mlp = Mlp(model)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -194,7 +198,9 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """Embedding, layers, final norm, LM head; ``forward`` returns the fp32 mean loss."""
 
-    def __init__(self, model: ModelConfig, *, num_layers: int, recompute: str) -> None:
+    def __init__(
+        self, model: ModelConfig, *, num_layers: int, recompute: str, repeat_kv: bool = True
+    ) -> None:
         super().__init__()
         self.recompute = recompute
         self.embed = nn.Embedding(model.vocab_size, model.hidden_size)
@@ -204,7 +210,8 @@ class Decoder(nn.Module):
             else None
         )
         self.layers = nn.ModuleList(
-            Block(model, checkpoint_core=recompute == "selective") for _ in range(num_layers)
+            Block(model, checkpoint_core=recompute == "selective", repeat_kv=repeat_kv)
+            for _ in range(num_layers)
         )
         self.norm = _norm(model)
         self.head = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
@@ -252,12 +259,16 @@ def check_buildable(model: ModelConfig) -> None:
             )
 
 
-def build_model(model: ModelConfig, *, num_layers: int, recompute: str) -> Decoder:
-    """The plan's model with ``num_layers`` layers (a slice when fewer than the model has)."""
+def build_model(
+    model: ModelConfig, *, num_layers: int, recompute: str, repeat_kv: bool = True
+) -> Decoder:
+    """The plan's model with ``num_layers`` layers (a slice when fewer than the model has);
+    ``repeat_kv``: grouped K/V heads repeated before attention (``training.repeat_kv``), else
+    handed to SDPA as they are (``enable_gqa``)."""
     if num_layers < 1:
         raise ValueError(f"--layers must be >= 1, got {num_layers}")
     check_buildable(model)
-    return Decoder(model, num_layers=num_layers, recompute=recompute)
+    return Decoder(model, num_layers=num_layers, recompute=recompute, repeat_kv=repeat_kv)
 
 
 def batch_of(model: ModelConfig, micro_batch_size: int, device: Any) -> tuple[torch.Tensor, ...]:

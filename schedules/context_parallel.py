@@ -197,6 +197,12 @@ def check_context_parallel(plan: Plan) -> None:
             f"on stack eager or compile; Transformer Engine's ring always sends K/V to the next "
             f"rank), got cp={parallel.cp}, stack={stack}"
         )
+    grouped = plan.model.num_kv_heads < plan.model.num_heads
+    if runs_torch_ring(plan, stack) and grouped and not plan.training.repeat_kv:
+        raise ValueError(
+            f"training.repeat_kv=false with cp={parallel.cp}: torch's context-parallel ring is "
+            "priced as torchtitan runs it, K and V repeated to every query head before SDPA"
+        )
     if runs_torch_ring(plan, stack) and not plan.training.flash_attention:
         raise ValueError(
             f"training.flash_attention=false with cp={parallel.cp}: torch's context_parallel "

@@ -415,7 +415,7 @@ def elementwise_forward_bytes(plan: Plan) -> float:
         rotary = per["rotary"] * tokens * (model.q_size + model.kv_size) / t
     activation = per["gated" if model.gated_mlp else "plain"] * tokens * model.ffn_hidden_size / t
     expand = 0.0
-    if kernel_stack(plan) == "eager" and model.num_kv_heads < model.num_heads:
+    if repeats_kv(plan):
         # repeat_kv: K and V expanded to every query head (read kd, write ad, each)
         expand = 2 * ACTIVATION_BYTES * tokens * (model.kv_size + model.q_size) / t
     return norms + residuals + rotary + activation + expand
@@ -497,11 +497,18 @@ repeat K and V to every query head (``repeat_interleave`` in ``commbench --step`
 core, so a selective or full recompute launches them again."""
 
 
-def eager_gqa_repeat_launches(plan: Plan) -> dict[str, float]:
-    """``EAGER_GQA_REPEAT_LAUNCHES`` where the eager stack repeats K and V (fewer K/V heads
-    than query heads; the bytes are in ``elementwise_forward_bytes``), else none."""
+def repeats_kv(plan: Plan) -> bool:
+    """Whether the plan's eager attention copies K and V to every query head: fewer K/V heads
+    than query heads, unless ``training.repeat_kv`` says the attention call takes them grouped."""
     model = plan.model
-    runs = kernel_stack(plan) == "eager" and model.num_kv_heads < model.num_heads
+    grouped = model.num_kv_heads < model.num_heads
+    return kernel_stack(plan) == "eager" and grouped and plan.training.repeat_kv
+
+
+def eager_gqa_repeat_launches(plan: Plan) -> dict[str, float]:
+    """``EAGER_GQA_REPEAT_LAUNCHES`` where the eager stack repeats K and V (``repeats_kv``; the
+    bytes are in ``elementwise_forward_bytes``), else none."""
+    runs = repeats_kv(plan)
     return dict(EAGER_GQA_REPEAT_LAUNCHES) if runs else {"forward": 0.0, "backward": 0.0}
 
 

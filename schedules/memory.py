@@ -56,6 +56,7 @@ from schedules.kernels import (
     kernel_stack,
     norm_output_readers,
     qk_norm_elements,
+    repeats_kv,
     residual_stream_elements,
     torch_ddp_step,
 )
@@ -196,7 +197,8 @@ def eager_saved_bytes(
 
     - grouped-query attention repeats K and V to every query head before SDPA (``repeat_kv``,
       ``repeat_interleave``), and SDPA saves its inputs: K and V h wide. The kd-wide ones are
-      not kept (the repeat's backward is a sum that needs no input).
+      not kept (the repeat's backward is a sum that needs no input). Not where the attention
+      call takes the grouped heads (``training.repeat_kv`` false: ``enable_gqa``).
     - ``commbench --step``'s model (the loop under autocast: ``autocast_weights``) computes Q, K
       and V in one projection and splits its output into views. A view that SDPA or the
       checkpoint keeps keeps that whole output (h + 2 kd): with learned positions Q is one, and
@@ -237,14 +239,14 @@ def eager_saved_bytes(
     if kernel_stack(plan) != "eager" or recompute not in ("none", "selective"):
         return 0.0
     h, kd = model.q_size, min(model.kv_size, model.q_size)  # h: the query width, ad
-    grouped, rope = kd < h, model.position_embedding == "rope"
+    grouped, rope = repeats_kv(plan), model.position_embedding == "rope"  # K, V repeated
     step_loop = autocast_weights(plan)  # commbench --step's model
     separate = model.separate_projections
     counted = h + 2 * kd  # Q, K and V in the fused count
     if recompute == "selective":
         attention = h + kd if step_loop and rope and not separate else 0.0
     elif not step_loop:
-        attention = 2 * (h - kd)
+        attention = 2 * (h - kd) if grouped else 0.0
     else:
         if separate:  # each view SDPA keeps keeps its own projection's output only
             kept = (0 if rope else h + (0 if grouped else kd)) + (0 if grouped else kd)

@@ -27,7 +27,7 @@ from schedules.whatif import WhatIf, parse_whatif
 
 MLP_ACTIVATIONS = {"gelu": False, "relu": False, "swiglu": True, "geglu": True}
 """Known MLP activations and whether each is gated (three matrices instead of two)."""
-POSITION_EMBEDDINGS = ("rope", "learned")
+POSITION_EMBEDDINGS = ("rope", "learned", "none")
 NORMS = ("rmsnorm", "layernorm")
 SCHEDULES = tuple(PIPELINE_SCHEDULES)
 """Pipeline schedule names (``schedules.pipeline_schedules``, in its order)."""
@@ -170,7 +170,8 @@ class ModelConfig:
     mlp_activation: str = ""
     """gelu | relu | swiglu | geglu; empty means swiglu if gated_mlp else gelu."""
     position_embedding: str = "rope"
-    """rope (no parameters) or learned (adds seq_len * hidden_size parameters)."""
+    """rope (no parameters), learned (adds seq_len * hidden_size parameters) or none (no
+    positional encoding: NoPE, a causal model that learns positions from its mask)."""
     norm: str = "rmsnorm"
     """rmsnorm (h parameters per norm) or layernorm (2h: weight and bias)."""
     linear_bias: bool = False
@@ -608,6 +609,14 @@ class TrainingConfig:
     gradient over the bf16 logits. Unset: ``none``. ``megatron`` stack only (setting it, ``none``
     included, implies that stack)."""
 
+    repeat_kv: bool = True
+    """With fewer K/V heads than query heads on the ``eager`` stack, whether K and V are copied
+    to every query head before attention (torchtitan's ``repeat_kv``, Hugging Face's eager
+    attention, ``commbench --step``'s ``repeat_interleave``): a copy each forward, a sum each
+    backward, and the repeated copies kept for the backward. False where the attention call
+    takes the grouped heads itself (``scaled_dot_product_attention(..., enable_gqa=True)``, torch
+    2.5 and later; a profiler trace records the call's K/V heads). ``eager`` stack only."""
+
     cuda_graphs: bool = False
     """Whether the transformer layers run as captured CUDA graphs, one per layer and pass
     (Megatron's ``--enable-cuda-graph`` through Transformer Engine's ``make_graphed_callables``;
@@ -638,6 +647,11 @@ class TrainingConfig:
         if self.compile_loss is not None and self.stack != "compile":
             raise ValueError(
                 f"training.compile_loss needs training.stack=compile, got stack={self.stack}"
+            )
+        if not self.repeat_kv and self.stack not in (None, "eager"):
+            raise ValueError(
+                f"training.repeat_kv=false needs training.stack=eager (only the eager stack "
+                f"repeats K and V), got stack={self.stack}"
             )
         if self.cross_entropy_fusion is not None:
             _check_choice(

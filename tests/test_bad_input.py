@@ -126,7 +126,7 @@ def test_an_output_in_an_unwritable_folder_is_refused_before_spawning() -> None:
 
 CHOICES = {
     "model.mlp_activation": "gelu, relu, swiglu, geglu",
-    "model.position_embedding": "rope, learned",
+    "model.position_embedding": "rope, learned, none",
     "model.norm": "rmsnorm, layernorm",
     "parallel.schedule": "1f1b, interleaved, gpipe, zb-h1",
     "parallel.recompute": "none, selective, op, full",

@@ -536,9 +536,9 @@ def _megatron_positions(flags: _Flags, seq_len: int, notes: list[str]) -> str:
             f"{flags.file}: the learned position table has --max-position-embeddings "
             f"{positions} rows; the plan counts seq_len x hidden_size"
         )
-    if kind in ("mrope", "relative", "none"):
+    if kind in ("mrope", "relative"):
         notes.append(f"{flags.file}: --position-embedding-type {kind}: priced as rope")
-    return "learned" if kind == "learned_absolute" else "rope"
+    return {"learned_absolute": "learned", "none": "none"}.get(kind, "rope")
 
 
 def _megatron_vocab(flags: _Flags, notes: list[str]) -> int | None:

@@ -50,6 +50,24 @@ def test_the_torch_model_has_the_plans_parameter_count(tmp_path: Path, model: di
     assert sum(p.numel() for p in built.parameters()) == total_params(plan.model)
 
 
+@pytest.mark.parametrize("positions", ["rope", "none"])
+def test_grouped_heads_handed_to_sdpa_give_the_repeated_result(
+    tmp_path: Path, positions: str
+) -> None:
+    plan = load_plan(_plan(tmp_path, position_embedding=positions))  # 4 query, 2 K/V heads
+    assert plan.model.num_kv_heads < plan.model.num_heads
+    torch.manual_seed(0)
+    repeated = build_model(plan.model, num_layers=2, recompute="none")
+    torch.manual_seed(0)
+    grouped = build_model(plan.model, num_layers=2, recompute="none", repeat_kv=False)
+    tokens, labels = torch.randint(0, 256, (2, 32)), torch.randint(0, 256, (2, 32))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        loss = grouped(tokens, labels)
+    ops = {event.key for event in prof.key_averages()}
+    assert "aten::repeat_interleave" not in ops
+    assert torch.allclose(loss, repeated(tokens, labels), rtol=1e-5, atol=1e-6)
+
+
 def test_heads_set_apart_from_h_run_at_their_width(tmp_path: Path) -> None:
     plan = load_plan(_plan(tmp_path, head_dim=24, qk_norm=True))
     built = build_model(plan.model, num_layers=1, recompute="none")

@@ -163,6 +163,8 @@ def test_megatron_keeps_one_fused_call_over_all_keys() -> None:
          "parallel.cp_rotate_method=allgather applies to torch's context_parallel"),
         ({"cp": 2}, {"flash_attention": False},
          "training.flash_attention=false with cp=2: torch's context_parallel runs only"),
+        ({"cp": 2}, {"repeat_kv": False},
+         "training.repeat_kv=false with cp=2: torch's context-parallel ring is priced as"),
     ],
 )  # fmt: skip
 def test_bad_context_parallel_settings(

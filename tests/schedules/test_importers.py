@@ -629,6 +629,24 @@ def test_megatron_cuda_graphs(tmp_path: Path, flags: str, graphed: bool) -> None
 
 
 @pytest.mark.parametrize(
+    ("kind", "positions", "note"),
+    [("none", "none", False), ("rope", "rope", False), ("mrope", "rope", True),
+     ("learned_absolute", "learned", False)],
+)  # fmt: skip
+def test_megatron_position_embedding_types(
+    tmp_path: Path, kind: str, positions: str, note: bool
+) -> None:
+    args = (
+        "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+        f"--max-position-embeddings 128 --position-embedding-type {kind}\n"
+    )
+    imported = from_megatron_args(_write(tmp_path, "args.txt", args))
+    assert imported.sections["model"]["position_embedding"] == positions
+    priced = f"--position-embedding-type {kind}: priced as rope"
+    assert any(priced in line for line in imported.warnings) is note
+
+
+@pytest.mark.parametrize(
     ("flags", "fusion"),
     [
         ("--cross-entropy-loss-fusion", "native"),

@@ -12,14 +12,18 @@ import pytest
 from schedules.activations import COMPILED_LOSS_LOGITS_BYTES_PER_ELEMENT
 from schedules.arithmetic import stage_params_per_gpu
 from schedules.kernels import (
+    ELEMENTWISE_BYTES,
     accumulated_fraction,
+    eager_gqa_repeat_launches,
+    eager_rotary_launches,
+    elementwise_forward_bytes,
     embedding_kernels,
     head_kernels,
     layer_kernels,
     master_copy_bytes,
     weight_cast_bytes,
 )
-from schedules.memory import memory_per_gpu
+from schedules.memory import eager_saved_bytes, memory_per_gpu
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import load_plan
 from schedules.resolve import resolve_plan
@@ -264,3 +268,48 @@ def test_without_loss_parallel_every_rank_holds_the_whole_vocabulary() -> None:
     plan = resolve_plan(load_plan(raw), 2)
     logits = 2 * MODEL["seq_len"] * MODEL["vocab_size"]  # not divided by tp
     assert memory_per_gpu(plan, hbm_bytes=80e9)["logits"] == 12 * logits  # the eager loss
+
+
+_MODEL_KEYS = ("position_embedding", "num_kv_heads")
+
+
+def _plan_with_model(**keys: Any) -> Any:
+    """``_plan`` with some model keys changed (the rest are training keys)."""
+    model = {k: v for k, v in keys.items() if k in _MODEL_KEYS}
+    training = {k: v for k, v in keys.items() if k not in _MODEL_KEYS}
+    raw = _raw(**training)
+    raw["model"] = {**MODEL, **model}
+    training_section = raw["training"]
+    training_section.setdefault("mixed_precision", "autocast")
+    return resolve_plan(load_plan(raw), 1)
+
+
+def test_without_positions_no_rotary_runs_and_no_parameter_is_added() -> None:
+    rope, nope = _plan(), _plan_with_model(position_embedding="none")
+    tokens, q_kv = 2 * MODEL["seq_len"], MODEL["hidden_size"] * 2  # 16 heads of 64, MHA
+    # eager rotary: 20 bytes per query and key element (docs: schedules.kernels.ELEMENTWISE_BYTES)
+    rotary = elementwise_forward_bytes(rope) - elementwise_forward_bytes(nope)
+    assert rotary == pytest.approx(ELEMENTWISE_BYTES["eager"]["rotary"] * tokens * q_kv)
+    assert eager_rotary_launches(nope) == {"forward": 0.0, "backward": 0.0}
+    assert layer_params_per_gpu(nope.model, 1) == layer_params_per_gpu(rope.model, 1)
+    assert embedding_params_per_gpu(nope.model, 1) == embedding_params_per_gpu(rope.model, 1)
+
+
+def test_grouped_heads_taken_by_the_attention_call_are_not_repeated() -> None:
+    gqa = {"num_kv_heads": 4}  # 16 query heads of 64 over 4 K/V heads
+    repeated = _plan_with_model(**gqa)
+    grouped = _plan_with_model(repeat_kv=False, **gqa)
+    tokens, h, kd = 2 * MODEL["seq_len"], MODEL["hidden_size"], MODEL["hidden_size"] // 4
+    # repeat_kv reads K and V (kd each) and writes them h wide: 2 x 2 bytes x (kd + h) per token
+    expand = elementwise_forward_bytes(repeated) - elementwise_forward_bytes(grouped)
+    assert expand == pytest.approx(2 * 2 * tokens * (kd + h))
+    assert eager_gqa_repeat_launches(grouped) == {"forward": 0.0, "backward": 0.0}
+    assert eager_gqa_repeat_launches(repeated) == {"forward": 2.0, "backward": 2.0}
+    # the bf16-weights loop keeps the repeated K and V for SDPA's backward: 2 (h - kd) x 2 bytes
+    weights = {"mixed_precision": "bf16_weights"}
+    repeated_bf16 = _plan_with_model(**weights, **gqa)
+    grouped_bf16 = _plan_with_model(repeat_kv=False, **weights, **gqa)
+    saved = eager_saved_bytes(repeated_bf16) - eager_saved_bytes(grouped_bf16)
+    assert saved == pytest.approx(2 * (h - kd) * 2 * tokens)
+    with pytest.raises(ValueError, match=r"repeat_kv=false needs training\.stack=eager"):
+        load_plan(_raw(stack="compile", repeat_kv=False))
