@@ -219,8 +219,8 @@ def eager_saved_bytes(
       recompute: exact.
 
     Per token and layer, in elements, with recompute none: 2 (h - kd) with separate
-    projections; in ``commbench --step``'s model with rope 3h - 2kd (grouped-query) or
-    2h + kd, and with learned positions 2h (grouped-query) or 0. Selective recompute runs the
+    projections; in ``commbench --step``'s model with rope 3h - 2kd (K and V repeated) or
+    2h + kd, and with learned or no positions 2h (repeated) or 0. Selective recompute runs the
     attention core again, so only what the checkpoint holds beyond Q, K and V stays: h + kd
     in that model with rope (the new Q and K; V's view keeps the projection's output), and
     ``silu(gate)``. Per-op and full recompute keep none (the layer being recomputed holds them

@@ -615,7 +615,8 @@ class TrainingConfig:
     attention, ``commbench --step``'s ``repeat_interleave``): a copy each forward, a sum each
     backward, and the repeated copies kept for the backward. False where the attention call
     takes the grouped heads itself (``scaled_dot_product_attention(..., enable_gqa=True)``, torch
-    2.5 and later; a profiler trace records the call's K/V heads). ``eager`` stack only."""
+    2.5 and later, on a fused kernel; a profiler trace records the call's K/V heads). Only the
+    ``eager`` stack reads it: the others price no repeat."""
 
     cuda_graphs: bool = False
     """Whether the transformer layers run as captured CUDA graphs, one per layer and pass
@@ -648,10 +649,10 @@ class TrainingConfig:
             raise ValueError(
                 f"training.compile_loss needs training.stack=compile, got stack={self.stack}"
             )
-        if not self.repeat_kv and self.stack not in (None, "eager"):
+        if not self.repeat_kv and not self.flash_attention:
             raise ValueError(
-                f"training.repeat_kv=false needs training.stack=eager (only the eager stack "
-                f"repeats K and V), got stack={self.stack}"
+                "training.repeat_kv=false needs training.flash_attention=true: torch's unfused "
+                "(math) attention repeats grouped K and V itself"
             )
         if self.cross_entropy_fusion is not None:
             _check_choice(

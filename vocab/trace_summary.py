@@ -114,6 +114,10 @@ class TraceStep:
     (``vocab.kernel_classes.kernel_gap_s``); 0 for a CPU trace."""
     phase_kernels: Mapping[str, int] = field(default_factory=dict)
     """GPU activities per phase (``vocab.kineto.PHASES``)."""
+    attention_heads: tuple[int, int] | None = None
+    """(query heads, K/V heads) the step's first ``scaled_dot_product_attention`` call was given
+    (its recorded input shapes), or None: fewer K/V heads means the loop hands SDPA the grouped
+    heads (``enable_gqa``) rather than repeating them first."""
 
     @property
     def idle_s(self) -> float:
@@ -195,6 +199,7 @@ def summarise(
         unplaced=sum(1 for a in step if union and not a.launched),
         collectives=collectives(step),
         communication_only_s=busy(step) - busy([a for a in step if a.kind != "communication"]),
+        attention_heads=attention_heads(trace, window),
         kernel_gap_s=kernel_gap_s(
             [
                 ((a.start_us - window.start_us) * US, (a.end_us - window.start_us) * US)
@@ -205,6 +210,26 @@ def summarise(
         if union
         else 0.0,
     )
+
+
+SDPA_OPERATOR = "aten::scaled_dot_product_attention"
+"""The operator whose recorded inputs give the heads attention reads (query, key, value first,
+each batch x heads x tokens x head width)."""
+
+
+def attention_heads(trace: Trace, window: StepWindow) -> tuple[int, int] | None:
+    """(query heads, K/V heads) of the first ``SDPA_OPERATOR`` call in ``window`` with recorded
+    4-dimensional query and key shapes, else None."""
+    for event in trace.host:
+        if event.get("name") != SDPA_OPERATOR:
+            continue
+        start = float(event.get("ts", -1.0))
+        if not window.start_us <= start < window.end_us:
+            continue
+        dims = (event.get("args") or {}).get("Input Dims") or []
+        if len(dims) >= 2 and all(isinstance(d, list) and len(d) == 4 for d in dims[:2]):
+            return int(dims[0][1]), int(dims[1][1])
+    return None
 
 
 def host_time_s(trace: Trace, window: StepWindow) -> float:

@@ -58,6 +58,7 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--normalization": str,
     "--position-embedding-type": str,
     "--use-rotary-position-embeddings": bool,
+    "--no-position-embedding": bool,
     "--untie-embeddings-and-output-weights": bool,
     "--disable-bias-linear": bool,
     "--add-qkv-bias": bool,
@@ -530,6 +531,8 @@ def _megatron_positions(flags: _Flags, seq_len: int, notes: list[str]) -> str:
     kind = flags.get("--position-embedding-type", "learned_absolute")
     if flags.get("--use-rotary-position-embeddings"):
         kind = "rope"
+    if flags.get("--no-position-embedding") and kind == "learned_absolute":
+        kind = "none"  # add_position_embedding off: no table, no positions
     positions = flags.get("--max-position-embeddings")
     if kind == "learned_absolute" and positions not in (None, seq_len):
         notes.append(

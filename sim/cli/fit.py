@@ -206,7 +206,7 @@ def run_trace(args: argparse.Namespace) -> int:
     from sim.output.trace_fit_report import comparison_figure_bytes, fit_json, fit_text
     from sim.replay.simulate import plan_topology, simulate_plan
     from sim.replay.trace_compare import class_rows, collective_rows, phase_rows
-    from sim.replay.trace_fit import compute_slice, fit_trace
+    from sim.replay.trace_fit import compute_slice, fit_trace, repeat_mismatch
     from vocab.compute_calibration import save_compute_calibration
     from vocab.trace_summary import read_step
 
@@ -233,6 +233,8 @@ def run_trace(args: argparse.Namespace) -> int:
             f"only {fit.gemms.num_matched} of {fit.gemms.num_shaped} traced GEMMs have one of "
             f"the plan's GEMM shapes: the trace is of another model or batch than {args.plan.name}"
         )
+    if (mismatch := repeat_mismatch(step, compute_slice(plan, topology.num_gpus))) is not None:
+        _warn(mismatch)
     comm, _ = load_calibrations(args.calibration, None)
     result = simulate_plan(plan, topology=topology, comm_calibration=comm,
                            compute_calibration=fit.calibration, fidelity=args.fidelity)  # fmt: skip

@@ -91,6 +91,30 @@ class TraceFit:
         return placed / total if total > 0 else 0.0
 
 
+def repeat_mismatch(step: TraceStep, plan: Plan) -> str | None:
+    """A line where the plan's grouped-query attention disagrees with the trace's: the plan
+    repeats K and V to every query head (``training.repeat_kv``) but the traced attention call
+    was given fewer K/V heads, or the other way round; None where they agree or the trace does
+    not say (``TraceStep.attention_heads``)."""
+    model = plan.model
+    if step.attention_heads is None or kernel_stack(plan) != "eager":
+        return None
+    if model.num_kv_heads >= model.num_heads:
+        return None
+    queries, keys = step.attention_heads
+    if keys < queries and plan.training.repeat_kv:
+        return (
+            f"the traced attention takes {queries} query and {keys} K/V heads as they are "
+            "(enable_gqa), but the plan repeats K and V first: set training.repeat_kv: false"
+        )
+    if keys == queries and not plan.training.repeat_kv:
+        return (
+            f"the traced attention is given K and V repeated to all {queries} heads, but the "
+            "plan has training.repeat_kv: false: set it true"
+        )
+    return None
+
+
 def compute_slice(plan: Plan, world_size: int) -> Plan:
     """The one-GPU plan of one rank's compute: the plan itself on one GPU, else (data parallel
     only) its model with the rank's micro-batches on one GPU of the same node."""

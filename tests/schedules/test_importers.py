@@ -631,7 +631,9 @@ def test_megatron_cuda_graphs(tmp_path: Path, flags: str, graphed: bool) -> None
 @pytest.mark.parametrize(
     ("kind", "positions", "note"),
     [("none", "none", False), ("rope", "rope", False), ("mrope", "rope", True),
-     ("learned_absolute", "learned", False)],
+     ("learned_absolute", "learned", False),
+     ("learned_absolute --no-position-embedding", "none", False),
+     ("rope --no-position-embedding", "rope", False)],
 )  # fmt: skip
 def test_megatron_position_embedding_types(
     tmp_path: Path, kind: str, positions: str, note: bool

@@ -311,5 +311,10 @@ def test_grouped_heads_taken_by_the_attention_call_are_not_repeated() -> None:
     grouped_bf16 = _plan_with_model(repeat_kv=False, **weights, **gqa)
     saved = eager_saved_bytes(repeated_bf16) - eager_saved_bytes(grouped_bf16)
     assert saved == pytest.approx(2 * (h - kd) * 2 * tokens)
-    with pytest.raises(ValueError, match=r"repeat_kv=false needs training\.stack=eager"):
-        load_plan(_raw(stack="compile", repeat_kv=False))
+    with pytest.raises(ValueError, match=r"repeat_kv=false needs training\.flash_attention"):
+        load_plan(_raw(flash_attention=False, repeat_kv=False))
+    # the other stacks price no repeat, with or without it
+    compiled = {"stack": "compile", "num_kv_heads": 4}
+    assert elementwise_forward_bytes(_plan_with_model(**compiled)) == pytest.approx(
+        elementwise_forward_bytes(_plan_with_model(repeat_kv=False, **compiled))
+    )

@@ -16,7 +16,7 @@ from sim.compute.compute_model import ComputeModel, optimizer_launches
 from sim.replay.simulate import simulate_plan
 from sim.replay.step_fit import known_launches, modelled_launch_count
 from sim.replay.trace_compare import class_rows, collective_rows, phase_rows
-from sim.replay.trace_fit import compute_slice, fit_trace, match_gemms
+from sim.replay.trace_fit import compute_slice, fit_trace, match_gemms, repeat_mismatch
 from topologies.hardware import GPUS
 from vocab.trace_summary import CollectiveKernels, read_step
 
@@ -115,3 +115,25 @@ def test_traced_collectives_sit_beside_the_simulated_ones(small: tuple) -> None:
     assert row.what == "all_reduce" and row.traced_count == 3
     assert row.predicted_count == len(simulated) > 0
     assert row.predicted_bytes == pytest.approx(sum(s.size_bytes for s in simulated))
+
+
+def test_the_traced_attention_heads_say_whether_the_plan_should_repeat_k_and_v() -> None:
+    step = read_step(TRACES / "trace_llama1b-s4096-b2.json.gz")
+    assert step.attention_heads == (32, 8)  # SDPA given the 8 K/V heads (enable_gqa)
+    plan = resolve_plan(load_plan(TRACES / "plan_llama1b-s4096-b2.yaml"), 1)
+    assert plan.training.repeat_kv is False and repeat_mismatch(step, plan) is None
+    repeating = dataclasses.replace(
+        plan, training=dataclasses.replace(plan.training, repeat_kv=True)
+    )
+    line = repeat_mismatch(step, repeating)
+    assert line is not None and "set training.repeat_kv: false" in line
+    # a trace whose attention got K and V repeated to every head, against a plan without it
+    repeated = dataclasses.replace(step, attention_heads=(32, 32))
+    assert "set it true" in (repeat_mismatch(repeated, plan) or "")
+    assert repeat_mismatch(dataclasses.replace(step, attention_heads=None), repeating) is None
+
+
+def test_a_multi_head_trace_has_as_many_k_v_heads_as_queries(small: tuple) -> None:
+    step, plan = small
+    assert step.attention_heads == (16, 16)
+    assert repeat_mismatch(step, resolve_plan(plan, 1)) is None  # no grouping: nothing to say
