@@ -260,6 +260,10 @@ def test_the_measured_plan_names_the_loop_that_ran(tmp_path: Path) -> None:
     bf16 = load_plan({**PLAN, "training": {**PLAN["training"], "mixed_precision": "bf16_weights"}})
     recorded = measured_plan(bf16, num_layers=2, microbatches=1, compiled=False)
     assert load_plan(recorded).training.mixed_precision == "autocast"
+    # grouped heads handed to SDPA: kept when compiled (the compiled stack prices no repeat)
+    grouped = load_plan({**PLAN, "training": {**PLAN["training"], "repeat_kv": False}})
+    recorded = measured_plan(grouped, num_layers=2, microbatches=1, compiled=True)
+    assert load_plan(recorded).training.repeat_kv is False
 
 
 def test_the_measured_plan_names_the_gpu_that_ran(tmp_path: Path) -> None:
