@@ -1370,9 +1370,10 @@ profile class each falls in. Counted from the code (bf16 logits, fp32 math):
   Backward: the gradient scaled in place (8), cast to bf16 by autograd (6).
 - ``te_inplace``, the same kernels from 2.2 to 2.17, which wrote the gradient over the bf16
   logits: 2 + (2 + 2) forward, 4 backward."""
-CROSS_ENTROPY_MOVES = frozenset({"softmax_copy"})
-"""The copy-class passes of ``MEGATRON_CROSS_ENTROPY`` that move bytes without converting them
-(``Kernel.converts``): the native fusion's fp32 copy of the softmax."""
+CROSS_ENTROPY_MOVES = frozenset({"cross_entropy_grad_fill", "softmax_copy"})
+"""The copy-class passes of the loss tables that move or fill bytes without converting them
+(``Kernel.converts``): PyTorch's zero fill of the dense gradient, the native fusion's fp32 copy
+of the softmax."""
 MEGATRON_CROSS_ENTROPY_SMALL_KERNELS = {
     "none": (12, 6),
     "native": (3, 1),
@@ -1403,14 +1404,16 @@ def cross_entropy_kernels(
         )
     if kernel_stack(plan) == "megatron":
         return megatron_cross_entropy_kernels(megatron_cross_entropy(plan), logits)
-    forward, backward = (
-        tuple(
-            memory(name, size * logits, kind, converts=not name.endswith("_fill"))
-            for name, size, kind in phase
-        )
-        for phase in TORCH_CROSS_ENTROPY_BYTES
-    )
+    forward, backward = (_loss_passes(phase, logits) for phase in TORCH_CROSS_ENTROPY_BYTES)
     return forward, backward
+
+
+def _loss_passes(passes: tuple[tuple[str, float, str], ...], logits: float) -> tuple[Kernel, ...]:
+    """One memory-bound kernel per (name, bytes per logit, class) row of a loss table."""
+    return tuple(
+        memory(name, size * logits, kind, converts=name not in CROSS_ENTROPY_MOVES)
+        for name, size, kind in passes
+    )
 
 
 def megatron_cross_entropy_kernels(
@@ -1425,12 +1428,8 @@ def megatron_cross_entropy_kernels(
         MEGATRON_CROSS_ENTROPY_SMALL_KERNELS[implementation],
         strict=True,
     ):
-        kernels = [
-            memory(name, size * logits, kind, converts=name not in CROSS_ENTROPY_MOVES)
-            for name, size, kind in passes
-        ]
-        kernels[0] = replace(kernels[0], small_kernels=small, extra_launches=small)
-        phases.append(tuple(kernels))
+        first, *rest = _loss_passes(passes, logits)
+        phases.append((replace(first, small_kernels=small, extra_launches=small), *rest))
     forward, backward = phases
     return forward, backward
 
