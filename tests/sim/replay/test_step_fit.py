@@ -18,6 +18,7 @@ from sim.replay.simulate import simulate_plan
 from sim.replay.step_fit import (
     PASS_CLASSES,
     _kernels,
+    _unprofiled_idle_share,
     calibration_from_step,
     known_launches,
     modelled_classes_s,
@@ -116,6 +117,58 @@ def test_a_launch_bound_step_fits_the_host_time_per_launch() -> None:
     result = simulate_plan(load_plan(PLAN), compute_calibration=calibration)
     assert result.step_time_s == pytest.approx(measurement["timings_s"]["step"], rel=1e-6)
     assert result.breakdown.host_s > 0.5 * result.step_time_s
+
+
+def test_the_profilers_own_idle_time_is_not_read_as_host_time() -> None:
+    """A profiled step twice as long as the unprofiled one, its kernels the same: the profile
+    says 50 % idle, the measured step 4 % (1 - busy / step); no host cost is fitted from it."""
+    plan = resolve_plan(load_plan(PLAN), 1)
+    launches = 5 * modelled_launch_count(plan, 2) + known_launches(plan, 2)
+    fused = optimizer_launches(stage_params_per_gpu(plan, 0))
+    measurement = _measurement(1, 1, 1, 0.0, num_kernels=int(launches) + fused)
+    busy = measurement["profile"]["busy_s"]
+    measurement["timings_s"]["step"] = busy / 0.96
+    measurement["profile"].update(idle_s=busy, wall_s=2 * busy)
+    assert _unprofiled_idle_share(measurement["profile"], busy / 0.96) == pytest.approx(0.04)
+    assert calibration_from_step(measurement, H100).host_s_per_launch is None
+    # the same kernels in a measured step of busy / 0.7 (30 % idle): launch-bound, fitted
+    measurement["timings_s"]["step"] = busy / 0.7
+    assert calibration_from_step(measurement, H100).host_s_per_launch is not None
+    assert _unprofiled_idle_share({"idle_s": 1.0, "wall_s": 2.0}, 1.0) == 0.0  # no busy time
+    assert _unprofiled_idle_share({"busy_s": 1.2}, 1.0) == 0.0  # kernels overlapped: not < 0
+
+
+def test_compiled_elementwise_and_copy_kernels_are_fitted_as_one_class() -> None:
+    """Inductor names a fusion after every operator in it (``triton_poi_fused__to_copy_add_...``):
+    under the compile stack the profile's elementwise and copy times are one class, fitted on
+    their sum; eager keeps them apart."""
+    compiled = {**PLAN, "training": {**PLAN["training"], "stack": "compile"}}
+    measurement = _measurement(1, 1, 1, 0.0)
+    measurement["plan"] = compiled
+    classes = measurement["profile"]["classes_s"]
+    classes["elementwise"], classes["copy"] = classes["elementwise"] * 0.5, classes["copy"] * 4.0
+    measurement["profile"]["busy_s"] = sum(classes.values())
+    plan = resolve_plan(load_plan(compiled), 1)
+    isolated = ComputeModel(H100, ComputeCalibration(in_step_slowdown=0.0, efficiency=UNIFORM))
+    modelled = modelled_classes_s(plan, isolated, 2)
+    pooled = modelled["memory_elementwise"] + modelled["memory_copy"]
+    expected = (
+        default_efficiency(H100, "memory", "bf16")
+        * pooled
+        / (classes["elementwise"] + classes["copy"])
+    )
+    eff = calibration_from_step(measurement, H100).efficiency
+    assert eff["memory_elementwise"] == pytest.approx(expected, rel=1e-9)
+    assert eff["memory_copy"] == pytest.approx(expected, rel=1e-9)
+    measurement["plan"] = PLAN  # eager: each from its own time
+    eager_plan = resolve_plan(load_plan(PLAN), 1)
+    eager_modelled = modelled_classes_s(eager_plan, isolated, 2)
+    eager = calibration_from_step(measurement, H100).efficiency
+    default = default_efficiency(H100, "memory", "bf16")
+    assert eager["memory_copy"] == pytest.approx(
+        min(1.5, default * eager_modelled["memory_copy"] / classes["copy"]), rel=1e-9
+    )
+    assert eager["memory_elementwise"] != pytest.approx(eager["memory_copy"])
 
 
 def test_efficiency_never_exceeds_the_peak_and_other_gpus_are_refused() -> None:
