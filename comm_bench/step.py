@@ -42,7 +42,7 @@ from schedules.memory import eager_saved_bytes
 from schedules.params import embedding_params, layer_params, lm_head_params
 from schedules.plan import Plan, load_plan, plan_to_dict
 from topologies.hardware import GPUS
-from vocab.compute_calibration import STEP_SCHEMA
+from vocab.compute_calibration import LAUNCH_BOUND_IDLE, STEP_SCHEMA
 from vocab.kernel_classes import CLASSES, busy_time_s, classify, kernel_gap_s
 
 STATE_BYTES_PER_PARAM = 16
@@ -431,9 +431,13 @@ def summary(result: dict[str, Any]) -> str:
             f"  {'idle':<12} {profile['idle_s'] * 1e3:>12.3f} {profile['idle_s'] / wall:>7.1%}"
         )
         kernels = profile["num_kernels"] or 1
+        step = timings.get("step") or wall
+        idle = max(0.0, 1.0 - profile["busy_s"] / step)
         lines.append(
-            f"# wall per kernel launched {wall / kernels * 1e6:.1f} us (the host's launch cost "
-            f"when the step is launch-bound: idle {profile['idle_s'] / wall:.0%})"
+            f"# unprofiled step: {step / kernels * 1e6:.1f} us per kernel launched, the GPU idle "
+            f"{idle:.0%} of it (launch-bound from {LAUNCH_BOUND_IDLE:.0%}: a step calibration then "
+            "fits the host's time per launch; the profiled step's idle share also holds the "
+            "profiler's own host time)"
         )
         if profile.get("kernel_gap_s"):
             lines.append(

@@ -45,7 +45,12 @@ from sim.compute.compute_model import (
 )
 from sim.compute.compute_model import known_launches as kernel_launches
 from topologies.hardware import GPUSpec
-from vocab.compute_calibration import STEP_SCHEMA, TIME_SCALE_RANGE, ComputeCalibration
+from vocab.compute_calibration import (
+    LAUNCH_BOUND_IDLE,
+    STEP_SCHEMA,
+    TIME_SCALE_RANGE,
+    ComputeCalibration,
+)
 
 PASS_CLASSES = tuple(c for c in MEMORY_CLASSES if c != "optimizer")
 """Memory-bound profile classes of the forward and backward passes (the optimizer is fitted
@@ -87,13 +92,6 @@ def modelled_classes_s(plan: Any, compute: ComputeModel, microbatches: int) -> d
     return classes
 
 
-LAUNCH_BOUND_IDLE = 0.08
-"""Idle share of the unprofiled step (``_unprofiled_idle_share``) from which the host time per
-launch is fitted: below it the GPU was rarely waiting, the launches hid behind the kernels, and
-the kernel model's own error (1.6-2.3 % on the GPU-bound H100 steps' defaults, up to 7 %) would
-be read as host time. Fitted at 3.5 % and 5.6 % idle, two eager steps gave 36 and 53 us per
-launch, where the launch-bound steps of the same machine gave 25-28, and mispredicted other
-steps by up to 85 % (results/h100_heldout4)."""
 MAX_HOST_S_PER_LAUNCH = 0.01
 """Upper end of the host-cost search (10 ms per launch is a broken host, not a training loop)."""
 

@@ -108,6 +108,13 @@ def test_a_step_is_timed_profiled_and_written(tmp_path: Path, capsys) -> None:
     classes = result["profile"]["classes_s"]
     assert classes["gemm"] > 0 and classes["attention"] > 0 and classes["optimizer"] > 0
     assert result["profile"]["num_kernels"] > 10
+    # the idle share printed is the unprofiled step's: 1 - the profiled kernels' busy time / step
+    idle = max(0.0, 1.0 - result["profile"]["busy_s"] / timings["step"])
+    per_kernel = timings["step"] / result["profile"]["num_kernels"] * 1e6
+    assert (
+        f"# unprofiled step: {per_kernel:.1f} us per kernel launched, the GPU idle {idle:.0%}"
+        in text
+    )
     # the measured plan is one device, the slice, the step's batch: it resolves on one GPU
     measured = resolve_plan(load_plan(result["plan"]), 1)
     assert measured.model.num_layers == 2
