@@ -179,6 +179,7 @@ def headline_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec) -> list[str]
         _row("Bottleneck", result.bottleneck),
         _row("Compute basis", result.basis.get("compute", "")),
         _row("Network basis", result.basis.get("network", "")),
+        *([_row("Host basis", result.basis["host"])] if result.basis.get("host") else []),
     ]
 
 

@@ -63,6 +63,32 @@ def compute_basis(
     return f"defaults ({spec}, {named}, {overlap}); {error}"
 
 
+HOST_BASIS_SHARE = 0.05
+"""Share of the step spent waiting on the host from which the report says what the host's
+launch cost rests on: below it the launches hide behind the kernels and their cost does not
+matter."""
+
+
+def host_basis(compute: ComputeModel, loop: str, host_share: float) -> str:
+    """What the host's launch cost rests on, in one line, when the step waits on it for
+    ``HOST_BASIS_SHARE`` or more of its time (else empty): a host launches at its machine's
+    pace, which the default, one machine's, does not know."""
+    if host_share < HOST_BASIS_SHARE:
+        return ""
+    cost = compute.host_s_per_launch
+    launches = compute.launches_per_kernel(loop)
+    pace = f"{cost * 1e6:.1f} us per kernel launch, {launches:.2f} launches per modelled kernel"
+    waits = f"the step waits on the host {host_share:.0%} of its time"
+    if compute.calibration.host_s_per_launch is not None:
+        origin = compute.calibration.fitted_on or compute.calibration.device or "a calibration"
+        return f"{pace} (calibrated: {origin}); {waits}"
+    return (
+        f"{pace} (defaults: one sandboxed H100 machine's eager loop; another host launches at "
+        "its own pace, 16-23 us measured on an H200 machine's: calibrate with a launch-bound "
+        f"commbench --step of this machine); {waits}"
+    )
+
+
 def network_basis(comm_calibration: Any) -> str:
     """The network figures' basis, in one line."""
     if comm_calibration is None:

@@ -31,10 +31,10 @@ from schedules.resolve import resolve_plan
 from schedules.stacks import stack_source
 from schedules.step import StepDescription, describe_step
 from schedules.whatif import SecondJob, WhatIf
-from sim.compute.compute_model import ComputeModel
+from sim.compute.compute_model import ComputeModel, launch_loop
 from sim.network.calibration import Calibration
 from sim.network.comm_model import CommModel
-from sim.replay.basis import bottleneck, compute_basis, network_basis
+from sim.replay.basis import bottleneck, compute_basis, host_basis, network_basis
 from sim.replay.engine import ClosedFormRunner, Timeline
 from sim.replay.flowing_jobs import start_flowing_jobs
 from sim.replay.folding import representative_of
@@ -203,6 +203,7 @@ def simulate_plan(
             ),
             "network": network_basis(comm_calibration),
             "stack": stack,
+            **_host_basis(compute, plan, breakdown, step_s),
         },
         bottleneck=bottleneck(breakdown, step_s, fits=fits, pipeline=plan.parallel.pp > 1),
         num_gpus=topology.num_gpus,
@@ -244,6 +245,15 @@ def simulate_plan(
             ),
         },
     )
+
+
+def _host_basis(
+    compute: ComputeModel, plan: Plan, breakdown: Breakdown, step_s: float
+) -> dict[str, str]:
+    """``{"host": ...}`` when the step waits on its host enough for the launch cost to matter
+    (``sim.replay.basis.host_basis``), else nothing."""
+    line = host_basis(compute, launch_loop(plan), breakdown.host_s / step_s if step_s else 0.0)
+    return {"host": line} if line else {}
 
 
 def with_imbalance(plan: Plan) -> Plan:

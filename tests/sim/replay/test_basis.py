@@ -84,3 +84,43 @@ def test_the_breakdown_shows_the_in_step_slowdowns_share_of_compute() -> None:
     assert with_it.to_json()["breakdown"]["in_step_slowdown_s"] == pytest.approx(added, rel=1e-9)
     default = simulate_plan(plan)  # multi-GPU defaults: the fitted 0.21
     assert default.breakdown.in_step_slowdown_s > 0.0
+
+
+TINY = {
+    "model": {
+        "name": "tiny", "num_layers": 8, "hidden_size": 512, "num_heads": 8,
+        "ffn_hidden_size": 1408, "vocab_size": 32000, "seq_len": 256,
+    },
+    "cluster": {"node": {"base": "dgx-h100", "num_gpus": 1}, "num_nodes": 1},
+    "training": {"micro_batch_size": 1, "global_batch_size": 4},
+}  # fmt: skip
+"""A launch-bound step: 8 small layers, 256 tokens per micro-batch, on one H100."""
+
+
+def test_a_host_bound_step_says_what_its_launch_cost_rests_on() -> None:
+    from schedules.plan import load_plan
+    from sim.output.report import headline_lines
+    from topologies.hardware import GPUS
+
+    result = simulate_plan(load_plan(TINY))
+    share = result.breakdown.host_s / result.step_time_s
+    assert share > 0.5  # the step waits on its host
+    line = result.basis["host"]
+    assert line.startswith("27.6 us per kernel launch, 2.30 launches per modelled kernel (defaults")
+    assert line.endswith(f"the step waits on the host {share:.0%} of its time")
+    rows = headline_lines(result, load_plan(TINY), gpu=GPUS["h100-sxm"])
+    assert any(row.startswith("Host basis") and line in row for row in rows)
+    calibrated = simulate_plan(
+        load_plan(TINY),
+        compute_calibration=ComputeCalibration(host_s_per_launch=18e-6, fitted_on="step.json"),
+    )
+    assert calibrated.basis["host"].startswith("18.0 us per kernel launch")
+    assert "(calibrated: step.json)" in calibrated.basis["host"]
+    assert calibrated.step_time_s < result.step_time_s
+    # a GPU-bound step: the launches hide behind the kernels, the report says nothing of them
+    busy = {
+        **TINY,
+        "model": {**TINY["model"], "seq_len": 1024},
+        "training": {"micro_batch_size": 16, "global_batch_size": 64},
+    }
+    assert "host" not in simulate_plan(load_plan(busy)).basis
