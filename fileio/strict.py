@@ -51,12 +51,18 @@ safety net for anything that was not (long enough for every list of choices the 
 give, such as the ``parallel`` section's keys)."""
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
+TYPO_CUTOFF = 0.9
+"""The ``did_you_mean`` cutoff for a key that may be a real one nobody models (a config's
+``stage3_max_reuse_distance``): only a near miss of a key that is read, a letter or two
+(``zero_optimisation``), is named."""
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, cutoff: float = 0.6) -> str:
     """``" (did you mean 'tp'?)"`` naming the choices closest to ``word`` (difflib's ratio of at
-    least 0.6, as its ``get_close_matches``; at most three, within 0.1 of the closest), or
-    ``""`` when none is close."""
+    least ``cutoff``, 0.6 as its ``get_close_matches``; at most three, within 0.1 of the
+    closest), or ``""`` when none is close."""
     word = str(word)
-    close = difflib.get_close_matches(word, list(choices), n=3)
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=cutoff)
     if not close:
         return ""
     best = difflib.SequenceMatcher(None, word, close[0]).ratio()
@@ -133,6 +139,16 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def require_file(path: str | os.PathLike[str], what: str) -> None:
+    """A ``FileNotFoundError`` when ``path`` does not exist, a ``ValueError`` when it is a folder
+    (``what`` names the input in the one-line error: ``plan file``, ``--calibration``)."""
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise ValueError(f"{what} {shorten(name)} is a folder, not a file")
+    if not os.path.exists(name):
+        raise FileNotFoundError(f"{what} not found: {name}")
+
+
 def read_input(path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The UTF-8 text of the input file ``path``; ``what`` names it in the one-line errors.
 
@@ -170,6 +186,24 @@ def read_input(path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_
 _StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping
 )
+
+
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    """YAML 1.1's integers, but for the two forms nobody writes on purpose in a config: a
+    leading 0 (``016`` is octal, 14) and base 60 (``1:30`` is 90), refused naming the value."""
+    text = str(node.value).replace("_", "").lstrip("+-")
+    if ":" in text or (len(text) > 1 and text[0] == "0" and text[1].isdigit()):
+        line = node.start_mark.line + 1
+        value = int(loader.construct_yaml_int(node))
+        raise ValueError(
+            f"{loader.name}: {shorten(node.value)} (line {line}) reads as {value} in YAML (a "
+            "leading 0 is octal, a colon base 60): write the number without them, or quote it "
+            "for text"
+        )
+    return int(loader.construct_yaml_int(node))
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def load_yaml(text: str, *, name: str = "<input>") -> Any:

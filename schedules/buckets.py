@@ -23,8 +23,9 @@ def split_buckets(
     count = math.ceil(max(total - (first_cap or 0.0), 0.0) / cap)
     if count > MAX_BUCKETS:
         raise ValueError(
-            f"{knob} splits {total:.3g} gradient bytes of one model chunk into {count:,} "
-            f"buckets; at most {MAX_BUCKETS:,} are simulated: use larger buckets"
+            f"{knob} splits {total:.3g} gradient bytes of one model chunk into "
+            f"{f'{count:,}' if count < 1e9 else f'{float(count):.3g}'} buckets; at most "
+            f"{MAX_BUCKETS:,} are simulated: use larger buckets"
         )
     sizes: list[float] = []
     remaining = total

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -784,13 +785,25 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
     if isinstance(value, str) and (int in options or float in options):
         with contextlib.suppress(ValueError):  # YAML reads 5e8 (no dot) and '4' as text
             number = float(value)
+            if not math.isfinite(number):
+                raise ValueError  # too large for a float: no number to suggest
             plain = (
                 str(int(number))
                 if number.is_integer() and abs(number) < 1e16
-                else (f"{number:.1e}" if number.is_integer() else repr(number))
+                else _yaml_float(number)
             )  # YAML 1.1 reads 1e308 as text, 1.0e+308 as a number
             hint = f"; write it as a plain number: {plain}"
     raise ValueError(f"{key} must be {names}, {got}{hint}")
+
+
+def _yaml_float(number: float) -> str:
+    """``number`` as YAML 1.1 reads a float: a dot in the mantissa (``1.0e-300``, not
+    ``1e-300``, which it reads as text)."""
+    text = repr(number)
+    if "e" in text and "." not in text.split("e")[0]:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{exponent}"
+    return text
 
 
 RETIRED_KEYS = {

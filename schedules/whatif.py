@@ -567,6 +567,11 @@ def parse_flags(texts: Iterable[str], base: WhatIf | None = None) -> WhatIf:
                     f"NODES:OP:SIZE_MIB:PERIOD_MS[:OFFSET_MS] (e.g. 0-3:all_reduce:512:200), got "
                     f"{amount!r} after the servers"
                 ) from None
+            if key == "nic":
+                raise ValueError(
+                    f"{where}: expected nic=RANK:FRACTION or nic=RANK:down (e.g. nic=17:0.5), "
+                    f"got {target!r} and {amount!r}"
+                ) from None
             raise ValueError(f"{where}: {target!r} and {amount!r} must be numbers") from None
         entries: tuple[Any, ...] = (*getattr(whatif, section), _entry(where, section, raw))
         whatif = replace(whatif, **{section: entries})  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fileio.output import Target, write_text
-from fileio.strict import load_json, read_input, shorten
+from fileio.strict import did_you_mean, load_json, read_input, shorten
 
 COMPUTE_SCHEMA = "commsim-compute/1"
 """Version tag of the compute calibration JSON."""
@@ -37,6 +37,10 @@ to 7 %) would be read as host time. Fitted at 3.5 % and 5.6 % idle, two eager st
 other steps by up to 85 % (results/h100_heldout4)."""
 KERNEL_KINDS = ("gemm", "attention_forward", "attention_backward")
 """Kernel families with a fitted curve."""
+KERNEL_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
+"""Data types a kernel curve can be fitted in (those the GPU catalogue gives peaks for)."""
+MEASUREMENT_KEYS = ("kind", "dtype", "dims", "flops", "time_s")
+"""The fields of one raw sample in ``measurements`` (``commbench --compute``)."""
 EFFICIENCY_KEYS = (*KERNEL_KINDS, "memory", "memory_elementwise", "memory_loss", "memory_copy")
 """Keys of ``ComputeCalibration.efficiency``."""
 MIN_EFFICIENCY = 1e-3
@@ -137,6 +141,11 @@ class ComputeCalibration:
 
     def __post_init__(self) -> None:
         for dtype, kinds in self.kernels.items():
+            if dtype not in KERNEL_DTYPES:
+                raise ValueError(
+                    f"compute calibration: unknown kernel dtype {shorten(dtype)}"
+                    f"{did_you_mean(dtype, KERNEL_DTYPES)}; valid: {', '.join(KERNEL_DTYPES)}"
+                )
             unknown = set(kinds) - set(KERNEL_KINDS)
             if unknown:
                 raise ValueError(
@@ -260,6 +269,12 @@ class ComputeCalibration:
                 f"bad compute calibration: measurements must be a list of objects, got "
                 f"{shorten(measurements)}"
             )
+        for index, sample in enumerate(measurements):
+            if sorted(sample) != sorted(MEASUREMENT_KEYS):
+                raise ValueError(
+                    f"bad compute calibration: measurements[{index}] must have "
+                    f"{', '.join(MEASUREMENT_KEYS)}, got {shorten(dict(sample))}"
+                )
         return cls(
             device=data.get("device", ""),
             gpu=data.get("gpu", ""),
@@ -317,10 +332,15 @@ def _file_kernels(kernels: Mapping[str, Any]) -> dict[str, dict[str, KernelFit]]
         parsed[dtype] = {}
         for kind, fit in kinds.items():
             where = f"kernels.{dtype}.{kind}"
-            if not isinstance(fit, Mapping) or not set(fit) <= set(KERNEL_FIT_RANGES):
+            required = ("max_flops_per_s", "dim_half")
+            if (
+                not isinstance(fit, Mapping)
+                or not set(fit) <= set(KERNEL_FIT_RANGES)
+                or not set(required) <= set(fit)
+            ):
                 raise ValueError(
                     f"bad compute calibration: {where} must be an object with "
-                    f"{', '.join(KERNEL_FIT_RANGES)}, got {shorten(fit)}"
+                    f"{', '.join(required)} (and latency_s), got {shorten(fit)}"
                 )
             values = {
                 name: _file_number(f"{where}.{name}", value, KERNEL_FIT_RANGES[name])

@@ -365,6 +365,8 @@ def _row_problem(tokens: list[str]) -> str | None:
             value = _number(token)
             if value is not None and not math.isfinite(value):
                 return f"{placement} {column} {token!r} is not finite"
+            if value is None and token != "N/A" and column in ("time", "algbw", "busbw"):
+                return f"{placement} {column} {token!r} is not a number"  # N/A: not run
     return None
 
 

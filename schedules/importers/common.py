@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import MAX_CONFIG_BYTES, read_input, shorten
+from fileio.strict import MAX_CONFIG_BYTES, TYPO_CUTOFF, did_you_mean, read_input, shorten
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,7 +167,12 @@ class _Fields:
         """A line per key no read asked for; the noise keys go to ``ignored`` instead."""
         unread = [f"{self.prefix}{key}" for key in self.data if key not in self.read]
         self.ignored.extend(name for name in unread if name in self.noise)
-        return [f"{self.file}: {name} {NOT_MODELLED}" for name in unread if name not in self.noise]
+        known = [f"{self.prefix}{key}" for key in self.read]  # a typo of one is named
+        return [
+            f"{self.file}: {name}{did_you_mean(name, known, cutoff=TYPO_CUTOFF)} {NOT_MODELLED}"
+            for name in unread
+            if name not in self.noise
+        ]
 
     def ask(self, line: str, plan_key: str) -> str:
         """``line``, recorded as answered by a plan that gives ``plan_key`` itself."""

@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import MAX_CONFIG_BYTES, read_input, shorten
+from fileio.strict import MAX_CONFIG_BYTES, TYPO_CUTOFF, did_you_mean, read_input, shorten
 from schedules.importers.common import _KIND_NAMES, NOT_MODELLED, Imported
 from schedules.importers.shell import _megatron_words, _parse_flags
 
@@ -175,8 +175,11 @@ class _Flags:
         """A line per flag no read asked for; ``_MEGATRON_NOISE`` goes to ``ignored``."""
         unread = [flag for flag in self.values if flag not in self.read]
         self.ignored = [flag for flag in unread if flag in _MEGATRON_NOISE]
-        return [
-            f"{self.file}: {flag} {NOT_MODELLED}" for flag in unread if flag not in self.ignored
+        return [  # a typo of a flag the importer reads is named
+            f"{self.file}: {flag}{did_you_mean(flag, _MEGATRON_FLAGS, cutoff=TYPO_CUTOFF)} "
+            f"{NOT_MODELLED}"
+            for flag in unread
+            if flag not in self.ignored
         ]
 
 

@@ -17,6 +17,7 @@ from sim.inputs.measured import add_reading_arguments, read_measured, release_fr
 from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration
+from sim.network.comm_model import check_algo_name
 from sim.network.fitting import fit_calibration
 
 
@@ -56,6 +57,7 @@ def describe(calibration: Calibration) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Fit, print the quality, write the calibration."""
+    check_algo_name(args.algo)  # also where every file names its records' algorithm
     target = check_output(args.output, inputs=args.measured, formats=(".json",), option="-o")
     records = read_measured(
         args.measured, args.only, op=args.op, allow_wrong=args.allow_wrong, note=_note

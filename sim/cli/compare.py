@@ -22,7 +22,7 @@ from sim.inputs.measured import add_reading_arguments, read_measured, release_fr
 from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
 from sim.network.calibration import Calibration, load_calibration
-from sim.network.comm_model import FIDELITIES
+from sim.network.comm_model import FIDELITIES, check_algo_name
 from sim.network.compare import (
     any_matches,
     compare_records,
@@ -105,6 +105,7 @@ def _fitted_records(
 
 def run(args: argparse.Namespace) -> int:
     """Compare, print, write JSON and PNG."""
+    check_algo_name(args.algo)  # also where every file names its records' algorithm
     targets = check_outputs(
         {"--json": (args.json, (".json",)), "-o": (args.output, (".png", ".svg", ".pdf"))},
         inputs=(*args.measured, args.calibration),

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fileio.strict import require_file
 from sim.network.calibration import Calibration, load_calibration
 from vocab.compute_calibration import ComputeCalibration, load_compute_source
 
@@ -41,8 +42,7 @@ def load_calibrations(
 def _load_file(flag: str, path: Path | None, loader: Callable[[Path], Any]) -> Any:
     if path is None:
         return None
-    if not path.is_file():
-        raise FileNotFoundError(f"{flag} {path}: file not found")
+    require_file(path, f"{flag} file")
     return loader(path)
 
 

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fileio.strict import MAX_CONFIG_BYTES, did_you_mean, load_yaml, read_input, shorten
+from fileio.strict import (
+    MAX_CONFIG_BYTES,
+    did_you_mean,
+    load_yaml,
+    read_input,
+    require_file,
+    shorten,
+)
 
 if TYPE_CHECKING:
     from schedules.plan import Plan
@@ -33,7 +40,10 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("plan from other configs (merged over PLAN.yaml)")
     group.add_argument("--model", metavar="PRESET|config.json", help="model preset or HF config")
     group.add_argument("--deepspeed", type=Path, metavar="ds_config.json", help="DeepSpeed config")
-    group.add_argument("--megatron", type=Path, metavar="ARGS", help="Megatron-LM arguments/script")
+    group.add_argument(
+        "--megatron", type=Path, metavar="ARGS.txt|launch.sh",
+        help="a file of Megatron-LM arguments (--flag value ...) or its launch script",
+    )  # fmt: skip
     group.add_argument("--torchtitan", type=Path, metavar="JOB.toml", help="torchtitan job config")
     group.add_argument("--cluster", metavar="NODE[:N]", help="node preset, e.g. dgx-h100:8")
     group.add_argument("--nodes", type=int, help="number of nodes")
@@ -119,8 +129,7 @@ def load_plan_file(path: Path, sets: list[str] | None = None) -> Plan:
     ``sets`` (``--set SECTION.KEY=VALUE``) are laid over the file's keys."""
     from schedules.plan import load_plan
 
-    if not path.is_file():
-        raise FileNotFoundError(f"plan file not found: {path}")
+    require_file(path, "plan file")
     try:
         if not sets:
             return load_plan(path)
@@ -353,6 +362,10 @@ def _world_size(base: dict[str, Any]) -> int | None:
 
 
 def _existing(path: Path, flag: str) -> Path:
-    if not path.is_file():
-        raise FileNotFoundError(f"{flag} {path}: file not found")
+    if str(path).startswith("-") and not path.exists():
+        raise ValueError(
+            f"--{flag} takes a file, not the arguments themselves ({shorten(str(path))}): write "
+            "them into a file, or give the launch script"
+        )
+    require_file(path, f"--{flag} file")
     return path

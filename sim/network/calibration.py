@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,10 @@ def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
     entries = doc.get("params", {})
     if not isinstance(entries, Mapping):
         raise ValueError(f"calibration 'params' must map op/algo/scope to values, got {entries!r}")
+    if not entries:
+        raise ValueError(
+            "calibration has no fitted entries ('params' missing or empty): nothing to apply"
+        )
     params: dict[str, CommParams] = {}
     quality: dict[str, FitQuality] = {}
     for entry_key, entry in entries.items():
@@ -163,12 +167,10 @@ def calibration_from_json(doc: Mapping[str, Any]) -> Calibration:
             raise ValueError(f"bad calibration key {entry_key!r}; expected op/algo/scope: {{...}}")
         values = dict(entry)
         fit = values.pop("fit", None)
-        try:
-            _check_numbers(entry_key, values)
-            params[entry_key] = CommParams(**values)
-            quality[entry_key] = _fit_quality(entry_key, fit)
-        except TypeError as exc:
-            raise ValueError(f"bad calibration entry {entry_key!r}: {exc}") from None
+        _check_entry_keys(entry_key, values)
+        _check_numbers(entry_key, values)
+        params[entry_key] = CommParams(**values)
+        quality[entry_key] = _fit_quality(entry_key, fit)
     return Calibration(
         params=params,
         quality=quality,
@@ -189,6 +191,24 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
 """Accepted range of each fitted number: past anything a fit on a real machine gives (a minute
 per call, a millionth of a link's rate, a ramp half-way at 1 PiB), so a typo is an error rather
 than times of 10^300 s or a ramp that overflows (``(half / size) ** shape``)."""
+
+
+def _check_entry_keys(entry_key: str, values: Mapping[str, Any]) -> None:
+    """ValueError naming an entry's unknown key (with the nearest names) or a missing one."""
+    names = [f.name for f in fields(CommParams)]
+    unknown = sorted(str(k) for k in set(values) - set(names))
+    if unknown:
+        raise ValueError(
+            f"bad calibration entry {entry_key!r}: unknown key {shorten(unknown[0])}"
+            f"{did_you_mean(unknown[0], names)}; valid: {', '.join(names)}, fit"
+        )
+    required = [f.name for f in fields(CommParams) if f.default is MISSING]
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise ValueError(
+            f"bad calibration entry {entry_key!r}: missing {missing[0]} "
+            f"(required: {', '.join(required)})"
+        )
 
 
 def _check_numbers(entry_key: str, values: Mapping[str, Any]) -> None:

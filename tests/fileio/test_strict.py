@@ -161,3 +161,20 @@ def test_a_document_read_twice_is_parsed_once_and_each_caller_gets_its_own_copy(
         load_yaml("a: 1\na: 2\n", name="d.yaml")
     with pytest.raises(ValueError, match="given twice"):
         load_yaml("a: 1\na: 2\n", name="d.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "shown", "value"),
+    [("n: 016", "'016'", 14), ("n: -012", "'-012'", -10), ("n: 1:30", "'1:30'", 90)],
+)
+def test_octal_and_base_60_integers_are_refused_naming_the_value(
+    text: str, shown: str, value: int
+) -> None:
+    """YAML 1.1 reads ``016`` as 14 and ``1:30`` as 90; a config means neither."""
+    with pytest.raises(
+        ValueError, match=rf"plan.yaml: {shown} \(line 1\) reads as {value} in YAML"
+    ):
+        load_yaml(text, name="plan.yaml")
+    assert load_yaml("n: 0\nm: 10\nh: 0x10\nu: 1_000\ns: '016'", name="plan.yaml") == {
+        "n": 0, "m": 10, "h": 16, "u": 1000, "s": "016",
+    }  # fmt: skip

@@ -1145,3 +1145,30 @@ def test_torchtitan_qwen3_flavors_and_expert_parallel_degrees(tmp_path: Path) ->
     imported = from_torchtitan_toml(_write(tmp_path, "small.toml", small), world_size=16)
     assert "preset" not in imported.sections["model"]
     assert any("model.flavor '0.6B' has no preset" in w for w in imported.warnings)
+
+
+def test_a_misspelt_key_is_named_beside_the_one_it_misses(tmp_path: Path) -> None:
+    """A key a letter or two from one the importer reads gets that name in its warning; a real
+    key nobody models (``stage3_max_reuse_distance``) gets none."""
+    ds = tmp_path / "ds.json"
+    ds.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 64, "bf16": {"enabled": True}, "zero_optimisation": {},
+                "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 1e9},
+            }
+        )
+    )  # fmt: skip
+    warnings = from_deepspeed_config(ds, world_size=8).warnings
+    assert "ds.json: zero_optimisation (did you mean 'zero_optimization'?) is not modelled" in (
+        " ".join(warnings)
+    )
+    assert "ds.json: zero_optimization.stage3_max_reuse_distance is not modelled (ignored)" in (
+        warnings
+    )
+    args = tmp_path / "args.txt"
+    args.write_text("--tensor-model-paralel-size 2\n")
+    assert (
+        "args.txt: --tensor-model-paralel-size (did you mean '--tensor-model-parallel-size'?) "
+        "is not modelled (ignored)"
+    ) in from_megatron_args(args).warnings

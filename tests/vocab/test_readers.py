@@ -213,6 +213,7 @@ SHORT = " ".join(ROWS[1].split()[:7])
         (ROWS[1].replace("69.91   69.91", "69.91   inf"), "out-of-place busbw 'inf' is not finite"),
         (ROWS[1].replace("29.00", "nan"), "in-place time 'nan' is not finite"),
         (ROWS[1].replace("     -1 ", "     x1 "), "root 'x1' is not an integer"),
+        (ROWS[1].replace("29.00", "abc"), "in-place time 'abc' is not a number"),
     ],
 )
 def test_a_broken_row_is_one_error_line_naming_file_line_and_text(tmp_path, row, problem):

@@ -139,3 +139,20 @@ def test_compare_runs_under_the_nccl_release_the_measured_file_prints(
     cluster.write_text("node: dgx-h100\nnccl_version: 2.28.9\n")
     assert main(["compare", str(printed), "--topology", str(cluster)]) == 0
     assert "the cluster file names 2.28.9, which is what runs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["calibrate", "compare"])
+@pytest.mark.parametrize("algo", ["bogus", ""])
+def test_an_unknown_algo_is_refused_where_every_file_names_its_algorithm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, algo: str
+) -> None:
+    """The published table names its algorithm (ring), so ``--algo`` would not be read: it is
+    checked all the same, before anything is written."""
+    out = tmp_path / ("cal.json" if command == "calibrate" else "cmp.json")
+    table = str(refdata.NCCL_DIR / "h100_8gpu_all_reduce_ring.txt")
+    flag = "-o" if command == "calibrate" else "--json"
+    argv = [command, table, "--topology", "dgx-h100", "--algo", algo, flag, str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"unknown algorithm {algo!r}; valid: auto, ring" in err
+    assert not out.exists()

@@ -105,6 +105,9 @@ def test_missing_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["plan", str(tmp_path / "nope.yaml"), *_outputs(tmp_path)]) == 2
     _assert_one_line_error(capsys, "plan file not found", "nope.yaml")
     assert list((tmp_path / "out").iterdir()) == []
+    (tmp_path / "folder.yaml").mkdir()
+    assert main(["plan", str(tmp_path / "folder.yaml"), *_outputs(tmp_path)]) == 2
+    _assert_one_line_error(capsys, "plan file", "is a folder, not a file")
 
 
 @pytest.mark.parametrize(
@@ -250,7 +253,10 @@ def test_bad_calibration_files(
 ) -> None:
     path = _write_plan(tmp_path, TINY_PLAN)
     assert main(["plan", str(path), flag, str(tmp_path / "missing.json"), *_outputs(tmp_path)]) == 2
-    _assert_one_line_error(capsys, f"{flag} ", "missing.json: file not found")
+    _assert_one_line_error(capsys, f"{flag} file not found", "missing.json")
+    (tmp_path / "folder.json").mkdir()  # a folder is one, not "not found"
+    assert main(["plan", str(path), flag, str(tmp_path / "folder.json"), *_outputs(tmp_path)]) == 2
+    _assert_one_line_error(capsys, f"{flag} file", "is a folder, not a file")
     (tmp_path / "broken.json").write_text("{not json")
     assert main(["plan", str(path), flag, str(tmp_path / "broken.json"), *_outputs(tmp_path)]) == 2
     _assert_one_line_error(capsys, "broken.json", "JSON")
@@ -278,17 +284,30 @@ def test_calibration_fitted_on_another_node_is_flagged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calibration = tmp_path / "cal.json"
-    calibration.write_text('{"schema": "commsim-calibration/1", "topology": "localhost"}')
+    entry = (
+        '"params": {"all_reduce/ring/intra": {"base_latency_s": 1e-5, "intra_step_latency_s": 0,'
+        ' "inter_step_latency_s": 0, "efficiency_max": 0.9, "half_size_bytes": 0}}'
+    )
+    calibration.write_text(
+        '{"schema": "commsim-calibration/1", "topology": "localhost", ' + entry + "}"
+    )
     path = _write_plan(tmp_path, TINY_PLAN)
     assert main(["plan", str(path), "--calibration", str(calibration)]) == 2  # loopback vs NVSwitch
     assert "'localhost': loopback" in capsys.readouterr().err
-    calibration.write_text('{"schema": "commsim-calibration/1", "topology": "dgx-a100"}')
+    calibration.write_text(
+        '{"schema": "commsim-calibration/1", "topology": "dgx-a100", ' + entry + "}"
+    )
     assert main(["plan", str(path), "--calibration", str(calibration)]) == 0  # NVSwitch too
     err = capsys.readouterr().err
     assert "warning" in err and "'dgx-a100'" in err and "'dgx-h100'" in err
-    calibration.write_text('{"schema": "commsim-calibration/1", "topology": "dgx-h100"}')
+    calibration.write_text(
+        '{"schema": "commsim-calibration/1", "topology": "dgx-h100", ' + entry + "}"
+    )
     assert main(["plan", str(path), "--calibration", str(calibration)]) == 0
     assert capsys.readouterr().err == ""
+    calibration.write_text('{"schema": "commsim-calibration/1", "topology": "dgx-h100"}')
+    assert main(["plan", str(path), "--calibration", str(calibration)]) == 2  # fits nothing
+    assert "calibration has no fitted entries" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -297,6 +316,20 @@ def test_calibration_fitted_on_another_node_is_flagged(
         ('{"schema": "commsim-compute/1", "kernels": {"bf16": {"gemm": "x"}}}', "bad compute"),
         ('{"schema": "commsim-compute/1", "kernels": [1]}', "bad compute"),
         ('{"schema": "commsim-compute/1", "efficiency": {"gemm": "x"}}', "'x'"),
+        (
+            '{"schema": "commsim-compute/1", "kernels": {"fp99": {"gemm": {"max_flops_per_s": 1e12,'
+            ' "dim_half": 64}}}}',
+            "unknown kernel dtype 'fp99'; valid: bf16, fp16, fp32, tf32, fp8",
+        ),
+        (
+            '{"schema": "commsim-compute/1", "kernels": {"bf16": {"gemm": {"max_flops_per_s": 1e12}'
+            "}}}",
+            "kernels.bf16.gemm must be an object with max_flops_per_s, dim_half",
+        ),
+        (
+            '{"schema": "commsim-compute/1", "measurements": [{"kind": "gemm"}]}',
+            "measurements[0] must have kind, dtype, dims, flops, time_s",
+        ),
     ],
 )
 def test_junk_compute_calibration_is_one_line(

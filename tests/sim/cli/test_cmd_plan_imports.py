@@ -274,3 +274,20 @@ def test_set_is_on_every_command_that_takes_a_plan(
         "commsim: error: --set 'training.global_batch': not a plan key (did you mean "
         "'training.global_batch_size'?)"
     )
+
+
+def test_megatron_takes_a_file_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "64"]
+    assert main([*base, "--megatron", "--tensor-model-parallel-size 2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--megatron takes a file, not the arguments themselves" in err
+    (tmp_path / "args").mkdir()
+    assert main([*base, "--megatron", str(tmp_path / "args")]) == 2
+    assert "--megatron file" in capsys.readouterr().err
+    args = tmp_path / "args.txt"
+    args.write_text("--tensor-model-parallel-size 2\n")
+    assert main([*base, "--megatron", str(args)]) == 0
+    assert "tp=2" in capsys.readouterr().out

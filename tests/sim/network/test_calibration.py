@@ -115,6 +115,18 @@ def test_json_round_trip_and_schema_errors(tmp_path):
     bad = {"schema": "commsim-calibration/1", "params": {"all_reduce/ring/intra": {"speed": 1}}}
     with pytest.raises(ValueError, match="bad calibration entry"):
         calibration_from_json(bad)
+    # a misspelt key gets the nearest name, a missing one the required list, no Python internals
+    entry = dict(doc["params"]["all_reduce/ring/intra"])
+    entry["efficency_max"] = entry.pop("efficiency_max")
+    typo = {**doc, "params": {"all_reduce/ring/intra": entry}}
+    with pytest.raises(ValueError, match=r"unknown key 'efficency_max' \(did you mean 'effic"):
+        calibration_from_json(typo)
+    del entry["efficency_max"]
+    with pytest.raises(ValueError, match=r"missing efficiency_max \(required: base_latency_s"):
+        calibration_from_json({**doc, "params": {"all_reduce/ring/intra": entry}})
+    for empty in ({"schema": "commsim-calibration/1"}, {**doc, "params": {}}):
+        with pytest.raises(ValueError, match="no fitted entries"):  # it would change nothing
+            calibration_from_json(empty)
 
 
 @pytest.mark.skipif(not DATA.exists(), reason="refdata is not installed")

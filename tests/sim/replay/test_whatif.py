@@ -481,6 +481,7 @@ def test_a_whatif_outside_the_cluster_is_refused(flag: str, message: str, nodes:
         ("slow_gpu=3", "expected slow_gpu=WHO:AMOUNT"),
         ("second_job=0-3:0.5:200", "expected second_job=NODES:SHARE, NODES:SHARE:PERIOD_MS"),
         ("second_job=0-3:0.5:0.0001:0.5", "period_ms must be >= 0.001, got 0.0001"),
+        ("nic=3:up", "expected nic=RANK:FRACTION or nic=RANK:down (e.g. nic=17:0.5), got '3'"),
     ],
 )
 def test_a_bad_whatif_flag_names_itself(flag: str, message: str) -> None:
