@@ -49,6 +49,7 @@ from vocab.collectives import (
 from vocab.records import (
     FIELD_NAMES,
     MAX_SIZE_BYTES,
+    NCCL_ALGO_NAMES,
     SCHEMA,
     Record,
     physics_problem,
@@ -107,6 +108,11 @@ def read_results(
     records = _read_any(path, op, world)
     for index, record in enumerate(records):
         problem = physics_problem(record)
+        if record.algo and record.algo.strip().lower() not in NCCL_ALGO_NAMES:
+            problem = (
+                f"algo {shorten(record.algo)} is not an algorithm; valid: "
+                f"{', '.join(NCCL_ALGO_NAMES)}"
+            )
         if problem is not None:
             what = f"{record.op} {record.size_bytes} B"
             raise ValueError(f"{path}: result {index} ({shorten(what)}): {problem}")

@@ -160,6 +160,22 @@ MAX_TIME_US = 3.6e9
 """Longest time one collective may claim (an hour)."""
 
 
+NCCL_ALGO_NAMES = {
+    "ring": "ring",
+    "tree": "tree",
+    "nvls": "nvls",
+    "nvlstree": "nvlstree",
+    "nvls_tree": "nvlstree",
+    "collnetdirect": "collnet_direct",
+    "collnet_direct": "collnet_direct",
+    "collnetchain": "collnet_chain",
+    "collnet_chain": "collnet_chain",
+    "hierarchical": "hierarchical",
+    "direct": "direct",
+}
+"""Algorithm names found in measurements (ours or NCCL's ``NCCL_ALGO`` spellings) to ours."""
+
+
 def physics_problem(record: Record) -> str | None:
     """What a record claims that a measurement cannot (a size or time of zero, below or past any
     collective's, a bandwidth that is not a finite number, a root outside the world), or None."""

@@ -19,6 +19,7 @@ from typing import Any
 import simpy
 
 from fileio.output import Target, check_outputs, twin, write_text
+from fileio.strict import shorten
 from sim.inputs.calibrations import node_mismatch
 from sim.inputs.topology import add_topology_arguments, topology_factory
 from sim.network.analytical import ALGORITHMS
@@ -54,12 +55,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 MAX_SIZES = 10_000
 """Most sizes one sweep may have (nccl-tests sweeps have tens)."""
+MAX_SIZE_BYTES = 1 << 50
+"""Sizes must be below 1P, the first size the K, M, G and T suffixes cannot spell (``-e 1P``
+is a bad size, and so is the same number written out in digits)."""
+
+
+def size_flag(flag: str, text: str) -> int:
+    """The bytes of a size flag's value (``vocab.sizes.parse_size``), from 1 byte to below
+    ``MAX_SIZE_BYTES``; else one line naming the flag and the value."""
+    if len(text) > 64:  # no size below 1P is this long; int() of thousands of digits fails
+        raise ValueError(f"{flag} {shorten(text)}: not a size below 1P")
+    try:
+        size = parse_size(text)
+    except ValueError as error:
+        raise ValueError(f"{flag}: {error}") from None
+    if size < 1:
+        raise ValueError(f"{flag} {text.strip()}: a size must be >= 1 byte")
+    if size >= MAX_SIZE_BYTES:
+        raise ValueError(
+            f"{flag} {text.strip()}: a size must be below 1P ({MAX_SIZE_BYTES:,} bytes)"
+        )
+    return size
 
 
 def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     """Sizes from ``min_bytes`` to ``max_bytes`` multiplying by ``factor`` (nccl-tests' -f)."""
-    if min_bytes < 0 or max_bytes < min_bytes:
-        raise ValueError(f"-b {min_bytes} / -e {max_bytes}: need 0 <= minbytes <= maxbytes")
+    if not 1 <= min_bytes <= max_bytes:
+        raise ValueError(f"-b {min_bytes} / -e {max_bytes}: need 1 <= minbytes <= maxbytes")
     if not factor > 1 or not math.isfinite(factor):
         raise ValueError(f"-f must be a finite number > 1, got {factor}")
     sizes: list[int] = []
@@ -112,7 +134,8 @@ def simulate_sweep(
 def run(args: argparse.Namespace) -> int:
     """Simulate the sweep, print the tables, write JSON + CSV when ``--output`` is given."""
     ops = parse_ops(args.ops)
-    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    min_bytes, max_bytes = size_flag("-b", args.minbytes), size_flag("-e", args.maxbytes)
+    sizes = size_sweep(min_bytes, max_bytes, args.stepfactor)
     dtype_bytes(args.datatype)
     if args.redop not in REDUCTIONS:
         raise ValueError(f"unknown reduction -o {args.redop!r}; valid: {', '.join(REDUCTIONS)}")
@@ -143,6 +166,12 @@ def run(args: argparse.Namespace) -> int:
             model, ops, ranks, sizes, dtype=args.datatype, redop=args.redop, root=args.root,
             on_size=bar.update,
         )  # fmt: skip
+    except ValueError as error:
+        if num_ranks > 1:
+            raise
+        # one GPU is no group for most collectives: say which flag made it one
+        where = f"--ranks {num_ranks}" if args.ranks is not None else f"topology {topology.name}"
+        raise ValueError(f"{where}: {error} (a group of one GPU; use 2 or more)") from None
     finally:
         bar.close()
     layout = model.layout(ranks)

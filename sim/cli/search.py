@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from fileio.output import check_outputs, write_bytes
+from fileio.strict import did_you_mean, shorten
 from sim.inputs.calibrations import compute_calibration_for, load_calibrations
 from sim.inputs.plans import add_set_argument, apply_sets, load_plan_file
 from sim.inputs.workers import add_ray_argument
@@ -42,20 +43,32 @@ MAX_LAYOUTS = 5000
 raise ``--max-layouts``."""
 
 
+def _items(text: str, what: str) -> list[str]:
+    """The comma-separated items of a flag's value; an empty value or item is refused (a
+    ``2,,4`` is a typo, not the list 2, 4)."""
+    items = [v.strip() for v in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated {what}, got {shorten(text)}"
+            + (" (an empty item)" if text.strip() else "")
+        )
+    return items
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
-        values = tuple(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))
+        values = tuple(dict.fromkeys(int(v) for v in _items(text, "integers >= 1")))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
+            f"expected comma-separated integers >= 1, got {shorten(text)}"
         ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {shorten(text)}")
     return values
 
 
 def _words(text: str) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    return tuple(dict.fromkeys(_items(text, "names")))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,23 +113,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _space(args: argparse.Namespace) -> SearchSpace:
-    from schedules.plan import RECOMPUTE_MODES
+    from schedules.plan import DATA_PARALLEL_KINDS, FSDP2_ALIAS, RECOMPUTE_MODES
     from sim.search.space import DEFAULT_KINDS, SearchSpace
 
     if not 0 < args.headroom <= 1:
         raise ValueError(f"--headroom must be in (0, 1], got {args.headroom}")
-    unknown = set(args.recompute or ()) - set(RECOMPUTE_MODES)
-    if unknown:
-        raise ValueError(
-            f"--recompute {sorted(unknown)[0]!r} is not one of {', '.join(RECOMPUTE_MODES)}"
-        )
+    _check_choices("--recompute", args.recompute or (), RECOMPUTE_MODES)
+    _check_choices("--data-parallel", args.data_parallel or (), (*DATA_PARALLEL_KINDS, FSDP2_ALIAS))
     for flag, value in (("--tokens", args.tokens), ("--price", args.price)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ValueError(f"{flag} must be a positive number, got {value}")
     if args.price is not None and args.tokens is None:
         raise ValueError("--price needs --tokens (the tokens to train on)")
-    if args.top < 1 or args.jobs < 1 or args.max_pp < 1 or args.max_layouts < 1:
-        raise ValueError("--top, --jobs, --max-pp and --max-layouts must be >= 1")
+    counts = (("--top", args.top), ("--jobs", args.jobs), ("--max-pp", args.max_pp),
+              ("--max-layouts", args.max_layouts))  # fmt: skip
+    for flag, count in counts:
+        if count < 1:
+            raise ValueError(f"{flag} must be >= 1, got {count}")
     return SearchSpace(
         tp=args.tp,
         pp=args.pp,
@@ -132,6 +145,16 @@ def _space(args: argparse.Namespace) -> SearchSpace:
     )
 
 
+def _check_choices(flag: str, given: tuple[str, ...], choices: tuple[str, ...]) -> None:
+    """Every name given to ``flag`` is one of ``choices``; else one line with the nearest."""
+    for name in given:
+        if name not in choices:
+            raise ValueError(
+                f"{flag} {shorten(name)} is not one of {', '.join(choices)}"
+                f"{did_you_mean(name, choices)}"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     """Enumerate, screen, simulate, report; returns 0 (2 when no layout is left)."""
     from schedules.plan import plan_to_dict
@@ -139,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from sim.replay.simulate import plan_topology
     from sim.replay.whatif import check_whatif, degraded_topology
     from sim.search.run import pareto_front, simulate_layouts
-    from sim.search.space import candidate_layouts, screen
+    from sim.search.space import candidate_layouts, layout_degrees, screen, why_no_layout
 
     targets = check_outputs(
         {
@@ -152,6 +175,11 @@ def run(args: argparse.Namespace) -> int:
     )
     space = _space(args)
     plan = _base_plan(args)
+    if space.ep and not plan.model.num_experts:
+        raise ValueError(
+            f"--ep {','.join(map(str, space.ep))}: the model has no experts "
+            f"({plan.model.name or 'the plan'} is dense; --ep is for MoE models)"
+        )
     topology = plan_topology(plan)
     check_whatif(plan.whatif, topology)  # a bad rank, server or switch fails before any layout
     if plan.whatif.links:  # a link down needs another way up
@@ -165,6 +193,9 @@ def run(args: argparse.Namespace) -> int:
         world_size=topology.num_gpus,
         space=space,
     )
+    if not layouts:
+        degrees = layout_degrees(plan, space, topology.gpus_per_node)
+        raise ValueError(why_no_layout(degrees, topology.num_gpus))
     screened = screen(
         plan, layouts, world_size=topology.num_gpus, hbm_bytes=gpu.hbm_bytes,
         gpus_per_node=topology.gpus_per_node, headroom=space.headroom, stack=space.stack,

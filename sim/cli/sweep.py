@@ -17,10 +17,15 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fileio.output import check_outputs, write_text
+from fileio.strict import shorten
 from sim.inputs.plans import load_plan_file
 from sim.inputs.workers import add_ray_argument
+
+if TYPE_CHECKING:
+    from schedules.plan import Plan
 
 COLUMNS = ("plan", "scenario", "step_time_s", "delta_pct", "mfu", "simulated_ranks", "num_gpus")
 """The CSV columns (the JSON rows also have ``tokens_per_s``)."""
@@ -42,11 +47,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", type=Path, metavar="OUT.csv", help="write every row")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Simulate every (plan, scenario), print the table, write the files asked for."""
+def _scenarios(values: list[str]) -> list[tuple[str, ...]]:
+    """Each ``--whatif`` value as its flags; an empty one (or one given twice) is refused, as
+    it would only repeat a row."""
+    from schedules.whatif import parse_flags
+
+    scenarios: list[tuple[str, ...]] = []
+    for value in values:
+        flags = tuple(f.strip() for f in value.split(";") if f.strip())
+        if not flags:
+            raise ValueError(
+                f"--whatif {shorten(value)}: an empty scenario; give what-if flags separated "
+                "by ';' (e.g. slow_gpu=3:0.2;nic=5:down); the plan as planned is always a row"
+            )
+        if flags in scenarios:
+            raise ValueError(f"--whatif {shorten(value)}: the same scenario given twice")
+        parse_flags(flags)  # a malformed flag fails once, before any plan is read
+        scenarios.append(flags)
+    return scenarios
+
+
+def _checked_plan(path: Path, scenarios: list[tuple[str, ...]]) -> Plan:
+    """The plan file, resolved on its cluster under every scenario: a bad plan, flag, rank,
+    server or switch fails here, before any simulation, with the plan's path."""
+    from schedules.resolve import resolve_plan
     from schedules.whatif import parse_flags
     from sim.replay.simulate import plan_topology
     from sim.replay.whatif import check_whatif, degraded_topology
+
+    try:
+        plan = load_plan_file(path)
+        topology = plan_topology(plan)
+        resolve_plan(plan, topology.num_gpus)
+        for flags in scenarios:
+            whatif = parse_flags(flags, plan.whatif)
+            check_whatif(whatif, topology)
+            if whatif.links:  # a link down needs another way up
+                degraded_topology(topology, dataclasses.replace(whatif, second_job=()))
+    except ValueError as error:
+        message, where = str(error), str(path)
+        raise ValueError(message if where in message else f"{where}: {message}") from None
+    return plan
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate every (plan, scenario), print the table, write the files asked for."""
     from sim.search.run import run_calls
     from sim.search.sweep import simulate_scenario, with_deltas
 
@@ -60,17 +105,8 @@ def run(args: argparse.Namespace) -> int:
         {"--json": (args.json, (".json",)), "--csv": (args.csv, (".csv",))},
         inputs=tuple(args.plans),
     )
-    scenarios = [()] + [tuple(f.strip() for f in s.split(";") if f.strip()) for s in args.whatif]
-    plans = [load_plan_file(path) for path in args.plans]
-    for plan in plans:
-        topology = None
-        for flags in scenarios:
-            # a bad flag, rank, server or switch fails here, before any simulation
-            whatif = parse_flags(flags, plan.whatif)
-            topology = topology or plan_topology(plan)
-            check_whatif(whatif, topology)
-            if whatif.links:  # a link down needs another way up
-                degraded_topology(topology, dataclasses.replace(whatif, second_job=()))
+    scenarios = [(), *_scenarios(args.whatif)]
+    plans = [_checked_plan(path, scenarios) for path in args.plans]
     labels = [plan.name or path.stem for plan, path in zip(plans, args.plans, strict=True)]
     if len(set(labels)) < len(labels):  # two plans of one name: tell them apart by file
         labels = [str(path) for path in args.plans]

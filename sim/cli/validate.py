@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from fileio.output import Target, check_outputs, write_bytes, write_text
 from refdata import COLLECTIVES_DIR
+from sim.cli.validate_flags import check_mode, check_usable, id_list
 from sim.network.comm_model import FIDELITIES
 from sim.output.progress import PhaseBars
 from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
@@ -112,12 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _id_list(text: str | None) -> tuple[str, ...]:
-    return tuple(part.strip() for part in (text or "").split(",") if part.strip())
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the validation; print the table; write the JSON and plot if asked."""
+    check_mode(args)
     if args.steps is not None:
         return run_steps(args)
     if args.traces is not None:
@@ -140,14 +138,18 @@ def run(args: argparse.Namespace) -> int:
         from sim.network.calibration import load_calibration
 
         comm_calibration = load_calibration(args.calibration)
-    calibrate_on = None if args.calibrate_on is None else _id_list(args.calibrate_on)
+    calibrate_on = None
+    if args.calibrate_on is not None:
+        calibrate_on = id_list(args.calibrate_on, "--calibrate-on")
     if calibrate_on == ("none",):
         calibrate_on = ()
+    cases, ids = load_cases(args.cases), id_list(args.ids)
+    check_usable(Path(args.cases), cases, ids)
     bars = PhaseBars()
     try:
         report = run_validation(
-            load_cases(args.cases),
-            ids=_id_list(args.ids),
+            cases,
+            ids=ids,
             calibrate_on=calibrate_on,
             fidelity=args.fidelity,
             comm_calibration=comm_calibration,
@@ -156,6 +158,12 @@ def run(args: argparse.Namespace) -> int:
         )
     finally:
         bars.close()
+    if not report.results and report.failed:  # every case failed: nothing to report
+        case_id, message = report.failed[0]
+        raise ValueError(
+            f"{args.cases}: every case failed to simulate ({len(report.failed)}; first "
+            f"{case_id}: {message})"
+        )
     outputs: list[tuple[Target, bytes]] = []
     if (json_target := targets.get("--json")) is not None:
         document = report.to_json()
@@ -177,11 +185,11 @@ def run_loso(args: argparse.Namespace) -> int:
     if not Path(args.cases).is_file():
         raise FileNotFoundError(f"cases file not found: {args.cases} (give CASES.json)")
     targets = check_outputs({"--json": (args.json, (".json",))}, inputs=(args.cases,))
+    cases, ids = load_cases(args.cases), id_list(args.ids)
+    check_usable(Path(args.cases), cases, ids)
     bars = PhaseBars()
     try:
-        report = leave_one_source_out(
-            load_cases(args.cases), ids=_id_list(args.ids), progress=bars, jobs=args.jobs
-        )
+        report = leave_one_source_out(cases, ids=ids, progress=bars, jobs=args.jobs)
     finally:
         bars.close()
     if (json_target := targets.get("--json")) is not None:

@@ -27,7 +27,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 from fileio.output import Target, write_bytes
 from sim.network.calibration import Calibration
 from sim.network.comm_model import CommModel
-from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory, record_ranks, record_time_s
+from sim.network.fitting import TopologyFactory, record_ranks, record_time_s
 from sim.network.selectors import (
     Selector,
     Term,
@@ -36,7 +36,7 @@ from sim.network.selectors import (
     parse_selector,
 )
 from vocab.collectives import busbw_gbps
-from vocab.records import Record
+from vocab.records import NCCL_ALGO_NAMES, Record
 
 __all__ = [
     "Point",

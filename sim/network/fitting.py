@@ -23,22 +23,7 @@ from sim.network.calibration import DEFAULT_PARAMS, Calibration, FitQuality, key
 from sim.network.nccl_tables import DEFAULT_NCCL_VERSION
 from topologies.topology import Topology
 from vocab.collectives import time_from_busbw_s
-from vocab.records import Record
-
-NCCL_ALGO_NAMES = {
-    "ring": "ring",
-    "tree": "tree",
-    "nvls": "nvls",
-    "nvlstree": "nvlstree",
-    "nvls_tree": "nvlstree",
-    "collnetdirect": "collnet_direct",
-    "collnet_direct": "collnet_direct",
-    "collnetchain": "collnet_chain",
-    "collnet_chain": "collnet_chain",
-    "hierarchical": "hierarchical",
-    "direct": "direct",
-}
-"""Algorithm names found in measurements (ours or NCCL's ``NCCL_ALGO`` spellings) to ours."""
+from vocab.records import NCCL_ALGO_NAMES, Record
 
 TopologyFactory = Callable[[int, int], Topology]
 """(num_nodes, ranks_per_node) -> the topology a measurement of that shape ran on."""

@@ -18,8 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sim.network.fitting import NCCL_ALGO_NAMES
-from vocab.records import Record
+from vocab.records import NCCL_ALGO_NAMES, Record
 from vocab.sizes import parse_size
 
 _COMPARATORS: dict[str, Callable[[Any, Any], bool]] = {

@@ -44,7 +44,8 @@ class SearchSpace:
     """Context-parallel degrees."""
     ep: tuple[int, ...] = ()
     """Expert-parallel degrees of an MoE model (default: the powers of two that divide its
-    experts, up to the GPUs of a node times 8); ignored for a dense model."""
+    experts, up to the GPUs of a node times 8); ignored for a dense model (``commsim search``
+    refuses ``--ep`` there)."""
     data_parallel: tuple[str, ...] = DEFAULT_KINDS
     """Data-parallel kinds (plan names; ``fsdp2`` is FSDP2)."""
     micro_batch_size: tuple[int, ...] = (1, 2, 4)
@@ -86,15 +87,52 @@ def _expert_degrees(plan: Plan, space: SearchSpace, gpus_per_node: int) -> tuple
     return tuple(e for e in powers if experts % e == 0 and e <= 8 * gpus_per_node)
 
 
+def layout_degrees(
+    plan: Plan, space: SearchSpace, gpus_per_node: int
+) -> dict[str, tuple[int, ...]]:
+    """The tp, pp, cp and ep values tried: the space's, or their defaults."""
+    return {
+        "tp": space.tp or tuple(_divisors(gpus_per_node)),
+        "pp": space.pp or tuple(p for p in (1, 2, 4, 8, 16, 32, 64) if p <= space.max_pp),
+        "cp": space.cp,
+        "ep": _expert_degrees(plan, space, gpus_per_node),
+    }
+
+
+def _fits(world_size: int, tp: int, pp: int, cp: int, ep: int) -> bool:
+    """Whether tp x pp x cp divides the GPUs and tp x ep the GPUs of a pipeline stage."""
+    return world_size % (tp * pp * cp) == 0 and (world_size // pp) % (tp * ep) == 0
+
+
+def why_no_layout(degrees: dict[str, tuple[int, ...]], world_size: int) -> str:
+    """One line on why no combination of ``degrees`` (``layout_degrees``) splits
+    ``world_size`` GPUs: the first degree none of whose values divides them, else the
+    products."""
+    gpus = f"the {world_size:,} GPUs of the cluster"
+    for name, values in degrees.items():
+        if any(world_size % v == 0 for v in values):
+            continue
+        flag = f"--{name} {','.join(map(str, values))}"
+        if min(values) > world_size:
+            return f"no layout to try: {flag} exceeds {gpus}"
+        verb = "does not divide" if len(values) == 1 else "has no value that divides"
+        return f"no layout to try: {flag} {verb} {gpus}"
+    moe = degrees.get("ep", (1,)) != (1,)
+    shown = ", ".join(
+        f"{k} {','.join(map(str, v))}" for k, v in degrees.items() if k != "ep" or moe
+    )
+    stage = " (and tp x ep the GPUs of a pipeline stage)" if moe else ""
+    return f"no layout to try: no tp x pp x cp of {shown} divides {gpus}{stage}"
+
+
 def candidate_layouts(
     plan: Plan, *, gpus_per_node: int, world_size: int, space: SearchSpace
 ) -> list[dict[str, Any]]:
     """The ``parallel`` and ``training`` sections of every layout to check, in a fixed order."""
-    tps = space.tp or tuple(_divisors(gpus_per_node))
-    pps = space.pp or tuple(p for p in (1, 2, 4, 8, 16, 32, 64) if p <= space.max_pp)
+    degrees = layout_degrees(plan, space, gpus_per_node)
+    tps, pps, eps = degrees["tp"], degrees["pp"], degrees["ep"]
     layouts = []
     recomputes = sorted(space.recompute, key=RECOMPUTE_MODES.index)  # lightest first
-    eps = _expert_degrees(plan, space, gpus_per_node)
     kinds = space.data_parallel
     if plan.model.num_experts:  # the kinds MoE layers are simulated with (FSDP as FSDP2)
         moe = moe_kinds()
@@ -102,7 +140,7 @@ def candidate_layouts(
     for tp, pp, cp, ep, kind, mbs, recompute in itertools.product(
         tps, pps, space.cp, eps, kinds, space.micro_batch_size, recomputes
     ):
-        if world_size % (tp * pp * cp) or (world_size // pp) % (tp * ep):
+        if not _fits(world_size, tp, pp, cp, ep):
             continue
         schedules = [("1f1b", 1)]
         if pp > 1 and space.interleaved:

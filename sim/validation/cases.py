@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fileio.strict import load_json, shorten
+from fileio.strict import load_json, read_input, shorten
 from refdata import CASES_PATH
 from schedules.plan import CROSS_ENTROPY_FUSIONS
 from sim.validation.measured import (
@@ -108,13 +108,25 @@ class CaseMapping:
 
 
 def load_cases(path: str | Path) -> list[dict[str, Any]]:
-    """The list of cases in a cases.json file (FileNotFoundError / ValueError on bad input)."""
+    """The list of cases in a cases.json file (FileNotFoundError / ValueError on bad input:
+    not UTF-8 JSON, not a list of cases with ids, no case, an id given twice)."""
     try:
-        data = load_json(Path(path).read_text(), name=str(path))
+        data = load_json(read_input(path, what="cases file"), name=str(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"malformed input: {path}: {exc}") from None
     if not isinstance(data, list) or not all(isinstance(c, dict) and "id" in c for c in data):
         raise ValueError(f"{path}: expected a JSON list of cases, each with an 'id'")
+    if not data:
+        raise ValueError(f"{path}: no cases (an empty list)")
+    seen: dict[str, int] = {}
+    for index, case in enumerate(data):
+        case_id = str(case["id"])
+        if case_id in seen:
+            raise ValueError(
+                f"{path}: case id {shorten(case_id)} given twice (cases {seen[case_id] + 1} "
+                f"and {index + 1})"
+            )
+        seen[case_id] = index
     return data
 
 

@@ -32,7 +32,7 @@ from fileio.strict import did_you_mean, load_json, read_input, shorten
 from refdata import COLLECTIVES_DIR
 from sim.network.calibration import Calibration
 from sim.network.compare import SIZE_BANDS, Point, compare_records, size_band
-from sim.network.fitting import NCCL_ALGO_NAMES, TopologyFactory
+from sim.network.fitting import TopologyFactory
 from sim.validation.collective_donors import donor_calibrations, predict_from_others
 from topologies.fabrics import NCCL_ALGORITHM_NAMES, NCCL_PROTOCOLS, FabricSpec
 from topologies.nccl_release import check_nccl_version
@@ -40,7 +40,7 @@ from topologies.presets import FABRIC_PRESETS, NODE_PRESETS, build_cluster, clus
 from topologies.topology import Topology
 from vocab.collectives import canonical_op
 from vocab.readers import read_results
-from vocab.records import Record
+from vocab.records import NCCL_ALGO_NAMES, Record
 
 MIN_SCORED_BYTES = 1 << 20
 """Sizes scored: 1 MiB and up (below, launch and protocol latencies that nccl-tests' loop hides

@@ -53,7 +53,10 @@ def load_steps(folder: Path) -> dict[str, dict[str, Any]]:
     """Every ``step_*.json`` of ``folder`` by name; a file of another schema is a ValueError."""
     steps: dict[str, dict[str, Any]] = {}
     for path in sorted(folder.glob("step_*.json")):
-        data = json.loads(read_input(path, what="step measurement"))
+        try:
+            data = json.loads(read_input(path, what="step measurement"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"malformed input: {path}: {exc}") from None
         if not isinstance(data, dict) or data.get("schema") != STEP_SCHEMA:
             raise ValueError(f"{path}: not a commbench --step file (schema {STEP_SCHEMA!r})")
         steps[path.stem.removeprefix("step_")] = data

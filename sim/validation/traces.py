@@ -47,7 +47,10 @@ class TraceCase:
 def load_trace_cases(folder: Path) -> dict[str, TraceCase]:
     """The cases of ``folder/index.json``; a malformed index is a ValueError."""
     index = folder / "index.json"
-    data = json.loads(read_input(index, what="trace index"))
+    try:
+        data = json.loads(read_input(index, what="trace index"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"malformed input: {index}: {exc}") from None
     cases = data.get("cases") if isinstance(data, dict) else None
     if (
         not isinstance(data, dict)

@@ -165,6 +165,13 @@ def test_malformed_commbench_files_name_the_file_and_row(tmp_path):
     junk.write_text(f"{header}{rest}\nall_reduce,abc,1,float32,4,1,false,1,1,1,,,,,,,,,\n")
     with pytest.raises(ValueError, match=r"junk\.csv: result 0: .*'abc'"):
         read_results(junk)
+    row = "all_reduce,1024,256,float32,4,1,false,10,0.1,0.15,0,sum,-1,,,,20"
+    warp = tmp_path / "warp.csv"
+    warp.write_text(f"{header}{rest}\n{row},warp,measured\n{row},NVLSTree,measured\n")
+    with pytest.raises(ValueError, match=r"warp\.csv: result 0 .*algo 'warp' is not an algo"):
+        read_results(warp)
+    warp.write_text(f"{header}{rest}\n{row},NVLSTree,measured\n")  # NCCL's spelling reads
+    assert read_results(warp)[0].algo == "NVLSTree"
 
 
 ROWS = [

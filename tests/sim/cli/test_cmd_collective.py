@@ -140,6 +140,39 @@ def test_size_sweep_follows_nccl_tests():
     assert size_sweep(1024, 8192, 2) == [1024, 2048, 4096, 8192]
     with pytest.raises(ValueError, match="-f"):
         size_sweep(1, 2, 1.0)
+    with pytest.raises(ValueError, match="need 1 <= minbytes"):
+        size_sweep(0, 2, 2.0)
+
+
+BELOW_1P = "a size must be below 1P (1,125,899,906,842,624 bytes)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-b", "1K", "-e", "99999999999999999999999999"],
+         f"-e 99999999999999999999999999: {BELOW_1P}"),
+        (["-b", "1K", "-e", "1024T"], f"-e 1024T: {BELOW_1P}"),
+        (["-b", "2000T", "-e", "2000T"], f"-b 2000T: {BELOW_1P}"),
+        (["-b", "1K", "-e", "1P"],
+         "-e: bad size '1P'; use an integer with an optional K, M, G or T suffix"),
+        (["-b", "1K", "-e", "9" * 5000],
+         f"-e '{'9' * 59}... (5,000 characters): not a size below 1P"),
+        (["-b", "0"], "-b 0: a size must be >= 1 byte"),
+        (["-b", "0", "-e", "0"], "-b 0: a size must be >= 1 byte"),
+        (["-b", "1K", "-e", "1K", "--ranks", "1"],
+         "--ranks 1: no algorithm can run all_reduce on this group (a group of one GPU; "
+         "use 2 or more)"),
+        (["-b", "1K", "-e", "1K", "--ranks", "1", "--ops", "send_recv"],
+         "--ranks 1: send_recv takes ranks=(src, dst) or a ring of >= 2, got [0] (a group of "
+         "one GPU; use 2 or more)"),
+    ],
+)  # fmt: skip
+def test_sizes_and_ranks_out_of_range_are_one_line(tmp_path, capsys, argv, message):
+    out = tmp_path / "sim.json"
+    assert main(["collective", "--topology", "dgx-h100", *argv, "--output", str(out)]) == 2
+    assert capsys.readouterr().err == f"commsim: error: {message}\n"
+    assert not out.exists() and not out.with_suffix(".csv").exists()
 
 
 def test_localhost_has_as_many_processes_as_ranks_asked(capsys):

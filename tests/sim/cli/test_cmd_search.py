@@ -61,9 +61,13 @@ def test_search_ranks_every_valid_layout_and_writes_the_best_plan(
 
 def test_no_layout_left_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = _write_plan(tmp_path, TINY_PLAN)
-    assert main(["search", str(plan), "--tp", "3"]) == 2
+    argv = ["search", str(plan), *SPACE, "--headroom", "0.0001"]
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("commsim: error: no layout of the") and err.count("\n") == 1
+    assert err == (
+        "commsim: error: no layout of the 24 tried is valid and fits (20 over the memory "
+        "headroom, 4 refused (data_parallel=zero3 cannot run under pipeline parallelism ...))\n"
+    )
     assert main(["search", str(plan), "--headroom", "1.5"]) == 2
     assert "--headroom must be in (0, 1], got 1.5" in capsys.readouterr().err
 
@@ -163,3 +167,55 @@ def test_a_cluster_file_named_relative_to_the_plan_is_found_from_elsewhere(
             "--micro-batch", "1", "--recompute", "none", "--no-interleaved"]  # fmt: skip
     assert main(argv) == 0
     assert "1 simulated" in capsys.readouterr().out
+
+
+KINDS = "ddp, zero1, zero2, zero3, fsdp, hsdp, distributed_optimizer, fsdp2"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--data-parallel", "ddp,fsdpp"],
+         f"--data-parallel 'fsdpp' is not one of {KINDS} (did you mean 'fsdp' or 'fsdp2'?)"),
+        (["--data-parallel", ""],
+         "argument --data-parallel: expected comma-separated names, got ''"),
+        (["--recompute", "ful"],
+         "--recompute 'ful' is not one of none, selective, op, full (did you mean 'full'?)"),
+        (["--tp", "2,,4"],
+         "argument --tp: expected comma-separated integers >= 1, got '2,,4' (an empty item)"),
+        (["--micro-batch", "1,"],
+         "argument --micro-batch: expected comma-separated integers >= 1, got '1,' "
+         "(an empty item)"),
+        (["--ep", "3"], "--ep 3: the model has no experts (tiny is dense; --ep is for MoE models)"),
+        (["--tp", "3"], "no layout to try: --tp 3 does not divide the 8 GPUs of the cluster"),
+        (["--cp", "3"], "no layout to try: --cp 3 does not divide the 8 GPUs of the cluster"),
+        (["--tp", "16"], "no layout to try: --tp 16 exceeds the 8 GPUs of the cluster"),
+        (["--tp", "3,5"],
+         "no layout to try: --tp 3,5 has no value that divides the 8 GPUs of the cluster"),
+        (["--tp", "4", "--cp", "4", "--pp", "1,2"],
+         "no layout to try: no tp x pp x cp of tp 4, pp 1,2, cp 4 divides the 8 GPUs of the "
+         "cluster"),
+        (["--top", "0"], "--top must be >= 1, got 0"),
+        (["-j", "0"], "--jobs must be >= 1, got 0"),
+        (["--max-pp", "-1"], "--max-pp must be >= 1, got -1"),
+        (["--max-layouts", "0"], "--max-layouts must be >= 1, got 0"),
+    ],
+)  # fmt: skip
+def test_a_bad_space_is_one_line_naming_the_flag_and_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    plan = _write_plan(tmp_path, TINY_PLAN)
+    out = tmp_path / "rows.json"
+    assert main(["search", str(plan), *extra, "--json", str(out)]) == 2
+    assert capsys.readouterr().err == f"commsim: error: {message}\n"
+    assert not out.exists()
+
+
+def test_no_layout_names_the_experts_of_an_moe_model() -> None:
+    from sim.search.space import why_no_layout
+
+    degrees = {"tp": (2,), "pp": (1,), "cp": (1,), "ep": (8,)}
+    assert why_no_layout(degrees, 8) == (
+        "no layout to try: no tp x pp x cp of tp 2, pp 1, cp 1, ep 8 divides the 8 GPUs of the "
+        "cluster (and tp x ep the GPUs of a pipeline stage)"
+    )

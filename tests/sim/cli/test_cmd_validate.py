@@ -281,3 +281,99 @@ def test_progress_bars_on_a_terminal_lines_in_a_log(capsys, monkeypatch) -> None
         assert re.search(rf"^  {case_id}: [\d.]+ s predicted \([\d.]+ s wall\)$", text, re.M)
     report = capsys.readouterr().out  # the report itself stays on stdout, untouched
     assert report.startswith("commsim validate: 2 published runs simulated")
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    """The message of the one error line on standard error (no traceback before it)."""
+    err = capsys.readouterr().err
+    assert err.startswith("commsim: error: ") and err.count("\n") == 1, err
+    return err.removeprefix("commsim: error: ").rstrip("\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "--collectives"],
+         "--steps and --collectives: give only one of --steps, --collectives, --traces, "
+         "--leave-one-source-out (one validation per run)"),
+        (["--steps", "--traces"], "--steps and --traces: give only one of"),
+        (["--traces", "--leave-one-source-out"], "--traces and --leave-one-source-out: give"),
+        (["--steps", "--plot", "p.png"], "--plot p.png does not apply to --steps"),
+        (["--collectives", "-j", "2"], "--jobs 2 does not apply to --collectives"),
+        (["--leave-one-source-out", "--calibrate-on", "none"],
+         "--calibrate-on none does not apply to --leave-one-source-out"),
+        (["--ids", ""], "--ids '': expected comma-separated case ids"),
+        (["other.json", "--traces"], "CASES.json other.json does not apply to --traces"),
+        (["--ids", "a,,b"], "--ids 'a,,b': expected comma-separated case ids (an empty item)"),
+        (["--calibrate-on", ""], "--calibrate-on '': expected comma-separated case ids"),
+    ],
+)  # fmt: skip
+def test_contradictory_or_empty_flags_are_refused(
+    tmp_path: Path, capsys, argv: list[str], message: str
+) -> None:
+    out = tmp_path / "v.json"
+    assert main(["validate", *argv, "--json", str(out)]) == 2
+    assert _one_line_error(capsys).startswith(message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[]", "{path}: no cases (an empty list)"),
+        (b'[{"id": "a"}, {"id": "b"}, {"id": "a"}]',
+         "{path}: case id 'a' given twice (cases 1 and 3)"),
+        (b"\xd5\xff\x00", "cases file '{path}' is not UTF-8 text (byte 0xd5 at offset 0)"),
+        (b'[{"id": "a"}, {"id": "b", "gpu": "H100"}]',
+         "{path}: none of the 2 cases can be simulated (e.g. a: num_gpus (None); "
+         "model.num_layers (None); and 11 more)"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("mode", [[], ["--leave-one-source-out"]])
+def test_a_cases_file_without_usable_cases_is_refused_writing_nothing(
+    tmp_path: Path, capsys, monkeypatch, content: bytes, message: str, mode: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # short names: messages shorten long paths
+    Path("cases.json").write_bytes(content)
+    plot = [] if mode else ["--plot", "v.png"]
+    assert main(["validate", "cases.json", *mode, "--json", "v.json", *plot]) == 2
+    assert _one_line_error(capsys) == message.format(path="cases.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["cases.json"]
+
+
+@needs_cases
+def test_every_case_failing_is_exit_2_writing_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
+    import sim.cli.validate
+
+    cases = [c for c in json.loads(CASES_PATH.read_text()) if c["id"] == SMALL_H100]
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(cases))
+    failed = ValidationReport(results=(), skipped=(), failed=((SMALL_H100, "boom"),),
+                              calibration_cases=(), runtime_s=0.0)  # fmt: skip
+    monkeypatch.setattr(sim.cli.validate, "run_validation", lambda *a, **k: failed)
+    out, plot = tmp_path / "v.json", tmp_path / "v.png"
+    assert main(["validate", str(path), "--json", str(out), "--plot", str(plot)]) == 2
+    assert _one_line_error(capsys) == (
+        f"{path}: every case failed to simulate (1; first {SMALL_H100}: boom)"
+    )
+    assert not out.exists() and not plot.exists()
+
+
+def test_a_truncated_step_file_is_named(tmp_path: Path, capsys) -> None:
+    step = tmp_path / "step_x.json"
+    step.write_text('{"schema": "commbench-step/1", "gpu"')
+    out = tmp_path / "v.json"
+    assert main(["validate", "--steps", str(tmp_path), "--json", str(out)]) == 2
+    assert _one_line_error(capsys) == (
+        f"malformed input: {step}: Expecting ':' delimiter: line 1 column 37 (char 36)"
+    )
+    assert not out.exists()
+
+
+def test_a_truncated_trace_index_is_named(tmp_path: Path, capsys) -> None:
+    index = tmp_path / "index.json"
+    index.write_text('{"schema": ')
+    assert main(["validate", "--traces", str(tmp_path)]) == 2
+    assert _one_line_error(capsys) == (
+        f"malformed input: {index}: Expecting value: line 1 column 12 (char 11)"
+    )

@@ -96,3 +96,39 @@ def test_a_local_ray_instance_ranks_as_local_processes() -> None:
     finally:
         ray.shutdown()
     assert rows == simulate_layouts(plans, jobs=2)
+
+
+@pytest.mark.parametrize(
+    ("scenarios", "message"),
+    [
+        ([";;"], "--whatif ';;': an empty scenario"),
+        ([""], "--whatif '': an empty scenario"),
+        (["slow_gpu=3:0.5", "slow_gpu=3:0.5;"], "--whatif 'slow_gpu=3:0.5;': the same scenario"),
+    ],
+)
+def test_an_empty_or_repeated_scenario_is_refused(tmp_path, capsys, scenarios, message) -> None:
+    import yaml
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(PLAN))
+    out = tmp_path / "rows.csv"
+    whatifs = [arg for scenario in scenarios for arg in ("--whatif", scenario)]
+    assert main(["sweep", str(path), *whatifs, "--csv", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"commsim: error: {message}") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_an_invalid_plan_among_several_is_named(tmp_path, capsys) -> None:
+    import yaml
+
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(yaml.safe_dump(PLAN))
+    bad.write_text(yaml.safe_dump({**PLAN, "parallel": {"tp": 3, "pp": 1, "dp": 4}}))
+    out = tmp_path / "rows.json"
+    assert main(["sweep", str(good), str(bad), "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"commsim: error: {bad}: world size 16 != tp*cp*pp*dp = 12 (tp=3, cp=1, pp=1, dp=4)\n"
+    )
+    assert not out.exists()
