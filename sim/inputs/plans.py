@@ -150,6 +150,16 @@ def yaml_error_line(exc: yaml.YAMLError) -> str:
 
 
 def assemble_plan(args: argparse.Namespace, *, warn: Callable[[str], None]) -> Any:
+    """``_assemble_plan``, its warnings given to ``warn`` once the plan loads: a plan that
+    fails is its one error line, not warnings and then the error."""
+    lines: list[str] = []
+    plan = _assemble_plan(args, warn=lines.append)
+    for line in lines:
+        warn(line)
+    return plan
+
+
+def _assemble_plan(args: argparse.Namespace, *, warn: Callable[[str], None]) -> Any:
     """The plan of the imports, the file and the flags, later winning key by key: the configs
     the plan imports (in the order model, Megatron, torchtitan, DeepSpeed), then the plan file's
     own keys, then the flags (cluster, batch, ``--set``). Each import's warnings go to ``warn``

@@ -291,3 +291,19 @@ def test_megatron_takes_a_file_and_says_so(
     args.write_text("--tensor-model-parallel-size 2\n")
     assert main([*base, "--megatron", str(args)]) == 0
     assert "tp=2" in capsys.readouterr().out
+
+
+def test_a_plan_that_fails_is_one_line_without_the_warnings_before_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The micro-batch warning waits for a plan that loads: a misspelt preset is its error
+    alone."""
+    assert (
+        main(["plan", "--model", "llama3-8bb", "--cluster", "dgx-h100", "--global-batch", "8"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model preset 'llama3-8bb' is unknown" in err
+    assert (
+        main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "8"]) == 0
+    )
+    assert "warning: training.micro_batch_size not given" in capsys.readouterr().err
