@@ -13,9 +13,15 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from comm_bench.launch import die_with_parent
-from comm_bench.options import BenchOptions, parse_options, validate_for_world
+from comm_bench.options import (
+    BenchOptions,
+    parse_options,
+    validate_for_backend,
+    validate_for_world,
+)
 from fileio.strict import cap_line
 
 USAGE_EXIT = 2
@@ -40,10 +46,35 @@ def _compute(argv: list[str]) -> int:
     return int(compute.main([a for a in argv if a != "--compute"]))
 
 
-def _launched_world() -> int:
-    import os
+def _check_outputs(output: Path) -> Path | None:
+    """The checked results file and its CSV twin (``fileio.output``), before anything runs;
+    None for standard output."""
+    from fileio.output import check_output, twin
 
-    return int(os.environ["WORLD_SIZE"])
+    target = check_output(output, formats=(".json",), option="--output")
+    twin(target, ".csv")
+    return target.path
+
+
+def _check_fits(
+    options: BenchOptions,
+    backend: str,
+    *,
+    world_size: int,
+    local_ranks: int,
+    gpus: Sequence[int],
+) -> None:
+    """The sweep's largest size against the whole memory of each local rank's GPU (NCCL), or
+    of the host's RAM that its ``local_ranks`` share (gloo)."""
+    import torch
+
+    from comm_bench.harness import check_max_size
+
+    if backend == "nccl":
+        for index in gpus:
+            check_max_size(options, torch.device("cuda", index), world_size=world_size)
+    else:
+        check_max_size(options, torch.device("cpu"), world_size=world_size, local_ranks=local_ranks)
 
 
 def _spawn(argv: list[str], options: BenchOptions) -> int:
@@ -51,7 +82,6 @@ def _spawn(argv: list[str], options: BenchOptions) -> int:
 
     from comm_bench.dist_env import resolve_backend
     from comm_bench.launch import spawn_local
-    from fileio.output import check_output
     from vocab.writer import default_output_path
 
     backend = resolve_backend(options.backend)
@@ -60,11 +90,32 @@ def _spawn(argv: list[str], options: BenchOptions) -> int:
     if backend == "nccl" and nprocs > gpus:
         raise ValueError(f"--nprocs {nprocs} exceeds the {gpus} GPU(s) here; NCCL needs one each")
     validate_for_world(options, nprocs)
-    output = options.output or default_output_path(options.ops)
-    target = check_output(output, formats=(".json",), option="--output")
-    if target.path is None:
+    validate_for_backend(options, backend)
+    _check_fits(options, backend, world_size=nprocs, local_ranks=nprocs, gpus=range(nprocs))
+    path = _check_outputs(options.output or default_output_path(options.ops))
+    if path is None:
         raise ValueError("--output -: the ranks write a results file; give a file name")
-    return spawn_local(argv, nprocs=nprocs, timeout_s=options.timeout_s, output=target.path)
+    return spawn_local(argv, nprocs=nprocs, timeout_s=options.timeout_s, output=path)
+
+
+def _launched(options: BenchOptions) -> int:
+    """Run as one rank of the launcher's world, after the checks that need its size."""
+    import os
+
+    from comm_bench.dist_env import check_launch_env, resolve_backend
+    from comm_bench.harness import run_rank
+
+    check_launch_env()
+    world = int(os.environ["WORLD_SIZE"])
+    validate_for_world(options, world)
+    backend = resolve_backend(options.backend)
+    validate_for_backend(options, backend)
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpu = int(os.environ.get("LOCAL_RANK", "0"))
+    _check_fits(options, backend, world_size=world, local_ranks=local_ranks, gpus=[gpu])
+    if options.output is not None:
+        _check_outputs(options.output)
+    return run_rank(options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,19 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return step.main([a for a in args if a != "--step"])
     try:
         options = parse_options(args)
-        from comm_bench.dist_env import check_launch_env, under_launcher
+        from comm_bench.dist_env import under_launcher
 
-        if not under_launcher():
-            return _spawn(args, options)
-        check_launch_env()
-        validate_for_world(options, _launched_world())
-        if options.output is not None:
-            from fileio.output import check_output
-
-            check_output(options.output, formats=(".json",), option="--output")
-        from comm_bench.harness import run_rank
-
-        return run_rank(options)
+        return _launched(options) if under_launcher() else _spawn(args, options)
     except ValueError as error:
         print(f"commbench: error: {cap_line(str(error))}", file=sys.stderr)
         return USAGE_EXIT

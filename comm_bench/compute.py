@@ -23,6 +23,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from comm_bench.compute_inputs import (
+    UsageError,
+    allocating,
+    check_flags,
+    check_memory,
+    parse_ints,
+    parse_shapes,
+)
 from fileio.output import OutputError, check_output
 from vocab.compute_calibration import (
     ComputeCalibration,
@@ -53,10 +61,6 @@ CPU_DEFAULTS: dict[str, Any] = {
 }
 
 
-class UsageError(ValueError):
-    """Bad command-line input: one line, exit code 2."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
@@ -80,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--threads", type=int, default=1, help="CPU threads (default 1: one core per rank)"
     )
-    parser.add_argument("--gpu", default=None, help="catalogue GPU key to record (auto)")
+    parser.add_argument(
+        "--gpu", default=None, help="catalogue GPU key to record (default: detected; '': any GPU)"
+    )
     parser.add_argument(
         "--adam-params",
         type=int,
@@ -95,28 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--output", "-o", default=None, help="write the calibration JSON here")
     return parser
-
-
-def _ints(flag: str, text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise UsageError(f"{flag}: expected positive integers, got {text!r}")
-    return values
-
-
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """'MxNxK,MxNxK' -> [(m, n, k), ...]."""
-    shapes = []
-    for part in text.split(","):
-        dims = part.strip().lower().split("x")
-        if len(dims) != 3:
-            raise UsageError(f"--shapes: {part!r} is not MxNxK")
-        m, n, k = _ints("--shapes", ",".join(dims))
-        shapes.append((m, n, k))
-    return shapes
 
 
 def resolve_device(name: str) -> torch.device:
@@ -192,7 +176,8 @@ def measure_gemms(
     """One sample per (m, n, k): 2mnk FLOPs and the mean seconds per matmul."""
     samples = []
     for m, n, k in shapes:
-        seconds = time_per_call_s(_gemm_call(m, n, k, dtype, device), device=device, **timing)
+        with allocating(f"the GEMM {m}x{n}x{k}"):
+            seconds = time_per_call_s(_gemm_call(m, n, k, dtype, device), device=device, **timing)
         samples.append(
             {
                 "kind": "gemm",
@@ -230,25 +215,37 @@ def measure_attention(
     samples = []
     for seq in seq_lens:
         shape = (batch, heads, seq, head_dim)
-        q, k, v, grad = (
-            torch.randn(shape, generator=generator).to(device, TORCH_DTYPES[name]) for _ in range(4)
-        )
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-        def forward(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> Any:
-            with torch.no_grad():
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-        def backward(out: torch.Tensor = out, inputs: tuple = (q, k, v), grad: Any = grad) -> Any:
-            return torch.autograd.grad(out, inputs, grad, retain_graph=True)
-
+        with allocating(f"attention at --seq-lens {seq}"):
+            forward_s, backward_s = _attention_times_s(shape, name, device, generator, timing)
         flops = 4.0 * batch * heads * seq * seq * head_dim * 0.5
-        forward_s = time_per_call_s(forward, device=device, **timing)
-        backward_s = time_per_call_s(backward, device=device, **timing)
         samples.append(_attention_sample("attention_forward", name, seq, flops, forward_s))
         samples.append(_attention_sample("attention_backward", name, seq, 2.5 * flops, backward_s))
     return samples
+
+
+def _attention_times_s(
+    shape: tuple[int, int, int, int],
+    dtype: str,
+    device: torch.device,
+    generator: torch.Generator,
+    timing: dict[str, int],
+) -> tuple[float, float]:
+    """Seconds of one causal SDPA forward and of its backward alone, on (b, a, s, d) tensors."""
+    q, k, v, grad = (
+        torch.randn(shape, generator=generator).to(device, TORCH_DTYPES[dtype]) for _ in range(4)
+    )
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward() -> Any:
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def backward() -> Any:
+        return torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+
+    forward_s = time_per_call_s(forward, device=device, **timing)
+    return forward_s, time_per_call_s(backward, device=device, **timing)
 
 
 def measure_memory_bandwidth(device: torch.device, **timing: int) -> float:
@@ -296,13 +293,7 @@ def _print_table(
 def run(args: argparse.Namespace) -> ComputeCalibration:
     """Measure, fit and (with --output) write the calibration; returns it."""
     device = resolve_device(args.device)
-    if args.threads <= 0:
-        raise UsageError(f"--threads must be > 0, got {args.threads}")
-    if args.adam_params < 0 or (args.adam_threads is not None and args.adam_threads <= 0):
-        raise UsageError(
-            f"--adam-params must be >= 0 and --adam-threads > 0, got {args.adam_params} and "
-            f"{args.adam_threads}"
-        )
+    check_flags(args)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
@@ -314,24 +305,31 @@ def run(args: argparse.Namespace) -> ComputeCalibration:
         "warmup": args.warmup if args.warmup is not None else int(defaults["warmup"]),
         "repeats": args.repeats,
     }
-    if timing["iters"] <= 0 or timing["warmup"] < 0 or timing["repeats"] <= 0:
-        raise UsageError(f"--iters and --repeats must be > 0 and --warmup >= 0, got {timing}")
     target = None
     if args.output:
         target = check_output(args.output, formats=(".json",), option="--output")
-    sizes = _ints("--sizes", args.sizes or str(defaults["sizes"]))
-    shapes = [(s, s, s) for s in sizes] + parse_shapes(args.shapes or str(defaults["shapes"]))
-    samples = measure_gemms(shapes, dtype, device, **timing)
-    if not args.no_attention:
-        samples += measure_attention(
-            _ints("--seq-lens", args.seq_lens or str(defaults["seq_lens"])),
-            batch=args.batch,
-            heads=args.heads or int(defaults["heads"]),
-            head_dim=args.head_dim or int(defaults["head_dim"]),
-            dtype=dtype,
-            device=device,
-            **timing,
-        )
+    sizes = parse_ints("--sizes", args.sizes or str(defaults["sizes"]))
+    shapes = parse_shapes(args.shapes or str(defaults["shapes"]))
+    seq_lens = (
+        [] if args.no_attention else parse_ints("--seq-lens", args.seq_lens or defaults["seq_lens"])
+    )
+    attention = {
+        "batch": args.batch,
+        "heads": args.heads if args.heads is not None else int(defaults["heads"]),
+        "head_dim": args.head_dim if args.head_dim is not None else int(defaults["head_dim"]),
+    }
+    check_memory(
+        device,
+        dtype,
+        sizes=sizes,
+        shapes=shapes,
+        seq_lens=seq_lens,
+        attention=attention,
+        adam_params=args.adam_params,
+    )
+    samples = measure_gemms([(s, s, s) for s in sizes] + shapes, dtype, device, **timing)
+    if seq_lens:
+        samples += measure_attention(seq_lens, dtype=dtype, device=device, **attention, **timing)
     kernels = fit_samples(samples)
     _print_table(samples, kernels)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
@@ -358,7 +356,8 @@ def _host_adam(args: argparse.Namespace, timing: dict[str, int]) -> float | None
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        step_s, impl = measure_cpu_adam(args.adam_params, **timing)
+        with allocating(f"--adam-params {args.adam_params}"):
+            step_s, impl = measure_cpu_adam(args.adam_params, **timing)
     finally:
         torch.set_num_threads(saved)
     rate = args.adam_params / step_s

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from comm_bench.memory import available_ram_bytes
+
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """Environment variables that show a launcher started this process."""
 
@@ -173,8 +175,5 @@ def available_memory_bytes(device: torch.device, local_world_size: int) -> int:
     if device.type == "cuda":
         free_bytes, _total = torch.cuda.mem_get_info(device)
         return int(free_bytes)
-    with open("/proc/meminfo", encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 // max(local_world_size, 1)
-    return 1 << 62
+    available = available_ram_bytes()
+    return 1 << 62 if available is None else available // max(local_world_size, 1)

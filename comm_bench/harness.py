@@ -32,6 +32,7 @@ from comm_bench.faults import (
     inject_faults,
     note_step,
 )
+from comm_bench.memory import shortfall
 from comm_bench.options import BenchOptions
 from comm_bench.timing import Timing, combine, time_calls
 from vocab import collectives as coll
@@ -67,6 +68,25 @@ def bytes_needed(op: str, size_bytes: int, elem_bytes: int, world_size: int) -> 
     counts = coll.get(op).counts(size_bytes, elem_bytes, world_size)
     elems = counts.send_elems + 2 * counts.recv_elems
     return elems * elem_bytes + 8 * max(counts.send_elems, counts.recv_elems)
+
+
+def check_max_size(
+    options: BenchOptions, device: torch.device, *, world_size: int, local_ranks: int = 1
+) -> None:
+    """Refuse, before any rank starts, a sweep whose largest size needs more than the whole
+    memory of ``device`` for every op that runs (``local_ranks`` processes sharing it: the CPU's
+    RAM); what fits it but not what is free is left to ``cap_sizes``."""
+    largest = max(options.sizes(), default=0)
+    elem_bytes = coll.dtype_bytes(options.dtype)
+    for op in options.ops:
+        if min_world_size(op) > world_size:
+            continue  # skipped by the probe, allocates nothing
+        needed = bytes_needed(op, largest, elem_bytes, world_size)
+        short = shortfall(needed, device, ranks=local_ranks)
+        if short is not None:
+            raise ValueError(
+                f"-e {options.max_bytes}: {op} at {largest} B needs {short}; use a smaller -e"
+            )
 
 
 def cap_sizes(sizes: list[int], op: str, options: BenchOptions, ctx: DistContext) -> list[int]:

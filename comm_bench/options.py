@@ -35,6 +35,8 @@ AVERAGE_MODES = {0: "rank0", 1: "mean", 2: "min", 3: "max"}
 
 BACKENDS = ("auto", "gloo", "nccl")
 """``--backend`` values; ``auto`` is nccl with CUDA, else gloo."""
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+"""The floating-point ``-d`` types (the others are integers)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,4 +266,19 @@ def validate_for_world(o: BenchOptions, world_size: int) -> None:
         raise ValueError(
             f"-r {o.root} is not a rank of a {world_size}-rank world "
             f"(needed by {', '.join(rooted)})"
+        )
+
+
+def validate_for_backend(o: BenchOptions, backend: str) -> None:
+    """Checks that need the backend (``gloo`` or ``nccl``, resolved): torch's gloo backend
+    averages by dividing the sum in place, which an integer tensor cannot hold, so ``-o avg``
+    on an integer ``-d`` runs no reducing op there (NCCL's ncclAvg divides integers itself).
+    As in ``validate_for_world``, a run left with nothing to measure is refused; one with other
+    ops measures them and skips the rest with a note."""
+    integer_avg = o.redop == "avg" and o.dtype not in FLOAT_DTYPES
+    if backend == "gloo" and integer_avg and all(get(op).reduces for op in o.ops):
+        raise ValueError(
+            f"nothing to measure: backend gloo cannot average integers (-o avg -d {o.dtype}) for "
+            f"{', '.join(o.ops)}: it divides the sum in place; use a floating-point -d, another "
+            "-o, or --backend nccl"
         )

@@ -34,13 +34,17 @@ from typing import Any
 
 import torch
 
-from comm_bench.compute import UsageError, detect_gpu_key, resolve_device
+from comm_bench.compute import detect_gpu_key, resolve_device
+from comm_bench.compute_inputs import UsageError, check_counts
+from comm_bench.memory import available_ram_bytes
 from comm_bench.step_model import batch_of, build_model, check_buildable
 from fileio.output import Target, check_output, write_bytes, write_text
 from schedules.activations import layer_activation_bytes, logits_bytes
 from schedules.memory import eager_saved_bytes
 from schedules.params import embedding_params, layer_params, lm_head_params
 from schedules.plan import Plan, load_plan, plan_to_dict
+from schedules.resolve import resolve_plan
+from topologies.config import load_cluster
 from topologies.hardware import GPUS
 from vocab.compute_calibration import LAUNCH_BOUND_IDLE, STEP_SCHEMA
 from vocab.kernel_classes import CLASSES, busy_time_s, classify, kernel_gap_s
@@ -111,17 +115,6 @@ def slice_layers(plan: Plan, free_bytes: float, *, compiled: bool = False) -> in
     per_layer += eager_saved_bytes(loop)
     budget = free_bytes * MEMORY_HEADROOM - fixed
     return max(1, min(model.num_layers, int(budget // per_layer)))
-
-
-def _available_ram() -> float | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _check_cpu_work(
@@ -287,17 +280,45 @@ def chrome_trace_bytes(prof: Any, *, gzipped: bool) -> bytes:
     return gzip.compress(data, mtime=0) if gzipped else data
 
 
+COUNT_FLAGS = (
+    ("--steps", "steps", 1),
+    ("--warmup", "warmup", 0),
+    ("--microbatches", "microbatches", 1),
+    ("--threads", "threads", 1),
+    ("--layers", "layers", 1),
+)
+"""Integer flags, their ``argparse`` names and least values (a default of None is not checked)."""
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Raise ``UsageError`` naming the first flag out of range and its value."""
+    check_counts(args, COUNT_FLAGS)
+    if not args.max_minutes > 0:  # nan too
+        raise UsageError(f"--max-minutes must be > 0, got {args.max_minutes:g}")
+
+
+def check_plan(plan: Plan, layers: int | None) -> None:
+    """Refuse a plan that ``commsim plan`` refuses on its own cluster (degrees that do not divide
+    its world, a batch that does not split...), and more ``layers`` than its model has: what is
+    measured is a slice of that plan."""
+    if layers is not None and layers > plan.model.num_layers:
+        raise UsageError(
+            f"--layers {layers}: the plan's model {plan.model.name} has "
+            f"{plan.model.num_layers} layers"
+        )
+    source = plan.cluster.source()
+    if isinstance(source, str) and plan.base_dir:  # a cluster file beside the plan, as commsim
+        source = str(Path(plan.base_dir) / source)
+    resolve_plan(plan, load_cluster(source).num_gpus)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure; print the summary; with --output write the JSON; returns the measurement."""
     device = resolve_device(args.device)
     kind = device.type
     steps = args.steps if args.steps is not None else DEFAULTS[kind]["steps"]
     warmup = args.warmup if args.warmup is not None else DEFAULTS[kind]["warmup"]
-    if steps < 1 or warmup < 0 or args.microbatches < 1 or args.threads < 1:
-        raise UsageError(
-            f"--steps, --microbatches and --threads must be >= 1 and --warmup >= 0, got "
-            f"{steps}, {args.microbatches}, {args.threads}, {warmup}"
-        )
+    check_flags(args)
     target = (
         check_output(args.output, formats=(".json",), option="--output", inputs=(args.plan,))
         if args.output
@@ -315,12 +336,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise FileNotFoundError(f"plan file not found: {args.plan}")
     plan = load_plan(args.plan)
     check_buildable(plan.model)
+    check_plan(plan, args.layers)
     if kind == "cpu":
         torch.set_num_threads(args.threads)
     layers = args.layers
     compiled = wants_compile(plan.training.stack, args.compile)
     if layers is None:  # on a GPU what fits it; on CPU the plan's model, if it fits the RAM
-        free = torch.cuda.mem_get_info(device)[0] if kind == "cuda" else _available_ram()
+        free = torch.cuda.mem_get_info(device)[0] if kind == "cuda" else available_ram_bytes()
         fitting = slice_layers(plan, free, compiled=compiled) if free is not None else None
         layers = plan.model.num_layers if fitting is None else fitting
     if kind == "cpu":

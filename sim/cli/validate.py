@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 
 from fileio.output import Target, check_outputs, write_bytes, write_text
 from refdata import COLLECTIVES_DIR
-from sim.cli.validate_flags import check_mode, check_usable, id_list
 from sim.network.comm_model import FIDELITIES
 from sim.output.progress import PhaseBars
 from sim.validation.cases import DEFAULT_CASES_PATH, load_cases
+from sim.validation.modes import check_mode, check_usable, id_list
 from sim.validation.runner import ValidationReport, run_validation
 from sim.validation.steps import (
     STEPS_PATH,

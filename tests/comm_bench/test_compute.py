@@ -50,7 +50,8 @@ def test_gemm_only_run_without_output(capsys: pytest.CaptureFixture[str]) -> Non
         (["--sizes", "abc"], "--sizes: expected comma-separated integers"),
         (["--shapes", "1x2"], "--shapes: '1x2' is not MxNxK"),
         (["--dtype", "int8"], "--dtype 'int8' is not one of"),
-        (["--iters", "0"], "--iters and --repeats must be > 0"),
+        (["--iters", "0"], "--iters must be >= 1, got 0"),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--dtype", "fp8"], "--dtype fp8 needs a CUDA GPU"),
     ],
@@ -103,3 +104,81 @@ def test_an_unwritable_output_is_refused_before_measuring(tmp_path, capsys):
     assert main(["--device", "cpu", "--output", str(tmp_path / "c.txt")]) == 2
     assert "the extension '.txt' is not one this output writes" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def _refused(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``commbench --compute argv -o tmp/c.json``; assert exit 2, one line, nothing written,
+    and return the message after ``error: ``."""
+    output = tmp_path / "c.json"
+    assert compute.main(["--device", "cpu", "--adam-params", "0", *argv, "-o", str(output)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert captured.err.count("\n") == 1 and captured.err.startswith("commbench --compute: error: ")
+    assert not output.exists() and list(tmp_path.iterdir()) == []
+    return captured.err.removeprefix("commbench --compute: error: ").rstrip("\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--batch=-1"], "--batch must be >= 1, got -1"),
+        (["--batch", "0"], "--batch must be >= 1, got 0"),
+        (["--heads=-1"], "--heads must be >= 1, got -1"),
+        (["--heads", "0"], "--heads must be >= 1, got 0"),  # was: the default, silently
+        (["--head-dim=-4"], "--head-dim must be >= 1, got -4"),
+        (["--head-dim", "0"], "--head-dim must be >= 1, got 0"),  # was: no attention, silently
+        (["--warmup=-1"], "--warmup must be >= 0, got -1"),
+        (["--adam-params=-1"], "--adam-params must be >= 0, got -1"),
+        (["--adam-threads", "0"], "--adam-threads must be >= 1, got 0"),
+        (["--gpu", "z100"], "unknown --gpu 'z100'; valid: " + ", ".join(sorted(GPUS))),
+        (["--gpu", "h100"], "unknown --gpu 'h100' (did you mean 'h200' or 'h100-sxm'?); valid: "),
+    ],
+)
+def test_bad_counts_and_an_unknown_gpu_are_refused_before_measuring(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _refused(argv, tmp_path, capsys).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sizes", "10000000000"], "--sizes 10000000000: its tensors need 1,734.7 EiB"),
+        (
+            ["--seq-lens", "10000000000"],
+            "--seq-lens 10000000000 (batch 1, 2 heads of 32): its tensors need 21.0 TiB",
+        ),
+        (
+            ["--shapes", "100000000x100000000x100000000", "--no-attention"],
+            "--shapes 100000000x100000000x100000000: its tensors need 177.6 PiB",
+        ),
+        (
+            ["--adam-params", "100000000000000", "--sizes", "64", "--no-attention"],
+            "--adam-params 100000000000000: its tensors need 1.4 PiB",
+        ),
+    ],
+)
+def test_sizes_beyond_the_devices_memory_are_refused_before_measuring(
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("comm_bench.memory.ram_bytes", lambda: 16 << 30)
+    assert _refused(argv, tmp_path, capsys) == (
+        f"{message}, more than the 16.0 GiB of RAM of this machine"
+    )
+
+
+def test_an_allocation_torch_refuses_is_one_line_naming_the_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The safety net behind the estimate: a 1e10 x 1e10 tensor overflows torch's byte count,
+    so it fails at once without allocating anything."""
+    monkeypatch.setattr("comm_bench.compute_inputs.shortfall", lambda *args, **kwargs: None)
+    message = _refused(["--sizes", "10000000000", "--no-attention"], tmp_path, capsys)
+    assert message == (
+        "the GEMM 10000000000x10000000000x10000000000: torch could not allocate its tensors "
+        "(too large for the memory free now)"
+    )

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from comm_bench.options import BenchOptions, parse_options, validate_for_world
+from comm_bench.options import (
+    BenchOptions,
+    parse_options,
+    validate_for_backend,
+    validate_for_world,
+)
 
 
 def test_sweeps_by_factor_and_by_step():
@@ -122,3 +127,19 @@ def test_a_world_where_no_op_can_run_is_refused_before_spawning() -> None:
         "nothing to measure: send_recv needs 2 ranks, the world has 1 (--nprocs 2)"
     )
     validate_for_world(parse_options(["--ops", "send_recv,all_reduce"]), 1)  # all_reduce runs
+
+
+def test_integer_avg_on_gloo_with_nothing_else_to_measure_is_refused() -> None:
+    with pytest.raises(ValueError) as error:
+        validate_for_backend(
+            parse_options(["--ops", "all_reduce,reduce", "-o", "avg", "-d", "int32"]), "gloo"
+        )
+    assert str(error.value) == (
+        "nothing to measure: backend gloo cannot average integers (-o avg -d int32) for "
+        "all_reduce, reduce: it divides the sum in place; use a floating-point -d, another -o, "
+        "or --backend nccl"
+    )
+    validate_for_backend(parse_options(["-o", "avg", "-d", "int32"]), "nccl")  # ncclAvg divides
+    validate_for_backend(parse_options(["-o", "avg", "-d", "bf16"]), "gloo")  # floats average
+    mixed = parse_options(["--ops", "all_reduce,broadcast", "-o", "avg", "-d", "int8"])
+    validate_for_backend(mixed, "gloo")  # broadcast runs; all_reduce is skipped with a note

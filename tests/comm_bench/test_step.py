@@ -138,8 +138,14 @@ def test_trace_out_writes_the_profiled_steps_trace(tmp_path: Path) -> None:
     ("extra", "message"),
     [
         (["--layers", "0"], "--layers must be >= 1, got 0"),
-        (["--steps", "0"], "--steps, --microbatches and --threads must be >= 1"),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--warmup=-1"], "--warmup must be >= 0, got -1"),
+        (["--microbatches", "0"], "--microbatches must be >= 1, got 0"),
         (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+        (["--layers", "99"], "--layers 99: the plan's model tiny has 3 layers"),
+        (["--max-minutes", "nan"], "--max-minutes must be > 0, got nan"),
+        (["--max-minutes=-1"], "--max-minutes must be > 0, got -1"),
+        (["--max-minutes", "0"], "--max-minutes must be > 0, got 0"),
     ],
 )
 def test_bad_flags_are_one_line_and_write_nothing(
@@ -150,6 +156,21 @@ def test_bad_flags_are_one_line_and_write_nothing(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("commbench: error: ") and message in err and err.count("\n") == 1
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_a_plan_its_own_cluster_cannot_run_is_refused_as_commsim_does(
+    tmp_path: Path, capsys
+) -> None:
+    """tp=3 does not divide the localhost cluster's 2 ranks: ``commsim plan`` refuses the plan,
+    and so does the step that would measure a slice of it."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({**PLAN, "parallel": {"recompute": "selective", "tp": 3}}))
+    out = tmp_path / "step.json"
+    assert cli.main(["--step", str(plan), "--device", "cpu", "--steps", "1", "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "commbench: error: world size 2 is not divisible by tp*cp*pp = 3 (tp=3, cp=1, pp=1)\n"
+    )
     assert not out.exists()
 
 
