@@ -456,10 +456,10 @@ def summary(result: dict[str, Any]) -> str:
         step = timings.get("step") or wall
         idle = max(0.0, 1.0 - profile["busy_s"] / step)
         lines.append(
-            f"# unprofiled step: {step / kernels * 1e6:.1f} us per kernel launched, the GPU idle "
-            f"{idle:.0%} of it (launch-bound from {LAUNCH_BOUND_IDLE:.0%}: a step calibration then "
-            "fits the host's time per launch; the profiled step's idle share also holds the "
-            "profiler's own host time)"
+            f"# unprofiled step: {step / kernels * 1e6:.1f} us per kernel launched, the device "
+            f"idle {idle:.1%} of it (launch-bound from {LAUNCH_BOUND_IDLE:.0%}: a step "
+            "calibration then fits the host's time per launch; the profiled step's idle share "
+            "also holds the profiler's own host time)"
         )
         if profile.get("kernel_gap_s"):
             lines.append(

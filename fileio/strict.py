@@ -206,6 +206,21 @@ def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
+def _construct_float(loader: _StrictLoader, node: yaml.ScalarNode) -> float:
+    """YAML 1.1's floats, but for base 60 (``1:30.5`` is 90.5), refused as ``_construct_int``."""
+    if ":" in str(node.value):
+        line = node.start_mark.line + 1
+        raise ValueError(
+            f"{loader.name}: {shorten(node.value)} (line {line}) reads as "
+            f"{loader.construct_yaml_float(node)} in YAML (a colon is base 60): write the number "
+            "without it, or quote it for text"
+        )
+    return float(loader.construct_yaml_float(node))
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+
+
 def load_yaml(text: str, *, name: str = "<input>") -> Any:
     """Parse one YAML document strictly (see the module docstring). Raises ``ValueError`` or
     ``yaml.YAMLError`` (syntax).

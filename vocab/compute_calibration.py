@@ -31,7 +31,7 @@ LAUNCH_BOUND_IDLE = 0.08
 """Idle share of the unprofiled step (one minus the profiled kernels' busy time over the
 measured step) from which a step calibration fits the host time per launch
 (``sim.replay.step_fit``): below it the GPU was rarely waiting, the launches hid behind the
-kernels, and the kernel model's own error (1.6-2.3 % on the GPU-bound H100 steps' defaults, up
+kernels, and the kernel model's own error (1.2-2.3 % on the H100 step sets' defaults, up
 to 7 %) would be read as host time. Fitted at 3.5 % and 5.6 % idle, two eager steps gave 36 and
 53 us per launch, where the launch-bound steps of the same machine gave 25-28, and mispredicted
 other steps by up to 85 % (results/h100_heldout4)."""

@@ -51,6 +51,7 @@ from vocab.records import (
     MAX_SIZE_BYTES,
     NCCL_ALGO_NAMES,
     SCHEMA,
+    UNMODELLED_ALGO_NAMES,
     Record,
     physics_problem,
     row_problem,
@@ -108,11 +109,9 @@ def read_results(
     records = _read_any(path, op, world)
     for index, record in enumerate(records):
         problem = physics_problem(record)
-        if record.algo and record.algo.strip().lower() not in NCCL_ALGO_NAMES:
-            problem = (
-                f"algo {shorten(record.algo)} is not an algorithm; valid: "
-                f"{', '.join(NCCL_ALGO_NAMES)}"
-            )
+        known = (*NCCL_ALGO_NAMES, *UNMODELLED_ALGO_NAMES)
+        if record.algo and record.algo.strip().lower() not in known:
+            problem = f"algo {shorten(record.algo)} is not an algorithm; valid: {', '.join(known)}"
         if problem is not None:
             what = f"{record.op} {record.size_bytes} B"
             raise ValueError(f"{path}: result {index} ({shorten(what)}): {problem}")

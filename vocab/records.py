@@ -172,8 +172,12 @@ NCCL_ALGO_NAMES = {
     "collnet_chain": "collnet_chain",
     "hierarchical": "hierarchical",
     "direct": "direct",
+    "gloo": "gloo",
 }
 """Algorithm names found in measurements (ours or NCCL's ``NCCL_ALGO`` spellings) to ours."""
+UNMODELLED_ALGO_NAMES = ("auto", "pat")
+"""Names a measurement may carry that no algorithm of the model stands for: ``auto`` (none
+forced) and NCCL's PAT; a record reads with them, a fit that needs its algorithm refuses it."""
 
 
 def physics_problem(record: Record) -> str | None:

@@ -319,7 +319,8 @@ def export_plan_bytes(plan: Any) -> bytes:
 def _base(path: Path | None) -> tuple[dict[str, Any], str]:
     if path is None:
         return {}, ""
-    text = read_input(_existing(path, "plan"), what="plan", max_bytes=MAX_CONFIG_BYTES)
+    require_file(path, "plan file")
+    text = read_input(path, what="plan", max_bytes=MAX_CONFIG_BYTES)
     raw = load_yaml(text, name=str(path))
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a plan must be a mapping with sections model, cluster, ...")

@@ -75,6 +75,8 @@ def attribute(
     """(algorithm, protocol) behind a measurement: its own ``algo``, else ``assumed``, else what
     NCCL's tuner runs at its size; the protocol NCCL's tuner gives that algorithm."""
     name = record.algo or (None if assumed == "auto" else assumed)
+    if name is not None and name.strip().lower() == "auto":  # none forced
+        name = None if assumed == "auto" else assumed
     if name is None:
         return choose(record.op, layout, record.size_bytes)
     algo = NCCL_ALGO_NAMES.get(name.strip().lower())

@@ -69,24 +69,31 @@ launch cost rests on: below it the launches hide behind the kernels and their co
 matter."""
 
 
-def host_basis(compute: ComputeModel, loop: str, host_share: float) -> str:
+def host_basis(
+    compute: ComputeModel, loop: str, host_share: float, *, cuda_graphs: bool = False
+) -> str:
     """What the host's launch cost rests on, in one line, when the step waits on it for
-    ``HOST_BASIS_SHARE`` or more of its time (else empty): a host launches at its machine's
-    pace, which the default, one machine's, does not know."""
+    ``HOST_BASIS_SHARE`` or more of its time (else empty): each of the two figures, the host
+    time per launch and the launches per modelled kernel, with where it comes from (a host
+    launches at its machine's pace, which the default, one machine's, does not know)."""
     if host_share < HOST_BASIS_SHARE:
         return ""
-    cost = compute.host_s_per_launch
-    launches = compute.launches_per_kernel(loop)
-    pace = f"{cost * 1e6:.1f} us per kernel launch, {launches:.2f} launches per modelled kernel"
-    waits = f"the step waits on the host {host_share:.0%} of its time"
-    if compute.calibration.host_s_per_launch is not None:
-        origin = compute.calibration.fitted_on or compute.calibration.device or "a calibration"
-        return f"{pace} (calibrated: {origin}); {waits}"
-    return (
-        f"{pace} (defaults: one sandboxed H100 machine's eager loop; another host launches at "
-        "its own pace, 16-23 us measured on an H200 machine's: calibrate with a launch-bound "
-        f"commbench --step of this machine); {waits}"
+    calibration = compute.calibration
+    origin = calibration.fitted_on or calibration.device or "a calibration"
+    cost = f"{compute.host_s_per_launch * 1e6:.1f} us per kernel launch " + (
+        f"(calibrated: {origin})"
+        if calibration.host_s_per_launch is not None
+        else "(default: one sandboxed H100 machine's; another host launches at its own pace, "
+        "16-23 us measured on an H200 machine's: calibrate with a launch-bound commbench "
+        "--step of this machine)"
     )
+    launches = f"{compute.launches_per_kernel(loop):.2f} launches per modelled kernel " + (
+        "(calibrated)"
+        if calibration.launches_per_kernel is not None
+        else f"(the {loop} loop's default)"
+    )
+    graphs = "; the layers launch as CUDA graphs, one launch per pass" if cuda_graphs else ""
+    return f"{cost}, {launches}{graphs}; the step waits on the host {host_share:.0%} of its time"
 
 
 def network_basis(comm_calibration: Any) -> str:

@@ -252,7 +252,8 @@ def _host_basis(
 ) -> dict[str, str]:
     """``{"host": ...}`` when the step waits on its host enough for the launch cost to matter
     (``sim.replay.basis.host_basis``), else nothing."""
-    line = host_basis(compute, launch_loop(plan), breakdown.host_s / step_s if step_s else 0.0)
+    share = breakdown.host_s / step_s if step_s else 0.0
+    line = host_basis(compute, launch_loop(plan), share, cuda_graphs=plan.training.cuda_graphs)
     return {"host": line} if line else {}
 
 

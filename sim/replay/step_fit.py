@@ -264,9 +264,12 @@ def step_plan(measurement: Mapping[str, Any]) -> Plan:
     return load_plan({**raw, "training": training})
 
 
-def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> ComputeCalibration:
+def calibration_from_step(
+    measurement: Mapping[str, Any], gpu: GPUSpec, *, fit_host: bool = True
+) -> ComputeCalibration:
     """Efficiencies per class, launches per modelled kernel and the host time per launch that
-    reproduce the measured step on ``gpu``."""
+    reproduce the measured step on ``gpu`` (``fit_host`` False: the default host cost stays,
+    for a step time that is the profiled one)."""
     _check_measurement(measurement, gpu)
     plan = resolve_plan(step_plan(measurement), 1)
     microbatches = measurement.get("microbatches", 1)
@@ -324,7 +327,7 @@ def calibration_from_step(measurement: Mapping[str, Any], gpu: GPUSpec) -> Compu
         )
     idle_share = _unprofiled_idle_share(profile, step_s)
     host = None
-    if launches is not None and idle_share >= LAUNCH_BOUND_IDLE:
+    if fit_host and launches is not None and idle_share >= LAUNCH_BOUND_IDLE:
         host = _fit_host_cost(plan, fitted, step_s)
     note = (
         f"commbench --step {measurement.get('source_plan', '')}: "

@@ -6,9 +6,10 @@ shape, micro-batch, micro-batches per step; one GPU, or a data-parallel job whos
 is its one-GPU slice) the trace becomes a ``commbench --step`` measurement: its kernels by class,
 busy and idle time, kernel count; the unprofiled step time is the user's ``step_time_s`` when
 given, else the profiled step's wall time (the profiler's own cost included, so launch-bound
-steps read slower). ``sim.replay.step_fit.calibration_from_step`` fits it (per-class
-efficiencies, optimizer bytes, launches per modelled kernel, host time per launch when the GPU
-sat idle), and the calibration names the trace in ``fitted_on``.
+steps read slower, and no host cost is read off it). ``sim.replay.step_fit.calibration_from_step``
+fits it (per-class efficiencies, optimizer bytes, launches per modelled kernel, host time per
+launch when the GPU sat idle in the unprofiled step), and the calibration names the trace in
+``fitted_on``.
 
 Where the operators recorded their input shapes, each traced GEMM is matched to the plan's
 layer GEMMs: its sorted (m, n, k) against those of the plan's forward, input-gradient and
@@ -189,7 +190,8 @@ def trace_measurement(
         "microbatches": microbatches,
         "plan": plan_to_dict(plan),
         "timings_s": {"step": step_time_s},
-        "profile": step.profile(),
+        # the rank's own kernels: the step is the traced one less its communication alone
+        "profile": {**step.profile(), "busy_s": step.busy_s - step.communication_only_s},
         "trace": {"source": Path(step.source).name, "marker": step.marker, "rank": step.rank},
     }
 
@@ -229,7 +231,8 @@ def fit_trace(
     )
     gemms = match_gemms(step, one_gpu)
     try:
-        calibration = calibration_from_step(measurement, gpu)
+        # the profiled wall holds the profiler's own host time: no launch cost read off it
+        calibration = calibration_from_step(measurement, gpu, fit_host=step_time_s is not None)
     except ValueError as exc:
         if gemms.matches:
             raise

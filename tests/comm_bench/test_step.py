@@ -112,7 +112,7 @@ def test_a_step_is_timed_profiled_and_written(tmp_path: Path, capsys) -> None:
     idle = max(0.0, 1.0 - result["profile"]["busy_s"] / timings["step"])
     per_kernel = timings["step"] / result["profile"]["num_kernels"] * 1e6
     assert (
-        f"# unprofiled step: {per_kernel:.1f} us per kernel launched, the GPU idle {idle:.0%}"
+        f"# unprofiled step: {per_kernel:.1f} us per kernel launched, the device idle {idle:.1%}"
         in text
     )
     # the measured plan is one device, the slice, the step's batch: it resolves on one GPU

@@ -165,10 +165,15 @@ def test_a_document_read_twice_is_parsed_once_and_each_caller_gets_its_own_copy(
 
 @pytest.mark.parametrize(
     ("text", "shown", "value"),
-    [("n: 016", "'016'", 14), ("n: -012", "'-012'", -10), ("n: 1:30", "'1:30'", 90)],
+    [
+        ("n: 016", "'016'", 14),
+        ("n: -012", "'-012'", -10),
+        ("n: 1:30", "'1:30'", 90),
+        ("n: 1:30.5", "'1:30.5'", 90.5),
+    ],
 )
 def test_octal_and_base_60_integers_are_refused_naming_the_value(
-    text: str, shown: str, value: int
+    text: str, shown: str, value: float
 ) -> None:
     """YAML 1.1 reads ``016`` as 14 and ``1:30`` as 90; a config means neither."""
     with pytest.raises(

@@ -172,6 +172,9 @@ def test_malformed_commbench_files_name_the_file_and_row(tmp_path):
         read_results(warp)
     warp.write_text(f"{header}{rest}\n{row},NVLSTree,measured\n")  # NCCL's spelling reads
     assert read_results(warp)[0].algo == "NVLSTree"
+    for name in ("gloo", "auto", "PAT"):  # the CPU backend's, none forced, NCCL's PAT
+        warp.write_text(f"{header}{rest}\n{row},{name},measured\n")
+        assert read_results(warp)[0].algo == name
 
 
 ROWS = [

@@ -156,3 +156,16 @@ def test_an_unknown_algo_is_refused_where_every_file_names_its_algorithm(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"unknown algorithm {algo!r}; valid: auto, ring" in err
     assert not out.exists()
+
+
+def test_a_simulated_gloo_sweep_reads_back_into_compare_and_calibrate(tmp_path: Path) -> None:
+    """``commsim collective`` on the CPU topology names its algorithm ``gloo``; its file is an
+    input of ``compare`` and ``calibrate`` like a measured one."""
+    sweep = tmp_path / "gloo.json"
+    argv = ["collective", "--topology", "localhost", "--ranks", "4", "-b", "1K", "-e", "4K"]
+    assert main([*argv, "--output", str(sweep)]) == 0
+    assert {r.algo for r in read_results(sweep)} == {"gloo"}
+    assert main(["compare", str(sweep), "--topology", "localhost"]) == 0
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(sweep), "--topology", "localhost", "-o", str(out)]) == 0
+    assert "all_reduce/gloo/intra" in json.loads(out.read_text())["params"]

@@ -106,7 +106,8 @@ def test_a_host_bound_step_says_what_its_launch_cost_rests_on() -> None:
     share = result.breakdown.host_s / result.step_time_s
     assert share > 0.5  # the step waits on its host
     line = result.basis["host"]
-    assert line.startswith("27.6 us per kernel launch, 2.30 launches per modelled kernel (defaults")
+    assert line.startswith("27.6 us per kernel launch (default: one sandboxed H100 machine's;")
+    assert "2.30 launches per modelled kernel (the eager/bf16_weights loop's default)" in line
     assert line.endswith(f"the step waits on the host {share:.0%} of its time")
     rows = headline_lines(result, load_plan(TINY), gpu=GPUS["h100-sxm"])
     assert any(row.startswith("Host basis") and line in row for row in rows)
@@ -114,8 +115,11 @@ def test_a_host_bound_step_says_what_its_launch_cost_rests_on() -> None:
         load_plan(TINY),
         compute_calibration=ComputeCalibration(host_s_per_launch=18e-6, fitted_on="step.json"),
     )
-    assert calibrated.basis["host"].startswith("18.0 us per kernel launch")
-    assert "(calibrated: step.json)" in calibrated.basis["host"]
+    assert calibrated.basis["host"].startswith("18.0 us per kernel launch (calibrated: step.json)")
+    assert (
+        "launches per modelled kernel (the eager/bf16_weights loop's default)"
+        in (calibrated.basis["host"])
+    )  # each figure says where it comes from
     assert calibrated.step_time_s < result.step_time_s
     # a GPU-bound step: the launches hide behind the kernels, the report says nothing of them
     busy = {

@@ -51,6 +51,31 @@ def test_a_trace_becomes_a_step_measurement_and_a_calibration(small: tuple) -> N
     # without a step time the profiled wall time is fitted, and said so
     profiled = fit_trace(step, plan, H100)
     assert profiled.step_time_s == step.wall_s and "profiled" in profiled.step_time_from
+    # ... and no host cost: the profiled wall holds the profiler's own host time (20.7 % idle
+    # here, where the unprofiled step is 6.4 %); a launch-bound step time does fit one
+    assert step.idle_s / step.wall_s > 0.2 and profiled.calibration.host_s_per_launch is None
+    assert fit_trace(step, plan, H100, step_time_s=0.070).calibration.host_s_per_launch
+
+
+def test_a_data_parallel_traces_communication_is_not_its_compute(small: tuple) -> None:
+    """The step fitted is the traced one less the time only NCCL ran; the busy time is the
+    rank's own kernels, not the collectives', or the idle share would read short."""
+    step, plan = small
+    alone = fit_trace(step, plan, H100, step_time_s=0.070)
+    exposed = 0.020  # 20 ms of communication alone, on the GPU's busy time and the step's
+    dp = dataclasses.replace(
+        step,
+        busy_s=step.busy_s + exposed,
+        wall_s=step.wall_s + exposed,
+        communication_only_s=step.communication_only_s + exposed,
+    )
+    fit = fit_trace(dp, plan, H100, step_time_s=0.070 + exposed)
+    assert fit.measurement["profile"]["busy_s"] == pytest.approx(
+        alone.measurement["profile"]["busy_s"]
+    )
+    assert fit.calibration.host_s_per_launch == pytest.approx(
+        alone.calibration.host_s_per_launch, rel=1e-9
+    )
 
 
 def test_a_trace_of_another_model_matches_none_of_the_plans_gemms(small: tuple) -> None:
