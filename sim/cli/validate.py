@@ -87,11 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--steps",
         type=Path,
-        nargs="?",
-        const=STEPS_PATH,
+        nargs="*",
         metavar="DIR",
-        help="validate on real single-GPU steps instead (commbench --step files; default: "
-        "the shipped H100 steps): defaults, and each file's calibration on the others",
+        help="validate on real single-GPU steps instead (commbench --step files of one or more "
+        "folders, read as one set; default: the shipped H100 steps): defaults, and each file's "
+        "calibration on the others",
     )
     parser.add_argument(
         "--collectives",
@@ -256,13 +256,16 @@ def run_collectives(args: argparse.Namespace) -> int:
 
 def run_steps(args: argparse.Namespace) -> int:
     """``--steps``: every step file on defaults, and each one's calibration on the others."""
-    if not Path(args.steps).is_dir():
-        raise FileNotFoundError(f"--steps: folder not found: {args.steps}")
-    targets = check_outputs({"--json": (args.json, (".json",))}, inputs=(args.steps,))
-    predictions = validate_steps(load_steps(Path(args.steps)))
+    folders = [Path(folder) for folder in args.steps] or [STEPS_PATH]
+    for folder in folders:
+        if not folder.is_dir():
+            raise FileNotFoundError(f"--steps: folder not found: {folder}")
+    targets = check_outputs({"--json": (args.json, (".json",))}, inputs=tuple(folders))
+    predictions = validate_steps(load_steps(*folders))
+    shown = " ".join(str(folder) for folder in folders)
     _report_predictions(
-        f"--steps {args.steps}", predictions, step_summary(predictions),
-        schema="commsim-step-validation/1", source=("steps", str(args.steps)),
+        f"--steps {shown}", predictions, step_summary(predictions),
+        schema="commsim-step-validation/1", source=("steps", shown),
         target=targets.get("--json"), columns=("step", "calibrated on", 42),
     )  # fmt: skip
     return 0

@@ -49,19 +49,26 @@ class StepPrediction:
         return self.predicted_s / self.measured_s - 1.0
 
 
-def load_steps(folder: Path) -> dict[str, dict[str, Any]]:
-    """Every ``step_*.json`` of ``folder`` by name; a file of another schema is a ValueError."""
+def load_steps(*folders: Path) -> dict[str, dict[str, Any]]:
+    """Every ``step_*.json`` of the ``folders`` by name (one set: each file calibrates every
+    other of its loop kind); a file of another schema, or a name in two folders, is a
+    ValueError."""
     steps: dict[str, dict[str, Any]] = {}
-    for path in sorted(folder.glob("step_*.json")):
+    where: dict[str, Path] = {}
+    for path in (p for folder in folders for p in sorted(folder.glob("step_*.json"))):
+        name = path.stem.removeprefix("step_")
+        if name in where:
+            raise ValueError(f"step {name!r} is in both {where[name].parent} and {path.parent}")
+        where[name] = path
         try:
             data = json.loads(read_input(path, what="step measurement"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"malformed input: {path}: {exc}") from None
         if not isinstance(data, dict) or data.get("schema") != STEP_SCHEMA:
             raise ValueError(f"{path}: not a commbench --step file (schema {STEP_SCHEMA!r})")
-        steps[path.stem.removeprefix("step_")] = data
+        steps[name] = data
     if not steps:
-        raise ValueError(f"no step_*.json files in {folder}")
+        raise ValueError(f"no step_*.json files in {', '.join(str(f) for f in folders)}")
     return steps
 
 

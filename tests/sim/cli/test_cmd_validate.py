@@ -377,3 +377,25 @@ def test_a_truncated_trace_index_is_named(tmp_path: Path, capsys) -> None:
     assert _one_line_error(capsys) == (
         f"malformed input: {index}: Expecting value: line 1 column 12 (char 11)"
     )
+
+
+def test_steps_of_several_folders_are_validated_as_one_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--steps A B``: the files of both folders calibrate each other (2 + 1 eager steps here:
+    3 on defaults, 6 ordered pairs)."""
+    from sim.validation.steps import STEPS_PATH
+
+    names = ["small-h1024-s1024-b4_mb1_eager", "small-h1024-s1024-b4_mb4_eager",
+             "llama1b-s4096-b2_mb1_eager"]  # fmt: skip
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, chosen in ((first, names[:2]), (second, names[2:])):
+        folder.mkdir()
+        for name in chosen:
+            source = STEPS_PATH / f"step_{name}.json"
+            (folder / source.name).write_text(source.read_text())
+    out = tmp_path / "steps.json"
+    assert main(["validate", "--steps", str(first), str(second), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "defaults       3 predictions" in text and "transfer       6 predictions" in text
+    assert json.loads(out.read_text())["steps"] == f"{first} {second}"

@@ -45,3 +45,20 @@ def test_a_folder_without_step_files_is_refused(tmp_path: Path) -> None:
     (tmp_path / "step_x.json").write_text(json.dumps({"schema": "other"}))
     with pytest.raises(ValueError, match="not a commbench --step file"):
         load_steps(tmp_path)
+
+
+def test_several_folders_are_one_set(tmp_path: Path) -> None:
+    """Steps of one machine kept in several folders calibrate each other as one set; a name
+    in two of them is refused."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    shipped = sorted(STEPS_PATH.glob("step_*.json"))
+    for path in shipped[:4]:
+        (first / path.name).write_text(path.read_text())
+    for path in shipped[4:]:
+        (second / path.name).write_text(path.read_text())
+    assert load_steps(first, second) == load_steps(STEPS_PATH)
+    (second / shipped[0].name).write_text(shipped[0].read_text())
+    with pytest.raises(ValueError, match=f"step '{shipped[0].stem[5:]}' is in both"):
+        load_steps(first, second)
