@@ -19,10 +19,9 @@ import torch
 
 from comm_bench.memory import allocation_failure, shortfall
 from fileio.strict import did_you_mean
+from schedules.kernels import element_bytes
 from topologies.hardware import GPUS
 
-ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
-"""Bytes per element of each --dtype."""
 ADAM_BYTES_PER_PARAM = 16
 """What the CPU Adam step holds per parameter: the fp32 parameter, its gradient, two moments."""
 COUNT_FLAGS = (
@@ -89,15 +88,15 @@ def check_flags(args: argparse.Namespace) -> None:
 def gemm_bytes(m: int, n: int, k: int, dtype: str) -> int:
     """Bytes one GEMM sample holds: A (m x k) and B (n x k) drawn in fp32, their copies in
     ``dtype`` and the m x n output (bf16 for fp8)."""
-    elem = ELEM_BYTES[dtype]
-    out = ELEM_BYTES["bf16"] if dtype == "fp8" else elem
+    elem = element_bytes(dtype)
+    out = element_bytes("bf16") if dtype == "fp8" else elem
     return (m + n) * k * (4 + elem) + m * n * out
 
 
 def attention_bytes(*, batch: int, heads: int, head_dim: int, seq: int, dtype: str) -> int:
     """Bytes one attention sample holds: q, k, v and the output gradient, the output and the
     three input gradients (in ``dtype``; fp8 runs bf16), and one of them as drawn in fp32."""
-    elem = ELEM_BYTES["bf16" if dtype == "fp8" else dtype]
+    elem = element_bytes("bf16" if dtype == "fp8" else dtype)
     return batch * heads * seq * head_dim * (8 * elem + 4)
 
 

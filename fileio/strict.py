@@ -157,10 +157,9 @@ def read_input(path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_
     ``max_bytes`` (a FIFO nobody writes to reads as empty instead of blocking).
     """
     name = os.fspath(path)
+    require_file(name, what)
     try:
         info = os.stat(name)
-        if stat.S_ISDIR(info.st_mode):
-            raise ValueError(f"{what} {shorten(name)} is a folder, not a file")
         if stat.S_ISREG(info.st_mode) and info.st_size > max_bytes:
             raise ValueError(f"{what} {shorten(name)} is larger than {max_bytes:,} bytes")
         descriptor = os.open(name, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait

@@ -170,11 +170,11 @@ def _class_efficiencies(
         ("memory", ("memory",)),
     ]
     pooled = POOLED_CLASSES.get(kernel_stack(plan), ())
-    for key in pooled:  # fitted together: one efficiency from their summed times
+    if pooled:  # fitted together: one efficiency from their summed times
         group = "memory_" + "+".join(pooled)
         modelled[group] = sum(modelled[f"memory_{k}"] for k in pooled)
         observed[group] = sum(observed[f"memory_{k}"] for k in pooled)
-        groups.append((group, (f"memory_{key}",)))
+        groups.append((group, tuple(f"memory_{k}" for k in pooled)))
     groups += [(f"memory_{k}", (f"memory_{k}",)) for k in PASS_CLASSES if k not in pooled]
     for group, keys in groups:
         if observed[group] <= 0 or modelled[group] <= 0:
