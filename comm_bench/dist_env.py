@@ -117,6 +117,19 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or _cpu_model() or platform.machine()
 
 
+def bus_id(device: torch.device) -> str | None:
+    """The GPU's PCI location as nccl-tests prints it (``0000:18:00``: domain, bus, device, in
+    hex), or None on a CPU or where torch's device properties do not carry it."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    parts = [getattr(props, f"pci_{name}_id", None) for name in ("domain", "bus", "device")]
+    if any(not isinstance(part, int) for part in parts):
+        return None
+    domain, bus, dev = parts
+    return f"{domain:04x}:{bus:02x}:{dev:02x}"
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
@@ -146,6 +159,7 @@ def gather_env(ctx: DistContext) -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "device": str(ctx.device),
+        "bus_id": bus_id(ctx.device),
         "device_name": device_name(ctx.device),
     }
     everyone: list[Any] = [None] * ctx.world_size

@@ -36,7 +36,14 @@ from comm_bench.memory import shortfall
 from comm_bench.options import BenchOptions
 from comm_bench.timing import Timing, combine, time_calls
 from vocab import collectives as coll
-from vocab.nccl_table import footer, format_row, op_banner, run_header, table_header
+from vocab.nccl_table import (
+    footer,
+    format_row,
+    op_banner,
+    op_closing,
+    run_header,
+    table_header,
+)
 from vocab.records import Record
 from vocab.writer import ResultsWriter, default_output_path
 
@@ -127,7 +134,9 @@ def probe(op: str, options: BenchOptions, ctx: DistContext) -> str | None:
 
 
 def _check(run: OpRun, bufs: Buffers, call: Callable[[], None]) -> int:
-    """Run the ``-c`` check iterations and return the wrong elements summed over ranks."""
+    """Run the ``-c`` check iterations and return the wrong elements summed over ranks, of the
+    first iteration that had any (nccl-tests' ``BenchTime``: each pass's count replaces the
+    last, and the passes stop at the first with wrong elements)."""
     o, ctx = run.options, run.ctx
     pattern = reduce_pattern(o.redop, ctx.world_size, o.dtype) if coll.get(run.op).reduces else None
     inexact = pattern is not None and not pattern.exact
@@ -141,10 +150,12 @@ def _check(run: OpRun, bufs: Buffers, call: Callable[[], None]) -> int:
         expected = expected_output(
             run.op, bufs.recv, ctx.rank, ctx.world_size, o.root, rep, pattern
         )
-        wrong += count_wrong(bufs.recv, expected, ctx.rank, ulps=ulps)
-    total = torch.tensor([wrong], dtype=torch.int64)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.side_group)
-    return int(total.item())
+        total = torch.tensor([count_wrong(bufs.recv, expected, ctx.rank, ulps=ulps)])
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.side_group)
+        wrong = int(total.item())
+        if wrong:
+            break
+    return wrong
 
 
 def measure(run: OpRun, size_bytes: int, in_place: bool, watchdog: Watchdog) -> Record:
@@ -220,28 +231,34 @@ def _run_ops(ctx: DistContext, options: BenchOptions, output: Path) -> int:
     env = gather_env(ctx)
     config = options.to_config() | {"output": str(output)}
     writer = ResultsWriter(output, env=env, config=config) if ctx.rank == 0 else None
-    for line in run_header(env, config):
+    for line in run_header(env, config, options.ops[0]):
         _say(ctx, line)
     watchdog = Watchdog(rank=ctx.rank, timeout_s=options.timeout_s)
     every: list[Record] = []
     skipped: list[str] = []
-    for op in options.ops:
+    for index, op in enumerate(options.ops):
+        # nccl-tests' order, one binary per op: banner, (header,) table, footer, closing lines
+        if index:
+            _say(ctx, op_banner(op))
         _say(ctx, "#")
-        _say(ctx, op_banner(op))
         watchdog.arm(f"{op} (probe)", 2)
         reason = probe(op, options, ctx)
         watchdog.disarm()
         if reason is not None:
             _say(ctx, f"# {op}: skipped, backend {ctx.backend} cannot run it ({reason})")
             skipped.append(f"{op} ({reason})")
-            continue
-        for line in table_header(options.per_iter_columns):
-            _say(ctx, line)
-        records = sweep(
-            OpRun(op=op, ctx=ctx, options=options, num_nodes=env["num_nodes"]), writer, watchdog
-        )
-        every.extend(records)
-        for line in footer(records):
+        else:
+            for line in table_header(options.per_iter_columns):
+                _say(ctx, line)
+            records = sweep(
+                OpRun(op=op, ctx=ctx, options=options, num_nodes=env["num_nodes"]),
+                writer,
+                watchdog,
+            )
+            every.extend(records)
+            for line in footer(records):
+                _say(ctx, line)
+        for line in op_closing(op):
             _say(ctx, line)
     _say(ctx, f"# Results: {output} and {output.with_suffix('.csv')}")
     if not every:

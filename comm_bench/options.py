@@ -117,6 +117,24 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
+NCCL_TESTS_FIXED = {
+    ("-t", "--nthreads"): (1, "one rank per process: more ranks come from --nprocs or torchrun"),
+    ("-g", "--ngpus"): (1, "one GPU per process: more ranks come from --nprocs or torchrun"),
+    ("-m", "--agg_iters"): (1, "each timed iteration is one call"),
+    ("-N", "--run_cycles"): (1, "the sweep runs once"),
+    ("-p", "--parallel_init"): (0, "ranks join one process group"),
+    ("-z", "--blocking"): (0, "calls are not waited on one by one"),
+    ("-y", "--stream_null"): (0, "calls run on torch's current stream"),
+    ("-G", "--cudagraph"): (0, "calls are not captured in CUDA graphs"),
+    ("-C", "--report_cputime"): (0, "times are measured on the device"),
+    ("-S", "--report_timestamps"): (0, "no timestamp column"),
+    ("-R", "--local_register"): (0, "buffers are not registered with NCCL"),
+    ("-u", "--unalign"): (0, "buffers are aligned"),
+}
+"""nccl-tests flags taken at the one value commbench runs (their default), so that a pasted
+nccl-tests command line works: flag names -> (that value, what commbench does instead)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser (errors raise ``ValueError`` instead of exiting)."""
     p = _Parser(
@@ -150,12 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", help="auto (nccl with CUDA, else gloo), gloo, nccl")
     p.add_argument("-T", "--timeout", type=float, default=d.timeout_s, help="seconds, default 120")
     p.add_argument("--output", type=Path, default=None, help="results JSON (CSV beside it)")
+    for flags, (value, _) in NCCL_TESTS_FIXED.items():
+        p.add_argument(*flags, type=int, default=value, help=f"nccl-tests' flag; {value} only")
     return p
+
+
+def _check_nccl_tests_flags(args: argparse.Namespace) -> None:
+    """A nccl-tests flag at another value than commbench runs: one line naming it."""
+    for (short, long), (value, reason) in NCCL_TESTS_FIXED.items():
+        given = getattr(args, long.removeprefix("--"))
+        if given != value:
+            raise ValueError(f"{short} {given}: commbench runs only {short} {value} ({reason})")
 
 
 def parse_options(argv: Sequence[str]) -> BenchOptions:
     """Parse and validate ``argv``; ``ValueError`` with one line on any bad value."""
     args = build_parser().parse_args(list(argv))
+    _check_nccl_tests_flags(args)
     if args.per_iter_timing not in (0, 1):
         raise ValueError(f"-I must be 0 or 1, got {args.per_iter_timing}")
     options = BenchOptions(

@@ -97,7 +97,8 @@ def table_header(per_iter_columns: bool = False) -> list[str]:
 def _block(record: Record | None, per_iter_columns: bool) -> str:
     if record is None:
         return f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>6}"
-    wrong = "   N/A" if record.num_wrong is None else f"{float(record.num_wrong):6g}"
+    # nccl-tests: "  %6g" with a count, "    N/A" (one column narrower) without
+    wrong = "  N/A" if record.num_wrong is None else f"{float(record.num_wrong):6g}"
     text = (
         f"  {format_time_us(record.time_us)}  {float_str(record.algbw_gbps, 6)}"
         f"  {float_str(record.busbw_gbps, 6)}  {wrong}"
@@ -128,24 +129,29 @@ def footer(records: Sequence[Record]) -> list[str]:
     ]
 
 
-def run_header(env: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    """The lines before the first table: versions, backend, world and each rank's device."""
+def run_header(env: Mapping[str, Any], config: Mapping[str, Any], first_op: str) -> list[str]:
+    """The lines before the first table, in nccl-tests' order: versions (nccl-tests' version
+    line), the first test's banner (``op_banner``), the run's parameters, then world and each
+    rank's device."""
     lines = [
         f"# commbench {env['commbench_version']}: torch {env['torch_version']}, "
         f"NCCL {env['nccl_version'] or 'n/a'}, backend {env['backend']}",
+        op_banner(first_op),
         f"# nThread 1 nGpus 1 minBytes {config['min_bytes']} maxBytes {config['max_bytes']} "
         f"step: {_step_text(config)} warmup iters: {config['warmup_iters']} "
         f"iters: {config['iters']} agg iters: 1 validation: {config['check_iters']} "
-        f"graph: 0 average: {config['average']}",
+        "graph: 0 unalign: 0",
         f"# world size {env['world_size']}: {env['num_nodes']} node(s), "
-        f"{env['ranks_per_node']} rank(s) per node, host {env['host']}",
+        f"{env['ranks_per_node']} rank(s) per node, host {env['host']}; times: "
+        f"{config['average']} over ranks (-a)",
         "#",
         "# Using devices",
     ]
     for dev in env["devices"]:
         lines.append(
             f"#  Rank {dev['rank']:2d} Group  0 Pid {dev['pid']:6d} on {dev['host']:>10s} "
-            f"device {dev['local_rank']:2d} [{dev['device']}] {dev['device_name']}"
+            f"device {dev['local_rank']:2d} [{dev.get('bus_id') or dev['device']}] "
+            f"{dev['device_name']}"
         )
     return lines
 
@@ -157,5 +163,10 @@ def _step_text(config: Mapping[str, Any]) -> str:
 
 
 def op_banner(op: str) -> str:
-    """The marker nccl-tests scripts print before each test (readers split on it)."""
+    """The marker nccl-tests prints before each test's header (readers split on it)."""
     return f"# Collective test starting: {op}_perf"
+
+
+def op_closing(op: str) -> list[str]:
+    """nccl-tests' lines after a test's footer (``writeResultFooter``, ``finalizeFooter``)."""
+    return ["#", f"# Collective test concluded: {op}_perf", "#"]

@@ -18,7 +18,7 @@ def test_bad_flag_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert (
         err
-        == "commbench: error: bad size '12Q'; use an integer with an optional K, M, G or T suffix\n"
+        == "commbench: error: bad size '12Q'; use a number with an optional K, M, G or T suffix\n"
     )
     assert list(tmp_path.iterdir()) == []
 

@@ -134,6 +134,37 @@ def test_corrupted_results_are_counted_and_fail_the_run(commbench):
     assert checked and all(r.num_wrong == 1 for r in checked)
 
 
+def test_wrong_elements_are_those_of_the_first_failing_pass(commbench):
+    # nccl-tests' BenchTime: each -c pass's count replaces the last and the first failing pass
+    # ends the checks; rank 1 alters one element per pass, so 1, not 3
+    run = commbench(
+        ["--ops", "all_reduce", "--nprocs", "2", "-c", "3", *SMALL],
+        env={"COMMBENCH_CORRUPT_RANK": "1"},
+    )
+    assert run.returncode == 1
+    assert {r.num_wrong for r in read_results(run.output)} == {1}
+
+
+def test_each_op_is_framed_as_one_nccl_tests_binary(commbench):
+    run = commbench(["--ops", "all_gather,all_reduce", "--nprocs", "2", *SMALL])
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    # util.cu writeDeviceReport: version, banner, then the run's parameters
+    assert lines[1] == "# Collective test starting: all_gather_perf"
+    assert lines[2].startswith("# nThread 1 nGpus 1 minBytes 64 maxBytes 4096 step: 8(factor)")
+    assert lines[2].endswith(" graph: 0 unalign: 0")
+    # writeResultFooter and finalizeFooter after each test, the next banner after them
+    concluded = lines.index("# Collective test concluded: all_gather_perf")
+    assert lines[concluded - 2].startswith("# Avg bus bandwidth    : ")
+    assert lines[concluded - 1 : concluded + 3] == [
+        "#",
+        "# Collective test concluded: all_gather_perf",
+        "#",
+        "# Collective test starting: all_reduce_perf",
+    ]
+    assert "# Collective test concluded: all_reduce_perf" in lines
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nccl_path_on_the_gpus_present(commbench):

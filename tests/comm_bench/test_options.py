@@ -85,6 +85,11 @@ def test_nccl_tests_flags_map_to_fields():
         (["-T", "inf"], "--timeout must be 1 to 86400 seconds, got inf"),
         (["-T", "0.001"], "--timeout must be 1 to 86400 seconds, got 0.001"),
         (["--nprocs", "100000"], "--nprocs 100000: at most"),
+        (["-g", "8"], "-g 8: commbench runs only -g 1 (one GPU per process"),
+        (["-t", "2"], "-t 2: commbench runs only -t 1"),
+        (["-G", "1"], "-G 1: commbench runs only -G 0 (calls are not captured in CUDA graphs)"),
+        (["-m", "4"], "-m 4: commbench runs only -m 1"),
+        (["-g", "one"], "argument -g/--ngpus: invalid int value: 'one'"),
     ],
 )
 def test_bad_values_raise_one_line(argv, message):
@@ -94,6 +99,16 @@ def test_bad_values_raise_one_line(argv, message):
     with pytest.raises(ValueError, match=None) as error:
         parse_options(argv)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_pasted_nccl_tests_command_line_runs_as_written():
+    # the published p5 command of refdata/collectives/aws-p5-h100 and nccl-tests' defaults
+    argv = "-b 8 -e 16G -f 2 -g 1 -c 1 -n 100 -t 1 -m 1 -z 0 -G 0 -C 0 -u 0 -N 1 -p 0 -y 0"
+    o = parse_options(argv.split())
+    assert (o.min_bytes, o.max_bytes, o.step_factor, o.iters, o.check_iters) == (
+        8, 16 << 30, 2, 100, 1,
+    )  # fmt: skip
+    assert parse_options(["-b", "1.5K", "-e", "0.5M"]).sizes()[:2] == [1536, 3072]
 
 
 def test_root_must_be_a_rank_for_rooted_ops():

@@ -95,6 +95,15 @@ def test_a_large_row_is_printed_as_nccl_tests_does():
     )
 
 
+def test_an_unchecked_count_is_one_column_narrower_as_in_nccl_tests():
+    # util.cu writeBenchmarkLineBody: "  %7s  %6s  %6s  %6g" with a count, "  %7s  %6s  %6s    N/A"
+    # without (refdata/collectives/a100-sendrecv-playground/sendrecv_1n.txt's in-place column)
+    out = _record(op="send_recv", size_bytes=134217728, count=33554432, redop="sum")
+    out = replace(out, time_us=1211.8, algbw_gbps=110.76, busbw_gbps=110.76)
+    row = format_row(out, replace(out, in_place=True, num_wrong=None))
+    assert row.endswith("  1211.80  110.76  110.76       0  1211.80  110.76  110.76    N/A")
+
+
 def test_unchecked_blocks_print_na_and_footer_counts_failures():
     out = _record(num_wrong=None)
     assert format_row(out, None).split()[-8:] == ["34.73", "0.00", "0.00", "N/A"] + ["N/A"] * 4

@@ -155,7 +155,7 @@ BELOW_1P = "a size must be below 1P (1,125,899,906,842,624 bytes)"
         (["-b", "1K", "-e", "1024T"], f"-e 1024T: {BELOW_1P}"),
         (["-b", "2000T", "-e", "2000T"], f"-b 2000T: {BELOW_1P}"),
         (["-b", "1K", "-e", "1P"],
-         "-e: bad size '1P'; use an integer with an optional K, M, G or T suffix"),
+         "-e: bad size '1P'; use a number with an optional K, M, G or T suffix"),
         (["-b", "1K", "-e", "9" * 5000],
          f"-e '{'9' * 59}... (5,000 characters): not a size below 1P"),
         (["-b", "0"], "-b 0: a size must be >= 1 byte"),
