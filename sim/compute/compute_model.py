@@ -94,10 +94,13 @@ single-GPU steps are not (a plain-PyTorch loop on one H100, refdata/h100/traces:
 of more than one GPU only. Which
 mechanism it stands for is not separated: sustained clocks under the power cap (one H100's
 8192^3 GEMMs, back to back, ran 12% below their burst rate at 700 W; results/mechanisms), NCCL's
-resident kernels, jitter, framework costs the kernel inventory lacks. The device's gap between
-kernels (``KERNEL_GAP_S``) is priced apart, and took 0.008 (Ampere) and 0.002 (Hopper) off it;
-Megatron-Core's cross-entropy, priced as each run's configuration ran it
-(``schedules.kernels.MEGATRON_CROSS_ENTROPY``), took 0.002 and 0.015 more.
+resident kernels, jitter, framework costs the kernel inventory lacks. Restricted to one class
+of kernels it scores worse leave-one-source-out (``tools/slowdown_scope.py``: GEMMs 9.2%,
+tensor-core kernels 7.4%, memory-bound kernels 7.7%, a cost per launch 14.3%, against 7.0% on
+every kernel; docs/validation.md), so the clock alone is not what the published runs show.
+The device's gap between kernels (``KERNEL_GAP_S``) is priced apart, and took 0.008 (Ampere)
+and 0.002 (Hopper) off it; Megatron-Core's cross-entropy, priced as each run's configuration
+ran it (``schedules.kernels.MEGATRON_CROSS_ENTROPY``), took 0.002 and 0.015 more.
 
 Fitted on every published run of the generation in ``refdata/validation/cases.json`` (least
 absolute error in log step time, robust to the runs whose mechanisms are missing): Ampere on

@@ -196,6 +196,8 @@ def _network_fields(topology: Topology, multi_node: bool) -> dict[str, Any]:
             fields["nic_path_bytes_per_s"] = min(nic, pcie)
         cpu_model = str(getattr(node, "cpu_model", None) or "")
         fields["cpu_amd"] = node.cpu_link == "xgmi" or cpu_model.startswith("epyc")
+        # Grace Blackwell superchips (GB200, GB300) host their GPUs on Arm
+        fields["cpu_arm"] = node.gpu.startswith("gb") or cpu_model.startswith("grace")
     if multi_node and topology.fabric is not None:
         fabric = topology.fabric.spec
         fields.update(

@@ -69,6 +69,7 @@ class Hardware:
     """Bandwidth of the GPU-to-NIC path as NCCL's topology sees it (``ncclTopoGetMinNetBw``:
     the NIC's speed, capped by the PCIe links on the way); 0: ``nic_gbps``."""
     cpu_amd: bool
+    cpu_arm: bool
     """AMD hosts (NCCL's llMaxBw row, network overhead)."""
     nvls: bool
     """NVSwitch with NVLink SHARP (``nvlsSupport``)."""
@@ -155,6 +156,33 @@ def ring_graph(hw: Hardware) -> Graph:
     return _dup(hw.arch, channels, speed)
 
 
+def tree_graph(hw: Hardware) -> Graph:
+    """The tree (and PAT) graph: the ring's channels, then NCCL's second pass for every pattern
+    but the ring (search.cc, "increase bwIntra for trees (2 nodes or collnet)", in every
+    release here): ``bwIntra`` rises one speed at a time while it is under ``2 x bwInter`` and
+    the channels still fit the GPU's NVLink at the higher speed (the ring's budget). The tuner
+    and the time model read ``bwIntra`` for trees on one or two nodes."""
+    ring = ring_graph(hw)
+    if not ring.num_channels:
+        return ring
+    if hw.num_nodes == 1:
+        budget = hw.intra_gbps
+    else:
+        g = hw.ranks_per_node
+        budget = hw.intra_gbps * g / (g - 1) if g > 1 else math.inf
+    speeds = _speeds(hw.arch, hw.num_nodes > 1)
+    intra = ring.bw_intra_gbps
+    for speed in reversed(speeds):  # ascending: the next speed up each time
+        if speed <= intra:
+            continue
+        if intra >= 2 * ring.bw_inter_gbps or ring.num_channels * speed > budget:
+            break
+        intra = speed
+    return Graph(
+        num_channels=ring.num_channels, bw_intra_gbps=intra, bw_inter_gbps=ring.bw_inter_gbps
+    )
+
+
 def nvls_graph(hw: Hardware) -> Graph:
     """The NVLS (and NVLSTree) graph; no channels without NVLink SHARP or before Hopper."""
     g = hw.ranks_per_node
@@ -196,7 +224,7 @@ def graphs(hw: Hardware) -> dict[str, Graph]:
     nvls = nvls_graph(hw)
     direct, chain = collnet_graphs(hw)
     return {
-        "ring": ring, "tree": ring, "nvls": nvls, "nvlstree": nvls,
+        "ring": ring, "tree": tree_graph(hw), "nvls": nvls, "nvlstree": nvls,
         "collnet_direct": direct, "collnet_chain": chain,
     }  # fmt: skip
 

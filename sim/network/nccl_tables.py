@@ -358,10 +358,11 @@ def channel_cap(channels: int, per_channel_gbps: float) -> float:
     return channels * per_channel_gbps
 
 
-def tree_correction(proto: str, size_bytes: float) -> float:
-    """``treeCorrectionFactor[proto][log2i(bytes >> 6)]`` for 64 B .. 256 MiB, else 1."""
+def tree_correction(proto: str, size_bytes: float, limit: int = 23) -> float:
+    """``treeCorrectionFactor[proto][log2i(bytes >> 6)]`` for ``logSize < limit``, else 1: NCCL
+    corrects Tree all_reduce to logSize 22 (64 B .. 512 MiB) and Blackwell's NVLSTree to 23."""
     log_size = int(size_bytes) >> 6
     index = log_size.bit_length() - 1
-    if not 0 <= index < 23:  # NCCL applies the factor for logSize < 23 (Tree all_reduce)
+    if not 0 <= index < limit:
         return 1.0
     return TREE_CORRECTION[PROTOCOLS.index(proto)][index]

@@ -340,12 +340,12 @@ def _channel_bytes(name: str, table: str, num_ranks: int) -> float:
 
 
 def _factor(name: str, table: str, hw: Hardware) -> float:
-    """Wire-format factor; Tree's relative to Tree/Simple, CollNetDirect's sm90 efficiency."""
+    """Wire-format factor; Tree's relative to Tree/Simple (tuning.cc stacks the LL and LL128
+    factors on the all_reduce's 0.92, so relative to Simple they are the factors alone),
+    CollNetDirect's sm90 efficiency."""
     if table == "tree":
         ll128 = T.TREE_LL128_FACTOR[0 if hw.num_nodes == 1 else 1]
-        return {"ll": T.TREE_LL_FACTOR, "ll128": ll128, "simple": T.TREE_AR_FACTOR}[name] / (
-            T.TREE_AR_FACTOR
-        )
+        return {"ll": T.TREE_LL_FACTOR, "ll128": ll128, "simple": 1.0}[name]
     if table == "collnet_direct" and hw.arch in ("hopper", "blackwell"):
         return T.COLLNET_SM90_FACTOR
     return {"ll": T.LL_FACTOR, "ll128": T.LL128_FACTOR, "simple": 1.0}[name]

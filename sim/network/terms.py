@@ -94,6 +94,8 @@ class GroupPlacement:
     link's NCCL rate (0: unknown)."""
     cpu_amd: bool = False
     """Whether the hosts have AMD CPUs (NCCL's llMaxBw row and network overhead differ)."""
+    cpu_arm: bool = False
+    """Whether the hosts are Arm (Grace): NCCL corrects Blackwell's NVLSTree times on x86 only."""
     sharp: bool = False
     """Whether NCCL reduces in the fabric's switches: SHARP switches with CollNet enabled
     (``Topology.sharp_capable``), which NCCL's CollNet algorithms and NVLS across nodes need."""
@@ -127,7 +129,8 @@ class GroupPlacement:
             intra_gbps=_finite(self.intra_bandwidth_bytes_per_s) / 1e9,
             nic_gbps=_nic_gbps(self), nics_per_node=self.nics_per_node or self.ranks_per_node,
             nic_path_gbps=self.nic_path_bytes_per_s / 1e9 if self.num_nodes > 1 else 0.0,
-            cpu_amd=self.cpu_amd, nvls=self.nvls, nvswitch=self.nvswitch or self.nvls,
+            cpu_amd=self.cpu_amd, cpu_arm=self.cpu_arm, nvls=self.nvls,
+            nvswitch=self.nvswitch or self.nvls,
             sharp=self.sharp, plugin_latency_us=self.plugin_latency_s * 1e6,
             net_step_latency_us=None if step is None else step * 1e6,
             net_simple_extra_us=self.net_simple_extra_s * 1e6, protocols=self.net_protocols,

@@ -35,6 +35,18 @@ def test_graphs_follow_the_search_budgets():
     # HDR 25 GB/s: 24 GB/s channels, < 25 so not doubled; GCP's 200 Gb/s NICs likewise.
     assert _graph(_hw("dgx-a100", 4), "ring") == (8, 24.0, 24.0)
     assert _graph(_hw("a3-mega-h100", 2), "ring") == (8, 24.0, 24.0)
+    # Trees: search.cc's second pass raises bwIntra a speed at a time while it is under twice
+    # bwInter and the channels fit the NVLink budget (370.8 x 8/7 on H100, 240 x 8/7 on A100).
+    assert _graph(_hw(nodes=2, fabric="ib-ndr"), "tree") == (8, 48.0, 48.0)  # 48: the top
+    assert _graph(_hw("a3-mega-h100", 2), "tree") == (8, 48.0, 24.0)  # 8 x 48 = 384 fits
+    assert _graph(_hw("dgx-a100", 4), "tree") == (8, 30.0, 24.0)  # 8 x 48 = 384 > 274
+    assert _graph(_hw("p4d-a100", 2), "tree") == (4, 24.0, 12.0)
+    assert _graph(one, "tree") == (12, 30.0, 30.0)  # 12 x 40 > 370.8: no raise on one node
+    # ...which NCCL's tuner reads for trees on <= 2 nodes: p4d Tree/Simple busBw
+    # min(4 x 24 x 0.92, 4 x 23.6) = 88.3, algbw 44.2, against Ring's 25.6 (12 x 4 / (30/16)).
+    p4d = tune(_hw("p4d-a100", 2))
+    assert p4d[("all_reduce", "tree", "simple")].algbw_gbps == pytest.approx(4 * 24 * 0.92 / 2)
+    assert p4d[("all_reduce", "ring", "simple")].algbw_gbps == pytest.approx(48 * 16 / 30)
     # No SHARP, no CollNet graphs; SHARP: one head per NIC at 48 GB/s.
     assert _graph(_hw(nodes=2, fabric="ib-ndr"), "collnet_direct")[0] == 0
     assert _graph(_hw(nodes=2, fabric="ib-ndr-sharp-collnet"), "collnet_direct") == (8, 48.0, 48.0)
@@ -100,6 +112,21 @@ def test_time_applies_the_tree_correction_and_the_ring_plateau():
         ring.latency_us * 1.4 + (1 << 30) / (1000 * ring.algbw_gbps)
     )
     assert T.tree_correction("simple", 1 << 40) == 1.0  # past 256 MiB: no correction
+
+
+def test_blackwell_nvlstree_is_corrected_to_1_gib_on_x86_hosts_only():
+    # tuning.cc ncclTopoGetAlgoTime: NVLSTree all_reduce bw x treeCorrectionFactor for
+    # logSize < 24 with minCompCap >= 100 and an x86 host; Tree's own correction stops at 23
+    assert T.tree_correction("simple", 768 << 20) == 1.0
+    assert T.tree_correction("simple", 768 << 20, limit=24) == T.TREE_CORRECTION[2][23]
+    size = 768 << 20
+    for node, corrected in (("dgx-b200", True), ("gb200-nvl72", False)):
+        hw = _hw(node, 2, "ib-ndr")
+        assert hw.cpu_arm is not corrected  # Grace hosts the GB200's GPUs
+        entry = tune(hw)[("all_reduce", "nvlstree", "simple")]
+        factor = T.TREE_CORRECTION[2][23] if corrected else 1.0
+        expected = entry.latency_us + size / (1000.0 * entry.algbw_gbps * factor)
+        assert time_us("all_reduce", "nvlstree", "simple", hw, size) == pytest.approx(expected)
 
 
 def test_pick_crossovers():
