@@ -96,7 +96,7 @@ mechanism it stands for is not separated: sustained clocks under the power cap (
 8192^3 GEMMs, back to back, ran 12% below their burst rate at 700 W; results/mechanisms), NCCL's
 resident kernels, jitter, framework costs the kernel inventory lacks. Restricted to one class
 of kernels it scores worse leave-one-source-out (``tools/slowdown_scope.py``: GEMMs 9.2%,
-tensor-core kernels 7.4%, memory-bound kernels 7.7%, a cost per launch 14.3%, against 7.0% on
+tensor-core kernels 7.4%, memory-bound kernels 7.7%, a cost per launch 17.4%, against 7.0% on
 every kernel; docs/validation.md), so the clock alone is not what the published runs show.
 The device's gap between kernels (``KERNEL_GAP_S``) is priced apart, and took 0.008 (Ampere)
 and 0.002 (Hopper) off it; Megatron-Core's cross-entropy, priced as each run's configuration

@@ -20,8 +20,9 @@ time; the phases are pipelined, so a two-level algorithm takes its busier tier):
 
 Steps follow NCCL's latency formulas (``sim/network/nccl_tuner.py``): NVLS 1 intra + 1 inter,
 NVLSTree 1 + 2 log2 N, Tree 2(g-1) + 2 log2 N, CollNetDirect 2 min(1, g-1) + 1, CollNetChain
-2(g-1) + 1; log2 N rounded down, as NCCL's ``log2i`` does (a binary tree of N nodes is
-floor(log2 N) deep: 6 nodes, 2 levels).
+2(g-1) + 1, where a tree's log2 N is rounded up: NCCL's binary tree (``ncclGetBtree``: rank 0 has
+one child, then a binary tree) is ceil(log2 N) deep, 3 on 6 nodes, where the tuner's latency
+formula counts ``log2i`` (rounded down, ``sim/network/nccl_tuner.py``).
 
     terms = two_level("all_reduce", "collnet_direct", layout, 1 << 30)
 """
@@ -98,7 +99,7 @@ def two_level(op: str, algo: str, layout: GroupPlacement, size_bytes: float) -> 
         inter = 1
     elif algo in ("tree", "nvlstree"):
         net_bytes = double_tree_max_sends(nodes) * size_bytes / g / 2
-        inter = 2 * int(math.log2(nodes))
+        inter = 2 * math.ceil(math.log2(nodes))
     else:
         net_bytes = ring_wire_bytes(op, size_bytes, nodes) / g
         inter = ring_steps(op, nodes)

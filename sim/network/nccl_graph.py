@@ -17,6 +17,10 @@ a PCI tree; for symmetric servers we apply its budgets directly:
   ``2 x bwIntra`` (to the top speed on one node, where nothing uses it; to the NIC across).
 - CollNetDirect: one head per NIC (at most 8), ``s`` up to the NIC rate, each GPU carrying
   about ``2 s`` of NVLink. CollNetChain: a chain through every GPU per channel, like a ring.
+- Tree, CollNetChain and CollNetDirect then get the search's second pass: ``bwIntra`` rises a
+  listed speed at a time while it is under ``2 x bwInter`` and the graph still fits the NVLink
+  (``_raise_intra``), so a tree on two nodes can run its intra-node legs at twice the NIC's
+  speed, which the tuner reads there (p4d, A3 Mega, A100 on HDR; not NDR, at the list's top).
 
 Bandwidths are NCCL's (GB/s): the topology's *effective* NVLink/PCIe rates (NCCL's 20.6 GB/s per
 NVLink4 lane) and the NIC *line rate* (``mbps / 8000``).
@@ -26,8 +30,10 @@ NVLink4 lane) and the NIC *line rate* (``mbps / 8000``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.network import nccl_tables as T
@@ -69,8 +75,9 @@ class Hardware:
     """Bandwidth of the GPU-to-NIC path as NCCL's topology sees it (``ncclTopoGetMinNetBw``:
     the NIC's speed, capped by the PCIe links on the way); 0: ``nic_gbps``."""
     cpu_amd: bool
-    cpu_arm: bool
     """AMD hosts (NCCL's llMaxBw row, network overhead)."""
+    cpu_arm: bool
+    """Arm hosts (Grace): NCCL corrects Blackwell's NVLSTree times on x86 hosts only."""
     nvls: bool
     """NVSwitch with NVLink SHARP (``nvlsSupport``)."""
     nvswitch: bool
@@ -156,31 +163,47 @@ def ring_graph(hw: Hardware) -> Graph:
     return _dup(hw.arch, channels, speed)
 
 
-def tree_graph(hw: Hardware) -> Graph:
-    """The tree (and PAT) graph: the ring's channels, then NCCL's second pass for every pattern
-    but the ring (search.cc, "increase bwIntra for trees (2 nodes or collnet)", in every
-    release here): ``bwIntra`` rises one speed at a time while it is under ``2 x bwInter`` and
-    the channels still fit the GPU's NVLink at the higher speed (the ring's budget). The tuner
-    and the time model read ``bwIntra`` for trees on one or two nodes."""
-    ring = ring_graph(hw)
-    if not ring.num_channels:
-        return ring
+def _chain_budget(hw: Hardware) -> float:
+    """NVLink GB/s a chain or ring of channels may load on one GPU (``ring_graph``'s budget)."""
     if hw.num_nodes == 1:
-        budget = hw.intra_gbps
-    else:
-        g = hw.ranks_per_node
-        budget = hw.intra_gbps * g / (g - 1) if g > 1 else math.inf
-    speeds = _speeds(hw.arch, hw.num_nodes > 1)
-    intra = ring.bw_intra_gbps
+        return hw.intra_gbps
+    g = hw.ranks_per_node
+    return hw.intra_gbps * g / (g - 1) if g > 1 else math.inf
+
+
+def _raise_intra(graph: Graph, speeds: tuple[float, ...], fits: Callable[[float], bool]) -> Graph:
+    """NCCL's second pass for every pattern but the ring and NVLS (search.cc, "increase bwIntra
+    for trees (2 nodes or collnet)", in every release here): ``bwIntra`` rises one listed speed
+    at a time while it is under ``2 x bwInter`` and the graph still ``fits`` at the higher one."""
+    intra = graph.bw_intra_gbps
     for speed in reversed(speeds):  # ascending: the next speed up each time
         if speed <= intra:
             continue
-        if intra >= 2 * ring.bw_inter_gbps or ring.num_channels * speed > budget:
+        if intra >= 2 * graph.bw_inter_gbps or not fits(speed):
             break
         intra = speed
-    return Graph(
-        num_channels=ring.num_channels, bw_intra_gbps=intra, bw_inter_gbps=ring.bw_inter_gbps
-    )
+    return dataclasses.replace(graph, bw_intra_gbps=intra)
+
+
+def _chain_graph(hw: Hardware) -> Graph:
+    """A tree-patterned graph (Tree, CollNetChain): NCCL searches it on its own with at most the
+    ring's channels, so at the ring's channels and the fastest listed speed not above the ring's
+    (a doubled ring can sit between two), then ``_raise_intra`` while the channels fit the
+    ring's NVLink budget."""
+    ring = ring_graph(hw)
+    if not ring.num_channels:
+        return ring
+    speeds = _speeds(hw.arch, hw.num_nodes > 1)
+    start = next((s for s in speeds if s <= ring.bw_intra_gbps), ring.bw_intra_gbps)
+    budget = _chain_budget(hw)
+    graph = Graph(num_channels=ring.num_channels, bw_intra_gbps=start, bw_inter_gbps=start)
+    return _raise_intra(graph, speeds, lambda speed: ring.num_channels * speed <= budget)
+
+
+def tree_graph(hw: Hardware) -> Graph:
+    """The tree (and PAT) graph (``_chain_graph``); the tuner and the time model read its
+    ``bwIntra`` on one or two nodes."""
+    return _chain_graph(hw)
 
 
 def nvls_graph(hw: Hardware) -> Graph:
@@ -204,16 +227,24 @@ def nvls_graph(hw: Hardware) -> Graph:
 
 
 def collnet_graphs(hw: Hardware) -> tuple[Graph, Graph]:
-    """(CollNetDirect, CollNetChain) graphs; no channels without SHARP or on one node."""
+    """(CollNetDirect, CollNetChain) graphs; no channels without SHARP or on one node. Both get
+    the search's second pass (``_raise_intra``; the tuner reads a CollNet graph's ``bwIntra`` on
+    any number of nodes): the direct heads while each GPU's NVLink carries ``2 x bwIntra``, the
+    chain as a tree (``_chain_graph``)."""
     none = Graph(num_channels=0, bw_intra_gbps=0.0, bw_inter_gbps=0.0)
     if not hw.sharp or hw.num_nodes < 2:
         return none, none
     heads = min(hw.nics_per_node, hw.ranks_per_node, T.MAX_DIRECT_ARITY + 1)
     fits = [s for s in _speeds(hw.arch, True) if s <= hw.nic_gbps and 2 * s <= hw.intra_gbps]
-    direct = Graph(num_channels=heads, bw_intra_gbps=fits[0], bw_inter_gbps=fits[0])
     if not hw.nvswitch or not fits:
         direct = none
-    return direct, ring_graph(hw)
+    else:
+        direct = _raise_intra(
+            Graph(num_channels=heads, bw_intra_gbps=fits[0], bw_inter_gbps=fits[0]),
+            _speeds(hw.arch, True),
+            lambda speed: 2 * speed <= hw.intra_gbps,
+        )
+    return direct, _chain_graph(hw)
 
 
 @functools.lru_cache(maxsize=256)

@@ -127,8 +127,9 @@ TREE_CORRECTION = (
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9,
      .9),
 )  # fmt: skip
-"""``treeCorrectionFactor[proto][log2(bytes / 64)]``, 64 B .. 256 MiB: Tree all_reduce bandwidth
-at mid sizes ("Trees are not perfectly sticking to the model for medium sizes")."""
+"""``treeCorrectionFactor[proto][log2(bytes / 64)]``, 64 B .. 1 GiB (``tree_correction``): Tree
+all_reduce bandwidth at mid sizes ("Trees are not perfectly sticking to the model for medium
+sizes")."""
 
 SPEEDS_INTRA = {
     "pre_hopper": (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
@@ -258,6 +259,9 @@ class TunerRelease:
     nRanks / nSteps)."""
     nvls_gather_ppn: bool = False
     """2.27's NVLS all_gather / reduce_scatter rule (``nvls_bandwidth`` ``graph`` only)."""
+    blackwell_nvlstree_correction: bool = True
+    """Blackwell's NVLSTree all_reduce times take ``treeCorrectionFactor`` on x86 hosts: from
+    2.29.2."""
 
 
 def _edit(row: Row, **cells: tuple[float, float, float]) -> Row:
@@ -265,10 +269,11 @@ def _edit(row: Row, **cells: tuple[float, float, float]) -> Row:
 
 
 _LATEST = TunerRelease(
-    release="2.28.9", base=BASE_US, nvlink=NVLINK_US, pci=PCI_US, net=NET_US,
+    release="2.29.2", base=BASE_US, nvlink=NVLINK_US, pci=PCI_US, net=NET_US,
     ll_max_hopper_one_node=LL_MAX_GBPS["hopper"][0],
 )  # fmt: skip
-_R2_28_3 = replace(_LATEST, release="2.28.3", net=_edit(NET_US, nvlstree=(0.0, 0.0, 14.0)))
+_R2_28_9 = replace(_LATEST, release="2.28.9", blackwell_nvlstree_correction=False)
+_R2_28_3 = replace(_R2_28_9, release="2.28.3", net=_edit(NET_US, nvlstree=(0.0, 0.0, 14.0)))
 _R2_27 = replace(_R2_28_3, release="2.27.3", nvls_bandwidth="graph", nvls_gather_ppn=True)
 _R2_23 = replace(_R2_27, release="2.23.4", nvls_gather_ppn=False)
 _R2_21 = replace(
@@ -307,7 +312,8 @@ RELEASES: tuple[tuple[tuple[int, int, int], TunerRelease], ...] = (
     ((2, 23, 0), _R2_23),
     ((2, 27, 0), _R2_27),
     ((2, 28, 3), _R2_28_3),
-    ((2, 28, 9), _LATEST),
+    ((2, 28, 9), _R2_28_9),
+    ((2, 29, 2), _LATEST),
 )
 """Each release's rules, from the first release that shipped them (NVIDIA/nccl's tags,
 ``src/graph/tuning.cc``); every release up to the next listed one runs the same:
@@ -328,7 +334,9 @@ RELEASES: tuple[tuple[tuple[int, int, int], TunerRelease], ...] = (
   their busbw (x5/6 before);
 - 2.27.3: NVLS all_gather / reduce_scatter bandwidth from the local ranks;
 - 2.28.3: NVLS and NVLSTree bandwidth from ``nvlsEfficiency`` and the per-channel caps;
-- 2.28.9: NVLSTree 20.9 us per network step (14 before)."""
+- 2.28.9: NVLSTree 20.9 us per network step (14 before);
+- 2.29.2: Blackwell's NVLSTree all_reduce times corrected (``treeCorrectionFactor``) on x86
+  hosts."""
 
 DEFAULT_NCCL_VERSION = "2.30.7"
 """The release an empty ``nccl_version`` means (``NCCL_VERSION``)."""

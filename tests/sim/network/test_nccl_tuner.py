@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sim.network import nccl_tables as T
@@ -42,6 +44,21 @@ def test_graphs_follow_the_search_budgets():
     assert _graph(_hw("dgx-a100", 4), "tree") == (8, 30.0, 24.0)  # 8 x 48 = 384 > 274
     assert _graph(_hw("p4d-a100", 2), "tree") == (4, 24.0, 12.0)
     assert _graph(one, "tree") == (12, 30.0, 30.0)  # 12 x 40 > 370.8: no raise on one node
+    # A tree is searched on its own at the ring's channels and a listed speed: a 250 GB/s node
+    # doubles its ring's 5 x 50 to 10 x 25, off Hopper's list; its tree takes 24, and 10 x 30
+    # would not fit.
+    odd = dataclasses.replace(one, intra_gbps=250.0)
+    assert _graph(odd, "ring") == (10, 25.0, 25.0)
+    assert _graph(odd, "tree") == (10, 24.0, 24.0)
+    # CollNet graphs get the second pass too (the tuner reads their bwIntra on any node count):
+    # B200 on NDR raises its chain and direct heads from 48 to 96; A100's direct heads to 48
+    # (2 x 48 <= 240), its chain to 30, like its tree.
+    b200 = _hw("dgx-b200", 4, "ib-ndr-sharp-collnet")
+    assert _graph(b200, "collnet_chain") == _graph(b200, "collnet_direct") == (8, 96.0, 48.0)
+    a100 = _hw("dgx-a100", 2, "ib-ndr-sharp-collnet")
+    assert (_graph(a100, "collnet_direct"), _graph(a100, "collnet_chain")) == (
+        (8, 48.0, 24.0), (8, 30.0, 24.0),
+    )  # fmt: skip
     # ...which NCCL's tuner reads for trees on <= 2 nodes: p4d Tree/Simple busBw
     # min(4 x 24 x 0.92, 4 x 23.6) = 88.3, algbw 44.2, against Ring's 25.6 (12 x 4 / (30/16)).
     p4d = tune(_hw("p4d-a100", 2))
@@ -115,11 +132,12 @@ def test_time_applies_the_tree_correction_and_the_ring_plateau():
 
 
 def test_blackwell_nvlstree_is_corrected_to_1_gib_on_x86_hosts_only():
-    # tuning.cc ncclTopoGetAlgoTime: NVLSTree all_reduce bw x treeCorrectionFactor for
-    # logSize < 24 with minCompCap >= 100 and an x86 host; Tree's own correction stops at 23
+    # tuning.cc ncclTopoGetAlgoTime (2.29.2 on): NVLSTree all_reduce bw x treeCorrectionFactor
+    # for logSize < 24 with minCompCap >= 100 and an x86 host; Tree's own stops at 23
     assert T.tree_correction("simple", 768 << 20) == 1.0
     assert T.tree_correction("simple", 768 << 20, limit=24) == T.TREE_CORRECTION[2][23]
     size = 768 << 20
+    assert not T.tuner_release("2.29.1").blackwell_nvlstree_correction  # from 2.29.2
     for node, corrected in (("dgx-b200", True), ("gb200-nvl72", False)):
         hw = _hw(node, 2, "ib-ndr")
         assert hw.cpu_arm is not corrected  # Grace hosts the GB200's GPUs
@@ -168,7 +186,8 @@ def test_aws_region_tuner_picks_for_the_p5_points():
         ("2.27.5", "2.27.3", (8.4, 4.0, 4.0, 14.0), 25.0, 14.0, 141.0),
         ("2.28.7", "2.28.3", (8.4, 4.0, 4.0, 14.0), 25.0, 14.0, 141.0),
         ("2.28.9", "2.28.9", (8.4, 4.0, 4.0, 14.0), 25.0, 20.9, 141.0),
-        ("", "2.28.9", (8.4, 4.0, 4.0, 14.0), 25.0, 20.9, 141.0),
+        ("2.29.2", "2.29.2", (8.4, 4.0, 4.0, 14.0), 25.0, 20.9, 141.0),
+        ("", "2.29.2", (8.4, 4.0, 4.0, 14.0), 25.0, 20.9, 141.0),
     ],
 )
 def test_each_nccl_release_reads_its_own_latency_tables(
