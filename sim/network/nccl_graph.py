@@ -137,11 +137,19 @@ def _dup(arch: str, channels: int, speed: float) -> Graph:
     return Graph(num_channels=channels, bw_intra_gbps=speed, bw_inter_gbps=speed)
 
 
+def _chain_budget(hw: Hardware) -> float:
+    """NVLink GB/s a chain or ring of channels may load on one GPU (``ring_graph``'s budget)."""
+    if hw.num_nodes == 1:
+        return hw.intra_gbps
+    g = hw.ranks_per_node
+    return hw.intra_gbps * g / (g - 1) if g > 1 else math.inf
+
+
 def ring_graph(hw: Hardware) -> Graph:
-    """The ring (and tree) graph: see the module docstring."""
+    """The ring graph: see the module docstring."""
     g = hw.ranks_per_node
     if hw.num_nodes == 1:
-        total = hw.intra_gbps
+        total = _chain_budget(hw)
         channels, speed = _search(
             _speeds(hw.arch, False),
             lambda s: min(int(total // s), T.MAX_RING_CHANNELS),
@@ -149,7 +157,7 @@ def ring_graph(hw: Hardware) -> Graph:
         )
         return _dup(hw.arch, channels, speed)
     nic = hw.nic_gbps
-    intra_share = hw.intra_gbps * g / (g - 1) if g > 1 else math.inf
+    intra_share = _chain_budget(hw)
 
     def channels_at(speed: float) -> int:
         if speed > nic:
@@ -161,14 +169,6 @@ def ring_graph(hw: Hardware) -> Graph:
     capacity = min(hw.nics_per_node * nic, hw.intra_gbps if g > 1 else math.inf)
     channels, speed = _search(_speeds(hw.arch, True), channels_at, capacity)
     return _dup(hw.arch, channels, speed)
-
-
-def _chain_budget(hw: Hardware) -> float:
-    """NVLink GB/s a chain or ring of channels may load on one GPU (``ring_graph``'s budget)."""
-    if hw.num_nodes == 1:
-        return hw.intra_gbps
-    g = hw.ranks_per_node
-    return hw.intra_gbps * g / (g - 1) if g > 1 else math.inf
 
 
 def _raise_intra(graph: Graph, speeds: tuple[float, ...], fits: Callable[[float], bool]) -> Graph:
@@ -185,11 +185,12 @@ def _raise_intra(graph: Graph, speeds: tuple[float, ...], fits: Callable[[float]
     return dataclasses.replace(graph, bw_intra_gbps=intra)
 
 
-def _chain_graph(hw: Hardware) -> Graph:
-    """A tree-patterned graph (Tree, CollNetChain): NCCL searches it on its own with at most the
-    ring's channels, so at the ring's channels and the fastest listed speed not above the ring's
-    (a doubled ring can sit between two), then ``_raise_intra`` while the channels fit the
-    ring's NVLink budget."""
+def tree_graph(hw: Hardware) -> Graph:
+    """A tree-patterned graph (Tree and PAT, CollNetChain): NCCL searches it on its own with at
+    most the ring's channels, so at the ring's channels and the fastest listed speed not above
+    the ring's (a doubled ring can sit between two), then ``_raise_intra`` while the channels fit
+    the ring's NVLink budget. The tuner and the time model read a tree's ``bwIntra`` on one or
+    two nodes."""
     ring = ring_graph(hw)
     if not ring.num_channels:
         return ring
@@ -198,12 +199,6 @@ def _chain_graph(hw: Hardware) -> Graph:
     budget = _chain_budget(hw)
     graph = Graph(num_channels=ring.num_channels, bw_intra_gbps=start, bw_inter_gbps=start)
     return _raise_intra(graph, speeds, lambda speed: ring.num_channels * speed <= budget)
-
-
-def tree_graph(hw: Hardware) -> Graph:
-    """The tree (and PAT) graph (``_chain_graph``); the tuner and the time model read its
-    ``bwIntra`` on one or two nodes."""
-    return _chain_graph(hw)
 
 
 def nvls_graph(hw: Hardware) -> Graph:
@@ -230,7 +225,7 @@ def collnet_graphs(hw: Hardware) -> tuple[Graph, Graph]:
     """(CollNetDirect, CollNetChain) graphs; no channels without SHARP or on one node. Both get
     the search's second pass (``_raise_intra``; the tuner reads a CollNet graph's ``bwIntra`` on
     any number of nodes): the direct heads while each GPU's NVLink carries ``2 x bwIntra``, the
-    chain as a tree (``_chain_graph``)."""
+    chain as a tree (``tree_graph``)."""
     none = Graph(num_channels=0, bw_intra_gbps=0.0, bw_inter_gbps=0.0)
     if not hw.sharp or hw.num_nodes < 2:
         return none, none
@@ -244,7 +239,7 @@ def collnet_graphs(hw: Hardware) -> tuple[Graph, Graph]:
             _speeds(hw.arch, True),
             lambda speed: 2 * speed <= hw.intra_gbps,
         )
-    return direct, _chain_graph(hw)
+    return direct, tree_graph(hw)
 
 
 @functools.lru_cache(maxsize=256)

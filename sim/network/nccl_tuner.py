@@ -243,10 +243,9 @@ def time_us(op: str, algo: str, proto: str, hw: Hardware, size_bytes: float) -> 
     bw, latency = entry.algbw_gbps, entry.latency_us
     if algo == "tree" and op == "all_reduce":
         bw *= T.tree_correction(proto, size_bytes)
-    # minCompCap >= 100 on x86 hosts, from 2.29.2
-    corrected = T.tuner_release(hw.nccl_version).blackwell_nvlstree_correction
-    blackwell_x86 = hw.arch == "blackwell" and not hw.cpu_arm and corrected
-    if algo == "nvlstree" and op == "all_reduce" and blackwell_x86:
+    blackwell_x86 = hw.arch == "blackwell" and not hw.cpu_arm  # minCompCap >= 100, x86 hosts
+    corrects = blackwell_x86 and T.tuner_release(hw.nccl_version).blackwell_nvlstree_correction
+    if algo == "nvlstree" and op == "all_reduce" and corrects:
         bw *= T.tree_correction(proto, size_bytes, limit=24)
     plateau = algo == "ring" and proto == "simple" and hw.num_nodes > 1 and op == "all_reduce"
     if plateau and size_bytes / (comm_channels(hw) * hw.num_ranks) >= 64:
