@@ -13,7 +13,8 @@ non-reentrant), ``op`` every layer under torchtitan's per-op policy (``_apply_op
 attention outputs and every other matmul output of the layer are saved, the rest recomputed; on
 fused QKV and up projections that saves QKV and up and reruns only the output projection, on
 separate ones, as torchtitan's, it reruns wk, wo and w3). Mixture-of-experts
-layers, sliding-window attention and dropout are not built: ``check_buildable`` refuses them.
+layers, sliding-window attention, multi-head latent attention and dropout are not built:
+``check_buildable`` refuses them.
 
     model = build_model(plan.model, num_layers=4, recompute="none").to(device)
 """
@@ -250,6 +251,7 @@ def check_buildable(model: ModelConfig) -> None:
         ("num_experts", model.num_experts, "mixture-of-experts layers"),
         ("attention_window", model.attention_window, "sliding-window attention"),
         ("dropout", model.dropout, "dropout"),
+        ("kv_lora_rank", model.kv_lora_rank, "multi-head latent attention"),
     )
     for key, value, what in unbuilt:
         if value:

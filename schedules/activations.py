@@ -18,6 +18,7 @@ MLP inputs, masks) by t. Context parallelism divides every token count by cp.
 
 from __future__ import annotations
 
+from schedules.mla import latent_norm_widths
 from schedules.pipeline_schedules import SCHEDULES
 from schedules.plan import ModelConfig
 
@@ -43,6 +44,9 @@ def _tp_split_bytes(model: ModelConfig, num_tokens: float) -> float:
     q, f, kv = model.q_size, model.ffn_hidden_size, model.kv_size
     q_k_v = ACTIVATION_BYTES * (q + 2 * kv + (q + kv if model.qk_norm else 0))
     projection_in = ACTIVATION_BYTES * q
+    if model.multi_latent:  # keys a*d_qk wide, values and the projection input a*d_v
+        q_k_v = ACTIVATION_BYTES * (q + kv + model.value_size)
+        projection_in = ACTIVATION_BYTES * model.attention_out_size
     mlp_hidden = ACTIVATION_BYTES * (3 * f if model.gated_mlp else 2 * f)
     return num_tokens * (q_k_v + projection_in + mlp_hidden)
 
@@ -54,6 +58,17 @@ def _sequence_split_bytes(model: ModelConfig, num_tokens: float) -> float:
     inputs = ACTIVATION_BYTES * h * 2 * model.norms_per_layer  # norm inputs + QKV, MLP inputs
     masks = 2 * h if model.dropout else 0  # 1-byte masks after the projection and the MLP
     return num_tokens * (inputs + masks)
+
+
+def _latent_bytes(model: ModelConfig, num_tokens: float) -> float:
+    """What multi-head latent attention keeps of its latents: each latent norm's input and
+    output (the up projection's input; Transformer Engine's fused ``LayerNormLinear`` saves
+    both), 2 * (q_lora_rank + kv_lora_rank) per token, whole on every TP rank (split over them
+    under sequence parallelism, which gathers the latents inside the up projections); 0 for
+    other attention."""
+    if not model.multi_latent:
+        return 0.0
+    return num_tokens * ACTIVATION_BYTES * 2 * sum(latent_norm_widths(model))
 
 
 def layer_activation_bytes(
@@ -79,6 +94,7 @@ def layer_activation_bytes(
     if recompute == "op":
         return _op_saved_bytes(model, num_tokens, tp=tp, sp_divisor=sp_divisor)
     outside = _sequence_split_bytes(model, num_tokens) / sp_divisor
+    outside += _latent_bytes(model, num_tokens) / sp_divisor
     inside = _tp_split_bytes(model, num_tokens) / tp
     if recompute == "selective":
         return outside + inside

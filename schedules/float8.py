@@ -44,6 +44,7 @@ v0.1.0-v0.2.2 (``Float8`` / ``Float8Linear`` job config, ``components/quantizati
 from __future__ import annotations
 
 from schedules.data_parallel.registry import data_parallel_kind
+from schedules.mla import latent_duplicated_params, latent_input_params
 from schedules.params import PARAM_BYTES, layer_params_per_gpu
 from schedules.plan import ModelConfig, Plan
 from schedules.stacks import kernel_stack
@@ -167,9 +168,15 @@ def forward_backend(plan: Plan, stack: str) -> str:
 
 
 def layer_linear_params_per_gpu(model: ModelConfig, tp: int) -> float:
-    """Weights of one layer's linears on one GPU: h (ad + 2kd) + ad h + (2 or 3) h f, over tp."""
+    """Weights of one layer's linears on one GPU: h (ad + 2kd) + ad h + (2 or 3) h f, over tp;
+    under multi-head latent attention its linears (``schedules.mla``: the down projections
+    whole on every TP rank) and the a*d_v-wide output projection instead of the first two."""
     h, f, q = model.hidden_size, model.ffn_hidden_size, model.q_size
     num_mlp = 3 if model.gated_mlp else 2
+    if model.multi_latent:
+        duplicated = latent_duplicated_params(model)
+        split = latent_input_params(model) - duplicated + model.attention_out_size * h
+        return duplicated + (split + num_mlp * h * f) / tp
     return (h * (q + 2 * model.kv_size) + q * h + num_mlp * h * f) / tp
 
 

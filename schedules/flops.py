@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedules.mla import latent_linears
 from schedules.moe import count_moe_layers, moe_mlp_forward_flops
 from schedules.plan import ModelConfig, Plan
 from schedules.stages import chunk_layers, recomputed_fraction
@@ -57,9 +58,22 @@ def gemm_flops(m: float, n: float, k: float) -> float:
 
 def attention_linear_flops(model: ModelConfig, num_tokens: float) -> float:
     """QKV projection 2Th(ad + 2kd) plus output projection 2Th*ad, for T tokens (ad = h unless
-    ``head_dim`` is set apart)."""
+    ``head_dim`` is set apart); under multi-head latent attention its down and up projections
+    (``schedules.mla``) and the output projection 2Th*a*d_v."""
     h, q = model.hidden_size, model.q_size
+    if model.multi_latent:
+        inputs = sum(gemm_flops(num_tokens, x.out_width, x.in_width) for x in latent_linears(model))
+        return inputs + gemm_flops(num_tokens, h, model.attention_out_size)
     return gemm_flops(num_tokens, q + 2 * model.kv_size, h) + gemm_flops(num_tokens, h, q)
+
+
+def duplicated_linear_flops(model: ModelConfig, num_tokens: float) -> float:
+    """FLOPs of the linears every tensor-parallel rank runs whole: multi-head latent
+    attention's down projections (``schedules.mla``); 0 for other models."""
+    if not model.multi_latent:
+        return 0.0
+    duplicated = (x for x in latent_linears(model) if x.duplicated)
+    return sum(gemm_flops(num_tokens, x.out_width, x.in_width) for x in duplicated)
 
 
 def mlp_flops(model: ModelConfig, num_tokens: float) -> float:
@@ -80,12 +94,13 @@ def window_pairs_fraction(seq_len: float, window: float) -> float:
 
 
 def attention_core_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:
-    """QK^T and AV: 2 * 2bs^2 ad (4bs^2h where ad = h, unless ``head_dim`` is set apart),
-    halved when ``causal`` (only the lower triangle); with a sliding window
-    (``model.attention_window``) only the products inside it (``window_pairs_fraction``), or,
-    counted ``causal=False``, s x W."""
-    s, q = model.seq_len, model.q_size
-    full = 2 * gemm_flops(micro_batch_size * s, s, q)
+    """QK^T and AV: 2 * 2bs^2 ad (4bs^2h where ad = h, unless ``head_dim`` is set apart; QK^T
+    over the query heads' width, AV over the value heads'), halved when ``causal`` (only the
+    lower triangle); with a sliding window (``model.attention_window``) only the products inside
+    it (``window_pairs_fraction``), or, counted ``causal=False``, s x W."""
+    s = model.seq_len
+    full = gemm_flops(micro_batch_size * s, s, model.q_size)
+    full += gemm_flops(micro_batch_size * s, s, model.attention_out_size)
     window = model.attention_window
     if causal:
         return full * window_pairs_fraction(s, window)
@@ -172,20 +187,25 @@ def layer_flops(
     causal: bool = True,
     tp: int = 1,
     cp: int = 1,
+    sequence_parallel: bool = False,
 ) -> LayerFlops:
     """Forward, backward (input/weight split) and recompute FLOPs of one layer on one GPU.
 
     Every GEMM and the attention core are split evenly over the tp * cp GPUs of a layer (TP splits
-    heads and the MLP width, CP splits the query tokens with load-balanced causal chunks).
+    heads and the MLP width, CP splits the query tokens with load-balanced causal chunks), but
+    multi-head latent attention's down projections, which every TP rank runs whole (on its own
+    tokens under ``sequence_parallel``).
     """
     tokens = micro_batch_size * model.seq_len
-    weight_gemms = attention_linear_flops(model, tokens) + mlp_flops(model, tokens)
+    duplicated = duplicated_linear_flops(model, tokens)
+    split = attention_linear_flops(model, tokens) + mlp_flops(model, tokens) - duplicated
     core = attention_core_flops(model, micro_batch_size, causal=causal)
     shards = tp * cp
+    weight_gemms = split / shards + duplicated / (shards if sequence_parallel else cp)
     return LayerFlops(
-        forward=(weight_gemms + core) / shards,
-        backward_input=(weight_gemms + 2 * core) / shards,
-        backward_weight=weight_gemms / shards,
+        forward=weight_gemms + core / shards,
+        backward_input=weight_gemms + 2 * core / shards,
+        backward_weight=weight_gemms,
         recompute=recompute_flops(model, micro_batch_size, recompute=recompute, causal=causal)
         / shards,
     )

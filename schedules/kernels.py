@@ -34,6 +34,7 @@ from schedules.float8 import (
 )
 from schedules.flops import window_pairs_fraction
 from schedules.messages import ACTIVATION_COMM_BYTES, tp_branches_per_layer, tp_message_bytes
+from schedules.mla import latent_linears, latent_norm_widths
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import ModelConfig, Plan, num_microbatches
 from schedules.stacks import kernel_stack, loss_compiled, megatron_cross_entropy
@@ -171,16 +172,21 @@ def attention(
     backward: bool = False,
     backend: str = "cudnn",
     window: float = 0.0,
+    value_head_dim: float = 0.0,
 ) -> Kernel:
     """Fused attention (scores, softmax, AV) forward, or its backward with ``backward``. With a
     causal sliding ``window`` the kernel skips the blocks outside it (FlashAttention's
     ``window_size``): the products inside (``schedules.flops.window_pairs_fraction``), each
-    query's keys the window's."""
+    query's keys the window's. ``value_head_dim``: the value heads' width where it is not the
+    query and key heads' ``head_dim`` (multi-head latent attention: QK^T over ``head_dim``, AV
+    and the output over ``value_head_dim``); the kernel's head-dimension rate is its
+    ``head_dim``'s."""
     share = window_pairs_fraction(seq_kv, window) if causal else 1.0
-    flops = 4.0 * batch * num_heads * seq_q * seq_kv * head_dim * share
+    widths = head_dim + (value_head_dim or head_dim)  # QK^T's and AV's
+    flops = 2.0 * batch * num_heads * seq_q * seq_kv * widths * share
     if backward:
         flops *= ATTENTION_BACKWARD_FLOPS_RATIO
-    io_bytes = ACTIVATION_BYTES * batch * num_heads * head_dim * (2 * seq_q + 2 * seq_kv)
+    io_bytes = ACTIVATION_BYTES * batch * num_heads * widths * (seq_q + seq_kv)
     io_bytes *= 2 if backward else 1
     keys = min(seq_kv, window) if window and causal else seq_kv
     return Kernel(
@@ -232,13 +238,18 @@ WEIGHT_GEMMS = ("qkv", "proj", "fc1", "fc2")
 
 def weight_gemm_shapes(plan: Plan) -> tuple[tuple[float, float, float], ...]:
     """Forward (m, n, k) of the QKV, projection, MLP up and MLP down GEMMs on one GPU (the query
-    and projection input ad wide: h unless ``head_dim`` is set apart)."""
+    and projection input ad wide: h unless ``head_dim`` is set apart). Under multi-head latent
+    attention the QKV entry stands for its down and up projections (``linear_gemm_shapes`` has
+    them one by one): h deep and as wide as gives their FLOPs."""
     model, t = plan.model, plan.parallel.tp
     tokens, h, f, q = _tokens(plan), model.hidden_size, model.ffn_hidden_size, model.q_size
     up_width = 2 * f if model.gated_mlp else f
+    qkv_width = (q + 2 * model.kv_size) / t
+    if model.multi_latent:
+        qkv_width = sum(n * k * share for n, k, _, share in _projection_pieces(plan)["qkv"]) / h
     return (
-        (tokens, (q + 2 * model.kv_size) / t, h),
-        (tokens, h, q / t),
+        (tokens, qkv_width, h),
+        (tokens, h, model.attention_out_size / t),
         (tokens, up_width / t, h),
         (tokens, h, f / t),
     )
@@ -412,13 +423,42 @@ def elementwise_forward_bytes(plan: Plan) -> float:
     residuals = 2 * residual * stream  # 2 adds (a parallel block adds its two branches in turn)
     rotary = 0.0
     if model.position_embedding == "rope":
-        rotary = per["rotary"] * tokens * (model.q_size + model.kv_size) / t
+        rotary = per["rotary"] * tokens * rotary_width(plan)
+    if model.multi_latent:
+        norms += norm * tokens * sum(latent_norm_widths(model))
+        rotary += latent_assembly_bytes(plan)
     activation = per["gated" if model.gated_mlp else "plain"] * tokens * model.ffn_hidden_size / t
     expand = 0.0
     if repeats_kv(plan):
         # repeat_kv: K and V expanded to every query head (read kd, write ad, each)
         expand = 2 * ACTIVATION_BYTES * tokens * (model.kv_size + model.q_size) / t
     return norms + residuals + rotary + activation + expand
+
+
+def rotary_width(plan: Plan) -> float:
+    """Channels per token the rotary embedding turns on one GPU: the queries' and keys'
+    (``(q_size + kv_size) / t``), under multi-head latent attention only their rotary parts:
+    every query head's ``qk_rope_head_dim`` and the one key they share, whole on every TP rank."""
+    model, t = plan.model, plan.parallel.tp
+    if model.multi_latent:
+        return model.qk_rope_head_dim * (model.num_heads / t + 1)
+    return (model.q_size + model.kv_size) / t
+
+
+def latent_assembly_bytes(plan: Plan) -> float:
+    """Bytes multi-head latent attention moves per micro-batch on one GPU to put its heads
+    together: each query head's rotary and non-rotary parts into one (read and written), and
+    each key head from its up-projected part and the shared rotary key, the values split off
+    the same output (Megatron-Core's ``MLASelfAttention.get_query_key_value_tensors``:
+    ``torch.cat`` of ``q_no_pe`` and ``q_pos_emb``, of ``k_no_pe`` and the expanded
+    ``k_pos_emb``; one fused pass with ``apply_rope_fusion``); 0 for other attention."""
+    model, t = plan.model, plan.parallel.tp
+    if not model.multi_latent:
+        return 0.0
+    query = 2 * model.q_size / t  # read and write every query head
+    up = model.num_heads * (model.head_dim + model.value_head_dim) / t  # kv_up's output, read
+    written = (model.kv_size + model.value_size) / t  # the keys and values, written
+    return ACTIVATION_BYTES * _tokens(plan) * (query + up + model.qk_rope_head_dim + written)
 
 
 def qk_norm_elements(plan: Plan) -> float:
@@ -525,6 +565,8 @@ def norm_output_readers(model: ModelConfig) -> int:
     """Linears of one layer that read a norm's output: the attention's input projection (three
     with ``separate_projections``) and the MLP's (two, gate and up, when separate and gated)."""
     attention = 3 if model.separate_projections else 1
+    if model.multi_latent:  # the query's and the key/value latent's down projections
+        attention = 2
     mlp = 2 if model.separate_projections and model.gated_mlp else 1
     return attention + mlp
 
@@ -565,6 +607,8 @@ def split_grad_bytes(plan: Plan) -> float:
     stack = kernel_stack(plan)
     if stack not in ("eager", "compile") or plan.model.separate_projections:
         return 0.0  # separate linears: no fused weight, no split to concatenate
+    if plan.model.multi_latent:
+        return 0.0  # separate linears too, and its up projections' outputs split by views
     qkv, _, up, _ = weight_gemm_shapes(plan)
     gated = stack == "eager" and plan.model.gated_mlp
     return EAGER_SPLIT_GRAD_BYTES * (qkv[0] * qkv[1] + (up[0] * up[1] if gated else 0.0))
@@ -575,7 +619,8 @@ def attention_layout_bytes(plan: Plan) -> float:
     (``EAGER_ATTENTION_LAYOUT_BYTES``; the same again in the backward); 0 on the fused stacks."""
     if kernel_stack(plan) != "eager":
         return 0.0
-    return EAGER_ATTENTION_LAYOUT_BYTES * _tokens(plan) * plan.model.q_size / plan.parallel.tp
+    width = plan.model.attention_out_size / plan.parallel.tp
+    return EAGER_ATTENTION_LAYOUT_BYTES * _tokens(plan) * width
 
 
 def bias_grad_kernels(plan: Plan) -> tuple[Kernel, ...]:
@@ -583,7 +628,7 @@ def bias_grad_kernels(plan: Plan) -> tuple[Kernel, ...]:
     micro-batch on one GPU: each output gradient read once more (``BIAS_GRAD_BYTES``)."""
     if not plan.model.linear_bias:
         return ()
-    outputs = sum(m * n for m, n, _ in weight_gemm_shapes(plan))
+    outputs = sum(m * n for gemms in linear_gemm_shapes(plan) for m, n, _ in gemms)
     return (memory("bias_grad", BIAS_GRAD_BYTES * outputs),)
 
 
@@ -639,7 +684,10 @@ class AttentionShape:
     seq_kv: float
     """Key/value tokens attended to, s (context parallelism passes all of them around)."""
     head_dim: float
-    """d: h / a unless ``model.head_dim`` sets it apart."""
+    """d of the queries and keys: h / a unless ``model.head_dim`` sets it apart, with the
+    rotary part under multi-head latent attention (``model.qk_head_dim``)."""
+    value_head_dim: float
+    """d of the values and the output (``model.value_head_dim``)."""
 
 
 def attention_shape(plan: Plan) -> AttentionShape:
@@ -650,7 +698,8 @@ def attention_shape(plan: Plan) -> AttentionShape:
         num_heads=model.num_heads / parallel.tp,
         seq_q=model.seq_len / parallel.cp,
         seq_kv=model.seq_len,
-        head_dim=model.head_dim,
+        head_dim=model.qk_head_dim,
+        value_head_dim=model.value_head_dim,
     )
 
 
@@ -684,6 +733,7 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
     _, dtype = dtypes(plan)
     shape = attention_shape(plan)
     seq_q, seq_kv, d = shape.seq_q, shape.seq_kv, shape.head_dim
+    dv = shape.value_head_dim
     if plan.training.flash_attention:
         forward, backward = (
             attention(
@@ -697,19 +747,23 @@ def attention_core_kernels(plan: Plan) -> tuple[tuple[Kernel, ...], tuple[Kernel
                 backward=is_backward,
                 backend=plan.training.attention_backend,
                 window=plan.model.attention_window,
+                value_head_dim=dv if dv != d else 0.0,
             )
             for is_backward in (False, True)
         )
-        queries = shape.batch * shape.num_heads * seq_q * d
-        aux = memory("attention_backward_aux", FUSED_ATTENTION_BACKWARD_AUX_BYTES * queries, "copy")
+        outputs = shape.batch * shape.num_heads * seq_q * dv  # the output and its gradient
+        aux = memory("attention_backward_aux", FUSED_ATTENTION_BACKWARD_AUX_BYTES * outputs, "copy")
         return (replace(forward, extra_launches=repeat["forward"]),), (
             aux,
             replace(backward, extra_launches=repeat["backward"]),
         )
     scores = shape.batch * shape.num_heads * seq_q * seq_kv
-    gemm_flops = 2.0 * scores * d
-    qk = Kernel(name="scores", kind="gemm", dtype=dtype, flops=gemm_flops, dims=(seq_q, seq_kv, d))
-    av = Kernel(name="context", kind="gemm", dtype=dtype, flops=gemm_flops, dims=(seq_q, d, seq_kv))
+    qk = Kernel(
+        name="scores", kind="gemm", dtype=dtype, flops=2.0 * scores * d, dims=(seq_q, seq_kv, d)
+    )
+    av = Kernel(
+        name="context", kind="gemm", dtype=dtype, flops=2.0 * scores * dv, dims=(seq_q, dv, seq_kv)
+    )
     softmax = replace(
         memory("softmax", 2 * ACTIVATION_BYTES * scores), extra_launches=repeat["forward"]
     )
@@ -863,7 +917,7 @@ Phases = tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]]
 def weight_gemm_kernels(plan: Plan) -> Phases:
     """The weight GEMMs of one layer (``WEIGHT_GEMMS``), per phase: forward, input gradients,
     weight gradients; under a float8 recipe each with its casts (``schedules.float8``); with
-    ``model.separate_projections`` the fused ones split (``separate_projection_kernels``)."""
+    separate linears the fused ones split (``separate_projection_kernels``)."""
     gemm_dtype, _ = dtypes(plan)
     named = list(zip(WEIGHT_GEMMS, weight_gemm_shapes(plan), strict=True))
     if float8_recipe(plan, kernel_stack(plan)) is not None:
@@ -910,62 +964,88 @@ def projection_sum_bytes_per_element(plan: Plan) -> float:
     return EAGER_PROJECTION_SUM_ACCESSES * (4 if autocast_weights(plan) else ACTIVATION_BYTES)
 
 
-def _projection_widths(plan: Plan) -> dict[str, tuple[float, ...]]:
-    """The output widths (per GPU) of the separate linears each fused GEMM stands for."""
-    model, t = plan.model, plan.parallel.tp
-    widths: dict[str, tuple[float, ...]] = {
-        "qkv": (model.q_size / t, model.kv_size / t, model.kv_size / t)
-    }
-    if model.gated_mlp:
-        widths["fc1"] = (model.ffn_hidden_size / t, model.ffn_hidden_size / t)
-    return widths
+def _projection_pieces(plan: Plan) -> dict[str, tuple[tuple[float, float, bool, float], ...]]:
+    """(output width per GPU, input width, whether it reads the fused GEMM's input, its share of
+    the fused GEMM's tokens) of the separate linears a fused GEMM of ``WEIGHT_GEMMS`` stands
+    for: with ``model.separate_projections`` the query, key and value projections and a gated
+    MLP's gate and up ones; under multi-head latent attention its down and up projections
+    (``schedules.mla``) whatever ``separate_projections`` says: the down ones whole on every TP
+    rank, on the rank's own tokens under sequence parallelism (Megatron-Core runs them before
+    any gather and gathers the narrow latents in the up projections), the up ones reading the
+    latents."""
+    model, parallel = plan.model, plan.parallel
+    t = parallel.tp
+    pieces: dict[str, tuple[tuple[float, float, bool, float], ...]] = {}
+    h = model.hidden_size
+    if model.multi_latent:
+        own_tokens = 1 / t if parallel.sequence_parallel else 1.0
+        pieces["qkv"] = tuple(
+            (
+                x.out_width_per_gpu(t),
+                x.in_width,
+                not x.name.endswith("_up"),
+                own_tokens if x.duplicated else 1.0,
+            )
+            for x in latent_linears(model)
+        )
+    elif model.separate_projections:
+        q, kv = model.q_size / t, model.kv_size / t
+        pieces["qkv"] = ((q, h, True, 1.0), (kv, h, True, 1.0), (kv, h, True, 1.0))
+    if model.separate_projections and model.gated_mlp:
+        f = model.ffn_hidden_size / t
+        pieces["fc1"] = ((f, h, True, 1.0), (f, h, True, 1.0))
+    return pieces
 
 
 def linear_gemm_shapes(plan: Plan) -> tuple[tuple[tuple[float, float, float], ...], ...]:
-    """``weight_gemm_shapes``, each as the forward GEMMs that run it: the fused one, or with
-    ``model.separate_projections`` one per separate linear (``_projection_widths``)."""
-    widths = _projection_widths(plan) if plan.model.separate_projections else {}
+    """``weight_gemm_shapes``, each as the forward GEMMs that run it: the fused one, or one per
+    separate linear where the model has them (``_projection_pieces``)."""
+    pieces = _projection_pieces(plan)
     return tuple(
-        tuple((m, width, k) for width in widths[name]) if name in widths else ((m, n, k),)
+        tuple((m * share, width, depth) for width, depth, _, share in pieces[name])
+        if name in pieces
+        else ((m, n, k),)
         for name, (m, n, k) in zip(WEIGHT_GEMMS, weight_gemm_shapes(plan), strict=True)
     )
 
 
 def separate_projection_kernels(plan: Plan, phases: Phases) -> Phases:
     """``phases`` (forward, input gradients, weight gradients) with each fused projection GEMM
-    split into the GEMMs of its separate linears where ``model.separate_projections`` says the
-    model has them (torchtitan's ``models/llama3/model.py``: ``wq``, ``wk``, ``wv``, ``w1``,
-    ``w3``, each an ``nn.Linear`` its TP plan parallelises on its own, and Inductor's linear
-    batching passes are off by default: ``pre_grad_fusion_options`` empty). Each piece keeps the
-    fused kernel's name, dtype and backend; the forward and the weight gradients split the
-    output width, the input gradients the reduction (each piece writes a whole partial input
-    gradient, summed at ``projection_sum_bytes_per_element``). Casts stay as the fused
-    linear's."""
-    if not plan.model.separate_projections:
+    split into the GEMMs of its separate linears where the model has them
+    (``_projection_pieces``: ``model.separate_projections``, torchtitan's
+    ``models/llama3/model.py``: ``wq``, ``wk``, ``wv``, ``w1``, ``w3``, each an ``nn.Linear`` its
+    TP plan parallelises on its own, and Inductor's linear batching passes are off by default:
+    ``pre_grad_fusion_options`` empty; multi-head latent attention's down and up projections).
+    Each piece keeps the fused kernel's name, dtype and backend and takes its own widths; the
+    pieces that read the fused GEMM's input each write a whole partial input gradient, summed at
+    ``projection_sum_bytes_per_element``. Casts stay as the fused linear's."""
+    pieces = _projection_pieces(plan)
+    if not pieces:
         return phases
-    widths = _projection_widths(plan)
-    axis = (1, 2, 1)  # the dimension that is the output width, per phase
     split: list[tuple[Kernel, ...]] = []
     partials = 0.0
     for phase, kernels in enumerate(phases):
         out: list[Kernel] = []
         for kernel in kernels:
             base = kernel.name.removesuffix("_dgrad").removesuffix("_wgrad")
-            parts = widths.get(base)
+            parts = pieces.get(base)
             if kernel.kind != "gemm" or parts is None:
                 out.append(kernel)
                 continue
-            for width in parts:
-                dims = list(kernel.dims)
-                dims[axis[phase]] = width
-                m, n, k = dims
+            fused_tokens = kernel.dims[2] if phase == 2 else kernel.dims[0]
+            for width, depth, _, share in parts:
+                tokens = fused_tokens * share
+                m, n, k = ((tokens, width, depth), (tokens, depth, width), (depth, width, tokens))[
+                    phase
+                ]
                 out.append(
                     gemm(kernel.name, m, n, k, kernel.dtype, kernel.backend)
                     if kernel.backend
                     else compiled_gemm(plan, kernel.name, m, n, k, kernel.dtype)
                 )
             if phase == 1:
-                partials += (len(parts) - 1) * kernel.dims[0] * kernel.dims[1]
+                readers = [share for _, _, reads_input, share in parts if reads_input]
+                partials += sum(readers[1:]) * kernel.dims[0] * kernel.dims[1]
         split.append(tuple(out))
     if partials:
         total = projection_sum_bytes_per_element(plan) * partials
@@ -1138,7 +1218,7 @@ def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
     kept = plan.parallel.recompute in ("none", "selective", "full")  # the input gathers read again
     if phase == "forward":
         gather, gather_launches = fused_gather(returned=False)
-        proj, proj_launches = fused_scatter(model.q_size)
+        proj, proj_launches = fused_scatter(model.attention_out_size)
         fc2, fc2_launches = fused_scatter(model.ffn_hidden_size)
         size = 2 * gather + proj + fc2
         launches = 2 * gather_launches + proj_launches + fc2_launches
@@ -1155,7 +1235,7 @@ def _async_tp_copies(plan: Plan, phase: str) -> tuple[Kernel, ...]:
             size, launches = size + fc1, launches + fc1_launches
     elif phase == "full_recompute":  # the forward's but the MLP output's fused reduce-scatter
         gather, gather_launches = fused_gather(returned=False)
-        proj, proj_launches = fused_scatter(model.q_size)
+        proj, proj_launches = fused_scatter(model.attention_out_size)
         size, launches = 2 * gather + proj, 2 * gather_launches + proj_launches
     else:  # op_recompute
         gather, gather_launches = fused_gather(returned=True)

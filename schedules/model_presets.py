@@ -39,6 +39,18 @@ def _llama(layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, 
     }
 
 
+def _mla(*, q_lora_rank: int) -> dict:
+    """DeepSeek's multi-head latent attention (``schedules.mla``): a 512-wide key/value latent,
+    heads of 128 + 64 rotary channels for queries and keys and 128 for values."""
+    return {
+        "kv_lora_rank": 512,
+        "q_lora_rank": q_lora_rank,
+        "head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+    }
+
+
 def _megatron_gpt(layers: int, hidden: int, heads: int) -> dict:
     """Narayanan et al. 2021 Table 1 GPT: f = 4h, V = 51,200, s = 2,048."""
     return {
@@ -72,6 +84,7 @@ _QWEN3 = (
     "Qwen3 technical report, arXiv:2505.09388, Tables 1 and 2, and the released config.json "
     "(head_dim 128 whatever h / a is, per-head QK RMSNorm)"
 )
+_DEEPSEEK_V2 = "DeepSeek-V2 technical report, arXiv:2405.04434,"
 _GPT3 = "Brown et al. 2020, arXiv:2005.14165, Table 2.1 (d_ff = 4 d_model, GPT-2 BPE vocabulary)"
 MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "llama2-7b": (_llama(32, 4096, 32, 32, 11008, 32000, 4096), _LLAMA2),
@@ -133,19 +146,54 @@ MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
         },
         f"{_QWEN3} (235B total, 22B active; 128 routed experts, top-8, no shared expert)",
     ),
+    "deepseek-v2-lite": (
+        {
+            **_moe(
+                _llama(27, 2048, 16, 16, 10944, 102400, 4096),
+                64,
+                6,
+                1408,
+                moe_shared_expert_ffn_hidden_size=2816,
+                moe_first_dense_layers=1,
+            ),
+            **_mla(q_lora_rank=0),
+        },
+        f"{_DEEPSEEK_V2} Appendix B (15.7B total, 2.4B active; first layer dense, 2 shared + 64 "
+        "routed experts, top-6; latent attention without query compression)",
+    ),
     "deepseek-v3": (
-        _moe(
-            _llama(61, 7168, 128, 128, 18432, 129280, 4096),
-            256,
-            8,
-            2048,
-            moe_shared_expert_ffn_hidden_size=2048,
-            moe_first_dense_layers=3,
-        ),
-        "DeepSeek-V3 technical report, arXiv:2412.19437, Sec. 4.2 (671B total, 37B active, "
-        "first 3 layers dense, 1 shared + 256 routed experts, top-8); its multi-head latent "
-        "attention is modelled as multi-head attention of the same width (+10% attention "
-        "parameters) and its multi-token-prediction module is left out",
+        {
+            **_moe(
+                _llama(61, 7168, 128, 128, 18432, 129280, 4096),
+                256,
+                8,
+                2048,
+                moe_shared_expert_ffn_hidden_size=2048,
+                moe_first_dense_layers=3,
+            ),
+            **_mla(q_lora_rank=1536),
+        },
+        "DeepSeek-V3 technical report, arXiv:2412.19437, Sec. 4.2, and its config.json (671B "
+        "total, 37B active, first 3 layers dense, 1 shared + 256 routed experts, top-8, "
+        "multi-head latent attention); its multi-token-prediction module is left out (set "
+        "mtp_num_layers: 1 for it)",
+    ),
+    "kimi-k2": (
+        {
+            **_moe(
+                _llama(61, 7168, 64, 64, 18432, 163840, 4096),
+                384,
+                8,
+                2048,
+                moe_shared_expert_ffn_hidden_size=2048,
+                moe_first_dense_layers=1,
+            ),
+            **_mla(q_lora_rank=1536),
+        },
+        "Kimi K2 technical report, arXiv:2507.20534, Table 2, and Megatron-MoE-ModelZoo's "
+        "model_configs/benchmarking/Kimi-K2.yaml (the report's 1.04T total and 32.6B active; this "
+        "shape counts 1.026T and 32.9B; first layer dense, 1 shared + 384 routed experts, "
+        "top-8, 64 heads of multi-head latent attention)",
     ),
     "gpt3-175b": ({**_megatron_gpt(96, 12288, 96), "vocab_size": 50257}, _GPT3),
     "megatron-gpt-1.7b": (_megatron_gpt(24, 2304, 24), _NARAYANAN),

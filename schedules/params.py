@@ -12,6 +12,7 @@ a final norm and an untied V x h LM head.
 
 from __future__ import annotations
 
+from schedules.mla import latent_linears, latent_norm_widths
 from schedules.moe import (
     active_expert_params,
     count_moe_layers,
@@ -30,8 +31,16 @@ PARAM_BYTES = 2
 
 def attention_params(model: ModelConfig) -> int:
     """Q, K, V and output projections: h*(ad + 2kd) + ad*h (ad = h unless ``head_dim`` is set
-    apart), plus biases (ad + 2kd + h)."""
+    apart), plus biases (ad + 2kd + h); under multi-head latent attention its down and up
+    projections (``schedules.mla``) and the a*d_v-wide output projection, biases on each
+    output."""
     h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    if model.multi_latent:
+        linears = latent_linears(model)
+        out = model.attention_out_size
+        weights = sum(linear.params for linear in linears) + out * h
+        biases = sum(linear.out_width for linear in linears) + h if model.linear_bias else 0
+        return weights + biases
     weights = h * (q + 2 * kv) + q * h
     biases = (q + 2 * kv) + h if model.linear_bias else 0
     return weights + biases
@@ -62,7 +71,11 @@ def layer_params(model: ModelConfig) -> int:
 
 
 def qk_norm_params(model: ModelConfig) -> int:
-    """The query and key norms' weights (``model.qk_norm``): d each, shared by the heads."""
+    """The attention's inner norms: the query and key norms' weights (``model.qk_norm``), d each,
+    shared by the heads; under multi-head latent attention the latents' norms
+    (``schedules.mla.latent_norm_widths``, weight and bias each for a LayerNorm)."""
+    if model.multi_latent:
+        return (2 if model.norm == "layernorm" else 1) * sum(latent_norm_widths(model))
     return 2 * model.head_dim if model.qk_norm else 0
 
 
@@ -119,10 +132,14 @@ def layer_params_per_gpu(model: ModelConfig, tp: int) -> float:
 
     Column- and row-parallel weights and column-parallel biases are split t ways; the norms and
     the row-parallel output biases (h each for the attention projection and the MLP down
-    projection) are replicated on every TP rank, as in Megatron.
+    projection) are replicated on every TP rank, as in Megatron, and so are multi-head latent
+    attention's down projections (``schedules.mla``).
     """
     norms = model.norms_per_layer * norm_params(model) + qk_norm_params(model)
     replicated = norms + (2 * model.hidden_size if model.linear_bias else 0)
+    if model.multi_latent:
+        duplicated = [x for x in latent_linears(model) if x.duplicated]
+        replicated += sum(x.params + (x.out_width if model.linear_bias else 0) for x in duplicated)
     return (layer_params(model) - replicated) / tp + replicated
 
 

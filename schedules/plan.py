@@ -87,6 +87,10 @@ MODEL_LIMITS = {
     "num_heads": 1 << 16,
     "num_kv_heads": 1 << 16,
     "head_dim": 1 << 14,
+    "q_lora_rank": 1 << 16,
+    "kv_lora_rank": 1 << 16,
+    "qk_rope_head_dim": 1 << 14,
+    "v_head_dim": 1 << 14,
     "ffn_hidden_size": 1 << 22,
     "vocab_size": 1 << 24,
     "seq_len": 1 << 24,
@@ -94,6 +98,38 @@ MODEL_LIMITS = {
 """Upper bounds of the model dimensions: 10-100x past the largest published dense models (126
 layers, hidden 16,384, 128k vocabulary, 1M-token context), so a typo of a few digits or 1e30 is
 an error instead of a step of 10^50 seconds."""
+
+
+def _check_latent_attention(model: ModelConfig) -> None:
+    """Multi-head latent attention's keys: ranks >= 0, set only with ``kv_lora_rank``, which
+    needs its query/key head width given and every head its own keys."""
+    names = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+    for name in names:
+        if getattr(model, name) < 0:
+            raise ValueError(f"model.{name} must be >= 0, got {getattr(model, name)}")
+    if not model.kv_lora_rank:
+        for name in names[1:]:
+            if getattr(model, name):
+                raise ValueError(
+                    f"model.{name}={getattr(model, name)} is a key of multi-head latent "
+                    "attention: set model.kv_lora_rank too"
+                )
+        return
+    if not model.head_dim:
+        raise ValueError(
+            f"model.kv_lora_rank={model.kv_lora_rank} needs model.head_dim: the non-rotary width "
+            "of each query and key head (qk_nope_head_dim, --qk-head-dim)"
+        )
+    if model.num_kv_heads not in (0, model.num_heads):
+        raise ValueError(
+            f"model.num_kv_heads={model.num_kv_heads} with model.kv_lora_rank: multi-head latent "
+            "attention projects keys and values for every head (num_kv_heads = num_heads)"
+        )
+    if model.qk_norm:
+        raise ValueError(
+            "model.qk_norm with model.kv_lora_rank: multi-head latent attention norms its "
+            "latents, not its heads"
+        )
 
 
 MOE_LIMITS = {"num_experts": 4096, "moe_ffn_hidden_size": 1 << 22}
@@ -214,6 +250,24 @@ class ModelConfig:
     """Sliding-window attention: each query attends to the ``attention_window`` latest tokens,
     itself included (Mistral's ``sliding_window``, FlashAttention's ``window_size``); 0: the
     whole causal context."""
+    kv_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; Megatron's
+    ``--multi-latent-attention --kv-lora-rank``, Hugging Face's ``kv_lora_rank``): keys and
+    values come from one latent this wide (plus the shared rotary key, ``qk_rope_head_dim``),
+    normed and projected up to every head (``schedules.mla``); 0: attention with K and V
+    projected from the hidden state. With it ``head_dim`` is the width of each query and key
+    head's non-rotary part (``qk_nope_head_dim``, Megatron's ``--qk-head-dim``) and must be set."""
+    q_lora_rank: int = 0
+    """Multi-head latent attention's query latent (``--q-lora-rank``, ``q_lora_rank``): the query
+    projected down to this width, normed and projected up; 0: projected directly (DeepSeek-V2
+    Lite)."""
+    qk_rope_head_dim: int = 0
+    """The rotary part of each query and key head under multi-head latent attention
+    (``qk_rope_head_dim``, ``--qk-pos-emb-head-dim``): the queries' own, the key's one shared by
+    every head."""
+    v_head_dim: int = 0
+    """Width of each value head under multi-head latent attention (``v_head_dim``,
+    ``--v-head-dim``); 0: ``head_dim``."""
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -239,6 +293,7 @@ class ModelConfig:
         _check_choice("model.norm", self.norm, NORMS)
         if self.head_dim < 0:
             raise ValueError(f"model.head_dim must be >= 0, got {self.head_dim}")
+        _check_latent_attention(self)
         if self.head_dim == 0:
             if self.hidden_size % self.num_heads:
                 raise ValueError(
@@ -276,15 +331,43 @@ class ModelConfig:
         return 1 if self.parallel_block else 2
 
     @property
+    def multi_latent(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank`` set)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query (and key) head in the attention kernel: ``head_dim``, plus the
+        rotary part under multi-head latent attention."""
+        return self.head_dim + self.qk_rope_head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """Width of one value head: ``v_head_dim`` if set, else ``head_dim``."""
+        return self.v_head_dim or self.head_dim
+
+    @property
     def q_size(self) -> int:
-        """Width of the query projection and of the output projection's input, num_heads *
-        head_dim (h unless ``head_dim`` is set apart)."""
-        return self.num_heads * self.head_dim
+        """Width of the queries the attention kernel reads, num_heads * qk_head_dim (h unless
+        ``head_dim`` is set apart or the attention is latent)."""
+        return self.num_heads * self.qk_head_dim
 
     @property
     def kv_size(self) -> int:
-        """Width of the key (or value) projection, num_kv_heads * head_dim."""
-        return self.num_kv_heads * self.head_dim
+        """Width of the keys the attention kernel reads, num_kv_heads * qk_head_dim (every head
+        under multi-head latent attention); the values are ``value_size`` wide."""
+        return self.num_kv_heads * self.qk_head_dim
+
+    @property
+    def value_size(self) -> int:
+        """Width of the values the attention kernel reads, num_kv_heads * value_head_dim."""
+        return self.num_kv_heads * self.value_head_dim
+
+    @property
+    def attention_out_size(self) -> int:
+        """Width of the attention kernel's output, the output projection's input: num_heads *
+        value_head_dim (``q_size`` unless the value heads are narrower)."""
+        return self.num_heads * self.value_head_dim
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -938,7 +1021,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as a mapping that ``load_plan`` reads back to an equal plan."""
     out: dict[str, Any] = {s: dataclasses.asdict(getattr(plan, s)) for s in _SECTIONS}
     model = plan.model
-    if model.head_dim * model.num_heads == model.hidden_size:  # the default: stays with the heads
+    if model.head_dim * model.num_heads == model.hidden_size and not model.multi_latent:
+        # the default: stays with the heads (latent attention always names its head width)
         out["model"]["head_dim"] = 0
     out.update({k: getattr(plan, k) for k in _TOP_LEVEL_SCALARS if getattr(plan, k)})
     if plan.whatif:

@@ -249,6 +249,30 @@ def check_async_tp(plan: Plan) -> None:
         )
 
 
+def check_latent_attention(plan: Plan) -> None:
+    """Multi-head latent attention is modelled as Megatron-Core runs it: not under context
+    parallelism, torchtitan's per-op recompute policy (its order of saved matmuls is the
+    Llama block's) or PyTorch's asynchronous TP."""
+    model, parallel = plan.model, plan.parallel
+    if not model.multi_latent:
+        return
+    if parallel.cp > 1:
+        raise ValueError(
+            f"parallel.cp={parallel.cp} with model.kv_lora_rank: context parallelism over "
+            "multi-head latent attention is not modelled"
+        )
+    if parallel.recompute == "op":
+        raise ValueError(
+            "parallel.recompute=op with model.kv_lora_rank: torchtitan's per-op policy over "
+            "multi-head latent attention is not modelled (use selective or full)"
+        )
+    if torch_async_tp(plan):
+        raise ValueError(
+            "parallel.tp_comm_overlap on stack compile with model.kv_lora_rank: asynchronous TP "
+            "over multi-head latent attention is not modelled"
+        )
+
+
 def check_mixed_precision(plan: Plan) -> None:
     """``training.mixed_precision`` describes a torch DDP (or one-GPU) loop's weights only."""
     choice = plan.training.mixed_precision
@@ -282,6 +306,7 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_fsdp_experts(plan)
     check_context_parallel(plan)
     check_async_tp(plan)
+    check_latent_attention(plan)
     check_float8(plan)
     check_mixed_precision(plan)
     return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

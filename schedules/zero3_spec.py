@@ -13,9 +13,11 @@ v0.3.13 (commit 12a53b43) instead: ``schedules.zero3_fetch`` and ``schedules.zer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from schedules.actions import ComputeStep, Step
+from schedules.mla import LatentLinear
 from schedules.offload import RankOffload
 
 FETCH_MODES = ("prefetch", "sync_per_weight")
@@ -164,6 +166,9 @@ def layer_submodules(
     parallel_block: bool = False,
     q_size: int = 0,
     qk_norm_params: int = 0,
+    latent: tuple[LatentLinear, ...] = (),
+    latent_norms: tuple[int, ...] = (),
+    out_size: int = 0,
 ) -> list[tuple[str, tuple[float, ...]]]:
     """A transformer layer's modules with direct parameters and their tensors on one TP rank.
 
@@ -173,6 +178,10 @@ def layer_submodules(
     biases and the norms are replicated: the sizes sum to ``schedules.params.layer_params_per_gpu``.
     A ``parallel_block`` has the input norm only. ``q_size``: the query width a*d (0: hidden);
     ``qk_norm_params``: the query and key norms' weights (replicated), a module of their own.
+    ``latent``: multi-head latent attention's linears (``schedules.mla.latent_linears``, the down
+    projections replicated) in place of Q, K and V, with its ``latent_norms`` (each a module of
+    its own, Hugging Face DeepSeek's ``q_a_layernorm`` and ``kv_a_layernorm``) and an output
+    projection ``out_size`` wide at its input (a * v_head_dim).
 
     >>> layer_submodules(hidden=4, ffn=8, kv_size=2, gated=True, bias=False, norm_params=4)[1]
     ('q_proj', (16.0,))
@@ -199,10 +208,51 @@ def layer_submodules(
         ]
         mlp = [("gate_proj", linear(h, f, True))] if gated else []
         mlp += [("up_proj", linear(h, f, True)), ("down_proj", linear(f, h, False))]
-    if qk_norm_params:
+    if latent:  # its linears and latent norms, then the output projection
+        attention = [
+            *_latent_submodules(latent, latent_norms, norm_params > h, linear, tp=tp),
+            (attention[-1][0], linear(out_size, h, False)),
+        ]
+    if qk_norm_params and not latent:  # latent norms are modules of their own (above)
         attention.append(("qk_norm", (float(qk_norm_params),)))
     second_norm = [] if parallel_block else [("post_attn_norm", norm)]
     return [("input_norm", norm), *attention, *second_norm, *mlp]
+
+
+LATENT_MODULE_NAMES = {
+    "q_down": "q_a_proj",
+    "q_up": "q_b_proj",
+    "q": "q_proj",
+    "kv_down": "kv_a_proj_with_mqa",
+    "kv_up": "kv_b_proj",
+}
+"""Hugging Face DeepSeek-V2/V3's names of multi-head latent attention's linears
+(``modeling_deepseek.py``), by ``schedules.mla`` name."""
+
+
+def _latent_submodules(
+    latent: tuple[LatentLinear, ...],
+    norms: tuple[int, ...],
+    layernorm: bool,
+    linear: Callable[[int, int, bool], tuple[float, ...]],
+    *,
+    tp: int,
+) -> list[tuple[str, tuple[float, ...]]]:
+    """Multi-head latent attention's linears and latent norms, in forward order: each down
+    projection (whole on every TP rank) and, before each up projection, the norm of its latent
+    (its weight, and a bias for a LayerNorm)."""
+    out: list[tuple[str, tuple[float, ...]]] = []
+    widths = iter(norms)
+    for x in latent:
+        if x.name.endswith("_up"):
+            width = float(next(widths))
+            norm_name = "q_a_layernorm" if x.name == "q_up" else "kv_a_layernorm"
+            out.append((norm_name, (width, width) if layernorm else (width,)))
+        tensors = linear(x.in_width, x.out_width, True)
+        if x.duplicated:  # whole on every TP rank: undo the split
+            tensors = tuple(size * tp for size in tensors)
+        out.append((LATENT_MODULE_NAMES[x.name], tensors))
+    return out
 
 
 def split_recipe(steps: tuple[Step, ...], fractions: tuple[float, ...]) -> list[tuple[Step, ...]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedules.mla import latent_linears, latent_norm_widths
 from schedules.params import norm_params, qk_norm_params
 from schedules.plan import Plan
 from schedules.zero3_fetch import zero3_buffer_bytes
@@ -54,6 +55,9 @@ def zero3_modules(plan: Plan) -> tuple[ModuleShape, ...]:
         norm_params=norm_params(model),
         tp=tp,
         parallel_block=model.parallel_block,
+        latent=latent_linears(model) if model.multi_latent else (),
+        latent_norms=latent_norm_widths(model) if model.multi_latent else (),
+        out_size=model.attention_out_size,
     )
     norm = norm_params(model)
     final_norm = (float(h), float(norm - h)) if norm > h else (float(norm),)

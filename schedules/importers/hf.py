@@ -1,10 +1,12 @@
-"""The ``model`` section of a Hugging Face ``config.json``: Llama, Mistral, Qwen2, GPT-2 and
-GPT-NeoX shapes, activations, norms, positions, biases, tying, sliding windows (Mistral, Qwen2)
-and parallel residuals (GPT-NeoX), with a warning for every key not carried over (the
-checkpoint dtype, partial biases).
+"""The ``model`` section of a Hugging Face ``config.json``: Llama, Mistral, Qwen2, Qwen3,
+DeepSeek-V2/V3 (and Kimi K2), GPT-2 and GPT-NeoX shapes, activations, norms, positions, biases,
+tying, sliding windows (Mistral, Qwen2), multi-head latent attention and experts (DeepSeek) and
+parallel residuals (GPT-NeoX), with a warning for every key not carried over (the checkpoint
+dtype, partial biases).
 
 Sources: transformers main (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config``,
-``GPT2Config``, ``GPTNeoXConfig``) for the keys and their defaults.
+``GPT2Config``, ``GPTNeoXConfig``, ``DeepseekV3Config``) and DeepSeek-V2's
+``modeling_deepseek.py`` for the keys and their defaults.
 
     model = model_from_hf_config(Path("Meta-Llama-3-8B/config.json"))
 """
@@ -25,9 +27,19 @@ _HF_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 """Supported ``architectures`` entries and their ``model_type``."""
-_HF_KV_HEADS_DEFAULT = {"llama": None, "mistral": 8, "qwen2": 32, "qwen3": 32, "qwen3_moe": 4}
+_HF_KV_HEADS_DEFAULT = {
+    "llama": None,
+    "mistral": 8,
+    "qwen2": 32,
+    "qwen3": 32,
+    "qwen3_moe": 4,
+    "deepseek_v2": None,
+    "deepseek_v3": None,
+}
 """``num_key_value_heads`` when absent (None: the query heads), from each config class."""
 
 
@@ -42,6 +54,8 @@ _HF_NOISE = frozenset({
     "reorder_and_upcast_attn", "classifier_dropout", "output_attentions",
     "output_hidden_states", "return_dict", "is_decoder", "bad_words_ids", "rotary_pct",
     "norm_topk_prob", "router_aux_loss_coef", "output_router_logits",
+    "routed_scaling_factor", "n_group", "topk_group", "topk_method", "scoring_func",
+    "aux_loss_alpha", "seq_aux", "ep_size", "quantization_config", "auto_map",
 })  # fmt: skip
 """Keys that change nothing a training step costs: token ids, initialisation, norm epsilons,
 the rotary base and scaling (the same kernels), inference caching (``use_cache``,
@@ -51,9 +65,10 @@ bookkeeping. Counted in the warning, not listed."""
 
 def model_from_hf_config(path: Path) -> Imported:
     """The ``model`` section of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Qwen3,
-    Qwen3-MoE, GPT-2 or GPT-NeoX); ``seq_len`` is ``max_position_embeddings`` (a warning says to
-    override it). The model is named by ``_name_or_path``, else by the folder holding
-    ``config.json`` (a Hub download's folder is the model's name), else by the file's stem."""
+    Qwen3-MoE, DeepSeek-V2/V3, GPT-2 or GPT-NeoX); ``seq_len`` is ``max_position_embeddings``
+    (a warning says to override it). The model is named by ``_name_or_path``, else by the folder
+    holding ``config.json`` (a Hub download's folder is the model's name), else by the file's
+    stem."""
     fields = _read(path, "Hugging Face config", _load_json, noise=_HF_NOISE)
     family, _ = _hf_family(fields)
     notes: list[str] = []
@@ -62,6 +77,8 @@ def model_from_hf_config(path: Path) -> Imported:
         shape = _hf_gpt2(fields, notes)
     elif family == "gpt_neox":
         shape = _hf_neox(fields, notes)
+    elif family.startswith("deepseek"):
+        shape = _hf_deepseek(fields, notes)
     else:
         shape = _hf_llama(fields, family, notes)
     return fields.imported({"model": {"name": name, **shape}}, notes)
@@ -160,6 +177,61 @@ def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
         **({"qk_norm": True} if family.startswith("qwen3") else {}),
         **(_hf_qwen3_moe(fields) if family == "qwen3_moe" else {}),
     }
+
+
+def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
+    """DeepSeek-V2 and V3 (and Kimi K2, a DeepseekV3ForCausalLM): multi-head latent attention
+    (``q_lora_rank``, null: no query compression; ``kv_lora_rank``, ``qk_nope_head_dim``,
+    ``qk_rope_head_dim``, ``v_head_dim``), ``first_k_dense_replace`` dense layers of
+    ``intermediate_size`` and then MoE layers every ``moe_layer_freq`` of ``n_routed_experts``
+    routed experts of ``moe_intermediate_size`` and ``n_shared_experts`` shared ones of the same
+    width; the router's grouping and scaling change no cost. ``num_nextn_predict_layers``
+    (V3's multi-token prediction) is carried as ``mtp_num_layers``."""
+    shape = _hf_llama(fields, "deepseek_v3", notes)
+    shape.pop("head_dim", None)
+    if fields.get("attention_bias", bool, False):  # DeepseekV3Attention: q, kv and o only
+        notes.append(
+            f"{fields.file}: attention_bias puts biases on the attention's linears only; "
+            "linear_bias is all-or-none: left off"
+        )
+    shape["num_kv_heads"] = shape["num_heads"]  # latent attention projects every head
+    q_lora = fields.get("q_lora_rank", (int, type(None)), None)
+    latent = {
+        "kv_lora_rank": fields.count("kv_lora_rank"),
+        "q_lora_rank": 0 if q_lora is None else q_lora,
+        "head_dim": fields.count("qk_nope_head_dim"),
+        "qk_rope_head_dim": fields.get("qk_rope_head_dim", int, 64),
+        "v_head_dim": fields.count("v_head_dim"),
+    }
+    if latent["q_lora_rank"] < 0 or latent["qk_rope_head_dim"] < 0:
+        raise ValueError(f"{fields.file}: q_lora_rank and qk_rope_head_dim must be >= 0")
+    experts = fields.get("n_routed_experts", (int, type(None)), None)
+    moe: dict[str, Any] = {}
+    if experts:
+        width = fields.count("moe_intermediate_size")
+        first, freq = fields.get("first_k_dense_replace", int, 0), fields.count("moe_layer_freq", 1)
+        if first % freq:  # DeepseekV2DecoderLayer: MoE where i >= first and i % freq == 0
+            raise ValueError(
+                f"{fields.file}: moe_layer_freq={freq} with first_k_dense_replace={first}: "
+                "MoE layers counted from layer 0 are not a plan's pattern (every n-th layer "
+                "after the dense ones)"
+            )
+        moe = {
+            "num_experts": experts,
+            "moe_top_k": fields.count("num_experts_per_tok"),
+            "moe_ffn_hidden_size": width,
+            "moe_shared_expert_ffn_hidden_size": width
+            * (fields.get("n_shared_experts", (int, type(None)), 0) or 0),
+            "moe_first_dense_layers": first,
+            "moe_layer_freq": freq,
+        }
+    mtp = fields.get("num_nextn_predict_layers", int, 0)
+    if mtp:
+        notes.append(
+            f"{fields.file}: num_nextn_predict_layers={mtp}: the multi-token-prediction "
+            "module is left out (it trains only where the recipe turns it on)"
+        )
+    return {**shape, **latent, **moe}
 
 
 def _hf_qwen3_moe(fields: _Fields) -> dict[str, Any]:

@@ -50,6 +50,12 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--ffn-hidden-size": int,
     "--kv-channels": int,
     "--qk-layernorm": bool,
+    "--multi-latent-attention": bool,
+    "--q-lora-rank": int,
+    "--kv-lora-rank": int,
+    "--qk-head-dim": int,
+    "--qk-pos-emb-head-dim": int,
+    "--v-head-dim": int,
     "--seq-length": int,
     "--max-position-embeddings": int,
     "--swiglu": bool,
@@ -106,6 +112,8 @@ _MEGATRON_NOISE = frozenset({
     "--moe-aux-loss-coeff", "--moe-z-loss-coeff", "--moe-router-load-balancing-type",
     "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-router-topk-scaling-factor",
     "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "--moe-router-dtype",
+    "--moe-router-num-groups", "--moe-router-group-topk", "--rotary-scaling-factor",
+    "--mscale", "--mscale-all-dim", "--rope-type",
 })  # fmt: skip
 """Flags that change nothing a step costs: learning rate and optimizer hyperparameters, the
 number of steps, initialisation, rotary base, data, tokenizer files, checkpointing, logging and
@@ -351,6 +359,9 @@ def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any
     kv_channels = flags.get("--kv-channels")
     if kv_channels is not None and kv_channels < 1:
         raise ValueError(f"{flags.file}: --kv-channels must be >= 1, got {kv_channels}")
+    latent = _megatron_latent_attention(flags, notes)
+    if latent:
+        kv_heads, kv_channels = heads, None
     activation = _megatron_activation(flags, notes)
     default_ffn = int(4 * hidden * 2 / 3 / 64) * 64 if activation == "swiglu" else 4 * hidden
     model = {
@@ -363,7 +374,8 @@ def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any
         "vocab_size": _megatron_vocab(flags, notes),
         "seq_len": seq_len,
         **({"head_dim": kv_channels} if kv_channels and kv_channels * heads != hidden else {}),
-        **({"qk_norm": True} if flags.get("--qk-layernorm") else {}),
+        **({"qk_norm": True} if flags.get("--qk-layernorm") and not latent else {}),
+        **latent,
         "mlp_activation": activation,
         "norm": {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}[
             flags.get("--normalization", "LayerNorm")
@@ -380,6 +392,54 @@ def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any
             "all-or-none: left off"
         )
     return {k: v for k, v in model.items() if v is not None}
+
+
+MEGATRON_LATENT_DEFAULTS = {
+    "--kv-lora-rank": 32,
+    "--qk-head-dim": 128,
+    "--qk-pos-emb-head-dim": 64,
+    "--v-head-dim": 128,
+}
+"""Megatron-LM's defaults of the latent-attention flags (``arguments.py``; ``--q-lora-rank``
+defaults to None: the query projected directly)."""
+
+
+def _megatron_latent_attention(flags: _Flags, notes: list[str]) -> dict[str, Any]:
+    """``--multi-latent-attention`` and its widths as the model's latent-attention keys (none
+    without the flag: its width flags are then noted as ignored). Megatron's
+    ``--qk-layernorm`` is the latent norms there, which the model always has."""
+    keys = {
+        "--kv-lora-rank": "kv_lora_rank",
+        "--qk-head-dim": "head_dim",
+        "--qk-pos-emb-head-dim": "qk_rope_head_dim",
+        "--v-head-dim": "v_head_dim",
+    }
+    if not flags.get("--multi-latent-attention"):
+        for flag in (*keys, "--q-lora-rank"):
+            if flags.has(flag):
+                notes.append(f"{flags.file}: {flag} without --multi-latent-attention (ignored)")
+                flags.get(flag)
+        return {}
+    latent: dict[str, Any] = {}
+    for flag, key in keys.items():
+        value = flags.get(flag, MEGATRON_LATENT_DEFAULTS[flag])
+        if value < (1 if key != "qk_rope_head_dim" else 0):
+            raise ValueError(f"{flags.file}: {flag} must be >= 1, got {value}")
+        latent[key] = value
+    q_lora = flags.get("--q-lora-rank")
+    if q_lora is not None and q_lora < 1:
+        raise ValueError(f"{flags.file}: --q-lora-rank must be >= 1, got {q_lora}")
+    latent["q_lora_rank"] = q_lora or 0
+    if not flags.get("--qk-layernorm"):
+        notes.append(
+            f"{flags.file}: --multi-latent-attention without --qk-layernorm: the latent norms are "
+            "priced anyway (every released latent-attention model has them)"
+        )
+    for flag in ("--kv-channels", "--num-query-groups"):
+        if flags.has(flag):
+            flags.get(flag)
+            notes.append(f"{flags.file}: {flag} with --multi-latent-attention (ignored)")
+    return latent
 
 
 def _megatron_moe_model(flags: _Flags, layers: int, notes: list[str]) -> dict[str, Any]:
