@@ -26,7 +26,7 @@ ACTIVATION_BYTES = 2
 """Bytes per stored activation element (bf16/fp16; FP8 training keeps bf16 activations too)."""
 
 
-def _attention_core_bytes(
+def attention_core_bytes(
     model: ModelConfig, micro_batch_size: float, *, cp: int, flash_attention: bool
 ) -> float:
     """Stored outputs of QK^T/softmax/dropout for all heads (before TP sharding)."""
@@ -99,9 +99,7 @@ def layer_activation_bytes(
     if recompute == "selective":
         return outside + inside
     if recompute == "none":
-        core = _attention_core_bytes(
-            model, micro_batch_size, cp=cp, flash_attention=flash_attention
-        )
+        core = attention_core_bytes(model, micro_batch_size, cp=cp, flash_attention=flash_attention)
         return outside + inside + core / tp
     raise ValueError(f"recompute={recompute!r} is not one of none, selective, full, op")
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from schedules.mla import latent_linears
 from schedules.moe import count_moe_layers, moe_mlp_forward_flops
 from schedules.plan import ModelConfig, Plan
+from schedules.recompute_modules import selective_modules
 from schedules.stages import chunk_layers, recomputed_fraction
 
 FLOPS_DEFINITION = (
@@ -244,7 +245,34 @@ def hardware_flops_per_step(plan: Plan, *, causal: bool = True) -> float:
             rerun *= recomputed_fraction(parallel, chunk_layers(parallel, model.num_layers))
         return flops + rerun
     extra = recompute_flops(model, batch, recompute=parallel.recompute, causal=causal)
-    return flops + model.num_layers * extra
+    return flops + model.num_layers * extra + module_recompute_flops(plan, batch, causal=causal)
+
+
+def module_recompute_flops(plan: Plan, batch: float, *, causal: bool = True) -> float:
+    """Matmul FLOPs over the whole model that Megatron-Core's recompute modules add beyond the
+    attention core (``schedules.recompute_modules``), for ``batch`` sequences: latent
+    attention's up projections (``mla_up_proj``), the dense layers' MLPs (``mlp``) and the MoE
+    layers' shared experts (``shared_experts``), less the core where ``core_attn`` is not
+    listed; 0 unless ``recompute: selective``."""
+    if plan.parallel.recompute != "selective":
+        return 0.0
+    modules = selective_modules(plan.parallel)
+    model = plan.model
+    tokens = batch * model.seq_len
+    num_moe = count_moe_layers(model, start=0, count=model.num_layers)
+    matrices = 3 if model.gated_mlp else 2
+    total = 0.0
+    if "core_attn" not in modules:
+        total -= model.num_layers * attention_core_flops(model, batch, causal=causal)
+    if "mla_up_proj" in modules and model.multi_latent:
+        up = (x for x in latent_linears(model) if x.name.endswith("_up"))
+        total += model.num_layers * sum(gemm_flops(tokens, x.out_width, x.in_width) for x in up)
+    if "mlp" in modules:
+        total += (model.num_layers - num_moe) * mlp_flops(model, tokens)
+    if "shared_experts" in modules:
+        shared = model.moe_shared_expert_ffn_hidden_size
+        total += num_moe * matrices * gemm_flops(tokens, shared, model.hidden_size)
+    return total
 
 
 def narayanan_flops_per_iteration(

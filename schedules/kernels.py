@@ -35,8 +35,10 @@ from schedules.float8 import (
 from schedules.flops import window_pairs_fraction
 from schedules.messages import ACTIVATION_COMM_BYTES, tp_branches_per_layer, tp_message_bytes
 from schedules.mla import latent_linears, latent_norm_widths
+from schedules.moe import expert_tokens, expert_width
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import ModelConfig, Plan, num_microbatches
+from schedules.recompute_modules import selective_modules, separate_norms
 from schedules.stacks import kernel_stack, loss_compiled, megatron_cross_entropy
 from schedules.transformer_engine import te_cast_bytes, te_recipe
 
@@ -868,16 +870,69 @@ def recompute_kernels(
     forward: tuple[Kernel, ...],
     core_forward: tuple[Kernel, ...],
     elementwise_bytes: float,
+    *,
+    moe_layer: bool = False,
 ) -> tuple[Kernel, ...]:
     """What the backward runs again under ``parallel.recompute``: nothing, the attention core
-    (``selective``), the forward (``full``: ``full_recompute_kernels``) or the per-op policy's
-    kernels (``op``)."""
+    and the other modules Megatron-Core's selective recompute lists (``selective``:
+    ``selective_recompute_kernels``), the forward (``full``: ``full_recompute_kernels``) or the
+    per-op policy's kernels (``op``). ``moe_layer``: ``forward`` is an MoE layer's."""
+    recompute = plan.parallel.recompute
+    if recompute == "selective":
+        return selective_recompute_kernels(plan, forward, core_forward, moe_layer=moe_layer)
     return {
         "none": (),
-        "selective": core_forward,
         "full": full_recompute_kernels(plan, forward),
         "op": op_recompute_kernels(plan, elementwise_bytes),
-    }[plan.parallel.recompute]
+    }[recompute]
+
+
+def selective_recompute_kernels(
+    plan: Plan,
+    forward: tuple[Kernel, ...],
+    core_forward: tuple[Kernel, ...],
+    *,
+    moe_layer: bool,
+) -> tuple[Kernel, ...]:
+    """The kernels of the modules selective recompute reruns (``schedules.recompute_modules``;
+    the attention core alone by default): the attention core; latent attention's up-projection
+    GEMMs with their fused latent norms, rotary and head assembly (``mla_up_proj``); the
+    separate norms (``layernorm``); a dense layer's MLP GEMMs (their casts included), its fused
+    norm and activation (``mlp``); the experts' activation (``moe_act``); the shared experts'
+    GEMMs and activation (``shared_experts``)."""
+    modules = selective_modules(plan.parallel)
+    model, parallel = plan.model, plan.parallel
+    per = ELEMENTWISE_BYTES[kernel_stack(plan)]
+    act = per["gated" if model.gated_mlp else "plain"]
+    norm, stream, tokens = per[model.norm], residual_stream_elements(plan), _tokens(plan)
+    out: list[Kernel] = list(core_forward) if "core_attn" in modules else []
+    if "mla_up_proj" in modules and model.multi_latent:
+        gemm_dtype, _ = dtypes(plan)
+        pieces = _projection_pieces(plan)["qkv"]
+        shapes = linear_gemm_shapes(plan)[0]
+        out += [
+            gemm("mla_up_proj_recompute", m, n, k, gemm_dtype)
+            for (m, n, k), (_, _, reads_input, _) in zip(shapes, pieces, strict=True)
+            if not reads_input
+        ]
+        latents = norm * tokens * sum(latent_norm_widths(model))
+        rotary = per["rotary"] * tokens * rotary_width(plan)
+        out.append(memory("mla_up_proj_recompute", latents + rotary + latent_assembly_bytes(plan)))
+    norms = separate_norms(plan, moe_layer=moe_layer)
+    if "layernorm" in modules and norms:
+        out.append(memory("layernorm_recompute", norm * stream * norms))
+    if "mlp" in modules and not moe_layer:
+        out += [k for k in forward if k.name.removesuffix("_fp8_cast") in ("fc1", "fc2")]
+        mlp = act * tokens * model.ffn_hidden_size / parallel.tp + norm * stream
+        out.append(memory("mlp_recompute", mlp))
+    if "moe_act" in modules and moe_layer:
+        experts = expert_tokens(plan) * expert_width(model) / parallel.expert_tp
+        out.append(memory("moe_act_recompute", act * experts))
+    if "shared_experts" in modules and moe_layer:
+        out += [k for k in forward if k.name in ("shared_fc1", "shared_fc2")]
+        shared = act * tokens * model.moe_shared_expert_ffn_hidden_size / parallel.tp
+        out.append(memory("shared_experts_recompute", shared))
+    return tuple(out)
 
 
 def op_recompute_kernels(plan: Plan, elementwise_bytes: float) -> tuple[Kernel, ...]:

@@ -72,6 +72,7 @@ from schedules.params import (
 )
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import Plan, num_microbatches
+from schedules.recompute_modules import module_saved_delta
 from schedules.stacks import loss_compiled, megatron_cross_entropy
 from schedules.stages import chunk_layers, recomputed_fraction
 
@@ -292,11 +293,13 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
         per_layer += saved * FP32_RESIDUAL_EXTRA_BYTES * residual_stream_elements(plan)
     layers = layers_per_stage(plan, stage)
     num_moe = stage_moe_layers(plan, stage)
+    dense = per_layer + module_saved_delta(plan, moe_layer=False)
     if num_moe:
         experts = eager_saved_bytes(plan, moe_layer=True) - eager_saved_bytes(plan)
         moe_layer = per_layer + moe_layer_extra_bytes(plan) + experts
-        per_layer = ((layers - num_moe) * per_layer + num_moe * moe_layer) / layers
-    return per_layer
+        moe_layer += module_saved_delta(plan, moe_layer=True)
+        return ((layers - num_moe) * dense + num_moe * moe_layer) / layers
+    return dense
 
 
 CUDA_GRAPH_ACTIVATION_EXTRA = 0.20

@@ -30,6 +30,7 @@ from schedules.kernels import (
     kernel_stack,
     memory,
     recompute_kernels,
+    separate_projection_kernels,
     weight_cast_bytes,
     weight_gemm_shapes,
 )
@@ -184,24 +185,28 @@ def moe_layer_kernels(plan: Plan) -> PieceKernels:
         memory("elementwise", elementwise_bytes),
         *permute,
     )
-    recompute = recompute_kernels(plan, forward, core_forward, elementwise_bytes)
-    return PieceKernels(
-        forward=forward,
-        backward_input=(
-            *(
-                with_small(
-                    _grouped(f"{name}_dgrad", (m, k, n), (rows, k, n), gemm_dtype), "backward"
-                )
-                for name, m, n, k, rows in named
-            ),
-            *core_backward,
-            memory("elementwise_backward", elementwise_backward_bytes(plan, elementwise_bytes)),
-            *permute_backward,
-            *((memory("grad_cast", cast_bytes),) if cast_bytes else ()),
-        ),
-        backward_weight=tuple(
-            _grouped(f"{name}_wgrad", (k, n, m), (k, n, rows), gemm_dtype)
+    backward_input = (
+        *(
+            with_small(_grouped(f"{name}_dgrad", (m, k, n), (rows, k, n), gemm_dtype), "backward")
             for name, m, n, k, rows in named
         ),
+        *core_backward,
+        memory("elementwise_backward", elementwise_backward_bytes(plan, elementwise_bytes)),
+        *permute_backward,
+        *((memory("grad_cast", cast_bytes),) if cast_bytes else ()),
+    )
+    backward_weight = tuple(
+        _grouped(f"{name}_wgrad", (k, n, m), (k, n, rows), gemm_dtype)
+        for name, m, n, k, rows in named
+    )
+    # the attention's separate linears (latent attention's, torchtitan's wq, wk, wv) one by one
+    forward, backward_input, backward_weight = separate_projection_kernels(
+        plan, (forward, backward_input, backward_weight)
+    )
+    recompute = recompute_kernels(plan, forward, core_forward, elementwise_bytes, moe_layer=True)
+    return PieceKernels(
+        forward=forward,
+        backward_input=backward_input,
+        backward_weight=backward_weight,
         recompute=recompute,
     )

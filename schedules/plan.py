@@ -33,6 +33,9 @@ NORMS = ("rmsnorm", "layernorm")
 SCHEDULES = tuple(PIPELINE_SCHEDULES)
 """Pipeline schedule names (``schedules.pipeline_schedules``, in its order)."""
 RECOMPUTE_MODES = ("none", "selective", "op", "full")  # least recomputed first
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "layernorm", "shared_experts")
+"""What Megatron-Core's selective recompute can rerun (``--recompute-modules``,
+``TransformerConfig.recompute_modules``; its ``moe``, the whole MoE layer, is not modelled)."""
 DATA_PARALLEL_KINDS = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "distributed_optimizer")
 FSDP2_ALIAS = "fsdp2"
 """``data_parallel: fsdp2`` is read as ``fsdp`` with ``fsdp_version: 2`` (``fully_shard``)."""
@@ -439,6 +442,14 @@ class ParallelConfig:
     """Megatron sequence parallelism (norms/dropout sharded over TP; AG/RS instead of AR)."""
     recompute: str = "none"
     """Activation recomputation: none | selective (attention core) | full (whole layer)."""
+    recompute_modules: tuple[str, ...] | None = None
+    """With ``recompute: selective``, the parts of each layer Megatron-Core reruns in the
+    backward instead of keeping their activations (``--recompute-modules``;
+    ``RECOMPUTE_MODULES``): ``core_attn`` the attention core, ``mla_up_proj`` multi-head latent
+    attention's up projections and rotary (their Q, K and V not kept), ``mlp`` a dense layer's
+    MLP, ``moe_act`` the experts' activation, ``layernorm`` the two norms (their outputs not
+    kept), ``shared_experts`` the shared experts' MLP. None: Megatron's default,
+    ``[core_attn]``; the megatron stack only (``schedules.recompute_modules``)."""
     recompute_num_layers: int | None = None
     """With ``recompute: full``, recompute only the first N layers of each pipeline chunk and
     keep the others' activations (Megatron's ``--recompute-method block
@@ -560,6 +571,25 @@ class ParallelConfig:
             raise ValueError(f"parallel.dp must be >= 0 (0 = derive), got {self.dp}")
         _check_choice("parallel.schedule", self.schedule, SCHEDULES)
         _check_choice("parallel.recompute", self.recompute, RECOMPUTE_MODES)
+        if self.recompute_modules is not None:
+            if self.recompute != "selective":
+                raise ValueError(
+                    f"parallel.recompute_modules needs recompute selective (Megatron reads "
+                    f"--recompute-modules under selective granularity only), got "
+                    f"recompute={self.recompute!r}"
+                )
+            for module in self.recompute_modules:
+                if module == "moe":
+                    raise ValueError(
+                        "parallel.recompute_modules: moe (rerunning the whole MoE layer, its "
+                        "all-to-alls included) is not modelled"
+                    )
+                _check_choice("parallel.recompute_modules", module, RECOMPUTE_MODULES)
+            if len(set(self.recompute_modules)) != len(self.recompute_modules):
+                raise ValueError(
+                    f"parallel.recompute_modules lists a module twice: "
+                    f"{', '.join(self.recompute_modules)}"
+                )
         if self.recompute_num_layers is not None and (
             self.recompute_num_layers < 0 or self.recompute != "full"
         ):
@@ -825,6 +855,11 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
             return value
         if origin is dict and isinstance(value, Mapping):
             return dict(value)
+        if origin is tuple and isinstance(value, list | tuple) and str in typing.get_args(option):
+            bad = [v for v in value if not isinstance(v, str)]
+            if bad:
+                raise ValueError(f"{key} must list names, got {shorten(bad[0])}")
+            return tuple(value)
         if origin is tuple and isinstance(value, list | tuple):
             bad = [v for v in value if not isinstance(v, int) or isinstance(v, bool) or v < 0]
             if bad:
@@ -862,7 +897,12 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         hint = did_you_mean(value, choices[key]) if isinstance(value, str) else ""
         raise ValueError(f"{key} must be one of {', '.join(choices[key])}{nullable}, {got}{hint}")
     names = " or ".join(
-        "null" if o is type(None) else getattr(o, "__name__", str(o)) for o in options
+        "null"
+        if o is type(None)
+        else "a list"
+        if typing.get_origin(o) is tuple
+        else getattr(o, "__name__", str(o))
+        for o in options
     )
     hint = ""
     if isinstance(value, str) and (int in options or float in options):

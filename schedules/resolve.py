@@ -21,6 +21,7 @@ from schedules.float8 import check_float8
 from schedules.kernels import kernel_stack, torch_async_tp, torch_ddp_step
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import FSDP2_ALIAS, ModelConfig, ParallelConfig, Plan
+from schedules.recompute_modules import check_recompute_modules
 from schedules.stages import check_stage_split
 
 
@@ -307,6 +308,7 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_context_parallel(plan)
     check_async_tp(plan)
     check_latent_attention(plan)
+    check_recompute_modules(plan)
     check_float8(plan)
     check_mixed_precision(plan)
     return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

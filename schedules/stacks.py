@@ -28,9 +28,11 @@ MEGATRON_KNOBS = (
     "last_stage_layers",
     "embedding_as_layer",
     "loss_as_layer",
+    "recompute_modules",
 )
 """``parallel`` keys that only Megatron-LM has (``--tp-comm-overlap``,
-``--overlap-param-gather``, its scatter-gather pipeline p2p, its pipeline-split flags): a plan
+``--overlap-param-gather``, its scatter-gather pipeline p2p, its pipeline-split flags, its
+``--recompute-modules``): a plan
 setting one away from the default describes a Megatron run."""
 MEGATRON_TRAINING_KNOBS = ("cross_entropy_fusion",)
 """``training`` keys that only Megatron-Core has (its cross-entropy implementation), the same

@@ -375,7 +375,7 @@ PLAN_KEYS: dict[tuple[str, ...], Sequence[str]] = {
     ("cluster", "node"): NODE_KEYS,
 }
 """Every key a plan may have, by where it goes (a cluster node may be a mapping)."""
-HEAVY_PLANS = ("llama3-405b-16k.yaml", "gpt3-175b-1024xa100.yaml")
+HEAVY_PLANS = ("llama3-405b-16k.yaml", "gpt3-175b-1024xa100.yaml", "deepseek-v3-1024xh100.yaml")
 """Examples that take a second or more to simulate: mutated only in the long run."""
 
 

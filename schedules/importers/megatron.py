@@ -19,6 +19,7 @@ from typing import Any
 from fileio.strict import MAX_CONFIG_BYTES, TYPO_CUTOFF, did_you_mean, read_input, shorten
 from schedules.importers.common import _KIND_NAMES, NOT_MODELLED, Imported
 from schedules.importers.shell import _megatron_words, _parse_flags
+from schedules.plan import RECOMPUTE_MODULES
 
 _MEGATRON_FLAGS: dict[str, type] = {
     "--tensor-model-parallel-size": int,
@@ -249,6 +250,10 @@ def _megatron_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
         parallel["recompute"] = recompute
     if recompute_layers is not None:
         parallel["recompute_num_layers"] = recompute_layers
+    if recompute == "selective":
+        modules = _megatron_recompute_modules(flags, notes)
+        if modules is not None:
+            parallel["recompute_modules"] = modules
     if flags.get("--use-distributed-optimizer"):
         parallel["data_parallel"] = "distributed_optimizer"
     else:
@@ -312,12 +317,9 @@ def _megatron_recompute(
             notes.append(f"{flags.file}: --recompute-method without a granularity (ignored)")
         return None, None
     if granularity == "selective":
-        if modules and set(modules) != {"core_attn"}:
-            notes.append(
-                f"{flags.file}: --recompute-modules {' '.join(modules)}: only core_attn (the "
-                "attention core) is modelled: priced as recompute selective"
-            )
         return "selective", None
+    if modules:
+        notes.append(f"{flags.file}: --recompute-modules under full granularity (ignored)")
     if method is None or count is None:
         raise ValueError(
             f"{flags.file}: --recompute-granularity full needs --recompute-method and "
@@ -335,6 +337,28 @@ def _megatron_recompute(
     elif method == "block" and count < per_chunk:
         return "full", count  # the first `count` layers of each chunk; the others keep theirs
     return "full", None
+
+
+def _megatron_recompute_modules(flags: _Flags, notes: list[str]) -> list[str] | None:
+    """``--recompute-modules`` as ``parallel.recompute_modules`` (None: unset, Megatron's
+    default ``core_attn``); ``moe`` (the whole MoE layer) is not modelled and left out, with a
+    note."""
+    modules = flags.get("--recompute-modules")
+    if not modules:
+        return None
+    unknown = [m for m in modules if m not in (*RECOMPUTE_MODULES, "moe")]
+    if unknown:
+        raise ValueError(
+            f"{flags.file}: --recompute-modules {shorten(unknown[0])} is not one of "
+            f"{', '.join((*RECOMPUTE_MODULES, 'moe'))}"
+        )
+    if "moe" in modules:
+        notes.append(
+            f"{flags.file}: --recompute-modules moe (the whole MoE layer rerun) is not modelled "
+            "(left out)"
+        )
+    kept = list(dict.fromkeys(m for m in modules if m != "moe"))
+    return kept or None
 
 
 def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any] | None:

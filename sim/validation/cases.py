@@ -545,6 +545,12 @@ def _parallel_section(
     if problem:
         missing.append(problem)
     section["recompute"] = mode or "none"
+    modules = parallel.get("recompute_modules")
+    if modules is not None:  # Megatron-Core's --recompute-modules (selective granularity)
+        if mode != "selective" or not isinstance(modules, list):
+            missing.append(f"recompute_modules ({shorten(modules)}; a list, with selective)")
+        else:
+            section["recompute_modules"] = modules
     kind, knobs, problem = parse_data_parallel(parallel)
     if problem:
         missing.append(problem)

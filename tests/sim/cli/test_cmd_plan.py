@@ -138,6 +138,7 @@ def test_every_example_plan_resolves_on_its_cluster() -> None:
 
     names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
     assert names == [
+        "deepseek-v3-1024xh100.yaml",
         "gpt3-175b-1024xa100.yaml",
         "llama2-13b-fsdp2-offload-8xh100.yaml",
         "llama2-13b-offload-8xh100.yaml",
@@ -149,6 +150,7 @@ def test_every_example_plan_resolves_on_its_cluster() -> None:
         "small-zb.yaml",
     ]
     expected_dp = {
+        "deepseek-v3": 64,
         "gpt3-175b": 16,
         "llama2-13b": 8,
         "llama3-405b": 128,

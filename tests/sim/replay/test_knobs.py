@@ -45,6 +45,7 @@ KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
     "pp_scatter_gather": ({"tp": 2, "pp": 2}, False),
     "cp_rotate_method": ({"cp": 2}, "alltoall"),
     "recompute_num_layers": ({"tp": 2, "recompute": "full"}, 2),
+    "recompute_modules": ({"tp": 2, "recompute": "selective"}, ["core_attn", "mlp"]),
     "pipeline_layers": ({"tp": 2, "pp": 2}, [2, 6]),
     "first_stage_layers": ({"tp": 2, "pp": 2}, 2),
     "last_stage_layers": ({"tp": 2, "pp": 2}, 2),
@@ -88,7 +89,7 @@ FRAMEWORK_KNOBS = {
     "pipeline_layers", "first_stage_layers", "last_stage_layers", "moe_token_dispatcher",
     "offload_optimizer", "offload_param", "offload_pin_memory", "offload_pipeline_read",
     "offload_pipeline_write", "cp_rotate_method", "recompute_num_layers", "moe_permute_fusion",
-    "moe_router_fusion",
+    "moe_router_fusion", "recompute_modules",
 }  # fmt: skip
 """``embedding_as_layer`` and ``loss_as_layer`` cannot be toggled alone on a valid plan (they move
 the layer count across a divisibility boundary); tests/schedules/test_stages.py checks the split
