@@ -12,9 +12,9 @@ checkpoints every layer, ``selective`` the attention core (``torch.utils.checkpo
 non-reentrant), ``op`` every layer under torchtitan's per-op policy (``_apply_op_sac``: the
 attention outputs and every other matmul output of the layer are saved, the rest recomputed; on
 fused QKV and up projections that saves QKV and up and reruns only the output projection, on
-separate ones, as torchtitan's, it reruns wk, wo and w3). Mixture-of-experts
-layers, sliding-window attention, multi-head latent attention and dropout are not built:
-``check_buildable`` refuses them.
+separate ones, as torchtitan's, it reruns wk, wo and w3). Multi-head latent
+attention is built as DeepSeek writes it (``LatentAttention``). Mixture-of-experts layers,
+sliding-window attention and dropout are not built: ``check_buildable`` refuses them.
 
     model = build_model(plan.model, num_layers=4, recompute="none").to(device)
 """
@@ -150,6 +150,59 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
 
 
+class LatentAttention(nn.Module):
+    """Multi-head latent attention as DeepSeek-V2/V3 write it (``modeling_deepseek.py``'s
+    ``DeepseekV3Attention``, the plan's ``schedules.mla``): the query projected down, normed and
+    up (or directly when ``q_lora_rank`` is 0), the keys and values from one normed latent
+    projected up to every head, rotary on each head's ``qk_rope_head_dim`` channels and on the one
+    rotary key all heads share, causal attention over queries and keys of ``head_dim +
+    qk_rope_head_dim`` and values of ``value_head_dim``, the output projection."""
+
+    def __init__(self, model: ModelConfig, *, checkpoint_core: bool) -> None:
+        super().__init__()
+        h, bias, a = model.hidden_size, model.linear_bias, model.num_heads
+        self.heads, self.nope, self.rope_dim = a, model.head_dim, model.qk_rope_head_dim
+        self.value_dim, self.kv_rank = model.value_head_dim, model.kv_lora_rank
+        self.rope = model.position_embedding == "rope"
+        self.checkpoint_core = checkpoint_core
+        query = a * model.qk_head_dim
+        self.q_down: nn.Linear | None = None
+        self.q_norm: nn.RMSNorm | None = None
+        if model.q_lora_rank:
+            self.q_down = nn.Linear(h, model.q_lora_rank, bias=bias)
+            self.q_norm = nn.RMSNorm(model.q_lora_rank)
+            self.q_up = nn.Linear(model.q_lora_rank, query, bias=bias)
+        else:
+            self.q_up = nn.Linear(h, query, bias=bias)
+        self.kv_down = nn.Linear(h, model.kv_lora_rank + self.rope_dim, bias=bias)
+        self.kv_norm = nn.RMSNorm(model.kv_lora_rank)
+        self.kv_up = nn.Linear(model.kv_lora_rank, a * (self.nope + self.value_dim), bias=bias)
+        self.out = nn.Linear(a * self.value_dim, h, bias=bias)
+
+    @staticmethod
+    def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        latent = x if self.q_down is None or self.q_norm is None else self.q_norm(self.q_down(x))
+        q = self.q_up(latent).view(batch, seq, self.heads, -1).transpose(1, 2)
+        q_nope, q_rope = q.split((self.nope, self.rope_dim), dim=-1)
+        kv_latent, k_rope = self.kv_down(x).split((self.kv_rank, self.rope_dim), dim=-1)
+        kv = self.kv_up(self.kv_norm(kv_latent)).view(batch, seq, self.heads, -1).transpose(1, 2)
+        k_nope, v = kv.split((self.nope, self.value_dim), dim=-1)
+        k_rope = k_rope.view(batch, 1, seq, self.rope_dim)  # one rotary key for every head
+        if self.rope:
+            q_rope, k_rope = apply_rotary(q_rope, cos, sin), apply_rotary(k_rope, cos, sin)
+        q = torch.cat((q_nope, q_rope), dim=-1)
+        k = torch.cat((k_nope, k_rope.expand(-1, self.heads, -1, -1)), dim=-1)
+        if self.checkpoint_core and torch.is_grad_enabled():
+            y = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            y = self._core(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, self.heads * self.value_dim))
+
+
 class Mlp(nn.Module):
     """Gated (one 2f-wide up projection split, or separate gate and up ones) or plain MLP."""
 
@@ -185,7 +238,11 @@ class Block(nn.Module):
         self.parallel = model.parallel_block
         self.norm1 = _norm(model)
         self.norm2 = None if self.parallel else _norm(model)
-        self.attention = Attention(model, checkpoint_core=checkpoint_core, repeat_kv=repeat_kv)
+        self.attention: nn.Module = (
+            LatentAttention(model, checkpoint_core=checkpoint_core)
+            if model.multi_latent
+            else Attention(model, checkpoint_core=checkpoint_core, repeat_kv=repeat_kv)
+        )
         self.mlp = Mlp(model)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -218,7 +275,8 @@ class Decoder(nn.Module):
         self.head = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
         if model.tied_embeddings:
             self.head.weight = self.embed.weight
-        cos, sin = rotary_tables(model.seq_len, model.head_dim)
+        rotary = model.qk_rope_head_dim if model.multi_latent else model.head_dim
+        cos, sin = rotary_tables(model.seq_len, rotary)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         for parameter in self.parameters():
@@ -251,7 +309,6 @@ def check_buildable(model: ModelConfig) -> None:
         ("num_experts", model.num_experts, "mixture-of-experts layers"),
         ("attention_window", model.attention_window, "sliding-window attention"),
         ("dropout", model.dropout, "dropout"),
-        ("kv_lora_rank", model.kv_lora_rank, "multi-head latent attention"),
     )
     for key, value, what in unbuilt:
         if value:

@@ -244,7 +244,12 @@ def eager_saved_bytes(
     step_loop = autocast_weights(plan)  # commbench --step's model
     separate = model.separate_projections
     counted = h + 2 * kd  # Q, K and V in the fused count
-    if recompute == "selective":
+    if model.multi_latent:
+        # latent attention (``comm_bench.step_model.LatentAttention``): the values SDPA keeps
+        # are a view of the key/value up projection's output, which stays whole (its a d key
+        # channels too); the queries and keys SDPA keeps are the concatenations the count has
+        attention = model.num_heads * model.head_dim
+    elif recompute == "selective":
         attention = h + kd if step_loop and rope and not separate else 0.0
     elif not step_loop:
         attention = 2 * (h - kd) if grouped else 0.0

@@ -26,6 +26,13 @@ PLAN = {
 }  # fmt: skip
 
 
+LATENT = {
+    "num_kv_heads": 4, "head_dim": 16, "kv_lora_rank": 8, "q_lora_rank": 12,
+    "qk_rope_head_dim": 4, "v_head_dim": 12,
+}  # fmt: skip
+"""Multi-head latent attention on the tiny model: 4 heads of 16 + 4 rotary channels, values 12."""
+
+
 def _plan(tmp_path: Path, **model: object) -> Path:
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump({**PLAN, "model": {**PLAN["model"], **model}}))
@@ -42,6 +49,8 @@ def _plan(tmp_path: Path, **model: object) -> Path:
         {"separate_projections": True, "linear_bias": True},
         {"separate_projections": True, "mlp_activation": "gelu"},
         {"parallel_block": True, "norm": "layernorm"},
+        LATENT,
+        {**LATENT, "q_lora_rank": 0, "linear_bias": True},  # the query projected directly
     ],
 )
 def test_the_torch_model_has_the_plans_parameter_count(tmp_path: Path, model: dict) -> None:
@@ -92,6 +101,24 @@ def test_what_the_loop_does_not_build_is_refused_with_one_line(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert f"model.{key}={value}" in err and "commbench --step does not build" in err
+
+
+def test_latent_attention_runs_at_its_widths(tmp_path: Path, capsys) -> None:
+    plan = load_plan(_plan(tmp_path, **LATENT))
+    built = build_model(plan.model, num_layers=1, recompute="selective")
+    attention = built.layers[0].attention
+    assert attention.q_up.weight.shape == (4 * (16 + 4), 12)
+    assert attention.kv_down.weight.shape == (8 + 4, 64)
+    assert attention.kv_up.weight.shape == (4 * (16 + 12), 8)
+    assert attention.out.weight.shape == (64, 4 * 12)
+    tokens, labels = torch.randint(0, 256, (2, 32)), torch.randint(0, 256, (2, 32))
+    built(tokens, labels).backward()
+    assert attention.kv_norm.weight.grad is not None  # the latent norm is on the loss's path
+    argv = ["--step", str(_plan(tmp_path, **LATENT)), "--layers", "1", "--steps", "1",
+            "--warmup", "0", "--device", "cpu", "-o", str(tmp_path / "step.json")]  # fmt: skip
+    assert cli.main(argv) == 0
+    result = json.loads((tmp_path / "step.json").read_text())
+    assert result["plan"]["model"]["kv_lora_rank"] == 8 and result["timings_s"]["step"] > 0
 
 
 def test_a_step_is_timed_profiled_and_written(tmp_path: Path, capsys) -> None:
