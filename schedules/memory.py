@@ -248,7 +248,7 @@ def eager_saved_bytes(
         # latent attention (``comm_bench.step_model.LatentAttention``): the values SDPA keeps
         # are a view of the key/value up projection's output, which stays whole (its a d key
         # channels too); the queries and keys SDPA keeps are the concatenations the count has
-        attention = model.num_heads * model.head_dim
+        attention: float = model.num_heads * model.head_dim
     elif recompute == "selective":
         attention = h + kd if step_loop and rope and not separate else 0.0
     elif not step_loop:
