@@ -156,7 +156,8 @@ class LatentAttention(nn.Module):
     up (or directly when ``q_lora_rank`` is 0), the keys and values from one normed latent
     projected up to every head, rotary on each head's ``qk_rope_head_dim`` channels and on the one
     rotary key all heads share, causal attention over queries and keys of ``head_dim +
-    qk_rope_head_dim`` and values of ``value_head_dim``, the output projection."""
+    qk_rope_head_dim`` and values of ``value_head_dim``, the output projection (the only one
+    with a bias under ``linear_bias``, as Megatron-Core builds it)."""
 
     def __init__(self, model: ModelConfig, *, checkpoint_core: bool) -> None:
         super().__init__()
@@ -169,14 +170,14 @@ class LatentAttention(nn.Module):
         self.q_down: nn.Linear | None = None
         self.q_norm: nn.RMSNorm | None = None
         if model.q_lora_rank:
-            self.q_down = nn.Linear(h, model.q_lora_rank, bias=bias)
+            self.q_down = nn.Linear(h, model.q_lora_rank, bias=False)
             self.q_norm = nn.RMSNorm(model.q_lora_rank)
-            self.q_up = nn.Linear(model.q_lora_rank, query, bias=bias)
+            self.q_up = nn.Linear(model.q_lora_rank, query, bias=False)
         else:
-            self.q_up = nn.Linear(h, query, bias=bias)
-        self.kv_down = nn.Linear(h, model.kv_lora_rank + self.rope_dim, bias=bias)
+            self.q_up = nn.Linear(h, query, bias=False)
+        self.kv_down = nn.Linear(h, model.kv_lora_rank + self.rope_dim, bias=False)
         self.kv_norm = nn.RMSNorm(model.kv_lora_rank)
-        self.kv_up = nn.Linear(model.kv_lora_rank, a * (self.nope + self.value_dim), bias=bias)
+        self.kv_up = nn.Linear(model.kv_lora_rank, a * (self.nope + self.value_dim), bias=False)
         self.out = nn.Linear(a * self.value_dim, h, bias=bias)
 
     @staticmethod

@@ -80,8 +80,10 @@ def layer_activation_bytes(
     sequence_parallel: bool = False,
     recompute: str = "none",
     flash_attention: bool = False,
+    latent_split: int = 0,
 ) -> float:
-    """Bytes one layer stores for one micro-batch on one GPU.
+    """Bytes one layer stores for one micro-batch on one GPU (``latent_split``: the ranks
+    multi-head latent attention's latents are split over, 0: as the sequence-parallel terms).
 
     recompute none: everything (Korthikanti Table 2: sbh(10 + 24/t + 5as/(ht)) with TP,
     sbh/t (34 + 5as/h) with TP+SP); selective: without the attention core (sbh(10 + 24/t), and
@@ -94,7 +96,7 @@ def layer_activation_bytes(
     if recompute == "op":
         return _op_saved_bytes(model, num_tokens, tp=tp, sp_divisor=sp_divisor)
     outside = _sequence_split_bytes(model, num_tokens) / sp_divisor
-    outside += _latent_bytes(model, num_tokens) / sp_divisor
+    outside += _latent_bytes(model, num_tokens) / (latent_split or sp_divisor)
     inside = _tp_split_bytes(model, num_tokens) / tp
     if recompute == "selective":
         return outside + inside

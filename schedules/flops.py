@@ -265,7 +265,7 @@ def module_recompute_flops(plan: Plan, batch: float, *, causal: bool = True) -> 
     if "core_attn" not in modules:
         total -= model.num_layers * attention_core_flops(model, batch, causal=causal)
     if "mla_up_proj" in modules and model.multi_latent:
-        up = (x for x in latent_linears(model) if x.name.endswith("_up"))
+        up = (x for x in latent_linears(model) if not x.duplicated)  # a direct q projection too
         total += model.num_layers * sum(gemm_flops(tokens, x.out_width, x.in_width) for x in up)
     if "mlp" in modules:
         total += (model.num_layers - num_moe) * mlp_flops(model, tokens)

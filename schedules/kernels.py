@@ -38,7 +38,7 @@ from schedules.mla import latent_linears, latent_norm_widths
 from schedules.moe import expert_tokens, expert_width
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import ModelConfig, Plan, num_microbatches
-from schedules.recompute_modules import selective_modules, separate_norms
+from schedules.recompute_modules import latent_split, selective_modules, separate_norms
 from schedules.stacks import kernel_stack, loss_compiled, megatron_cross_entropy
 from schedules.transformer_engine import te_cast_bytes, te_recipe
 
@@ -426,8 +426,8 @@ def elementwise_forward_bytes(plan: Plan) -> float:
     rotary = 0.0
     if model.position_embedding == "rope":
         rotary = per["rotary"] * tokens * rotary_width(plan)
-    if model.multi_latent:
-        norms += norm * tokens * sum(latent_norm_widths(model))
+    if model.multi_latent:  # the latents' norms, on each rank's own tokens under Megatron's SP
+        norms += norm * tokens * sum(latent_norm_widths(model)) / latent_split(plan)
         rotary += latent_assembly_bytes(plan)
     activation = per["gated" if model.gated_mlp else "plain"] * tokens * model.ffn_hidden_size / t
     expand = 0.0
@@ -605,15 +605,25 @@ def split_grad_bytes(plan: Plan) -> float:
     (``EAGER_SPLIT_GRAD_BYTES``): eager, the QKV output and the up projection's when gated;
     compiled, the QKV output only (its q, k and v gradients come from the attention backward's
     separate outputs: ``triton_poi_fused_cat_transpose`` in the compiled GPT trace, while the
-    gated MLP's two gradients come from one fused kernel that writes them in place)."""
+    gated MLP's two gradients come from one fused kernel that writes them in place). Latent
+    attention splits the query up projection's output (non-rotary and rotary channels), the
+    key/value one's (keys and values) and the key/value latent (latent and rotary key), and
+    the backward concatenates each one's gradients (torchtitan's DeepSeek-V3,
+    ``commbench --step``'s ``LatentAttention``)."""
     stack = kernel_stack(plan)
-    if stack not in ("eager", "compile") or plan.model.separate_projections:
-        return 0.0  # separate linears: no fused weight, no split to concatenate
-    if plan.model.multi_latent:
-        return 0.0  # separate linears too, and its up projections' outputs split by views
+    model = plan.model
+    if stack not in ("eager", "compile"):
+        return 0.0
+    separate = model.separate_projections  # separate linears: no fused weight, no split
     qkv, _, up, _ = weight_gemm_shapes(plan)
-    gated = stack == "eager" and plan.model.gated_mlp
-    return EAGER_SPLIT_GRAD_BYTES * (qkv[0] * qkv[1] + (up[0] * up[1] if gated else 0.0))
+    if model.multi_latent:  # the up projections' outputs and the key/value latent, split
+        heads = model.q_size + model.num_heads * (model.head_dim + model.value_head_dim)
+        latent = model.kv_lora_rank + model.qk_rope_head_dim
+        attention = _tokens(plan) * (heads / plan.parallel.tp + latent)
+    else:
+        attention = 0.0 if separate else qkv[0] * qkv[1]
+    gated = stack == "eager" and model.gated_mlp and not separate
+    return EAGER_SPLIT_GRAD_BYTES * (attention + (up[0] * up[1] if gated else 0.0))
 
 
 def attention_layout_bytes(plan: Plan) -> float:
@@ -630,7 +640,10 @@ def bias_grad_kernels(plan: Plan) -> tuple[Kernel, ...]:
     micro-batch on one GPU: each output gradient read once more (``BIAS_GRAD_BYTES``)."""
     if not plan.model.linear_bias:
         return ()
-    outputs = sum(m * n for gemms in linear_gemm_shapes(plan) for m, n, _ in gemms)
+    shapes = linear_gemm_shapes(plan)
+    if plan.model.multi_latent:  # Megatron-Core's latent linears have no biases
+        shapes = shapes[1:]
+    outputs = sum(m * n for gemms in shapes for m, n, _ in gemms)
     return (memory("bias_grad", BIAS_GRAD_BYTES * outputs),)
 
 
@@ -908,14 +921,14 @@ def selective_recompute_kernels(
     out: list[Kernel] = list(core_forward) if "core_attn" in modules else []
     if "mla_up_proj" in modules and model.multi_latent:
         gemm_dtype, _ = dtypes(plan)
-        pieces = _projection_pieces(plan)["qkv"]
         shapes = linear_gemm_shapes(plan)[0]
+        linears = latent_linears(model)
         out += [
             gemm("mla_up_proj_recompute", m, n, k, gemm_dtype)
-            for (m, n, k), (_, _, reads_input, _) in zip(shapes, pieces, strict=True)
-            if not reads_input
+            for (m, n, k), linear in zip(shapes, linears, strict=True)
+            if not linear.duplicated  # the up projections and a direct query projection
         ]
-        latents = norm * tokens * sum(latent_norm_widths(model))
+        latents = norm * tokens * sum(latent_norm_widths(model)) / latent_split(plan)
         rotary = per["rotary"] * tokens * rotary_width(plan)
         out.append(memory("mla_up_proj_recompute", latents + rotary + latent_assembly_bytes(plan)))
     norms = separate_norms(plan, moe_layer=moe_layer)
@@ -1033,7 +1046,7 @@ def _projection_pieces(plan: Plan) -> dict[str, tuple[tuple[float, float, bool, 
     pieces: dict[str, tuple[tuple[float, float, bool, float], ...]] = {}
     h = model.hidden_size
     if model.multi_latent:
-        own_tokens = 1 / t if parallel.sequence_parallel else 1.0
+        own_tokens = 1 / latent_split(plan)
         pieces["qkv"] = tuple(
             (
                 x.out_width_per_gpu(t),

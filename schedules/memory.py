@@ -72,7 +72,7 @@ from schedules.params import (
 )
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import Plan, num_microbatches
-from schedules.recompute_modules import module_saved_delta
+from schedules.recompute_modules import latent_split, module_saved_delta
 from schedules.stacks import loss_compiled, megatron_cross_entropy
 from schedules.stages import chunk_layers, recomputed_fraction
 
@@ -291,6 +291,7 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
         sequence_parallel=parallel.sequence_parallel,
         recompute=parallel.recompute,
         flash_attention=training.flash_attention,
+        latent_split=latent_split(plan),
     )
     per_layer += eager_saved_bytes(plan)
     if autocast_weights(plan):
@@ -351,6 +352,7 @@ def activation_bytes(plan: Plan, stage: int) -> float:
             sequence_parallel=parallel.sequence_parallel,
             recompute="none",
             flash_attention=training.flash_attention,
+            latent_split=latent_split(plan),
         )
         moe = bool(stage_moe_layers(plan, stage))
         total += eager_saved_bytes(plan, recompute="none", moe_layer=moe)

@@ -175,8 +175,7 @@ MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
         },
         "DeepSeek-V3 technical report, arXiv:2412.19437, Sec. 4.2, and its config.json (671B "
         "total, 37B active, first 3 layers dense, 1 shared + 256 routed experts, top-8, "
-        "multi-head latent attention); its multi-token-prediction module is left out (set "
-        "mtp_num_layers: 1 for it)",
+        "multi-head latent attention); its multi-token-prediction module is left out",
     ),
     "kimi-k2": (
         {

@@ -12,7 +12,7 @@ a final norm and an untied V x h LM head.
 
 from __future__ import annotations
 
-from schedules.mla import latent_linears, latent_norm_widths
+from schedules.mla import latent_duplicated_params, latent_input_params, latent_norm_widths
 from schedules.moe import (
     active_expert_params,
     count_moe_layers,
@@ -32,15 +32,12 @@ PARAM_BYTES = 2
 def attention_params(model: ModelConfig) -> int:
     """Q, K, V and output projections: h*(ad + 2kd) + ad*h (ad = h unless ``head_dim`` is set
     apart), plus biases (ad + 2kd + h); under multi-head latent attention its down and up
-    projections (``schedules.mla``) and the a*d_v-wide output projection, biases on each
-    output."""
+    projections (``schedules.mla``; Megatron-Core builds them without biases) and the
+    a*d_v-wide output projection (its bias h with ``linear_bias``)."""
     h, q, kv = model.hidden_size, model.q_size, model.kv_size
     if model.multi_latent:
-        linears = latent_linears(model)
-        out = model.attention_out_size
-        weights = sum(linear.params for linear in linears) + out * h
-        biases = sum(linear.out_width for linear in linears) + h if model.linear_bias else 0
-        return weights + biases
+        weights = latent_input_params(model) + model.attention_out_size * h
+        return weights + (h if model.linear_bias else 0)
     weights = h * (q + 2 * kv) + q * h
     biases = (q + 2 * kv) + h if model.linear_bias else 0
     return weights + biases
@@ -138,8 +135,7 @@ def layer_params_per_gpu(model: ModelConfig, tp: int) -> float:
     norms = model.norms_per_layer * norm_params(model) + qk_norm_params(model)
     replicated = norms + (2 * model.hidden_size if model.linear_bias else 0)
     if model.multi_latent:
-        duplicated = [x for x in latent_linears(model) if x.duplicated]
-        replicated += sum(x.params + (x.out_width if model.linear_bias else 0) for x in duplicated)
+        replicated += latent_duplicated_params(model)
     return (layer_params(model) - replicated) / tp + replicated
 
 

@@ -447,8 +447,9 @@ class ParallelConfig:
     backward instead of keeping their activations (``--recompute-modules``;
     ``RECOMPUTE_MODULES``): ``core_attn`` the attention core, ``mla_up_proj`` multi-head latent
     attention's up projections and rotary (their Q, K and V not kept), ``mlp`` a dense layer's
-    MLP, ``moe_act`` the experts' activation, ``layernorm`` the two norms (their outputs not
-    kept), ``shared_experts`` the shared experts' MLP. None: Megatron's default,
+    MLP, ``moe_act`` the experts' activation, ``layernorm`` the norms that are modules of their
+    own (latent attention's input norm, an MoE layer's pre-MLP norm; their outputs not kept),
+    ``shared_experts`` the shared experts' MLP. None: Megatron's default,
     ``[core_attn]``; the megatron stack only (``schedules.recompute_modules``)."""
     recompute_num_layers: int | None = None
     """With ``recompute: full``, recompute only the first N layers of each pipeline chunk and

@@ -30,9 +30,11 @@ not priced.
 from __future__ import annotations
 
 from schedules.activations import ACTIVATION_BYTES, attention_core_bytes
+from schedules.mla import latent_norm_widths
 from schedules.moe import expert_tokens, expert_width
 from schedules.plan import ParallelConfig, Plan
 from schedules.stacks import kernel_stack
+from schedules.transformer_engine import te_recipe
 
 DEFAULT_MODULES = ("core_attn",)
 """Megatron-Core's ``recompute_modules`` default."""
@@ -54,6 +56,16 @@ def separate_norms(plan: Plan, *, moe_layer: bool) -> int:
     plain attention's is fused into ``linear_qkv``) and the pre-MLP norm of an MoE layer (a
     dense layer's is fused into ``linear_fc1``)."""
     return (1 if plan.model.multi_latent else 0) + (1 if moe_layer else 0)
+
+
+def latent_split(plan: Plan) -> int:
+    """Ranks one latent-attention latent is split over: the TP ranks under sequence parallelism
+    on the megatron stack (its down projections run on each rank's own tokens and the latents
+    are gathered in the up projections), else 1 (whole on each rank: torchtitan's DeepSeek-V3
+    gathers the attention's input before its down projections)."""
+    parallel = plan.parallel
+    megatron = kernel_stack(plan) == "megatron"
+    return parallel.tp if parallel.sequence_parallel and megatron else 1
 
 
 def check_recompute_modules(plan: Plan) -> None:
@@ -81,6 +93,13 @@ def check_recompute_modules(plan: Plan) -> None:
     for module, (present, what) in needs.items():
         if module in modules and not present:
             raise ValueError(f"parallel.recompute_modules: {module} needs {what}")
+    cast_late = [m for m in ("moe_act", "layernorm") if m in modules]
+    if cast_late and te_recipe(plan) == "delayed":  # transformer_config.py refuses the pair
+        raise ValueError(
+            f"parallel.recompute_modules: {', '.join(cast_late)} with training.te_fp8_recipe "
+            "delayed: Megatron-Core refuses it (delayed scaling does not support moe_act and "
+            "layernorm recompute for FP8); use te_fp8_recipe: current"
+        )
 
 
 def module_saved_delta(plan: Plan, *, moe_layer: bool) -> float:
@@ -102,8 +121,11 @@ def module_saved_delta(plan: Plan, *, moe_layer: bool) -> float:
             model, b, cp=parallel.cp, flash_attention=plan.training.flash_attention
         )
         delta += core / t
-    if "mla_up_proj" in modules:  # the Q, K and V the up projections make
+    if "mla_up_proj" in modules and model.multi_latent:
+        # the Q, K and V the up projections make, and the latent norms' outputs they read (the
+        # checkpoint runs them without autograd and keeps only its inputs, the latents)
         delta -= ACTIVATION_BYTES * tokens * (model.q_size + model.kv_size + model.value_size) / t
+        delta -= ACTIVATION_BYTES * tokens * sum(latent_norm_widths(model)) / latent_split(plan)
     if "layernorm" in modules:  # the separate norms' outputs
         delta -= (
             ACTIVATION_BYTES

@@ -251,9 +251,11 @@ def check_async_tp(plan: Plan) -> None:
 
 
 def check_latent_attention(plan: Plan) -> None:
-    """Multi-head latent attention is modelled as Megatron-Core runs it: not under context
-    parallelism, torchtitan's per-op recompute policy (its order of saved matmuls is the
-    Llama block's) or PyTorch's asynchronous TP."""
+    """Multi-head latent attention is modelled as Megatron-Core runs it (and, on the PyTorch
+    stacks, as torchtitan's DeepSeek-V3 places it): not under context parallelism, torchtitan's
+    per-op recompute policy (its order of saved matmuls is the Llama block's) or TP
+    communication overlap (Megatron-Core's ``TELinear`` turns it off for the latent linears'
+    buffers, ``extensions/transformer_engine.py``; PyTorch's asynchronous TP is not modelled)."""
     model, parallel = plan.model, plan.parallel
     if not model.multi_latent:
         return
@@ -267,10 +269,11 @@ def check_latent_attention(plan: Plan) -> None:
             "parallel.recompute=op with model.kv_lora_rank: torchtitan's per-op policy over "
             "multi-head latent attention is not modelled (use selective or full)"
         )
-    if torch_async_tp(plan):
+    if parallel.tp_comm_overlap:
         raise ValueError(
-            "parallel.tp_comm_overlap on stack compile with model.kv_lora_rank: asynchronous TP "
-            "over multi-head latent attention is not modelled"
+            "parallel.tp_comm_overlap with model.kv_lora_rank: Megatron-Core turns TP "
+            "communication overlap off for latent attention's linears (and, the config being "
+            "shared, for the whole model); PyTorch's asynchronous TP over it is not modelled"
         )
 
 

@@ -13,7 +13,6 @@ v0.3.13 (commit 12a53b43) instead: ``schedules.zero3_fetch`` and ``schedules.zer
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from schedules.actions import ComputeStep, Step
@@ -210,7 +209,7 @@ def layer_submodules(
         mlp += [("up_proj", linear(h, f, True)), ("down_proj", linear(f, h, False))]
     if latent:  # its linears and latent norms, then the output projection
         attention = [
-            *_latent_submodules(latent, latent_norms, norm_params > h, linear, tp=tp),
+            *_latent_submodules(latent, latent_norms, norm_params > h, tp=tp),
             (attention[-1][0], linear(out_size, h, False)),
         ]
     if qk_norm_params and not latent:  # latent norms are modules of their own (above)
@@ -234,13 +233,12 @@ def _latent_submodules(
     latent: tuple[LatentLinear, ...],
     norms: tuple[int, ...],
     layernorm: bool,
-    linear: Callable[[int, int, bool], tuple[float, ...]],
     *,
     tp: int,
 ) -> list[tuple[str, tuple[float, ...]]]:
-    """Multi-head latent attention's linears and latent norms, in forward order: each down
-    projection (whole on every TP rank) and, before each up projection, the norm of its latent
-    (its weight, and a bias for a LayerNorm)."""
+    """Multi-head latent attention's linears (weights only) and latent norms, in forward order:
+    each down projection (whole on every TP rank) and, before each up projection, the norm of
+    its latent (its weight, and a bias for a LayerNorm)."""
     out: list[tuple[str, tuple[float, ...]]] = []
     widths = iter(norms)
     for x in latent:
@@ -248,10 +246,9 @@ def _latent_submodules(
             width = float(next(widths))
             norm_name = "q_a_layernorm" if x.name == "q_up" else "kv_a_layernorm"
             out.append((norm_name, (width, width) if layernorm else (width,)))
-        tensors = linear(x.in_width, x.out_width, True)
-        if x.duplicated:  # whole on every TP rank: undo the split
-            tensors = tuple(size * tp for size in tensors)
-        out.append((LATENT_MODULE_NAMES[x.name], tensors))
+        # no biases (Megatron-Core's latent linears have none); the down projections whole
+        weight = x.in_width * x.out_width / (1 if x.duplicated else tp)
+        out.append((LATENT_MODULE_NAMES[x.name], (float(weight),)))
     return out
 
 

@@ -179,6 +179,23 @@ def _hf_llama(fields: _Fields, family: str, notes: list[str]) -> dict[str, Any]:
     }
 
 
+_HF_DEEPSEEK_DEFAULTS = {
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+}
+"""The latent-attention keys' defaults of ``DeepseekV2Config`` and ``DeepseekV3Config``
+(both classes: a config that leaves ``q_lora_rank`` out compresses its query to 1,536)."""
+_HF_DEEPSEEK_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "deepseek_v2": {"n_routed_experts": None, "first_k_dense_replace": 0},
+    "deepseek_v3": {"n_routed_experts": 256, "first_k_dense_replace": 3},
+}
+"""The experts' defaults of each config class (DeepSeek-V2's remote code: none, a dense
+model; V3's: 256 routed experts after 3 dense layers)."""
+
+
 def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
     """DeepSeek-V2 and V3 (and Kimi K2, a DeepseekV3ForCausalLM): multi-head latent attention
     (``q_lora_rank``, null: no query compression; ``kv_lora_rank``, ``qk_nope_head_dim``,
@@ -186,8 +203,10 @@ def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
     ``intermediate_size`` and then MoE layers every ``moe_layer_freq`` of ``n_routed_experts``
     routed experts of ``moe_intermediate_size`` and ``n_shared_experts`` shared ones of the same
     width; the router's grouping and scaling change no cost. ``num_nextn_predict_layers``
-    (V3's multi-token prediction) is carried as ``mtp_num_layers``."""
-    shape = _hf_llama(fields, "deepseek_v3", notes)
+    (V3's multi-token prediction) is not modelled: a note says it is left out. Keys a config
+    leaves out take its class's defaults (``_HF_DEEPSEEK_DEFAULTS``)."""
+    family = _hf_family(fields)[0]
+    shape = _hf_llama(fields, family, notes)
     shape.pop("head_dim", None)
     if fields.get("attention_bias", bool, False):  # DeepseekV3Attention: q, kv and o only
         notes.append(
@@ -195,21 +214,24 @@ def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
             "linear_bias is all-or-none: left off"
         )
     shape["num_kv_heads"] = shape["num_heads"]  # latent attention projects every head
-    q_lora = fields.get("q_lora_rank", (int, type(None)), None)
+    defaults = _HF_DEEPSEEK_DEFAULTS
+    q_lora = fields.get("q_lora_rank", (int, type(None)), defaults["q_lora_rank"])
     latent = {
-        "kv_lora_rank": fields.count("kv_lora_rank"),
+        "kv_lora_rank": fields.count("kv_lora_rank", defaults["kv_lora_rank"]),
         "q_lora_rank": 0 if q_lora is None else q_lora,
-        "head_dim": fields.count("qk_nope_head_dim"),
-        "qk_rope_head_dim": fields.get("qk_rope_head_dim", int, 64),
-        "v_head_dim": fields.count("v_head_dim"),
+        "head_dim": fields.count("qk_nope_head_dim", defaults["qk_nope_head_dim"]),
+        "qk_rope_head_dim": fields.get("qk_rope_head_dim", int, defaults["qk_rope_head_dim"]),
+        "v_head_dim": fields.count("v_head_dim", defaults["v_head_dim"]),
     }
     if latent["q_lora_rank"] < 0 or latent["qk_rope_head_dim"] < 0:
         raise ValueError(f"{fields.file}: q_lora_rank and qk_rope_head_dim must be >= 0")
-    experts = fields.get("n_routed_experts", (int, type(None)), None)
+    family_defaults = _HF_DEEPSEEK_FAMILY_DEFAULTS[family]
+    experts = fields.get("n_routed_experts", (int, type(None)), family_defaults["n_routed_experts"])
     moe: dict[str, Any] = {}
     if experts:
         width = fields.count("moe_intermediate_size")
-        first, freq = fields.get("first_k_dense_replace", int, 0), fields.count("moe_layer_freq", 1)
+        first = fields.get("first_k_dense_replace", int, family_defaults["first_k_dense_replace"])
+        freq = fields.count("moe_layer_freq", 1)
         if first % freq:  # DeepseekV2DecoderLayer: MoE where i >= first and i % freq == 0
             raise ValueError(
                 f"{fields.file}: moe_layer_freq={freq} with first_k_dense_replace={first}: "

@@ -341,10 +341,10 @@ def _megatron_recompute(
 
 def _megatron_recompute_modules(flags: _Flags, notes: list[str]) -> list[str] | None:
     """``--recompute-modules`` as ``parallel.recompute_modules`` (None: unset, Megatron's
-    default ``core_attn``); ``moe`` (the whole MoE layer) is not modelled and left out, with a
-    note."""
+    default ``core_attn``; an empty list reruns nothing, as Megatron reads it); ``moe`` (the whole
+    MoE layer) is not modelled and left out, with a note."""
     modules = flags.get("--recompute-modules")
-    if not modules:
+    if modules is None:
         return None
     unknown = [m for m in modules if m not in (*RECOMPUTE_MODULES, "moe")]
     if unknown:
@@ -357,8 +357,7 @@ def _megatron_recompute_modules(flags: _Flags, notes: list[str]) -> list[str] | 
             f"{flags.file}: --recompute-modules moe (the whole MoE layer rerun) is not modelled "
             "(left out)"
         )
-    kept = list(dict.fromkeys(m for m in modules if m != "moe"))
-    return kept or None
+    return list(dict.fromkeys(m for m in modules if m != "moe"))  # [] reruns nothing
 
 
 def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any] | None:

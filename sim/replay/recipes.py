@@ -38,6 +38,7 @@ from schedules.moe import dispatch_bytes, expert_tokens, is_moe
 from schedules.moe_kernels import megatron_moe
 from schedules.optimizer_passes import megatron_step_bytes
 from schedules.plan import Plan
+from schedules.recompute_modules import selective_modules
 from schedules.stages import recomputed_layers
 from schedules.step import StepDescription
 from schedules.tp_steps import (
@@ -469,6 +470,12 @@ def _uniform_recipes(
     elif moe:
         shares = moe_shares(plan, costs)
 
+    modules = selective_modules(parallel)
+    shared = bool(plan.model.moe_shared_expert_ffn_hidden_size)
+    rerun_mlp_collectives = parallel.tp > 1 and (
+        ("mlp" in modules and not moe) or ("shared_experts" in modules and moe and shared)
+    )
+
     def backward(split: str) -> tuple[Step, ...]:
         ring = ring_bwd if split != "weight" else ()
         # recomputing the attention core (selective, full) runs the forward ring again
@@ -494,6 +501,19 @@ def _uniform_recipes(
             rerun_tail=moe or not checkpoint_tail_skipped(plan),
             userbuffers=userbuffers,
         )
+        if split != "weight" and rerun_mlp_collectives:
+            # Megatron-Core's checkpointed MLP (recompute_modules mlp / shared_experts) runs
+            # its forward again, its blocking TP collectives included
+            rerun_tp = tp_forward_steps(
+                forward_s=0.0,
+                num_layers=num_layers,
+                tp_bytes=costs.tp_bytes,
+                tp=parallel.tp,
+                sequence_parallel=parallel.sequence_parallel,
+                per_layer=1,
+                gather_bytes=costs.tp_gather_bytes,
+            )
+            steps = _before_bwd(steps, rerun_tp)
         if not ring:
             return steps
         return _repeat(rerun, num_layers) + _before_bwd(steps, _repeat(ring, num_layers))

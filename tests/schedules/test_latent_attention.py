@@ -274,3 +274,50 @@ def test_megatron_flags_of_the_model_zoo_are_the_preset(tmp_path: Path) -> None:
     )
     assert "kv_lora_rank" not in plain.sections["model"]
     assert any("--q-lora-rank without --multi-latent-attention" in w for w in plain.warnings)
+
+
+def test_moe_layers_run_separate_and_latent_projections_one_by_one() -> None:
+    """An MoE layer's attention is a dense layer's: its separate linears (torchtitan's MoE
+    models' wq, wk, wv) and latent attention's pieces are GEMMs of their own there too."""
+    from schedules.moe_kernels import moe_layer_kernels
+
+    moe = {"num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
+    plain = {k: v for k, v in LATENT.items() if k not in ("kv_lora_rank", "q_lora_rank")}
+    plain = {**plain, "qk_rope_head_dim": 0, "v_head_dim": 0, "head_dim": 0}
+    separate = plan_of({**plain, **moe, "separate_projections": True})
+    qkv = [k for k in moe_layer_kernels(separate).forward if k.name == "qkv"]
+    assert [k.dims[1] for k in qkv] == [64, 64, 64]  # q, k and v, 4 heads of 16 each
+    latent = plan_of({**LATENT, **moe})
+    pieces = [k for k in moe_layer_kernels(latent).forward if k.name == "qkv"]
+    assert [k.dims for k in pieces] == [(64, 24, 64), (64, 80, 24), (64, 12, 64), (64, 112, 8)]
+
+
+def test_only_the_output_projection_has_a_bias() -> None:
+    """Megatron-Core builds the latent linears with ``bias=False`` whatever
+    ``--add-bias-linear`` says; the output projection takes it."""
+    biased = plan_of({**LATENT, "linear_bias": True}).model
+    assert attention_params(biased) == attention_params(plan_of(LATENT).model) + 64
+
+
+def test_the_pytorch_stacks_run_the_down_projections_on_every_token() -> None:
+    """torchtitan's DeepSeek-V3 gathers the attention's input before its down projections;
+    Megatron-Core runs them on each rank's sequence shard."""
+    for stack, tokens in (("megatron", 32.0), ("compile", 64.0)):
+        plan = load_plan(
+            {
+                "model": LATENT,
+                "cluster": {"node": "dgx-h100"},
+                "parallel": {"tp": 2, "sequence_parallel": True},
+                "training": {"micro_batch_size": 2, "global_batch_size": 16, "stack": stack},
+            }
+        )
+        q_down = linear_gemm_shapes(plan)[0][0]
+        assert q_down == (tokens, 24, 64), stack
+
+
+def test_tp_communication_overlap_is_refused() -> None:
+    """Megatron-Core's ``TELinear`` turns ``tp_comm_overlap`` off for the latent linears'
+    buffers, and with it the shared config's: no latent-attention run overlaps."""
+    plan = plan_of(LATENT, tp=2, sequence_parallel=True, tp_comm_overlap=True)
+    with pytest.raises(ValueError, match=r"tp_comm_overlap with model.kv_lora_rank"):
+        resolve_plan(plan, 8)

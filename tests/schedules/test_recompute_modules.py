@@ -57,8 +57,9 @@ def test_each_module_keeps_less_by_hand() -> None:
     # without core_attn the core's row statistics are kept (fp32 per head and query)
     core = attention_core_bytes(plan_of([]).model, 2, cp=1, flash_attention=True) / t
     assert module_saved_delta(plan_of([]), moe_layer=False) == core
-    # Q 80, K 80 and V 48 wide, split over TP 2, 2 bytes each
-    up = ACTIVATION_BYTES * tokens * (80 + 80 + 48) / t
+    # Q 80, K 80 and V 48 wide, split over TP 2, and the latent norms' outputs (24 + 8, on the
+    # sequence shard), 2 bytes each: the checkpoint keeps only the latents it starts from
+    up = ACTIVATION_BYTES * tokens * (80 + 80 + 48 + 24 + 8) / t
     assert module_saved_delta(plan_of(["core_attn", "mla_up_proj"]), moe_layer=True) == -up
     # the input norm before latent attention, and the pre-MLP norm of an MoE layer: the
     # sequence shard's outputs
@@ -173,3 +174,68 @@ def test_megatron_importer_reads_the_modules(tmp_path: Path) -> None:
     path.write_text(args.replace("moe_act", "attn"))
     with pytest.raises(ValueError, match=r"--recompute-modules 'attn' is not one of"):
         from_megatron_args(path)
+
+
+def test_mla_up_proj_reruns_a_direct_query_projection_too() -> None:
+    """Without query compression Megatron-Core's checkpointed up projection starts from the
+    hidden state and runs ``linear_q_proj`` inside it."""
+    direct = {**LATENT_MOE, "q_lora_rank": 0}
+    plan = plan_of(["mla_up_proj"], direct)
+    up = [k for k in layer_kernels(plan).recompute if k.name == "mla_up_proj_recompute"]
+    gemms = sorted(k.flops for k in up if k.kind == "gemm")
+    assert gemms == sorted([gemm_flops(64, 40, 64), gemm_flops(64, 56, 8)])
+
+
+def test_delayed_fp8_with_layernorm_or_moe_act_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"layernorm with training.te_fp8_recipe delayed"):
+        plan = load_plan(
+            {
+                "model": LATENT_MOE,
+                "cluster": {"node": "dgx-h100"},
+                "parallel": {
+                    "recompute": "selective",
+                    "recompute_modules": ["layernorm"],
+                    "tp": 2,
+                    "ep": 2,
+                    "etp": 1,
+                    "sequence_parallel": True,
+                },
+                "training": {
+                    "micro_batch_size": 2,
+                    "global_batch_size": 16,
+                    "stack": "megatron",
+                    "precision": "fp8",
+                },
+            }
+        )
+        resolve_plan(plan, 8)
+
+
+@pytest.mark.parametrize(("listed", "read"), [("moe", []), ("", []), ("mlp moe", ["mlp"])])
+def test_the_importer_keeps_what_megatron_reruns(tmp_path: Path, listed: str, read: list) -> None:
+    """``--recompute-modules moe`` (not modelled) or an empty list rerun no attention core:
+    Megatron's default applies only when the flag is absent."""
+    path = tmp_path / "run.sh"
+    path.write_text(
+        f"pretrain_gpt.py --recompute-granularity selective --recompute-modules {listed}\n"
+    )
+    assert from_megatron_args(path).sections["parallel"]["recompute_modules"] == read
+
+
+def test_a_rerun_mlp_repeats_its_tp_collectives() -> None:
+    """Megatron-Core checkpoints the MLP with its forward: under sequence parallelism the rerun
+    gathers the MLP's input and reduce-scatters its output again, once per dense layer."""
+    from sim.compute.compute_model import ComputeModel
+    from sim.replay.recipes import _uniform_recipes, step_costs
+    from topologies.hardware import GPUS
+
+    dense = {k: v for k, v in LATENT_MOE.items() if not k.startswith(("moe_", "num_experts"))}
+
+    def backward_collectives(modules: list[str]) -> list[str]:
+        plan = plan_of(modules, dense, ep=1, etp=0)
+        costs = step_costs(plan, ComputeModel(GPUS["h100-sxm"]))
+        steps = _uniform_recipes(plan, costs, 2)["B"]
+        return [s.op for s in steps if hasattr(s, "op") for _ in range(s.repeat)]
+
+    base, rerun = backward_collectives(["core_attn"]), backward_collectives(["core_attn", "mlp"])
+    assert sorted(rerun) == sorted(base + ["all_gather", "reduce_scatter"] * 2)
