@@ -21,7 +21,7 @@ from typing import Any
 
 from fileio.strict import load_json, read_input, shorten
 from refdata import CASES_PATH
-from schedules.plan import CROSS_ENTROPY_FUSIONS
+from schedules.plan import CROSS_ENTROPY_FUSIONS, MOE_DISPATCHERS
 from sim.validation.measured import (
     Measurement,
     as_integer,
@@ -59,6 +59,8 @@ MOE_MODEL_KEYS = (
     "moe_capacity_factor",
 )
 """Model keys of an MoE run, spelled as in a plan."""
+LATENT_MODEL_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+"""Multi-head latent attention's model keys, spelled as in a plan."""
 MOE_PARALLEL_KEYS = ("ep", "etp", "moe_token_dispatcher", "moe_permute_fusion", "moe_router_fusion")
 """Expert-parallel keys of an MoE run, spelled as in a plan."""
 _MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len")
@@ -485,9 +487,11 @@ def _model_section(model: dict[str, Any], missing: list[str]) -> dict[str, Any]:
             missing.append(f"model.{key} ({model.get(key)})")
         section[key] = value
     section["num_kv_heads"] = as_integer(model.get("num_kv_heads")) or section["num_heads"]
-    for key in ("head_dim", "qk_norm"):  # heads of another width than h / a; Qwen3's QK norm
+    for key in ("head_dim", "qk_norm", *LATENT_MODEL_KEYS):  # head widths; Qwen3's QK norm
         if key in model:
             section[key] = model[key]
+    if model.get("mtp_num_layers"):
+        missing.append(f"multi-token prediction (mtp_num_layers {model['mtp_num_layers']})")
     section.update(parse_architecture(model))
     for key in MOE_MODEL_KEYS:  # mixture-of-experts runs carry the plan's own keys
         if key in model:
@@ -566,6 +570,14 @@ def _parallel_section(
     section.update(knobs)
     section.update(_layout_section(parallel, missing))
     section.update({k: parallel[k] for k in MOE_PARALLEL_KEYS if k in parallel})
+    dispatcher = parallel.get("moe_token_dispatcher", "alltoall")
+    if dispatcher not in MOE_DISPATCHERS:  # DeepEP / HybridEP (Megatron's flex dispatcher)
+        missing.append(f"moe_token_dispatcher ({shorten(dispatcher)}: not modelled)")
+    if parallel.get("overlap_moe_expert_parallel_comm"):
+        missing.append(
+            "overlap_moe_expert_parallel_comm (all-to-alls beside another micro-batch's compute: "
+            "not modelled)"
+        )
     return section
 
 
@@ -575,7 +587,11 @@ def _layout_section(parallel: dict[str, Any], missing: list[str]) -> dict[str, A
     section: dict[str, Any] = {}
     if "pipeline_layers" in parallel:
         layers = parallel["pipeline_layers"]
-        counts = [as_integer(n) for n in layers] if isinstance(layers, list) else [None]
+        counts = (  # a virtual stage may hold no layer (the loss alone, Megatron's layouts)
+            [0 if n == 0 and not isinstance(n, bool) else as_integer(n) for n in layers]
+            if isinstance(layers, list)
+            else [None]
+        )
         if not counts or None in counts:
             missing.append(f"pipeline_layers ({shorten(layers)})")
         else:
