@@ -150,6 +150,11 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
 
 
+def _latent_norm(model: ModelConfig, width: int) -> nn.Module:
+    """A latent's norm, of the model's kind (as the plan counts its parameters)."""
+    return nn.LayerNorm(width) if model.norm == "layernorm" else nn.RMSNorm(width)
+
+
 class LatentAttention(nn.Module):
     """Multi-head latent attention as DeepSeek-V2/V3 write it (``modeling_deepseek.py``'s
     ``DeepseekV3Attention``, the plan's ``schedules.mla``): the query projected down, normed and
@@ -168,15 +173,15 @@ class LatentAttention(nn.Module):
         self.checkpoint_core = checkpoint_core
         query = a * model.qk_head_dim
         self.q_down: nn.Linear | None = None
-        self.q_norm: nn.RMSNorm | None = None
+        self.q_norm: nn.Module | None = None
         if model.q_lora_rank:
             self.q_down = nn.Linear(h, model.q_lora_rank, bias=False)
-            self.q_norm = nn.RMSNorm(model.q_lora_rank)
+            self.q_norm = _latent_norm(model, model.q_lora_rank)
             self.q_up = nn.Linear(model.q_lora_rank, query, bias=False)
         else:
             self.q_up = nn.Linear(h, query, bias=False)
         self.kv_down = nn.Linear(h, model.kv_lora_rank + self.rope_dim, bias=False)
-        self.kv_norm = nn.RMSNorm(model.kv_lora_rank)
+        self.kv_norm = _latent_norm(model, model.kv_lora_rank)
         self.kv_up = nn.Linear(model.kv_lora_rank, a * (self.nope + self.value_dim), bias=False)
         self.out = nn.Linear(a * self.value_dim, h, bias=bias)
 

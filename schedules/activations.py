@@ -64,8 +64,8 @@ def _latent_bytes(model: ModelConfig, num_tokens: float) -> float:
     """What multi-head latent attention keeps of its latents: each latent norm's input and
     output (the up projection's input; Transformer Engine's fused ``LayerNormLinear`` saves
     both), 2 * (q_lora_rank + kv_lora_rank) per token, whole on every TP rank (split over them
-    under sequence parallelism, which gathers the latents inside the up projections); 0 for
-    other attention."""
+    under Megatron's sequence parallelism, which gathers the latents inside the up projections:
+    ``latent_split`` in ``layer_activation_bytes``); 0 for other attention."""
     if not model.multi_latent:
         return 0.0
     return num_tokens * ACTIVATION_BYTES * 2 * sum(latent_norm_widths(model))

@@ -614,16 +614,28 @@ def split_grad_bytes(plan: Plan) -> float:
     model = plan.model
     if stack not in ("eager", "compile"):
         return 0.0
-    separate = model.separate_projections  # separate linears: no fused weight, no split
-    qkv, _, up, _ = weight_gemm_shapes(plan)
+    _, _, up, _ = weight_gemm_shapes(plan)
+    gated = stack == "eager" and model.gated_mlp and not model.separate_projections
+    return attention_split_grad_bytes(plan) + (
+        EAGER_SPLIT_GRAD_BYTES * up[0] * up[1] if gated else 0.0
+    )
+
+
+def attention_split_grad_bytes(plan: Plan) -> float:
+    """The attention's part of ``split_grad_bytes`` (an MoE layer's whole part: its experts'
+    GEMMs are grouped): the fused QKV output's concatenation, none for separate linears, latent
+    attention's up projections' outputs and key/value latent."""
+    model = plan.model
+    if kernel_stack(plan) not in ("eager", "compile"):
+        return 0.0
     if model.multi_latent:  # the up projections' outputs and the key/value latent, split
         heads = model.q_size + model.num_heads * (model.head_dim + model.value_head_dim)
         latent = model.kv_lora_rank + model.qk_rope_head_dim
-        attention = _tokens(plan) * (heads / plan.parallel.tp + latent)
-    else:
-        attention = 0.0 if separate else qkv[0] * qkv[1]
-    gated = stack == "eager" and model.gated_mlp and not separate
-    return EAGER_SPLIT_GRAD_BYTES * (attention + (up[0] * up[1] if gated else 0.0))
+        return EAGER_SPLIT_GRAD_BYTES * _tokens(plan) * (heads / plan.parallel.tp + latent)
+    if model.separate_projections:  # separate linears: no fused weight, no split
+        return 0.0
+    qkv = weight_gemm_shapes(plan)[0]
+    return EAGER_SPLIT_GRAD_BYTES * qkv[0] * qkv[1]
 
 
 def attention_layout_bytes(plan: Plan) -> float:
@@ -1339,6 +1351,8 @@ def layer_kernels(plan: Plan) -> PieceKernels:
     elementwise_bytes = elementwise_forward_bytes(plan)
     cast_bytes = weight_cast_bytes(plan, layer_params_per_gpu(plan.model, plan.parallel.tp)) / 2
     bias_casts = AUTOCAST_BIAS_CASTS if plan.model.linear_bias and autocast_weights(plan) else 0
+    if bias_casts and plan.model.multi_latent:  # the latent linears have no biases
+        bias_casts -= 1
     casts = (
         (replace(memory("weight_cast", cast_bytes, "copy"), extra_launches=bias_casts),)
         if cast_bytes

@@ -23,6 +23,7 @@ from schedules.kernels import (
     Kernel,
     PieceKernels,
     attention_core_kernels,
+    attention_split_grad_bytes,
     dtypes,
     elementwise_backward_bytes,
     elementwise_forward_bytes,
@@ -191,6 +192,11 @@ def moe_layer_kernels(plan: Plan) -> PieceKernels:
             for name, m, n, k, rows in named
         ),
         *core_backward,
+        *(
+            (memory("split_grad_cat", split, "copy", converts=False),)
+            if (split := attention_split_grad_bytes(plan))
+            else ()
+        ),
         memory("elementwise_backward", elementwise_backward_bytes(plan, elementwise_bytes)),
         *permute_backward,
         *((memory("grad_cast", cast_bytes),) if cast_bytes else ()),

@@ -189,11 +189,25 @@ _HF_DEEPSEEK_DEFAULTS = {
 """The latent-attention keys' defaults of ``DeepseekV2Config`` and ``DeepseekV3Config``
 (both classes: a config that leaves ``q_lora_rank`` out compresses its query to 1,536)."""
 _HF_DEEPSEEK_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "deepseek_v2": {"n_routed_experts": None, "first_k_dense_replace": 0},
-    "deepseek_v3": {"n_routed_experts": 256, "first_k_dense_replace": 3},
+    "deepseek_v2": {
+        "n_routed_experts": None,
+        "first_k_dense_replace": 0,
+        "n_shared_experts": None,
+        "moe_intermediate_size": None,
+        "num_experts_per_tok": None,
+    },
+    "deepseek_v3": {
+        "n_routed_experts": 256,
+        "first_k_dense_replace": 3,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 2048,
+        "num_experts_per_tok": 8,
+    },
 }
-"""The experts' defaults of each config class (DeepSeek-V2's remote code: none, a dense
-model; V3's: 256 routed experts after 3 dense layers)."""
+"""The experts' defaults of each config class: DeepSeek-V2's remote ``configuration_deepseek.py``
+(no routed experts by default, a dense model; a config with experts must give their width and
+top-k) and transformers' ``DeepseekV3Config`` (256 routed experts of 2,048, top-8, one shared,
+after 3 dense layers)."""
 
 
 def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
@@ -229,7 +243,12 @@ def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
     experts = fields.get("n_routed_experts", (int, type(None)), family_defaults["n_routed_experts"])
     moe: dict[str, Any] = {}
     if experts:
-        width = fields.count("moe_intermediate_size")
+
+        def count(key: str) -> int:  # a class without a default for it: the key is required
+            default = family_defaults[key]
+            return fields.count(key) if default is None else fields.count(key, default)
+
+        width = count("moe_intermediate_size")
         first = fields.get("first_k_dense_replace", int, family_defaults["first_k_dense_replace"])
         freq = fields.count("moe_layer_freq", 1)
         if first % freq:  # DeepseekV2DecoderLayer: MoE where i >= first and i % freq == 0
@@ -240,10 +259,15 @@ def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
             )
         moe = {
             "num_experts": experts,
-            "moe_top_k": fields.count("num_experts_per_tok"),
+            "moe_top_k": count("num_experts_per_tok"),
             "moe_ffn_hidden_size": width,
             "moe_shared_expert_ffn_hidden_size": width
-            * (fields.get("n_shared_experts", (int, type(None)), 0) or 0),
+            * (
+                fields.get(
+                    "n_shared_experts", (int, type(None)), family_defaults["n_shared_experts"]
+                )
+                or 0
+            ),
             "moe_first_dense_layers": first,
             "moe_layer_freq": freq,
         }

@@ -74,6 +74,7 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--bf16": bool,
     "--fp16": bool,
     "--fp8-format": str,
+    "--fp8-recipe": str,
     "--vocab-size": int,
     "--attention-backend": str,
     "--enable-cuda-graph": bool,
@@ -130,6 +131,7 @@ _MEGATRON_CHOICES = {
     "--normalization": ("LayerNorm", "RMSNorm"),
     "--position-embedding-type": ("learned_absolute", "rope", "mrope", "relative", "none"),
     "--fp8-format": ("e4m3", "hybrid"),
+    "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
     "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
     "--moe-token-dispatcher-type": ("allgather", "alltoall", "alltoall_seq", "flex"),
     "--cross-entropy-fusion-impl": ("native", "te"),
@@ -337,6 +339,26 @@ def _megatron_recompute(
     elif method == "block" and count < per_chunk:
         return "full", count  # the first `count` layers of each chunk; the others keep theirs
     return "full", None
+
+
+MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}
+"""``--fp8-recipe`` (Megatron-LM's default ``delayed``) -> ``training.te_fp8_recipe``:
+Transformer Engine's ``DelayedScaling`` and ``Float8CurrentScaling``."""
+
+
+def _megatron_fp8_recipe(flags: _Flags, notes: list[str]) -> dict[str, Any]:
+    """``--fp8-recipe`` as ``training.te_fp8_recipe``; the block-scaled recipes (``mxfp8``,
+    ``blockwise``) are priced as current scaling, with a note."""
+    recipe = flags.get("--fp8-recipe")
+    if recipe is None:
+        return {}
+    if recipe not in MEGATRON_FP8_RECIPES:
+        notes.append(
+            f"{flags.file}: --fp8-recipe {recipe} (block scaling) is not modelled: priced as "
+            "current scaling (tensorwise)"
+        )
+        return {"te_fp8_recipe": "current"}
+    return {"te_fp8_recipe": MEGATRON_FP8_RECIPES[recipe]}
 
 
 def _megatron_recompute_modules(flags: _Flags, notes: list[str]) -> list[str] | None:
@@ -659,6 +681,7 @@ def _megatron_training(flags: _Flags, has_model: bool, notes: list[str]) -> dict
         raise ValueError(f"{flags.file}: --bf16 and --fp16 together (Megatron refuses both)")
     if flags.get("--fp8-format"):
         training["precision"] = "fp8"
+        training.update(_megatron_fp8_recipe(flags, notes))
     elif flags.get("--bf16") or flags.get("--fp16"):
         training["precision"] = "bf16" if flags.get("--bf16") else "fp16"
     elif has_model or micro is not None:

@@ -23,7 +23,7 @@ from sim.output.offload_report import offload_lines
 from sim.replay.result import PlanResult
 
 if TYPE_CHECKING:
-    from schedules.plan import ClusterConfig, Plan
+    from schedules.plan import ClusterConfig, ParallelConfig, Plan
     from topologies.hardware import GPUSpec
 
 GIB_BYTES = 2**30
@@ -55,6 +55,12 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
     shape = ", parallel block" if model.parallel_block else ""
     if 0 < model.attention_window < model.seq_len:
         shape += f", attention window {model.attention_window}"
+    if model.multi_latent:  # DeepSeek's latent attention: its latents and head widths
+        query = f"q latent {model.q_lora_rank}, " if model.q_lora_rank else ""
+        shape += (
+            f", latent attention ({query}kv latent {model.kv_lora_rank}, heads "
+            f"{model.head_dim}+{model.qk_rope_head_dim}/{model.value_head_dim})"
+        )
     return [
         f"Plan: {model.name} ({model.num_layers} layers, hidden {model.hidden_size}, "
         f"seq {model.seq_len}{shape}) on {result.num_gpus} x {gpu.name}",
@@ -67,7 +73,8 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
         _row(
             "  schedule",
             f"{par.schedule if par.pp > 1 else 'no pipeline (pp=1)'}, "
-            f"sequence_parallel {_on_off(par.sequence_parallel)}, recompute {par.recompute}",
+            f"sequence_parallel {_on_off(par.sequence_parallel)}, recompute {par.recompute}"
+            f"{_modules(par)}",
         ),
         _row(
             "  batch",
@@ -116,6 +123,14 @@ def _fusions(plan: Plan) -> str:
     if dropless and (megatron_moe(plan) or par.ep > 1):
         parts.append("a host sync per layer's forward")
     return f" ({', '.join(parts)})" if parts else ""
+
+
+def _modules(par: ParallelConfig) -> str:
+    """`` (mla_up_proj, mlp)``: the modules selective recompute reruns where the plan lists
+    them (Megatron-Core's ``--recompute-modules``); nothing for its default."""
+    if par.recompute != "selective" or par.recompute_modules is None:
+        return ""
+    return f" ({', '.join(par.recompute_modules) or 'no module'})"
 
 
 def experts_lines(plan: Plan) -> list[str]:

@@ -472,8 +472,13 @@ def _uniform_recipes(
 
     modules = selective_modules(parallel)
     shared = bool(plan.model.moe_shared_expert_ffn_hidden_size)
-    rerun_mlp_collectives = parallel.tp > 1 and (
-        ("mlp" in modules and not moe) or ("shared_experts" in modules and moe and shared)
+    # a rerun MLP's TP collectives block; with Transformer Engine's userbuffers the rerun (with
+    # autograd on) overlaps them like the forward's (its first forward, without autograd, would
+    # block its input gather instead: not priced)
+    rerun_mlp_collectives = (
+        parallel.tp > 1
+        and not userbuffers
+        and (("mlp" in modules and not moe) or ("shared_experts" in modules and moe and shared))
     )
 
     def backward(split: str) -> tuple[Step, ...]:

@@ -43,7 +43,9 @@ SOURCES: dict[str, str] = {
     "opt175B": "Zhang et al. 2022 (OPT-175B), A100",
     "mcoremoe": "Megatron-Core MoE (README and MoE model zoo), H100",
     "torchtitan": "torchtitan benchmarks (FSDP2, TP, torch.compile, Float8), H100 and H200",
-    "mbridge": "Megatron-Bridge performance summary (NeMo 26.04.01 and 26.06 containers), H100",
+    "mbridge": (
+        "Megatron-Bridge performance summary (NeMo 25.09, 26.04.01 and 26.06 containers), H100"
+    ),
 }
 """Short source key (the case-id prefix) -> the publication it comes from."""
 
@@ -490,8 +492,9 @@ def _model_section(model: dict[str, Any], missing: list[str]) -> dict[str, Any]:
     for key in ("head_dim", "qk_norm", *LATENT_MODEL_KEYS):  # head widths; Qwen3's QK norm
         if key in model:
             section[key] = model[key]
-    if model.get("mtp_num_layers"):
-        missing.append(f"multi-token prediction (mtp_num_layers {model['mtp_num_layers']})")
+    if "mtp_num_layers" in model and model["mtp_num_layers"] not in (0, None):
+        layers = shorten(model["mtp_num_layers"])
+        missing.append(f"multi-token prediction (mtp_num_layers {layers})")
     section.update(parse_architecture(model))
     for key in MOE_MODEL_KEYS:  # mixture-of-experts runs carry the plan's own keys
         if key in model:
@@ -573,7 +576,7 @@ def _parallel_section(
     dispatcher = parallel.get("moe_token_dispatcher", "alltoall")
     if dispatcher not in MOE_DISPATCHERS:  # DeepEP / HybridEP (Megatron's flex dispatcher)
         missing.append(f"moe_token_dispatcher ({shorten(dispatcher)}: not modelled)")
-    if parallel.get("overlap_moe_expert_parallel_comm"):
+    if parallel.get("overlap_moe_expert_parallel_comm") not in (None, False):
         missing.append(
             "overlap_moe_expert_parallel_comm (all-to-alls beside another micro-batch's compute: "
             "not modelled)"

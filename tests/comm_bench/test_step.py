@@ -51,6 +51,7 @@ def _plan(tmp_path: Path, **model: object) -> Path:
         {"parallel_block": True, "norm": "layernorm"},
         LATENT,
         {**LATENT, "q_lora_rank": 0, "linear_bias": True},  # the query projected directly
+        {**LATENT, "norm": "layernorm"},  # the latents' norms of the model's kind
     ],
 )
 def test_the_torch_model_has_the_plans_parameter_count(tmp_path: Path, model: dict) -> None:

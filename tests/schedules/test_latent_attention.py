@@ -321,3 +321,23 @@ def test_tp_communication_overlap_is_refused() -> None:
     plan = plan_of(LATENT, tp=2, sequence_parallel=True, tp_comm_overlap=True)
     with pytest.raises(ValueError, match=r"tp_comm_overlap with model.kv_lora_rank"):
         resolve_plan(plan, 8)
+
+
+def test_the_pytorch_stacks_concatenate_the_split_gradients_in_moe_layers_too() -> None:
+    """An MoE layer's attention splits its up projections' outputs as a dense layer's does: on
+    the eager and compile stacks the backward concatenates their gradients."""
+    from schedules.kernels import EAGER_SPLIT_GRAD_BYTES
+    from schedules.moe_kernels import moe_layer_kernels
+
+    moe = {"num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
+    plan = load_plan(
+        {
+            "model": {**LATENT, **moe},
+            "cluster": {"node": "dgx-h100"},
+            "parallel": {},
+            "training": {"micro_batch_size": 2, "global_batch_size": 16, "stack": "compile"},
+        }
+    )
+    cat = [k for k in moe_layer_kernels(plan).backward_input if k.name == "split_grad_cat"]
+    # Q 80 and the key/value up projection's 4 x (16 + 12), and the 8 + 4 latent, 64 tokens
+    assert [k.bytes for k in cat] == [EAGER_SPLIT_GRAD_BYTES * 64 * (80 + 112 + 12)]

@@ -239,3 +239,16 @@ def test_a_rerun_mlp_repeats_its_tp_collectives() -> None:
 
     base, rerun = backward_collectives(["core_attn"]), backward_collectives(["core_attn", "mlp"])
     assert sorted(rerun) == sorted(base + ["all_gather", "reduce_scatter"] * 2)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "priced"), [("tensorwise", "current"), ("delayed", "delayed"), ("mxfp8", "current")]
+)
+def test_the_importer_reads_the_fp8_recipe(tmp_path: Path, recipe: str, priced: str) -> None:
+    """Megatron's ``--fp8-recipe``: tensorwise is Transformer Engine's current scaling (what
+    ``layernorm`` / ``moe_act`` recompute need under FP8); block scaling is priced as it."""
+    path = tmp_path / "run.sh"
+    path.write_text(f"pretrain_gpt.py --bf16 --fp8-format hybrid --fp8-recipe {recipe}\n")
+    imported = from_megatron_args(path)
+    assert imported.sections["training"]["te_fp8_recipe"] == priced
+    assert any("block scaling" in w for w in imported.warnings) == (recipe == "mxfp8")
