@@ -34,11 +34,11 @@ from schedules.float8 import (
 )
 from schedules.flops import window_pairs_fraction
 from schedules.messages import ACTIVATION_COMM_BYTES, tp_branches_per_layer, tp_message_bytes
-from schedules.mla import latent_linears, latent_norm_widths
+from schedules.mla import latent_linears, latent_norm_elements, latent_split
 from schedules.moe import expert_tokens, expert_width
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import ModelConfig, Plan, num_microbatches
-from schedules.recompute_modules import latent_split, selective_modules, separate_norms
+from schedules.recompute_modules import selective_modules, separate_norms
 from schedules.stacks import kernel_stack, loss_compiled, megatron_cross_entropy
 from schedules.transformer_engine import te_cast_bytes, te_recipe
 
@@ -427,7 +427,9 @@ def elementwise_forward_bytes(plan: Plan) -> float:
     if model.position_embedding == "rope":
         rotary = per["rotary"] * tokens * rotary_width(plan)
     if model.multi_latent:  # the latents' norms, on each rank's own tokens under Megatron's SP
-        norms += norm * tokens * sum(latent_norm_widths(model)) / latent_split(plan)
+        norms += norm * latent_norm_elements(
+            model, tokens, latent_split(plan.parallel, kernel_stack(plan))
+        )
         rotary += latent_assembly_bytes(plan)
     activation = per["gated" if model.gated_mlp else "plain"] * tokens * model.ffn_hidden_size / t
     expand = 0.0
@@ -940,7 +942,9 @@ def selective_recompute_kernels(
             for (m, n, k), linear in zip(shapes, linears, strict=True)
             if not linear.duplicated  # the up projections and a direct query projection
         ]
-        latents = norm * tokens * sum(latent_norm_widths(model)) / latent_split(plan)
+        latents = norm * latent_norm_elements(
+            model, tokens, latent_split(plan.parallel, kernel_stack(plan))
+        )
         rotary = per["rotary"] * tokens * rotary_width(plan)
         out.append(memory("mla_up_proj_recompute", latents + rotary + latent_assembly_bytes(plan)))
     norms = separate_norms(plan, moe_layer=moe_layer)
@@ -1058,7 +1062,7 @@ def _projection_pieces(plan: Plan) -> dict[str, tuple[tuple[float, float, bool, 
     pieces: dict[str, tuple[tuple[float, float, bool, float], ...]] = {}
     h = model.hidden_size
     if model.multi_latent:
-        own_tokens = 1 / latent_split(plan)
+        own_tokens = 1 / latent_split(plan.parallel, kernel_stack(plan))
         pieces["qkv"] = tuple(
             (
                 x.out_width_per_gpu(t),

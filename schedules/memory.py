@@ -61,6 +61,7 @@ from schedules.kernels import (
     torch_ddp_step,
 )
 from schedules.messages import PARAM_BYTES
+from schedules.mla import latent_split
 from schedules.moe import expert_data_parallel, expert_tokens, expert_width, moe_activation_bytes
 from schedules.offload import gpu_offload_buffer_bytes, gpu_state_bytes_per_param
 from schedules.params import (
@@ -72,7 +73,7 @@ from schedules.params import (
 )
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.plan import Plan, num_microbatches
-from schedules.recompute_modules import latent_split, module_saved_delta
+from schedules.recompute_modules import module_saved_delta
 from schedules.stacks import loss_compiled, megatron_cross_entropy
 from schedules.stages import chunk_layers, recomputed_fraction
 
@@ -291,7 +292,7 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
         sequence_parallel=parallel.sequence_parallel,
         recompute=parallel.recompute,
         flash_attention=training.flash_attention,
-        latent_split=latent_split(plan),
+        latent_split=latent_split(plan.parallel, kernel_stack(plan)),
     )
     per_layer += eager_saved_bytes(plan)
     if autocast_weights(plan):
@@ -352,7 +353,7 @@ def activation_bytes(plan: Plan, stage: int) -> float:
             sequence_parallel=parallel.sequence_parallel,
             recompute="none",
             flash_attention=training.flash_attention,
-            latent_split=latent_split(plan),
+            latent_split=latent_split(plan.parallel, kernel_stack(plan)),
         )
         moe = bool(stage_moe_layers(plan, stage))
         total += eager_saved_bytes(plan, recompute="none", moe_layer=moe)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.plan import ModelConfig
+from schedules.plan import ModelConfig, ParallelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +83,19 @@ def latent_duplicated_params(model: ModelConfig) -> int:
 def latent_output_widths(model: ModelConfig, tp: int) -> float:
     """Outputs of the query and key/value linears per token on one TP rank."""
     return sum(linear.out_width_per_gpu(tp) for linear in latent_linears(model))
+
+
+def latent_split(parallel: ParallelConfig, stack: str) -> int:
+    """Ranks one latent is split over: the TP ranks under sequence parallelism on the megatron
+    ``stack`` (its down projections run on each rank's own tokens and the latents are gathered
+    in the up projections), else 1 (whole on each rank: torchtitan's DeepSeek-V3 gathers the
+    attention's input before its down projections)."""
+    if parallel.sequence_parallel and stack == "megatron":
+        return parallel.tp
+    return 1
+
+
+def latent_norm_elements(model: ModelConfig, tokens: float, split: int) -> float:
+    """Elements the latent norms read per micro-batch on one GPU: ``tokens`` times both
+    latents' widths, over the ranks they are ``split`` over (``latent_split``)."""
+    return tokens * sum(latent_norm_widths(model)) / split

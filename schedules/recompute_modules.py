@@ -30,7 +30,7 @@ not priced.
 from __future__ import annotations
 
 from schedules.activations import ACTIVATION_BYTES, attention_core_bytes
-from schedules.mla import latent_norm_widths
+from schedules.mla import latent_norm_elements, latent_split
 from schedules.moe import expert_tokens, expert_width
 from schedules.plan import ParallelConfig, Plan
 from schedules.stacks import kernel_stack
@@ -56,16 +56,6 @@ def separate_norms(plan: Plan, *, moe_layer: bool) -> int:
     plain attention's is fused into ``linear_qkv``) and the pre-MLP norm of an MoE layer (a
     dense layer's is fused into ``linear_fc1``)."""
     return (1 if plan.model.multi_latent else 0) + (1 if moe_layer else 0)
-
-
-def latent_split(plan: Plan) -> int:
-    """Ranks one latent-attention latent is split over: the TP ranks under sequence parallelism
-    on the megatron stack (its down projections run on each rank's own tokens and the latents
-    are gathered in the up projections), else 1 (whole on each rank: torchtitan's DeepSeek-V3
-    gathers the attention's input before its down projections)."""
-    parallel = plan.parallel
-    megatron = kernel_stack(plan) == "megatron"
-    return parallel.tp if parallel.sequence_parallel and megatron else 1
 
 
 def check_recompute_modules(plan: Plan) -> None:
@@ -125,7 +115,9 @@ def module_saved_delta(plan: Plan, *, moe_layer: bool) -> float:
         # the Q, K and V the up projections make, and the latent norms' outputs they read (the
         # checkpoint runs them without autograd and keeps only its inputs, the latents)
         delta -= ACTIVATION_BYTES * tokens * (model.q_size + model.kv_size + model.value_size) / t
-        delta -= ACTIVATION_BYTES * tokens * sum(latent_norm_widths(model)) / latent_split(plan)
+        delta -= ACTIVATION_BYTES * latent_norm_elements(
+            model, tokens, latent_split(plan.parallel, kernel_stack(plan))
+        )
     if "layernorm" in modules:  # the separate norms' outputs
         delta -= (
             ACTIVATION_BYTES
