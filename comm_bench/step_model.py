@@ -14,7 +14,8 @@ attention outputs and every other matmul output of the layer are saved, the rest
 fused QKV and up projections that saves QKV and up and reruns only the output projection, on
 separate ones, as torchtitan's, it reruns wk, wo and w3). Multi-head latent
 attention is built as DeepSeek writes it (``LatentAttention``). Mixture-of-experts layers,
-sliding-window attention and dropout are not built: ``check_buildable`` refuses them.
+sliding-window attention, dropout and multi-token prediction are not built: ``check_buildable``
+refuses them.
 
     model = build_model(plan.model, num_layers=4, recompute="none").to(device)
 """
@@ -315,6 +316,7 @@ def check_buildable(model: ModelConfig) -> None:
         ("num_experts", model.num_experts, "mixture-of-experts layers"),
         ("attention_window", model.attention_window, "sliding-window attention"),
         ("dropout", model.dropout, "dropout"),
+        ("mtp_num_layers", model.mtp_num_layers, "multi-token prediction"),
     )
     for key, value, what in unbuilt:
         if value:

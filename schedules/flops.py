@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from schedules.mla import latent_linears
 from schedules.moe import count_moe_layers, moe_mlp_forward_flops
+from schedules.mtp import mtp_depths, mtp_layer_is_moe, mtp_projection_params
 from schedules.plan import ModelConfig, Plan
 from schedules.recompute_modules import selective_modules
 from schedules.stages import chunk_layers, recomputed_fraction
@@ -143,6 +144,22 @@ def layers_forward_flops(model: ModelConfig, micro_batch_size: float, *, causal:
     return dense + num_moe * moe_layer_forward_flops(model, micro_batch_size, causal=causal)
 
 
+def mtp_forward_flops(model: ModelConfig, micro_batch_size: float, *, causal: bool) -> float:
+    """Forward FLOPs of the multi-token-prediction depths (``schedules.mtp``), as Megatron-LM's
+    count adds them: per depth a layer of the last layer's kind, the 2h x h projection and one
+    more LM-head GEMM (norms uncounted, as everywhere here)."""
+    depths = mtp_depths(model)
+    if not depths:
+        return 0.0
+    tokens = micro_batch_size * model.seq_len
+    if mtp_layer_is_moe(model):
+        layer = moe_layer_forward_flops(model, micro_batch_size, causal=causal)
+    else:
+        layer = layer_forward_flops(model, micro_batch_size, causal=causal)
+    projection = 2.0 * tokens * mtp_projection_params(model)
+    return depths * (layer + projection + logits_flops(model, micro_batch_size))
+
+
 def recompute_flops(
     model: ModelConfig, micro_batch_size: float, *, recompute: str, causal: bool
 ) -> float:
@@ -226,11 +243,13 @@ def model_flops_per_step(plan: Plan, *, causal: bool = True) -> tuple[float, str
     batch = plan.training.global_batch_size
     model = plan.model
     forward = layers_forward_flops(model, batch, causal=causal)
-    forward += logits_flops(model, batch)
+    forward += logits_flops(model, batch) + mtp_forward_flops(model, batch, causal=causal)
     wording = "halved for causal masking" if causal else "counted whole (non-causal)"
     definition = FLOPS_DEFINITION.format(causal=wording)
     if model.num_experts:
         definition += "; MoE layers: router, top-k routed and shared experts (active parameters)"
+    if model.mtp_num_layers:
+        definition += "; multi-token-prediction depths: their layers, projections and LM heads"
     return 3.0 * forward, definition
 
 
@@ -239,13 +258,18 @@ def hardware_flops_per_step(plan: Plan, *, causal: bool = True) -> float:
     model, parallel = plan.model, plan.parallel
     batch = plan.training.global_batch_size
     flops, _ = model_flops_per_step(plan, causal=causal)
+    depths = mtp_depths(model)
     if parallel.recompute == "full":
         rerun = layers_forward_flops(model, batch, causal=causal)
         if parallel.recompute_num_layers is not None:  # block recompute: part of the layers
             rerun *= recomputed_fraction(parallel, chunk_layers(parallel, model.num_layers))
+        elif depths:  # uniform recompute checkpoints each depth whole (block leaves them)
+            layer = mtp_forward_flops(model, batch, causal=causal) / depths
+            rerun += depths * (layer - logits_flops(model, batch))
         return flops + rerun
     extra = recompute_flops(model, batch, recompute=parallel.recompute, causal=causal)
-    return flops + model.num_layers * extra + module_recompute_flops(plan, batch, causal=causal)
+    layers = model.num_layers + depths  # each depth's layer is checkpointed as the others
+    return flops + layers * extra + module_recompute_flops(plan, batch, causal=causal)
 
 
 def module_recompute_flops(plan: Plan, batch: float, *, causal: bool = True) -> float:
@@ -259,16 +283,19 @@ def module_recompute_flops(plan: Plan, batch: float, *, causal: bool = True) -> 
     modules = selective_modules(plan.parallel)
     model = plan.model
     tokens = batch * model.seq_len
+    depths = mtp_depths(model)  # each depth's layer is built from the same spec
+    layers = model.num_layers + depths
     num_moe = count_moe_layers(model, start=0, count=model.num_layers)
+    num_moe += depths if mtp_layer_is_moe(model) else 0
     matrices = 3 if model.gated_mlp else 2
     total = 0.0
     if "core_attn" not in modules:
-        total -= model.num_layers * attention_core_flops(model, batch, causal=causal)
+        total -= layers * attention_core_flops(model, batch, causal=causal)
     if "mla_up_proj" in modules and model.multi_latent:
         up = (x for x in latent_linears(model) if not x.duplicated)  # a direct q projection too
-        total += model.num_layers * sum(gemm_flops(tokens, x.out_width, x.in_width) for x in up)
+        total += layers * sum(gemm_flops(tokens, x.out_width, x.in_width) for x in up)
     if "mlp" in modules:
-        total += (model.num_layers - num_moe) * mlp_flops(model, tokens)
+        total += (layers - num_moe) * mlp_flops(model, tokens)
     if "shared_experts" in modules:
         shared = model.moe_shared_expert_ffn_hidden_size
         total += num_moe * matrices * gemm_flops(tokens, shared, model.hidden_size)

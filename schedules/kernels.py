@@ -36,6 +36,7 @@ from schedules.flops import window_pairs_fraction
 from schedules.messages import ACTIVATION_COMM_BYTES, tp_branches_per_layer, tp_message_bytes
 from schedules.mla import latent_linears, latent_norm_elements, latent_split
 from schedules.moe import expert_tokens, expert_width
+from schedules.mtp import mtp_projection_params
 from schedules.params import embedding_params_per_gpu, layer_params_per_gpu
 from schedules.plan import ModelConfig, Plan, num_microbatches
 from schedules.recompute_modules import selective_modules, separate_norms
@@ -1632,3 +1633,48 @@ def head_kernels(plan: Plan) -> PieceKernels:
             *accumulate,
         ),
     )
+
+
+def mtp_kernels(plan: Plan) -> PieceKernels:
+    """One multi-token-prediction depth's own work on one GPU (``schedules.mtp``), its
+    transformer layer and LM head aside: the input embedding looked up again (outside the
+    recompute checkpoint, so never rerun), ``enorm`` and ``hnorm``, the 2h concatenation, the
+    column-parallel ``eh_proj`` (T x h/t x 2h, in FP8 under FP8 as Megatron runs it) and the
+    split back to the rank's tokens under sequence parallelism; under full recompute (Megatron's
+    uniform method) the norms, concatenation and projection run again."""
+    model, parallel = plan.model, plan.parallel
+    gemm_dtype, _ = dtypes(plan)
+    tokens, h = _tokens(plan), model.hidden_size
+    stream = residual_stream_elements(plan)
+    norm_bytes = 2 * 2 * ACTIVATION_BYTES * stream  # two norms, each reading and writing h
+    concat_bytes = 2 * ACTIVATION_BYTES * 2 * stream
+    width = h / parallel.tp
+    split = (memory("mtp_sp_split", 2 * ACTIVATION_BYTES * stream, "copy"),)
+    projection = (
+        memory("mtp_norms", norm_bytes),
+        memory("mtp_concat", concat_bytes, "copy"),
+        compiled_gemm(plan, "mtp_eh_proj", tokens, width, 2 * h, gemm_dtype),
+        *(split if parallel.sequence_parallel else ()),
+    )
+    block = parallel.recompute_num_layers is not None
+    rerun = projection if parallel.recompute == "full" and not block else ()
+    params = mtp_projection_params_per_gpu(plan)
+    return PieceKernels(
+        forward=(memory("mtp_embedding", 2 * ACTIVATION_BYTES * tokens * h), *projection),
+        backward_input=(
+            compiled_gemm(plan, "mtp_eh_proj_dgrad", tokens, 2 * h, width, gemm_dtype),
+            memory("mtp_concat_backward", concat_bytes, "copy"),
+            memory("mtp_norms_backward", 2 * norm_bytes),
+        ),
+        backward_weight=(
+            compiled_gemm(plan, "mtp_eh_proj_wgrad", 2 * h, width, tokens, gemm_dtype),
+            memory("mtp_embedding_backward", 3 * ACTIVATION_BYTES * tokens * h),
+            *grad_accumulate_kernels(plan, params),
+        ),
+        recompute=rerun,
+    )
+
+
+def mtp_projection_params_per_gpu(plan: Plan) -> float:
+    """``eh_proj`` of one depth on one tensor-parallel rank (column-parallel)."""
+    return mtp_projection_params(plan.model) / plan.parallel.tp

@@ -63,6 +63,7 @@ from schedules.kernels import (
 from schedules.messages import PARAM_BYTES
 from schedules.mla import latent_split
 from schedules.moe import expert_data_parallel, expert_tokens, expert_width, moe_activation_bytes
+from schedules.mtp import MTP_SAVED_WIDTHS, mtp_depths, mtp_layer_is_moe, mtp_projection_params
 from schedules.offload import gpu_offload_buffer_bytes, gpu_state_bytes_per_param
 from schedules.params import (
     layer_params_per_gpu,
@@ -302,11 +303,53 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
     num_moe = stage_moe_layers(plan, stage)
     dense = per_layer + module_saved_delta(plan, moe_layer=False)
     if num_moe:
-        experts = eager_saved_bytes(plan, moe_layer=True) - eager_saved_bytes(plan)
-        moe_layer = per_layer + moe_layer_extra_bytes(plan) + experts
-        moe_layer += module_saved_delta(plan, moe_layer=True)
-        return ((layers - num_moe) * dense + num_moe * moe_layer) / layers
+        return ((layers - num_moe) * dense + num_moe * _moe_layer_bytes(plan, per_layer)) / layers
     return dense
+
+
+def _moe_layer_bytes(plan: Plan, per_layer: float) -> float:
+    """What one MoE layer stores per micro-batch, given a dense layer's ``per_layer`` bytes
+    without its recompute modules' delta."""
+    experts = eager_saved_bytes(plan, moe_layer=True) - eager_saved_bytes(plan)
+    return (
+        per_layer + moe_layer_extra_bytes(plan) + experts + module_saved_delta(plan, moe_layer=True)
+    )
+
+
+def mtp_activation_bytes(plan: Plan) -> float:
+    """What the multi-token-prediction depths (``schedules.mtp``) keep per micro-batch on one GPU
+    of the last stage: under full recompute (Megatron's uniform method) each depth's checkpoint
+    inputs, the hidden state and the embedding; otherwise its layer's activations (of the last
+    layer's kind; block recompute leaves the depths alone) and ``MTP_SAVED_WIDTHS`` hidden
+    widths before its projection."""
+    depths = mtp_depths(plan.model)
+    if not depths:
+        return 0.0
+    stream = ACTIVATION_BYTES * residual_stream_elements(plan)
+    parallel = plan.parallel
+    if parallel.recompute == "full" and parallel.recompute_num_layers is None:
+        return depths * 2 * stream
+    kept = plan
+    if parallel.recompute_num_layers is not None:
+        unrecomputed = dataclasses.replace(parallel, recompute="none", recompute_num_layers=None)
+        kept = dataclasses.replace(plan, parallel=unrecomputed)
+    model, training = kept.model, kept.training
+    per_layer = layer_activation_bytes(
+        model,
+        training.micro_batch_size,
+        tp=kept.parallel.tp,
+        cp=kept.parallel.cp,
+        sequence_parallel=kept.parallel.sequence_parallel,
+        recompute=kept.parallel.recompute,
+        flash_attention=training.flash_attention,
+        latent_split=latent_split(kept.parallel, kernel_stack(kept)),
+    )
+    per_layer += eager_saved_bytes(kept)
+    if mtp_layer_is_moe(model):
+        layer = _moe_layer_bytes(kept, per_layer)
+    else:
+        layer = per_layer + module_saved_delta(kept, moe_layer=False)
+    return depths * (layer + MTP_SAVED_WIDTHS * stream)
 
 
 CUDA_GRAPH_ACTIVATION_EXTRA = 0.20
@@ -364,8 +407,9 @@ def activation_bytes(plan: Plan, stage: int) -> float:
 
 
 def _head_bytes(plan: Plan, stage: int) -> float:
-    """The LM head's inputs on the last stage: they live as long as their micro-batch, one at a
-    time except under GPipe."""
+    """The LM head's inputs on the last stage, and the multi-token-prediction depths' (their
+    layers and heads): they live as long as their micro-batch, one at a time except under
+    GPipe."""
     model, parallel, training = plan.model, plan.parallel, plan.training
     if stage != parallel.pp - 1:
         return 0.0
@@ -376,6 +420,8 @@ def _head_bytes(plan: Plan, stage: int) -> float:
         cp=parallel.cp,
         sequence_parallel=parallel.sequence_parallel,
     )
+    head *= 1 + mtp_depths(model)  # each depth's head keeps its own inputs
+    head += mtp_activation_bytes(plan)
     return head * pipeline_schedule(parallel.schedule).head_microbatches(num_microbatches(plan))
 
 
@@ -392,7 +438,11 @@ def fp8_weight_bytes(plan: Plan, stage: int) -> float:
     """
     if plan.training.precision != "fp8" or data_parallel_kind(plan.parallel).gathers_units:
         return 0.0  # FSDP / ZeRO-3 keep no FP8 copy of weights they free after use
-    layers = layers_per_stage(plan, stage) * layer_params_per_gpu(plan.model, plan.parallel.tp)
+    per_layer = layer_params_per_gpu(plan.model, plan.parallel.tp)
+    layers = layers_per_stage(plan, stage) * per_layer
+    if stage == plan.parallel.pp - 1:  # the multi-token-prediction depths' layers and projections
+        depths = mtp_depths(plan.model)
+        layers += depths * (per_layer + mtp_projection_params(plan.model) / plan.parallel.tp)
     return layers * FP8_CACHE_BYTES_PER_PARAM
 
 
@@ -419,6 +469,23 @@ def logits_bytes_per_element(plan: Plan) -> float:
     if plan.parallel.tp > 1 and plan.training.loss_parallel:
         return LOSS_PARALLEL_LOGITS_BYTES_PER_ELEMENT
     return LOGITS_BYTES_PER_ELEMENT[stack]
+
+
+MTP_KEPT_LOGITS_BYTES_PER_ELEMENT = {"te_inplace": 2}
+"""Bytes per logit each multi-token-prediction depth's cross-entropy keeps for its backward while
+the next depth's and the main loss run (they come first, ``process_mtp_loss``): the fp32
+upcast the shift and exponential overwrite (``none``, ``native``) or the fp32 gradient written
+in the forward (``te``), 4; Transformer Engine's in-place variant writes it into the bf16
+logits, 2."""
+
+
+def mtp_logits_bytes_per_element(plan: Plan) -> float:
+    """Bytes per logit the multi-token-prediction depths' losses keep beside the main loss's
+    peak (``MTP_KEPT_LOGITS_BYTES_PER_ELEMENT``; 4 unless named there)."""
+    depths = mtp_depths(plan.model)
+    if not depths:
+        return 0.0
+    return depths * MTP_KEPT_LOGITS_BYTES_PER_ELEMENT.get(megatron_cross_entropy(plan), 4)
 
 
 def stage_memory_bytes(
@@ -449,7 +516,7 @@ def stage_memory_bytes(
             plan.training.micro_batch_size,
             tp=parallel.tp if vocab_sharded_loss(plan) else 1,
             cp=parallel.cp,
-            per_element=logits_bytes_per_element(plan),
+            per_element=logits_bytes_per_element(plan) + mtp_logits_bytes_per_element(plan),
         )
         if is_last
         else 0.0,

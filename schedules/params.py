@@ -22,6 +22,7 @@ from schedules.moe import (
     router_params,
     shared_expert_params,
 )
+from schedules.mtp import MTP_NORMS, mtp_depths, mtp_layer_is_moe, mtp_projection_params
 from schedules.plan import ModelConfig, ParallelConfig, Plan
 from schedules.stages import chunk_first_layer, chunk_layers, rank_layers
 
@@ -95,7 +96,8 @@ def moe_layer_params(model: ModelConfig) -> int:
 
 
 def total_params(model: ModelConfig) -> int:
-    """All parameters: L layers + embeddings + final norm + LM head (counted once when tied)."""
+    """All parameters: L layers + embeddings + final norm + LM head (counted once when tied)
+    + the multi-token-prediction depths (``mtp_params``)."""
     num_moe = count_moe_layers(model, start=0, count=model.num_layers)
     return (
         (model.num_layers - num_moe) * layer_params(model)
@@ -103,13 +105,26 @@ def total_params(model: ModelConfig) -> int:
         + embedding_params(model)
         + norm_params(model)
         + lm_head_params(model)
+        + mtp_params(model)
     )
+
+
+def mtp_params(model: ModelConfig) -> int:
+    """The multi-token-prediction depths (``schedules.mtp``): per depth one layer of the last
+    layer's kind, its 2h x h projection and three norms (the embedding and head are shared)."""
+    depths = mtp_depths(model)
+    if not depths:
+        return 0
+    layer = moe_layer_params(model) if mtp_layer_is_moe(model) else layer_params(model)
+    return depths * (layer + mtp_projection_params(model) + MTP_NORMS * norm_params(model))
 
 
 def active_params(model: ModelConfig) -> float:
     """Parameters one token goes through (MFU of MoE models counts these): every dense weight,
-    the router, k routed experts and the shared experts of each MoE layer."""
+    the router, k routed experts and the shared experts of each MoE layer (the multi-token-
+    prediction depths' MoE layers included)."""
     num_moe = count_moe_layers(model, start=0, count=model.num_layers)
+    num_moe += mtp_depths(model) if mtp_layer_is_moe(model) else 0
     routed_all = router_params(model) + expert_params(model) + shared_expert_params(model)
     return total_params(model) - num_moe * (routed_all - active_expert_params(model))
 
@@ -166,8 +181,40 @@ def stage_moe_layers(plan: Plan, stage: int) -> int:
 
 def stage_expert_params_per_gpu(plan: Plan, stage: int) -> float:
     """Routed-expert parameters on one GPU of pipeline rank ``stage`` (reduced over the
-    expert-data-parallel group instead of dp)."""
-    return stage_moe_layers(plan, stage) * expert_params_per_gpu(plan.model, plan.parallel)
+    expert-data-parallel group instead of dp), the last stage's multi-token-prediction
+    depths' included."""
+    layers = stage_moe_layers(plan, stage)
+    if stage == plan.parallel.pp - 1:
+        layers += mtp_moe_layers(plan.model)
+    return layers * expert_params_per_gpu(plan.model, plan.parallel)
+
+
+def mtp_moe_layers(model: ModelConfig) -> int:
+    """MoE layers of the multi-token-prediction depths (all on the last virtual stage)."""
+    return mtp_depths(model) if mtp_layer_is_moe(model) else 0
+
+
+def mtp_params_per_gpu(plan: Plan) -> float:
+    """The multi-token-prediction depths on one GPU of the last pipeline stage: their layers,
+    projections (column-parallel) and norms, plus the input embedding they look ahead with
+    where the first stage is another rank (Megatron keeps a copy there, as for tied
+    embeddings; tied ones are held already)."""
+    model, parallel = plan.model, plan.parallel
+    depths = mtp_depths(model)
+    if not depths:
+        return 0.0
+    t = parallel.tp
+    if mtp_layer_is_moe(model):
+        layer = moe_layer_params_per_gpu(model, parallel)
+    else:
+        layer = layer_params_per_gpu(model, t)
+    per_depth = layer + mtp_projection_params(model) / t + MTP_NORMS * norm_params(model)
+    embedding = 0.0
+    if parallel.pp > 1:
+        embedding = embedding_params_per_gpu(model, t)
+        if model.tied_embeddings:
+            embedding -= model.vocab_size * model.hidden_size / t
+    return depths * per_depth + embedding
 
 
 def layers_per_stage(plan: Plan, stage: int) -> int:
@@ -205,4 +252,5 @@ def stage_params_per_gpu(plan: Plan, stage: int) -> float:
         count += norm_params(model)
         if not model.tied_embeddings or p > 1:
             count += vocab_shard
+        count += mtp_params_per_gpu(plan)
     return count

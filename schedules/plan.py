@@ -97,6 +97,7 @@ MODEL_LIMITS = {
     "ffn_hidden_size": 1 << 22,
     "vocab_size": 1 << 24,
     "seq_len": 1 << 24,
+    "mtp_num_layers": 16,
 }
 """Upper bounds of the model dimensions: 10-100x past the largest published dense models (126
 layers, hidden 16,384, 128k vocabulary, 1M-token context), so a typo of a few digits or 1e30 is
@@ -271,6 +272,12 @@ class ModelConfig:
     v_head_dim: int = 0
     """Width of each value head under multi-head latent attention (``v_head_dim``,
     ``--v-head-dim``); 0: ``head_dim``."""
+    mtp_num_layers: int = 0
+    """Multi-token prediction depths (DeepSeek-V3; Megatron-Core's ``--mtp-num-layers``): each
+    predicts one token further from the previous depth's hidden state and the input embedding
+    of the token it looks ahead to, through its own norms, a 2h x h projection and one
+    transformer layer of the last layer's kind, then the shared LM head and a loss of its own,
+    on the model's last pipeline stage (``schedules.mtp``); the megatron stack only. 0: none."""
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -297,6 +304,8 @@ class ModelConfig:
         if self.head_dim < 0:
             raise ValueError(f"model.head_dim must be >= 0, got {self.head_dim}")
         _check_latent_attention(self)
+        if self.mtp_num_layers < 0:
+            raise ValueError(f"model.mtp_num_layers must be >= 0, got {self.mtp_num_layers}")
         if self.head_dim == 0:
             if self.hidden_size % self.num_heads:
                 raise ValueError(

@@ -277,6 +277,27 @@ def check_latent_attention(plan: Plan) -> None:
         )
 
 
+def check_mtp(plan: Plan) -> None:
+    """Multi-token prediction (``model.mtp_num_layers``) is Megatron-Core's: the megatron stack,
+    over a data-parallel kind that keeps whole layers (DDP, the distributed optimizer, ZeRO 1
+    and 2), not the kinds that gather units of parameters."""
+    depths = plan.model.mtp_num_layers
+    if not depths:
+        return
+    stack = kernel_stack(plan)
+    if stack != "megatron":
+        raise ValueError(
+            f"model.mtp_num_layers={depths} on stack {stack}: multi-token prediction is "
+            "modelled as Megatron-Core trains it (training.stack: megatron)"
+        )
+    kind = data_parallel_kind(plan.parallel)
+    if kind.gathers_units:
+        raise ValueError(
+            f"model.mtp_num_layers={depths} with data_parallel {kind.name}: multi-token "
+            "prediction under parameter-gathering data parallelism is not modelled"
+        )
+
+
 def check_mixed_precision(plan: Plan) -> None:
     """``training.mixed_precision`` describes a torch DDP (or one-GPU) loop's weights only."""
     choice = plan.training.mixed_precision
@@ -312,6 +333,7 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_async_tp(plan)
     check_latent_attention(plan)
     check_recompute_modules(plan)
+    check_mtp(plan)
     check_float8(plan)
     check_mixed_precision(plan)
     return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

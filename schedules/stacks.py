@@ -37,16 +37,20 @@ setting one away from the default describes a Megatron run."""
 MEGATRON_TRAINING_KNOBS = ("cross_entropy_fusion",)
 """``training`` keys that only Megatron-Core has (its cross-entropy implementation), the same
 way: set at all, they describe a Megatron run."""
+MEGATRON_MODEL_KNOBS = ("mtp_num_layers",)
+"""``model`` keys only Megatron-Core trains (multi-token prediction): set, they describe a
+Megatron run."""
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 
 
 def megatron_knobs_set(plan: Plan) -> list[str]:
     """The ``MEGATRON_KNOBS`` the plan sets away from their defaults, then the
-    ``MEGATRON_TRAINING_KNOBS`` it sets, in that order."""
+    ``MEGATRON_TRAINING_KNOBS`` and ``MEGATRON_MODEL_KNOBS`` it sets, in that order."""
     parallel = [k for k in MEGATRON_KNOBS if getattr(plan.parallel, k) != _DEFAULTS[k]]
     training = [k for k in MEGATRON_TRAINING_KNOBS if getattr(plan.training, k) is not None]
-    return parallel + training
+    model = [k for k in MEGATRON_MODEL_KNOBS if getattr(plan.model, k)]
+    return parallel + training + model
 
 
 def kernel_stack(plan: Plan) -> str:

@@ -25,6 +25,7 @@ from schedules.params import (
     layer_params_per_gpu,
     layers_per_stage,
     moe_layer_params_per_gpu,
+    mtp_moe_layers,
     stage_expert_params_per_gpu,
     stage_moe_layers,
     stage_params_per_gpu,
@@ -133,9 +134,13 @@ def chunk_params(plan: Plan, stage: int, chunk: int) -> float:
 
 
 def chunk_expert_params(plan: Plan, stage: int, chunk: int) -> float:
-    """Routed-expert parameters of one model chunk on one GPU."""
-    vstage = chunk * plan.parallel.pp + stage
-    return vstage_moe_layers(plan, vstage) * expert_params_per_gpu(plan.model, plan.parallel)
+    """Routed-expert parameters of one model chunk on one GPU (the last chunk's with its
+    multi-token-prediction depths')."""
+    p, v = plan.parallel.pp, plan.parallel.vpp
+    layers = vstage_moe_layers(plan, chunk * p + stage)
+    if stage == p - 1 and chunk == v - 1:
+        layers += mtp_moe_layers(plan.model)
+    return layers * expert_params_per_gpu(plan.model, plan.parallel)
 
 
 def grouped_grad_buckets(plan: Plan, stage: int, chunk: int) -> tuple[tuple[float, str], ...]:
@@ -164,10 +169,12 @@ def _kind_buckets(plan: Plan, stage: int, chunk: int, total: float) -> tuple[flo
 
 
 def tied_embedding_grad_bytes(plan: Plan, stage: int) -> float:
-    """Word-embedding gradient bytes the first and last stage all-reduce (tied embeddings under
-    PP: Megatron keeps a copy on the last stage and sums the two gradients before the step)."""
+    """Word-embedding gradient bytes the first and last stage all-reduce (tied embeddings or
+    multi-token prediction under PP: Megatron keeps a copy on the last stage and sums the two
+    gradients before the step)."""
     model, parallel = plan.model, plan.parallel
-    if not model.tied_embeddings or parallel.pp == 1 or stage not in (0, parallel.pp - 1):
+    shared = model.tied_embeddings or model.mtp_num_layers > 0
+    if not shared or parallel.pp == 1 or stage not in (0, parallel.pp - 1):
         return 0.0
     params = model.vocab_size * model.hidden_size / parallel.tp
     return params * data_parallel_kind(parallel).grad_bytes_per_param

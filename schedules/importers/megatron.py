@@ -57,6 +57,7 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--qk-head-dim": int,
     "--qk-pos-emb-head-dim": int,
     "--v-head-dim": int,
+    "--mtp-num-layers": int,
     "--seq-length": int,
     "--max-position-embeddings": int,
     "--swiglu": bool,
@@ -431,6 +432,11 @@ def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any
         "dropout": max(flags.get(f"--{k}-dropout", 0.1) for k in ("attention", "hidden")) > 0,
     }
     model.update(_megatron_moe_model(flags, layers, notes))
+    depths = flags.get("--mtp-num-layers")
+    if depths is not None:
+        if depths < 0:
+            raise ValueError(f"{flags.file}: --mtp-num-layers must be >= 0, got {depths}")
+        model["mtp_num_layers"] = depths
     if flags.get("--add-qkv-bias") and not model["linear_bias"]:
         notes.append(
             f"{flags.file}: --add-qkv-bias puts biases on QKV only; linear_bias is "

@@ -48,6 +48,7 @@ from schedules.kernels import (
     kernel_stack,
     layer_kernels,
     memory,
+    mtp_kernels,
 )
 from schedules.moe_kernels import moe_layer_kernels
 from schedules.plan import Plan
@@ -635,6 +636,11 @@ class ComputeModel:
     def head_times(self, plan: Plan) -> LayerTimes:
         """Final norm, LM head GEMM and vocab-parallel cross-entropy of the last stage."""
         return self.piece_times(head_kernels(plan), launch_loop(plan))
+
+    def mtp_times(self, plan: Plan) -> LayerTimes:
+        """One multi-token-prediction depth's embedding, norms and projection
+        (``schedules.kernels.mtp_kernels``); its layer and head are priced as the others."""
+        return self.piece_times(mtp_kernels(plan), launch_loop(plan))
 
     def optimizer_step_s(self, num_params: float, *, grad_bytes_per_param: float = 2.0) -> float:
         """Fused Adam over ``num_params`` local parameters: memory-bound, 26 + grad bytes each

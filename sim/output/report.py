@@ -61,6 +61,9 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
             f", latent attention ({query}kv latent {model.kv_lora_rank}, heads "
             f"{model.head_dim}+{model.qk_rope_head_dim}/{model.value_head_dim})"
         )
+    if model.mtp_num_layers:
+        shape += f", {model.mtp_num_layers} multi-token-prediction depth"
+        shape += "s" if model.mtp_num_layers > 1 else ""
     return [
         f"Plan: {model.name} ({model.num_layers} layers, hidden {model.hidden_size}, "
         f"seq {model.seq_len}{shape}) on {result.num_gpus} x {gpu.name}",

@@ -36,6 +36,7 @@ from schedules.kernels import (
 )
 from schedules.moe import dispatch_bytes, expert_tokens, is_moe
 from schedules.moe_kernels import megatron_moe
+from schedules.mtp import mtp_depths, mtp_layer_is_moe
 from schedules.optimizer_passes import megatron_step_bytes
 from schedules.plan import Plan
 from schedules.recompute_modules import selective_modules
@@ -89,6 +90,9 @@ class StepCosts:
     kept: StepCosts | None = None
     """The same costs without recomputation: the layers block recompute leaves alone
     (``parallel.recompute_num_layers``; None when every layer is treated alike)."""
+    mtp: LayerTimes | None = None
+    """One multi-token-prediction depth's embedding, norms and projection (None without
+    ``model.mtp_num_layers``)."""
 
 
 def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
@@ -145,6 +149,7 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         kept=None
         if parallel.recompute_num_layers is None
         else step_costs(kept_plan(plan), compute),
+        mtp=compute.mtp_times(plan) if mtp_depths(model) else None,
     )
 
 
@@ -285,6 +290,68 @@ def pass_extras(plan: Plan, costs: StepCosts, *, first: bool, last: bool) -> dic
             op = "reduce_scatter" if sp else "all_reduce"
             out["bwd_pre"].append(CommStep(name=f"head {op}", group="tp", op=op, size_bytes=size))
     return out
+
+
+def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
+    """Forward, backward, Bi and W recipes of the multi-token-prediction depths on the last
+    virtual stage (``schedules.mtp``), each: the embedding looked up again (its output reduced
+    over TP as the first stage's), the projection with its TP collectives (under sequence
+    parallelism the 2h input gathered, the output gathered over the hidden dimension and split
+    back; they block), one layer of the last layer's kind, then its LM head and loss. Under
+    full recompute the projection and the layer run again before their backward (Megatron's
+    uniform method; block recompute leaves the depths alone)."""
+    empty: dict[str, tuple[Step, ...]] = {"F": (), "B": (), "Bi": (), "W": ()}
+    depths, mtp = mtp_depths(plan.model), costs.mtp
+    if not depths or mtp is None:
+        return empty
+    tp, sp, size = plan.parallel.tp, plan.parallel.sequence_parallel, costs.tp_bytes
+    block = costs.kept is not None  # block recompute: the depths keep their activations
+    layer_plan, layer_costs = (kept_plan(plan), costs.kept) if costs.kept else (plan, costs)
+    layer = _uniform_recipes(layer_plan, layer_costs, 1, moe=mtp_layer_is_moe(plan.model))
+    head = pass_extras(plan, costs, first=False, last=True)
+
+    def comm(name: str, op: str, factor: float = 1.0) -> CommStep:
+        return CommStep(name=f"mtp {name} {op}", group="tp", op=op, size_bytes=factor * size)
+
+    reduce = "reduce_scatter" if sp else "all_reduce"
+    gathers = [comm("eh_proj input", "all_gather", 2.0)] if tp > 1 and sp else []
+    gathers += [comm("eh_proj output", "all_gather")] if tp > 1 else []
+    forward: list[Step] = [
+        ComputeStep(name="mtp eh_proj", duration_s=mtp.forward_s, launch_s=mtp.forward_launch_s),
+        *([comm("embed", reduce)] if tp > 1 else []),
+        *gathers,
+    ]
+    rerun: list[Step] = []
+    if mtp.recompute_s > 0 and not block:
+        rerun = [
+            ComputeStep(
+                name="mtp eh_proj rerun",
+                duration_s=mtp.recompute_s,
+                launch_s=mtp.recompute_launch_s,
+            ),
+            *gathers,
+        ]
+    backward_input: list[Step] = [comm("sp split", "all_gather")] if tp > 1 and sp else []
+    backward_input.append(
+        ComputeStep(
+            name="mtp eh_proj bwd",
+            duration_s=mtp.backward_input_s,
+            launch_s=mtp.backward_input_launch_s,
+        )
+    )
+    if tp > 1:
+        backward_input += [comm("eh_proj input", "all_gather", 2.0)] if sp else []
+        backward_input.append(comm("eh_proj input grad", reduce, 2.0))
+    weight = ComputeStep(
+        name="mtp eh_proj wgrad",
+        duration_s=mtp.backward_weight_s,
+        launch_s=mtp.backward_weight_launch_s,
+    )
+    one_f = (*forward, *layer["F"], *head["fwd_post"])
+    one_bi = (*head["bwd_pre"], *rerun, *layer["Bi"], *backward_input)
+    one_b = (*head["bwd_pre"], *rerun, *layer["B"], *backward_input, weight)
+    one_w = (*layer["W"], weight)
+    return {"F": one_f * depths, "B": one_b * depths, "Bi": one_bi * depths, "W": one_w * depths}
 
 
 def _backward_launch(times: LayerTimes) -> float:

@@ -35,7 +35,14 @@ from sim.replay.engine import CommRunner, Engine, Timeline
 from sim.replay.folding import simulated_ranks
 from sim.replay.fsdp_ranks import fsdp2_programs, fsdp_groups, fsdp_programs, fsdp_stages
 from sim.replay.offload import HostCopyRunner, OffloadReplay
-from sim.replay.recipes import StepCosts, layer_recipes, optimizer_time_s, pass_extras, step_costs
+from sim.replay.recipes import (
+    StepCosts,
+    layer_recipes,
+    mtp_recipes,
+    optimizer_time_s,
+    pass_extras,
+    step_costs,
+)
 from sim.replay.whatif import slowed_programs
 from sim.replay.zero3_ranks import zero3_programs
 
@@ -44,11 +51,13 @@ def _chunk_work(step: StepDescription, costs: StepCosts, chunk: ChunkDescription
     plan = step.plan
     recipes = layer_recipes(plan, costs, chunk.num_layers, chunk.num_moe_layers)
     x = pass_extras(plan, costs, first=chunk.first, last=chunk.last)
+    # the multi-token-prediction depths follow the last layers, before the main LM head
+    mtp = mtp_recipes(plan, costs) if chunk.last else {"F": (), "B": (), "Bi": (), "W": ()}
     return ChunkWork(
-        forward=(*x["fwd_pre"], *recipes["F"], *x["fwd_post"]),
-        backward=(*x["bwd_pre"], *recipes["B"], *x["bwd_post"]),
-        backward_input=(*x["bwd_pre"], *recipes["Bi"], *x["bwd_post"]),
-        backward_weight=recipes["W"],
+        forward=(*x["fwd_pre"], *recipes["F"], *mtp["F"], *x["fwd_post"]),
+        backward=(*x["bwd_pre"], *mtp["B"], *recipes["B"], *x["bwd_post"]),
+        backward_input=(*x["bwd_pre"], *mtp["Bi"], *recipes["Bi"], *x["bwd_post"]),
+        backward_weight=(*mtp["W"], *recipes["W"]),
         grad_buckets_bytes=tuple(size for size, _ in chunk.grad_buckets),
         grad_bucket_groups=tuple(group for _, group in chunk.grad_buckets),
         param_bytes=chunk.params * 2.0,

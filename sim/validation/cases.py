@@ -493,8 +493,11 @@ def _model_section(model: dict[str, Any], missing: list[str]) -> dict[str, Any]:
         if key in model:
             section[key] = model[key]
     if "mtp_num_layers" in model and model["mtp_num_layers"] not in (0, None):
-        layers = shorten(model["mtp_num_layers"])
-        missing.append(f"multi-token prediction (mtp_num_layers {layers})")
+        depths = as_integer(model["mtp_num_layers"])
+        if depths is None:
+            missing.append(f"model.mtp_num_layers ({shorten(model['mtp_num_layers'])})")
+        else:
+            section["mtp_num_layers"] = depths
     section.update(parse_architecture(model))
     for key in MOE_MODEL_KEYS:  # mixture-of-experts runs carry the plan's own keys
         if key in model:

@@ -92,7 +92,7 @@ def test_heads_set_apart_from_h_run_at_their_width(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("num_experts", 4), ("attention_window", 8), ("dropout", True)],
+    [("num_experts", 4), ("attention_window", 8), ("dropout", True), ("mtp_num_layers", 1)],
 )
 def test_what_the_loop_does_not_build_is_refused_with_one_line(
     tmp_path: Path, capsys, key: str, value: object
