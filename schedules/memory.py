@@ -73,6 +73,7 @@ from schedules.params import (
     stage_params_per_gpu,
 )
 from schedules.pipeline_schedules import pipeline_schedule
+from schedules.pipeline_schedules.a2a_overlap import combined_in_flight_chunks
 from schedules.plan import Plan, num_microbatches
 from schedules.recompute_modules import module_saved_delta
 from schedules.stacks import loss_compiled, megatron_cross_entropy
@@ -382,6 +383,11 @@ def activation_bytes(plan: Plan, stage: int) -> float:
         num_micro=num_microbatches(plan),
         stage_layers=layers_per_stage(plan, stage),
     )
+    if parallel.overlap_moe_expert_parallel_comm:  # the combined schedule's extra warmup forward
+        in_flight = combined_in_flight_chunks(
+            pp=parallel.pp, vpp=parallel.vpp, stage=stage, num_micro=num_microbatches(plan)
+        )
+        stored = in_flight * layers_per_stage(plan, stage) / parallel.vpp
     total = stored * per_layer
     if parallel.recompute in ("full", "op") and recomputed > 0:
         # The layer being recomputed holds all of its activations until its backward ends (an
@@ -421,7 +427,8 @@ def _head_bytes(plan: Plan, stage: int) -> float:
         sequence_parallel=parallel.sequence_parallel,
     )
     head *= 1 + mtp_depths(model)  # each depth's head keeps its own inputs
-    head += mtp_activation_bytes(plan)
+    graphs = 1.0 + (CUDA_GRAPH_ACTIVATION_EXTRA if training.cuda_graphs else 0.0)
+    head += mtp_activation_bytes(plan) * graphs
     return head * pipeline_schedule(parallel.schedule).head_microbatches(num_microbatches(plan))
 
 

@@ -197,8 +197,9 @@ def mtp_moe_layers(model: ModelConfig) -> int:
 def mtp_params_per_gpu(plan: Plan) -> float:
     """The multi-token-prediction depths on one GPU of the last pipeline stage: their layers,
     projections (column-parallel) and norms, plus the input embedding they look ahead with
-    where the first stage is another rank (Megatron keeps a copy there, as for tied
-    embeddings; tied ones are held already)."""
+    where the first stage is another rank (Megatron builds one there, its gradient summed with
+    the first stage's; with tied embeddings beside the output layer's own weight, which it
+    still allocates)."""
     model, parallel = plan.model, plan.parallel
     depths = mtp_depths(model)
     if not depths:
@@ -209,11 +210,9 @@ def mtp_params_per_gpu(plan: Plan) -> float:
     else:
         layer = layer_params_per_gpu(model, t)
     per_depth = layer + mtp_projection_params(model) / t + MTP_NORMS * norm_params(model)
-    embedding = 0.0
-    if parallel.pp > 1:
-        embedding = embedding_params_per_gpu(model, t)
-        if model.tied_embeddings:
-            embedding -= model.vocab_size * model.hidden_size / t
+    # with tied embeddings the last stage still allocates its output layer's weight and holds
+    # the embedding beside it (GPTModel builds the embedding wherever the depths run)
+    embedding = embedding_params_per_gpu(model, t) if parallel.pp > 1 else 0.0
     return depths * per_depth + embedding
 
 

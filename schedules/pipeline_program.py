@@ -76,12 +76,27 @@ class PipelineRank:
     offload: RankOffload | None = None
     """Host copies of an offloaded optimizer (``schedules.offload``): after each gradient
     bucket's reduction (on its stream, before the next bucket's) and after the CPU step."""
+    combined: dict[tuple[int, int], tuple[Step, ...]] = field(default_factory=dict)
+    """Recipes of the order's ``FB`` passes by (forward chunk, backward chunk): a forward and
+    another micro-batch's backward interleaved (``sim.replay.combined``); their backward
+    compute steps are named ``COMBINED_BACKWARD_PREFIX`` first."""
 
 
-def with_marks(steps: tuple[Step, ...], sizes: tuple[float, ...]) -> tuple[Step, ...]:
+COMBINED_BACKWARD_PREFIX = "b "
+"""Name prefix of a combined pass's backward compute steps (``PipelineRank.combined``)."""
+
+
+def with_marks(
+    steps: tuple[Step, ...], sizes: tuple[float, ...], prefix: str = ""
+) -> tuple[Step, ...]:
     """Insert ``MarkStep(i)`` where bucket ``i`` is ready: after the compute fraction
-    ``sum(sizes[: i + 1]) / sum(sizes)`` of the pass (gradients appear as the backward runs)."""
-    total_s = sum(s.duration_s for s in steps if isinstance(s, ComputeStep))
+    ``sum(sizes[: i + 1]) / sum(sizes)`` of the pass (gradients appear as the backward runs);
+    with ``prefix``, of its compute steps so named only (a combined pass's backward)."""
+
+    def counted(step: Step) -> bool:
+        return isinstance(step, ComputeStep) and step.name.startswith(prefix)
+
+    total_s = sum(s.duration_s for s in steps if isinstance(s, ComputeStep) and counted(s))
     total_size = sum(sizes)
     cuts, acc = [], 0.0
     for size in sizes:
@@ -90,7 +105,7 @@ def with_marks(steps: tuple[Step, ...], sizes: tuple[float, ...]) -> tuple[Step,
     out: list[Step] = []
     done_s, i = 0.0, 0
     for step in steps:
-        if not isinstance(step, ComputeStep):
+        if not isinstance(step, ComputeStep) or not counted(step):
             out.append(step)
             continue
         start_s, end_s = done_s, done_s + step.duration_s
@@ -115,8 +130,9 @@ def _grad_passes(spec: PipelineRank) -> set[int]:
     last: dict[int, int] = {}
     chosen = set()
     for pos, step in enumerate(spec.order):
-        if step.kind in ("B", "W"):
-            last[step.chunk] = pos
+        backward = step.backward
+        if backward is not None and backward.kind in ("B", "W"):
+            last[backward.chunk] = pos
             if every:
                 chosen.add(pos)
     return chosen | set(last.values())
@@ -213,7 +229,11 @@ class _Pipeline:
         return vstage > 0 if step.kind == "F" else vstage < self.num_vstages - 1
 
     def receive(self, pos: int, step: Pass) -> list[int]:
-        """The receive a pass waits for: posted earlier with a batched exchange, or now."""
+        """The receive a pass waits for: posted earlier with a batched exchange, or now (both
+        halves' of a combined pass)."""
+        if step.kind == "FB":
+            assert step.forward is not None and step.paired is not None
+            return [*self.receive(pos, step.forward), *self.receive(pos, step.paired)]
         if not self.needs_input(step):
             return []
         if pos in self.posted:
@@ -224,7 +244,13 @@ class _Pipeline:
         return [self.transfer(kind, step.microbatch, vstage, send=False, deps=deps)]
 
     def send(self, pos: int, step: Pass, outstanding: list[int]) -> None:
-        """Send a pass's output; blocking mode batches it with the next pass's receive."""
+        """Send a pass's output; blocking mode batches it with the next pass's receive (a
+        combined pass, run without blocking exchanges, sends both halves' outputs)."""
+        if step.kind == "FB":
+            assert step.forward is not None and step.paired is not None
+            self.send(pos, step.forward, outstanding)
+            self.send(pos, step.paired, outstanding)
+            return
         spec, is_fwd = self.spec, step.kind == "F"
         vstage = step.chunk * spec.pp + spec.stage
         if step.kind == "W":
@@ -250,6 +276,15 @@ class _Pipeline:
     ) -> tuple[tuple[Step, ...], Callable | None]:
         """A pass's recipe, with bucket marks when its gradients are synced bucket by bucket."""
         work, sync = self.spec.chunks[step.chunk], self.spec.sync
+        if step.kind == "FB":
+            assert step.paired is not None
+            work = self.spec.chunks[step.paired.chunk]
+            steps = self.spec.combined[(step.chunk, step.paired.chunk)]
+            if pos in self.grad_passes and sync.op and sync.bucketed and not sync.at_end:
+                marked = with_marks(steps, work.grad_buckets_bytes, COMBINED_BACKWARD_PREFIX)
+                label = f"c{step.paired.chunk}"
+                return marked, self.sync_hook(work, label, step.paired.microbatch)
+            return steps, None
         if self.fsdp is not None:
             units = self.fsdp.recipe(step, last=pos in self.grad_passes, deps=deps)
             if units is not None:
@@ -272,7 +307,7 @@ class _Pipeline:
         first_forward = set()
         for pos, step in enumerate(spec.order):
             deps = list(outstanding) + self.receive(pos, step)
-            if step.kind == "F" and step.chunk not in first_forward:
+            if step.forward is not None and step.chunk not in first_forward:
                 first_forward.add(step.chunk)
                 deps += gathers.get(step.chunk, [])
             if spec.blocking_p2p:
@@ -289,7 +324,8 @@ class _Pipeline:
             self.send(pos, step, outstanding)
             whole = spec.sync.op and not spec.sync.bucketed and not spec.sync.at_end
             if pos in self.grad_passes and whole:
-                self._sync_whole(step.chunk, outstanding)
+                backward = step.backward
+                self._sync_whole(step.chunk if backward is None else backward.chunk, outstanding)
             if self.fsdp is not None:
                 self.fsdp.after_pass(step)
                 if pos in self.grad_passes and not before_send:

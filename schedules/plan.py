@@ -563,6 +563,12 @@ class ParallelConfig:
     """Megatron-Core --moe-router-fusion: Transformer Engine's fused top-k, score and aux-loss
     kernels in the router (megatron stack only,
     ``schedules.moe_kernels.MEGATRON_ROUTER_KERNELS``)."""
+    overlap_moe_expert_parallel_comm: bool = False
+    """Megatron-Core --overlap-moe-expert-parallel-comm: each steady forward runs layer by layer
+    with another micro-batch's backward, their token dispatches and combines beside the other's
+    compute (``schedules.pipeline_schedules.a2a_overlap``); one more warmup forward. Without
+    pipelining or on the interleaved schedule, alltoall dispatcher, ep > 1, no full recompute
+    (megatron stack only)."""
     pp_scatter_gather: bool = True
     """Megatron's scatter-gather pipeline p2p (--scatter-gather-tensors-in-pipeline, default on;
     not applied with SP): each TP rank sends 1/t of the activation, the receiver all-gathers it

@@ -20,6 +20,7 @@ from schedules.data_parallel.registry import (
 from schedules.float8 import check_float8
 from schedules.kernels import kernel_stack, torch_async_tp, torch_ddp_step
 from schedules.pipeline_schedules import pipeline_schedule
+from schedules.pipeline_schedules.a2a_overlap import check_combined
 from schedules.plan import FSDP2_ALIAS, ModelConfig, ParallelConfig, Plan
 from schedules.recompute_modules import check_recompute_modules
 from schedules.stages import check_stage_split
@@ -296,6 +297,56 @@ def check_mtp(plan: Plan) -> None:
             f"model.mtp_num_layers={depths} with data_parallel {kind.name}: multi-token "
             "prediction under parameter-gathering data parallelism is not modelled"
         )
+    if plan.parallel.tp_comm_overlap:
+        raise ValueError(
+            f"parallel.tp_comm_overlap with model.mtp_num_layers={depths}: Megatron-Core's "
+            "TELinear turns TP communication overlap off for eh_proj's buffer and, the config "
+            "being shared, for every layer built after it"
+        )
+
+
+def check_a2a_overlap(plan: Plan) -> None:
+    """``overlap_moe_expert_parallel_comm`` where Megatron-Core runs it (``transformer_config.py``
+    asserts the same): an MoE model with ep > 1 and the alltoall dispatcher, no full recompute
+    (nor recompute by layer count), at most one multi-token-prediction depth, no pipelining or
+    the interleaved schedule with virtual stages, the megatron stack over a data-parallel kind
+    that keeps whole layers, no CUDA graphs over the MoE layers."""
+    parallel, model = plan.parallel, plan.model
+    if not parallel.overlap_moe_expert_parallel_comm:
+        return
+    name = "parallel.overlap_moe_expert_parallel_comm"
+    if not model.num_experts or parallel.ep < 2:
+        raise ValueError(
+            f"{name} hides expert-parallel all-to-alls: it needs an MoE model with ep > 1, got "
+            f"num_experts={model.num_experts}, ep={parallel.ep}"
+        )
+    if parallel.moe_token_dispatcher != "alltoall":
+        raise ValueError(
+            f"{name} with moe_token_dispatcher {parallel.moe_token_dispatcher}: Megatron-Core "
+            "overlaps the alltoall (or flex) dispatcher's"
+        )
+    if parallel.recompute == "full" or parallel.recompute_num_layers is not None:
+        raise ValueError(
+            f"{name} with recompute {parallel.recompute}: Megatron-Core refuses full "
+            "recomputation (and recompute by layer count) with it"
+        )
+    if model.mtp_num_layers > 1:
+        raise ValueError(
+            f"{name} with model.mtp_num_layers={model.mtp_num_layers}: Megatron-Core supports "
+            "at most one multi-token-prediction depth with it"
+        )
+    check_combined(schedule=parallel.schedule, pp=parallel.pp, vpp=parallel.vpp)
+    stack = kernel_stack(plan)
+    if stack != "megatron":
+        raise ValueError(f"{name} is Megatron-Core's; stack {stack} has no such schedule")
+    kind = data_parallel_kind(parallel)
+    if kind.gathers_units:
+        raise ValueError(f"{name} with data_parallel {kind.name} is not modelled")
+    if plan.training.cuda_graphs:
+        raise ValueError(
+            f"{name} with training.cuda_graphs: Megatron-Core does not capture the MoE layers "
+            "it splits (graph whole layers without it)"
+        )
 
 
 def check_mixed_precision(plan: Plan) -> None:
@@ -334,6 +385,7 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_latent_attention(plan)
     check_recompute_modules(plan)
     check_mtp(plan)
+    check_a2a_overlap(plan)
     check_float8(plan)
     check_mixed_precision(plan)
     return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

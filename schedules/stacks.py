@@ -29,10 +29,11 @@ MEGATRON_KNOBS = (
     "embedding_as_layer",
     "loss_as_layer",
     "recompute_modules",
+    "overlap_moe_expert_parallel_comm",
 )
 """``parallel`` keys that only Megatron-LM has (``--tp-comm-overlap``,
 ``--overlap-param-gather``, its scatter-gather pipeline p2p, its pipeline-split flags, its
-``--recompute-modules``): a plan
+``--recompute-modules`` and ``--overlap-moe-expert-parallel-comm``): a plan
 setting one away from the default describes a Megatron run."""
 MEGATRON_TRAINING_KNOBS = ("cross_entropy_fusion",)
 """``training`` keys that only Megatron-Core has (its cross-entropy implementation), the same

@@ -58,6 +58,7 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--qk-pos-emb-head-dim": int,
     "--v-head-dim": int,
     "--mtp-num-layers": int,
+    "--mtp-use-repeated-layer": bool,
     "--seq-length": int,
     "--max-position-embeddings": int,
     "--swiglu": bool,
@@ -93,6 +94,8 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--moe-grouped-gemm": bool,
     "--moe-pad-expert-input-to-capacity": bool,
     "--moe-permute-fusion": bool,
+    "--overlap-moe-expert-parallel-comm": bool,
+    "--delay-wgrad-compute": bool,
     "--moe-router-fusion": bool,
     "--cross-entropy-loss-fusion": bool,
     "--cross-entropy-fusion-impl": str,
@@ -437,6 +440,11 @@ def _megatron_model(flags: _Flags, name: str, notes: list[str]) -> dict[str, Any
         if depths < 0:
             raise ValueError(f"{flags.file}: --mtp-num-layers must be >= 0, got {depths}")
         model["mtp_num_layers"] = depths
+        if flags.get("--mtp-use-repeated-layer") and depths > 1:
+            notes.append(
+                f"{flags.file}: --mtp-use-repeated-layer is not modelled: each of the {depths} "
+                "depths is counted with a layer of its own"
+            )
     if flags.get("--add-qkv-bias") and not model["linear_bias"]:
         notes.append(
             f"{flags.file}: --add-qkv-bias puts biases on QKV only; linear_bias is "
@@ -600,7 +608,8 @@ def _megatron_moe_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
     parallel: dict[str, Any] = {}
     moe_flags = ("--expert-model-parallel-size", "--expert-tensor-parallel-size",
                  "--moe-token-dispatcher-type", "--moe-permute-fusion",
-                 "--moe-router-fusion")  # fmt: skip
+                 "--moe-router-fusion", "--overlap-moe-expert-parallel-comm",
+                 "--delay-wgrad-compute")  # fmt: skip
     if not flags.get("--num-experts"):
         if (flags.get("--expert-model-parallel-size") or 1) > 1:
             raise ValueError(
@@ -625,9 +634,16 @@ def _megatron_moe_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
         dispatcher = "alltoall"
     parallel["moe_token_dispatcher"] = dispatcher or "allgather"
     for flag, key in (("--moe-permute-fusion", "moe_permute_fusion"),
-                      ("--moe-router-fusion", "moe_router_fusion")):  # fmt: skip
+                      ("--moe-router-fusion", "moe_router_fusion"),
+                      ("--overlap-moe-expert-parallel-comm",
+                       "overlap_moe_expert_parallel_comm")):  # fmt: skip
         if flags.get(flag):
             parallel[key] = True
+    if flags.get("--delay-wgrad-compute"):
+        notes.append(
+            f"{flags.file}: --delay-wgrad-compute is not modelled: the experts' weight gradients "
+            "are priced before the dispatch's backward all-to-all is issued"
+        )
     return parallel
 
 

@@ -133,6 +133,13 @@ measured overlapping GPT and Llama training kernels with NCCL/RCCL collectives o
 MI250 and MI210 (arXiv:2507.03114, 2025: mean 18.9%, up to 40%). The mechanism: NCCL's kernels
 hold SMs (one block per channel, 16-32 of an H100's 132 SMs) and HBM bandwidth. A compute
 calibration's ``overlap_slowdown`` replaces it."""
+MOE_MLP_KERNELS = ("experts_", "shared_", "moe_act")
+"""Name prefixes of an MoE layer's kernels that run after the token dispatch (the routed and
+shared experts' GEMMs, forward, input and weight gradients, and the activation rerun of
+``recompute_modules`` ``moe_act`` / ``shared_experts``)."""
+DENSE_MLP_KERNELS = ("fc1", "fc2", "mlp_recompute")
+"""The same for a dense layer: its MLP's GEMMs (and their FP8 casts) and the rerun of
+``recompute_modules`` ``mlp``."""
 KERNEL_GAP_S = 1.5e-6
 """GPU time between one kernel's end and the next one's start on a stream while the host is
 ahead of it (the device's own launch latency: the next grid starts once the previous drains).
@@ -628,6 +635,34 @@ class ComputeModel:
         host on its token counts)."""
         graphed = plan.training.cuda_graphs and plan.model.moe_capacity_factor is not None
         return self.piece_times(moe_layer_kernels(plan), launch_loop(plan), graphed=graphed)
+
+    def layer_halves_times(self, plan: Plan, *, moe: bool) -> tuple[LayerTimes, LayerTimes]:
+        """One layer's times split as Megatron-Core's combined 1F1B schedules it
+        (``schedules.pipeline_schedules.a2a_overlap``): the part before the token dispatch
+        (norms, attention, and in an MoE layer the router and permutation; Megatron's
+        ``pre_dispatch_computation``) and the MLP's part (a dense layer's MLP GEMMs, an MoE
+        layer's routed and shared experts' GEMMs, their reruns; ``mlp``). The memory-bound
+        pass over the layer's elementwise work stays with the first."""
+        kernels = moe_layer_kernels(plan) if moe else layer_kernels(plan)
+        prefixes = MOE_MLP_KERNELS if moe else DENSE_MLP_KERNELS
+
+        def part(mlp: bool) -> PieceKernels:
+            def keep(phase: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+                return tuple(k for k in phase if k.name.startswith(prefixes) == mlp)
+
+            return PieceKernels(
+                forward=keep(kernels.forward),
+                backward_input=keep(kernels.backward_input),
+                backward_weight=keep(kernels.backward_weight),
+                recompute=keep(kernels.recompute),
+            )
+
+        loop = launch_loop(plan)
+        graphed = plan.training.cuda_graphs and not moe
+        return (
+            self.piece_times(part(False), loop, graphed=graphed),
+            self.piece_times(part(True), loop, graphed=graphed),
+        )
 
     def embedding_times(self, plan: Plan) -> LayerTimes:
         """Input embedding of the first stage (memory-bound lookup, scatter-add backward)."""

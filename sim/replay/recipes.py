@@ -93,6 +93,11 @@ class StepCosts:
     mtp: LayerTimes | None = None
     """One multi-token-prediction depth's embedding, norms and projection (None without
     ``model.mtp_num_layers``)."""
+    dense_halves: tuple[LayerTimes, LayerTimes] | None = None
+    """One dense layer's attention side and MLP (``ComputeModel.layer_halves_times``), for the
+    combined passes of ``parallel.overlap_moe_expert_parallel_comm`` (else None)."""
+    moe_halves: tuple[LayerTimes, LayerTimes] | None = None
+    """One MoE layer before and after its token dispatch, the same way (else None)."""
 
 
 def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
@@ -113,6 +118,7 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         else 0.0
         for gemms in linears
     )
+    combined = is_moe(model) and parallel.overlap_moe_expert_parallel_comm
     moe_layer, dispatch, expert_tp, sync = None, 0.0, 0.0, 0.0
     if is_moe(model):
         moe_layer, dispatch = compute.moe_layer_times(plan), dispatch_bytes(plan)
@@ -150,6 +156,8 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         if parallel.recompute_num_layers is None
         else step_costs(kept_plan(plan), compute),
         mtp=compute.mtp_times(plan) if mtp_depths(model) else None,
+        dense_halves=compute.layer_halves_times(plan, moe=False) if combined else None,
+        moe_halves=compute.layer_halves_times(plan, moe=True) if combined else None,
     )
 
 
@@ -297,7 +305,10 @@ def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
     virtual stage (``schedules.mtp``), each: the embedding looked up again (its output reduced
     over TP as the first stage's), the projection with its TP collectives (under sequence
     parallelism the 2h input gathered, the output gathered over the hidden dimension and split
-    back; they block), one layer of the last layer's kind, then its LM head and loss. Under
+    back, blocking; in the backward the split's gather, then the input's re-gather beside the
+    input-gradient GEMM and the input gradient's reduction beside the next compute, as
+    Megatron's linears run them), one layer of the last layer's kind, then its LM head and
+    loss. Under
     full recompute the projection and the layer run again before their backward (Megatron's
     uniform method; block recompute leaves the depths alone)."""
     empty: dict[str, tuple[Step, ...]] = {"F": (), "B": (), "Bi": (), "W": ()}
@@ -310,8 +321,10 @@ def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
     layer = _uniform_recipes(layer_plan, layer_costs, 1, moe=mtp_layer_is_moe(plan.model))
     head = pass_extras(plan, costs, first=False, last=True)
 
-    def comm(name: str, op: str, factor: float = 1.0) -> CommStep:
-        return CommStep(name=f"mtp {name} {op}", group="tp", op=op, size_bytes=factor * size)
+    def comm(name: str, op: str, factor: float = 1.0, *, overlap: bool = False) -> CommStep:
+        return CommStep(
+            name=f"mtp {name} {op}", group="tp", op=op, size_bytes=factor * size, overlap=overlap
+        )
 
     reduce = "reduce_scatter" if sp else "all_reduce"
     gathers = [comm("eh_proj input", "all_gather", 2.0)] if tp > 1 and sp else []
@@ -339,9 +352,13 @@ def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
             launch_s=mtp.backward_input_launch_s,
         )
     )
-    if tp > 1:
-        backward_input += [comm("eh_proj input", "all_gather", 2.0)] if sp else []
-        backward_input.append(comm("eh_proj input grad", reduce, 2.0))
+    if tp > 1:  # asynchronous, as Megatron's linears run them: beside dgrad, beside wgrad
+        backward_input = [
+            *([comm("sp split", "all_gather")] if sp else []),
+            *([comm("eh_proj input", "all_gather", 2.0, overlap=True)] if sp else []),
+            *backward_input[-1:],
+            comm("eh_proj input grad", reduce, 2.0, overlap=True),
+        ]
     weight = ComputeStep(
         name="mtp eh_proj wgrad",
         duration_s=mtp.backward_weight_s,
@@ -515,9 +532,10 @@ def _ep_steps(
 
 
 def _uniform_recipes(
-    plan: Plan, costs: StepCosts, num_layers: int, *, moe: bool = False
+    plan: Plan, costs: StepCosts, num_layers: int, *, moe: bool = False, expert_comm: bool = True
 ) -> dict[str, tuple[Step, ...]]:
-    """Recipes of ``num_layers`` identical layers (dense, or MoE with their dispatch)."""
+    """Recipes of ``num_layers`` identical layers (dense, or MoE with their dispatch unless
+    ``expert_comm`` is off)."""
     parallel = plan.parallel
     layer = costs.moe_layer if moe and costs.moe_layer is not None else costs.layer
     per_layer = tp_branches_per_layer(plan.model)
@@ -612,7 +630,7 @@ def _uniform_recipes(
     cp_bwd = tuple(_cp_steps(plan, costs, num_layers, "reduce_scatter"))
     ep_fwd: tuple[Step, ...] = ()
     ep_bwd: tuple[Step, ...] = ()
-    if moe:
+    if moe and expert_comm:
         ep_fwd = tuple(_ep_steps(plan, costs, num_layers, recompute=False, backward=False))
         full = parallel.recompute == "full"
         ep_bwd = tuple(_ep_steps(plan, costs, num_layers, recompute=full, backward=True))

@@ -29,8 +29,10 @@ from schedules.grad_sync import GradSync
 from schedules.moe import is_moe, with_hottest
 from schedules.pipeline_program import PipelineRank, pipeline_program
 from schedules.pipeline_schedules import pipeline_orders, pipeline_schedule
+from schedules.pipeline_schedules.a2a_overlap import combined_1f1b
 from schedules.step import ChunkDescription, StepDescription
 from sim.compute.compute_model import ComputeModel
+from sim.replay.combined import combined_recipe
 from sim.replay.engine import CommRunner, Engine, Timeline
 from sim.replay.folding import simulated_ranks
 from sim.replay.fsdp_ranks import fsdp2_programs, fsdp_groups, fsdp_programs, fsdp_stages
@@ -96,7 +98,10 @@ def pipeline_programs(
 ) -> list[Program]:
     """Programs of ``ranks`` for any pipeline schedule; FSDP kinds as FSDP2 units per chunk."""
     par, layout = step.plan.parallel, step.layout
-    orders = pipeline_orders(par.schedule, par.pp, step.num_microbatches, par.vpp)
+    if par.overlap_moe_expert_parallel_comm:  # Megatron-Core's combined 1F1B
+        orders = combined_1f1b(par.pp, step.num_microbatches, par.vpp)
+    else:
+        orders = pipeline_orders(par.schedule, par.pp, step.num_microbatches, par.vpp)
     sync = _grad_sync(step)
     priced: dict[float, StepCosts] = {}
 
@@ -111,6 +116,20 @@ def pipeline_programs(
 
     works = {
         s.stage: tuple(_chunk_work(step, chunk_costs(c), c) for c in s.chunks) for s in step.stages
+    }
+    combined = {
+        stage: {
+            (p.chunk, p.paired.chunk): combined_recipe(
+                step.plan,
+                chunk_costs(step.stages[stage].chunks[p.chunk]),
+                chunk_costs(step.stages[stage].chunks[p.paired.chunk]),
+                step.stages[stage].chunks[p.chunk],
+                step.stages[stage].chunks[p.paired.chunk],
+            )
+            for p in orders[stage]
+            if p.paired is not None
+        }
+        for stage in range(par.pp)
     }
     fsdp = step.kind.gathers_units
     stages = {r: fsdp_stages(step, costs, r, chunk_costs) for r in range(par.pp)} if fsdp else {}
@@ -136,6 +155,7 @@ def pipeline_programs(
             tied_embedding_grad_bytes=step.stages[stage].tied_embedding_grad_bytes,
             grad_norm_group=step.grad_norm_group,
             offload=step.stages[stage].offload,
+            combined=combined[stage],
         )
         programs.append(pipeline_program(spec))
     return programs

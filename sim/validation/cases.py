@@ -579,11 +579,11 @@ def _parallel_section(
     dispatcher = parallel.get("moe_token_dispatcher", "alltoall")
     if dispatcher not in MOE_DISPATCHERS:  # DeepEP / HybridEP (Megatron's flex dispatcher)
         missing.append(f"moe_token_dispatcher ({shorten(dispatcher)}: not modelled)")
-    if parallel.get("overlap_moe_expert_parallel_comm") not in (None, False):
-        missing.append(
-            "overlap_moe_expert_parallel_comm (all-to-alls beside another micro-batch's compute: "
-            "not modelled)"
-        )
+    overlap = parallel.get("overlap_moe_expert_parallel_comm")
+    if isinstance(overlap, bool):  # Megatron-Core's combined 1F1B
+        section["overlap_moe_expert_parallel_comm"] = overlap
+    elif overlap is not None:
+        missing.append(f"overlap_moe_expert_parallel_comm ({shorten(overlap)}; a bool)")
     return section
 
 

@@ -93,6 +93,9 @@ def test_last_stage_holds_the_depths_and_an_embedding_copy() -> None:
     # one stage: the embedding is there already
     single = plan_of({**SMALL, "mtp_num_layers": 1}, tp=2)
     assert mtp_params_per_gpu(single) == per_depth
+    # tied: the last stage still allocates its output layer beside the embedding it builds
+    tied = plan_of({**SMALL, "mtp_num_layers": 1, "tied_embeddings": True}, tp=2, pp=2)
+    assert mtp_params_per_gpu(tied) == per_depth + v * h / t
 
 
 def test_moe_depth_experts_reduce_over_expert_data_parallel() -> None:
@@ -202,6 +205,7 @@ def _plan_dict(model: dict[str, Any]) -> dict[str, Any]:
     [
         ({"training": {"stack": "eager"}}, "stack eager"),
         ({"data_parallel": "fsdp", "training": {"stack": "megatron"}}, "data_parallel fsdp"),
+        ({"tp": 2, "sequence_parallel": True, "tp_comm_overlap": True}, "tp_comm_overlap"),
     ],
 )
 def test_refusals(over: dict[str, Any], message: str) -> None:

@@ -61,6 +61,10 @@ KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
         {"tp": 2, "sequence_parallel": True, "ep": 4, "data_parallel": "distributed_optimizer"},
         True,
     ),
+    "overlap_moe_expert_parallel_comm": (
+        {"tp": 2, "sequence_parallel": True, "ep": 4, "data_parallel": "distributed_optimizer"},
+        True,
+    ),
     "offload_optimizer": ({"data_parallel": "zero2", "tp": 2}, "cpu"),
     "offload_param": ({"data_parallel": "zero3", "tp": 2}, "cpu"),
     "offload_pin_memory": ({"data_parallel": "zero2", "tp": 2, "offload_optimizer": "cpu"}, True),
@@ -89,14 +93,17 @@ FRAMEWORK_KNOBS = {
     "pipeline_layers", "first_stage_layers", "last_stage_layers", "moe_token_dispatcher",
     "offload_optimizer", "offload_param", "offload_pin_memory", "offload_pipeline_read",
     "offload_pipeline_write", "cp_rotate_method", "recompute_num_layers", "moe_permute_fusion",
-    "moe_router_fusion", "recompute_modules",
+    "moe_router_fusion", "recompute_modules", "overlap_moe_expert_parallel_comm",
 }  # fmt: skip
 """``embedding_as_layer`` and ``loss_as_layer`` cannot be toggled alone on a valid plan (they move
 the layer count across a divisibility boundary); tests/schedules/test_stages.py checks the split
 they give."""
 
 
-MOE_KNOBS = {"moe_token_dispatcher", "moe_permute_fusion", "moe_router_fusion"}
+MOE_KNOBS = {
+    "moe_token_dispatcher", "moe_permute_fusion", "moe_router_fusion",
+    "overlap_moe_expert_parallel_comm",
+}  # fmt: skip
 """Knobs of expert parallelism: their plans run an MoE version of the model (8 experts)."""
 
 

@@ -403,7 +403,6 @@ def test_korthikanti_selective_keeps_sequence_parallel_and_reported_time() -> No
         ("fsdp_vldb23_gpt175B_bs1", "num_gpus"),
         ("opt175B_992xA100", "micro_batch_size"),
         ("mbridge_2509_h100_fp8_DEEPSEEKV3_1024gpu", "moe_token_dispatcher ('flex (DeepEP)'"),
-        ("mbridge_2509_h100_fp8_DEEPSEEKV3_1024gpu", "overlap_moe_expert_parallel_comm"),
     ],
 )
 def test_unfaithful_cases_name_the_missing_knob(case_id: str, knob: str) -> None:
@@ -415,16 +414,15 @@ def test_unfaithful_cases_name_the_missing_knob(case_id: str, knob: str) -> None
 @needs_cases
 def test_deepseek_v3_without_its_unmodelled_mechanisms_is_a_valid_latent_plan() -> None:
     """The DeepSeek-V3 row carries its latent attention, its multi-token-prediction depth, its
-    layout with an empty last virtual stage and its recompute modules: without what is not
-    modelled it maps to a plan."""
+    layout with an empty last virtual stage, its recompute modules and its all-to-all overlap:
+    with the alltoall dispatcher for its DeepEP it maps to a plan."""
     case = copy.deepcopy(_cases()["mbridge_2509_h100_fp8_DEEPSEEKV3_1024gpu"])
     case["parallel"]["moe_token_dispatcher"] = "alltoall"
-    case["parallel"].pop("overlap_moe_expert_parallel_comm")
     mapping = map_case(case)
     assert mapping.missing == () and mapping.plan is not None
     plan = resolve_plan(load_plan(mapping.plan), 1024)
     assert (plan.model.kv_lora_rank, plan.parallel.pipeline_layers[-1]) == (512, 0)
-    assert plan.model.mtp_num_layers == 1
+    assert plan.model.mtp_num_layers == 1 and plan.parallel.overlap_moe_expert_parallel_comm
     assert plan.parallel.recompute_modules == ("mla_up_proj", "mlp")
 
 
