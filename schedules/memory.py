@@ -73,7 +73,7 @@ from schedules.params import (
     stage_params_per_gpu,
 )
 from schedules.pipeline_schedules import pipeline_schedule
-from schedules.pipeline_schedules.a2a_overlap import combined_in_flight_chunks
+from schedules.pipeline_schedules.a2a_overlap import COMBINED_EXTRA_LAYERS
 from schedules.plan import Plan, num_microbatches
 from schedules.recompute_modules import module_saved_delta
 from schedules.stacks import loss_compiled, megatron_cross_entropy
@@ -383,11 +383,8 @@ def activation_bytes(plan: Plan, stage: int) -> float:
         num_micro=num_microbatches(plan),
         stage_layers=layers_per_stage(plan, stage),
     )
-    if parallel.overlap_moe_expert_parallel_comm:  # the combined schedule's extra warmup forward
-        in_flight = combined_in_flight_chunks(
-            pp=parallel.pp, vpp=parallel.vpp, stage=stage, num_micro=num_microbatches(plan)
-        )
-        stored = in_flight * layers_per_stage(plan, stage) / parallel.vpp
+    if parallel.overlap_moe_expert_parallel_comm:
+        stored += COMBINED_EXTRA_LAYERS
     total = stored * per_layer
     if parallel.recompute in ("full", "op") and recomputed > 0:
         # The layer being recomputed holds all of its activations until its backward ends (an

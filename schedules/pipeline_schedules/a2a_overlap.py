@@ -69,9 +69,19 @@ def combined_1f1b(p: int, m: int, v: int, group_size: int | None = None) -> tupl
     return tuple(orders)
 
 
+COMBINED_EXTRA_LAYERS = 1
+"""Layers of activations a rank holds at its peak beyond the schedule the combined one
+replaces: its extra warmup forward leaves one more chunk in flight as the first combined pass
+starts, where the plain schedule's steady forward would add its chunk; the combined pass then
+frees the backward's layers one by one as it adds the forward's (``ScheduleNode`` releases each
+layer's state after its backward), so the forward's first layer comes on top of them."""
+
+
 def combined_in_flight_chunks(*, pp: int, vpp: int, stage: int, num_micro: int) -> int:
-    """Model chunks rank ``stage`` holds at its peak under the combined schedule: one more than
-    the schedule it replaces (its extra warmup forward), capped at every chunk."""
+    """Model chunks in flight at some point of rank ``stage``'s combined order, counting each
+    combined pass's forward before its backward (``schedules.pipeline.max_in_flight``): one
+    more than the schedule it replaces (its extra warmup forward), capped at every chunk. The
+    memory it takes is smaller (``COMBINED_EXTRA_LAYERS``)."""
     if pp == 1:
         return min(EXTRA_WARMUP + 1, num_micro)
     warmup = 2 * (pp - stage - 1) + (vpp - 1) * pp + EXTRA_WARMUP

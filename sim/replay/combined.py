@@ -10,33 +10,42 @@ pairs forward layer i with the backward's i-th layer from the end:
     comp stream:  attention fwd | experts bwd + dW -> experts fwd | attention bwd
 
 so each all-to-all runs beside the other pass's compute and the next compute that needs it
-waits (``CommStep.overlap``). Before the layers: the forward's embedding and the backward's head
-(and multi-token prediction); after them: the layers one pass has more of, unpaired, then the
-forward's head and the backward's embedding. The dispatch's token counts (gathered over expert
-TP x EP) and the host synchronisation they need stay before the forward's dispatch, blocking.
+waits (``CommStep.overlap``). A dense layer splits the same way (attention, then its MLP) with
+nothing to dispatch. A multi-token-prediction depth is one more layer of the last chunk
+(Megatron builds its schedule plan as a layer's): its projection runs before its layer's
+attention, its head and loss after its layer (``mtp_post_process``) and, backward, first.
+Before the layers: the forward's embedding and the backward's head; after them: the layers one
+pass has more of, unpaired (the backward's first), then the forward's head and the backward's
+embedding. The dispatch's token counts (gathered over expert TP x EP) block before the forward's
+dispatch; the host waits on them after it has queued the backward's experts, so the GPU does
+not idle and the sync is not priced here. With expert tensor parallelism the expert-TP gather
+and scatter block around each expert half, as Megatron runs them in that step.
 
-Simplified: each half layer's compute is one step, its tensor-parallel collectives blocking
-before or after it (on their own they overlap some weight-gradient GEMMs); the halves split the
-layer's recipe at the time share of its kernels (``ComputeModel.moe_halves_times``), so a TP
-collective falls in the half its place in the recipe gives; a dense layer pairs whole (it has no
-all-to-all to hide); with expert tensor parallelism the expert-TP gather is not ordered after the
-dispatch it follows.
+Simplified: each half layer's compute is one step, its tensor-parallel collectives around it
+(before its compute those before in the layer's recipe, after it the rest, each keeping whether
+it overlaps); a layer splits at the time share of its kernels
+(``ComputeModel.layer_halves_times``), so a TP collective falls in the half its place in the
+recipe gives.
 
     steps = combined_recipe(plan, f_costs, b_costs, forward_chunk, backward_chunk)
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from schedules.actions import CommStep, ComputeStep, HostStep, Step
+from schedules.moe import count_moe_layers
+from schedules.mtp import mtp_depths, mtp_layer_is_moe
 from schedules.plan import Plan
+from schedules.stages import chunk_first_layer
 from schedules.step import ChunkDescription
 from sim.replay.recipes import (
     StepCosts,
     _ep_steps,
     _uniform_recipes,
-    mtp_recipes,
+    mtp_layer_costs,
+    mtp_parts,
     pass_extras,
 )
 
@@ -44,6 +53,21 @@ FORWARD_PREFIX = "f "
 """Name prefix of a combined pass's forward compute steps."""
 BACKWARD_PREFIX = "b "
 """Name prefix of its backward compute steps (the gradient-bucket marks follow these)."""
+
+
+Pieces = tuple[Step, ...]
+LayerPieces = tuple[Pieces, Pieces, Pieces, Pieces, Pieces]
+"""A layer's five pieces in the combined pass (``_forward_layer``, ``_backward_layer``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One layer of a chunk as the combined pass sees it."""
+
+    moe: bool
+    """An MoE layer (it has all-to-alls)."""
+    mtp: bool = False
+    """A multi-token-prediction depth's layer (with its projection and head)."""
 
 
 def _compute_s(steps: tuple[Step, ...]) -> float:
@@ -74,24 +98,18 @@ def split_at(steps: tuple[Step, ...], seconds: float) -> tuple[tuple[Step, ...],
 
 
 def collapsed(steps: tuple[Step, ...], name: str) -> tuple[Step, ...]:
-    """``steps`` as one compute step (``name``) with their collectives blocking around it: those
-    before the first compute lead, the rest follow (a half layer of the combined pass)."""
+    """``steps`` as one compute step (``name``) with their collectives around it: those before
+    the first compute lead, the rest follow (a half layer of the combined pass)."""
     first = next((i for i, s in enumerate(steps) if isinstance(s, ComputeStep)), len(steps))
-
-    def blocking(part: tuple[Step, ...]) -> list[Step]:
-        return [
-            replace(s, overlap=False) if isinstance(s, CommStep) else s
-            for s in part
-            if isinstance(s, CommStep | HostStep)
-        ]
-
     computes = [s for s in steps if isinstance(s, ComputeStep)]
     compute = ComputeStep(
         name=name,
         duration_s=sum(s.duration_s for s in computes),
         launch_s=sum(s.launch_s for s in computes),
     )
-    return (*blocking(steps[:first]), compute, *blocking(steps[first:]))
+    lead = [s for s in steps[:first] if isinstance(s, CommStep | HostStep)]
+    tail = [s for s in steps[first:] if isinstance(s, CommStep | HostStep)]
+    return (*lead, compute, *tail)
 
 
 def _halves(
@@ -103,9 +121,7 @@ def _halves(
     prefix = BACKWARD_PREFIX if backward else FORWARD_PREFIX
     halves = costs.moe_halves if moe else costs.dense_halves
     if halves is None:
-        raise ValueError(
-            "a combined pass needs the layers' halves (overlap_moe_expert_parallel_comm)"
-        )
+        raise ValueError("a combined pass needs the layers' halves (StepCosts.moe_halves)")
     attention, mlp = halves
     total = _compute_s(recipe)
     if backward:
@@ -122,47 +138,106 @@ def _expert_comms(
     plan: Plan, costs: StepCosts, *, backward: bool
 ) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
     """A layer's two all-to-alls on the communication stream, overlapped: forward (the token
-    counts' gather and host sync blocking, then the dispatch; the combine), backward (the
-    combine's gradient; the dispatch's)."""
+    counts' gather, blocking, then the dispatch; the combine), backward (the combine's
+    gradient; the dispatch's)."""
     size = costs.dispatch_bytes
+
+    def a2a(name: str) -> CommStep:
+        return CommStep(name=name, group="ep", op="all_to_all", size_bytes=size, overlap=True)
+
     if backward:
-        return (
-            (CommStep(name="moe combine bwd", group="ep", op="all_to_all", size_bytes=size,
-                      overlap=True),),
-            (CommStep(name="moe dispatch bwd", group="ep", op="all_to_all", size_bytes=size,
-                      overlap=True),),
-        )  # fmt: skip
+        return (a2a("moe combine bwd"),), (a2a("moe dispatch bwd"),)
     plain = _ep_steps(plan, costs, 1, recompute=False, backward=False)
-    counts = tuple(
-        s for s in plain if isinstance(s, HostStep) or "counts" in getattr(s, "name", "")
-    )
+    counts = tuple(s for s in plain if isinstance(s, CommStep) and "counts" in s.name)
+    return (*counts, a2a("moe dispatch")), (a2a("moe combine"),)
+
+
+def _expert_tp(costs: StepCosts, steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """An expert half with its expert-TP gather before and scatter after (etp > 1)."""
+    if not costs.expert_tp_bytes:
+        return steps
+    size = costs.expert_tp_bytes
     return (
-        (*counts, CommStep(name="moe dispatch", group="ep", op="all_to_all", size_bytes=size,
-                           overlap=True)),
-        (CommStep(name="moe combine", group="ep", op="all_to_all", size_bytes=size,
-                  overlap=True),),
-    )  # fmt: skip
+        CommStep(name="moe etp all_gather", group="etp", op="all_gather", size_bytes=size),
+        *steps,
+        CommStep(name="moe etp reduce_scatter", group="etp", op="reduce_scatter", size_bytes=size),
+    )
 
 
-def _pair(
-    plan: Plan, f_costs: StepCosts, b_costs: StepCosts, *, f_moe: bool, b_moe: bool
-) -> tuple[Step, ...]:
-    """Forward layer and backward layer as Megatron-Core interleaves them."""
-    f_pre, f_mlp = _halves(plan, f_costs, moe=f_moe, backward=False)
-    b_mlp, b_pre = _halves(plan, b_costs, moe=b_moe, backward=True)
-    f_dispatch, f_combine = _expert_comms(plan, f_costs, backward=False) if f_moe else ((), ())
-    b_combine, b_dispatch = _expert_comms(plan, b_costs, backward=True) if b_moe else ((), ())
-    return (*b_combine, *f_pre, *f_dispatch, *b_mlp, *b_dispatch, *f_mlp, *f_combine, *b_pre)
+def _forward_layer(
+    plan: Plan, costs: StepCosts, layer: _Layer
+) -> tuple[
+    tuple[Step, ...], tuple[Step, ...], tuple[Step, ...], tuple[Step, ...], tuple[Step, ...]
+]:
+    """(attention half, dispatch, MLP half, combine, after) of a forward layer."""
+    run_plan, run_costs = mtp_layer_costs(plan, costs) if layer.mtp else (plan, costs)
+    pre, mlp = _halves(run_plan, run_costs, moe=layer.moe, backward=False)
+    dispatch, combine = (
+        _expert_comms(run_plan, run_costs, backward=False) if layer.moe else ((), ())
+    )
+    mlp = _expert_tp(run_costs, mlp) if layer.moe else mlp
+    after: tuple[Step, ...] = ()
+    parts = mtp_parts(plan, costs) if layer.mtp else None
+    if parts is not None:  # the projection and the attention: one step beside the combine
+        pre, after = collapsed((*parts.forward, *pre), "mtp attention"), parts.head_forward
+    prefix = FORWARD_PREFIX
+    return _named(pre, prefix), dispatch, _named(mlp, prefix), combine, _named(after, prefix)
 
 
-def _kinds(chunk: ChunkDescription) -> list[bool]:
-    """Whether each layer of a chunk, in forward order, is an MoE layer (dense layers first)."""
-    return [False] * (chunk.num_layers - chunk.num_moe_layers) + [True] * chunk.num_moe_layers
+def _backward_layer(
+    plan: Plan, costs: StepCosts, layer: _Layer
+) -> tuple[
+    tuple[Step, ...], tuple[Step, ...], tuple[Step, ...], tuple[Step, ...], tuple[Step, ...]
+]:
+    """(before, combine's gradient, MLP half, dispatch's gradient, attention half) of a
+    backward layer."""
+    run_plan, run_costs = mtp_layer_costs(plan, costs) if layer.mtp else (plan, costs)
+    mlp, pre = _halves(run_plan, run_costs, moe=layer.moe, backward=True)
+    combine, dispatch = _expert_comms(run_plan, run_costs, backward=True) if layer.moe else ((), ())
+    mlp = _expert_tp(run_costs, mlp) if layer.moe else mlp
+    before: tuple[Step, ...] = ()
+    parts = mtp_parts(plan, costs) if layer.mtp else None
+    if parts is not None:
+        before = (*parts.head_backward, *parts.rerun)
+        pre = collapsed((*pre, *parts.backward_input, *parts.backward_weight), "mtp attention")
+    prefix = BACKWARD_PREFIX
+    return _named(before, prefix), combine, _named(mlp, prefix), dispatch, _named(pre, prefix)
+
+
+def _layers(plan: Plan, chunk: ChunkDescription) -> list[_Layer]:
+    """A chunk's layers in forward order, with its multi-token-prediction depths last."""
+    first = chunk_first_layer(plan.parallel, plan.model.num_layers, chunk.vstage)
+    layers = [
+        _Layer(moe=count_moe_layers(plan.model, start=first + i, count=1) == 1)
+        for i in range(chunk.num_layers)
+    ]
+    if chunk.last:
+        depth = _Layer(moe=mtp_layer_is_moe(plan.model), mtp=True)
+        layers += [depth] * mtp_depths(plan.model)
+    return layers
 
 
 def _named(steps: tuple[Step, ...], prefix: str) -> tuple[Step, ...]:
     return tuple(
-        replace(s, name=prefix + s.name) if isinstance(s, ComputeStep) else s for s in steps
+        replace(s, name=prefix + s.name)
+        if isinstance(s, ComputeStep) and not s.name.startswith(prefix)
+        else s
+        for s in steps
+    )
+
+
+def _one(plan: Plan, costs: StepCosts, layer: _Layer, *, backward: bool) -> tuple[Step, ...]:
+    """A layer of one pass alone, in the same pieces, its all-to-alls blocking (nothing runs
+    beside them)."""
+    if backward:
+        before, combine, mlp, dispatch, pre = _backward_layer(plan, costs, layer)
+        steps = (*before, *combine, *mlp, *dispatch, *pre)
+    else:
+        pre, dispatch, mlp, combine, after = _forward_layer(plan, costs, layer)
+        steps = (*pre, *dispatch, *mlp, *combine, *after)
+    return tuple(
+        replace(s, overlap=False) if isinstance(s, CommStep) and s.group == "ep" else s
+        for s in steps
     )
 
 
@@ -176,21 +251,31 @@ def combined_recipe(
     """One combined pass: ``forward``'s chunk forward and ``backward``'s chunk backward."""
     f_extras = pass_extras(plan, f_costs, first=forward.first, last=forward.last)
     b_extras = pass_extras(plan, b_costs, first=backward.first, last=backward.last)
-    none: dict[str, tuple[Step, ...]] = {"F": (), "B": ()}
-    f_mtp = mtp_recipes(plan, f_costs) if forward.last else none
-    b_mtp = mtp_recipes(plan, b_costs) if backward.last else none
-    f_kinds, b_kinds = _kinds(forward), _kinds(backward)[::-1]
-    pairs = min(len(f_kinds), len(b_kinds))
+    f_layers, b_layers = _layers(plan, forward), _layers(plan, backward)[::-1]
+    pairs = min(len(f_layers), len(b_layers))
     steps: list[Step] = [
         *_named(tuple(f_extras["fwd_pre"]), FORWARD_PREFIX),
-        *_named((*b_extras["bwd_pre"], *b_mtp["B"]), BACKWARD_PREFIX),
+        *_named(tuple(b_extras["bwd_pre"]), BACKWARD_PREFIX),
     ]
     for i in range(pairs):
-        steps += _pair(plan, f_costs, b_costs, f_moe=f_kinds[i], b_moe=b_kinds[i])
-    for moe in b_kinds[pairs:]:
-        steps += _named(_uniform_recipes(plan, b_costs, 1, moe=moe)["B"], BACKWARD_PREFIX)
-    for moe in f_kinds[pairs:]:
-        steps += _named(_uniform_recipes(plan, f_costs, 1, moe=moe)["F"], FORWARD_PREFIX)
-    steps += _named((*f_mtp["F"], *f_extras["fwd_post"]), FORWARD_PREFIX)
+        f_pre, f_dispatch, f_mlp, f_combine, f_after = _forward_layer(plan, f_costs, f_layers[i])
+        b_before, b_combine, b_mlp, b_dispatch, b_pre = _backward_layer(plan, b_costs, b_layers[i])
+        steps += [
+            *b_before,
+            *b_combine,
+            *f_pre,
+            *f_dispatch,
+            *b_mlp,
+            *b_dispatch,
+            *f_mlp,
+            *f_combine,
+            *b_pre,
+            *f_after,
+        ]
+    for layer in b_layers[pairs:]:
+        steps += _one(plan, b_costs, layer, backward=True)
+    for layer in f_layers[pairs:]:
+        steps += _one(plan, f_costs, layer, backward=False)
+    steps += _named(tuple(f_extras["fwd_post"]), FORWARD_PREFIX)
     steps += _named(tuple(b_extras["bwd_post"]), BACKWARD_PREFIX)
     return tuple(steps)

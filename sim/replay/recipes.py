@@ -300,25 +300,30 @@ def pass_extras(plan: Plan, costs: StepCosts, *, first: bool, last: bool) -> dic
     return out
 
 
-def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
-    """Forward, backward, Bi and W recipes of the multi-token-prediction depths on the last
-    virtual stage (``schedules.mtp``), each: the embedding looked up again (its output reduced
-    over TP as the first stage's), the projection with its TP collectives (under sequence
-    parallelism the 2h input gathered, the output gathered over the hidden dimension and split
-    back, blocking; in the backward the split's gather, then the input's re-gather beside the
-    input-gradient GEMM and the input gradient's reduction beside the next compute, as
-    Megatron's linears run them), one layer of the last layer's kind, then its LM head and
-    loss. Under
-    full recompute the projection and the layer run again before their backward (Megatron's
-    uniform method; block recompute leaves the depths alone)."""
-    empty: dict[str, tuple[Step, ...]] = {"F": (), "B": (), "Bi": (), "W": ()}
-    depths, mtp = mtp_depths(plan.model), costs.mtp
-    if not depths or mtp is None:
-        return empty
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MtpParts:
+    """One multi-token-prediction depth's recipe pieces around its layer (``mtp_recipes``)."""
+
+    forward: tuple[Step, ...]
+    """The embedding, norms and projection with their TP collectives, before the layer."""
+    head_forward: tuple[Step, ...]
+    """Its LM head and loss, after the layer."""
+    head_backward: tuple[Step, ...]
+    """Their backward, before the layer's."""
+    rerun: tuple[Step, ...]
+    """The projection again before the layer's backward under full recompute (else empty)."""
+    backward_input: tuple[Step, ...]
+    """The projection's input gradient with its TP collectives, after the layer's backward."""
+    backward_weight: tuple[Step, ...]
+    """The projection's weight gradient and the embedding's backward."""
+
+
+def mtp_parts(plan: Plan, costs: StepCosts) -> MtpParts | None:
+    """One depth's pieces (``mtp_recipes``); None without ``model.mtp_num_layers``."""
+    mtp = costs.mtp
+    if not mtp_depths(plan.model) or mtp is None:
+        return None
     tp, sp, size = plan.parallel.tp, plan.parallel.sequence_parallel, costs.tp_bytes
-    block = costs.kept is not None  # block recompute: the depths keep their activations
-    layer_plan, layer_costs = (kept_plan(plan), costs.kept) if costs.kept else (plan, costs)
-    layer = _uniform_recipes(layer_plan, layer_costs, 1, moe=mtp_layer_is_moe(plan.model))
     head = pass_extras(plan, costs, first=False, last=True)
 
     def comm(name: str, op: str, factor: float = 1.0, *, overlap: bool = False) -> CommStep:
@@ -335,7 +340,7 @@ def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
         *gathers,
     ]
     rerun: list[Step] = []
-    if mtp.recompute_s > 0 and not block:
+    if mtp.recompute_s > 0 and costs.kept is None:  # block recompute leaves the depths alone
         rerun = [
             ComputeStep(
                 name="mtp eh_proj rerun",
@@ -344,19 +349,17 @@ def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
             ),
             *gathers,
         ]
-    backward_input: list[Step] = [comm("sp split", "all_gather")] if tp > 1 and sp else []
-    backward_input.append(
-        ComputeStep(
-            name="mtp eh_proj bwd",
-            duration_s=mtp.backward_input_s,
-            launch_s=mtp.backward_input_launch_s,
-        )
+    dgrad = ComputeStep(
+        name="mtp eh_proj bwd",
+        duration_s=mtp.backward_input_s,
+        launch_s=mtp.backward_input_launch_s,
     )
+    backward_input: list[Step] = [dgrad]
     if tp > 1:  # asynchronous, as Megatron's linears run them: beside dgrad, beside wgrad
         backward_input = [
             *([comm("sp split", "all_gather")] if sp else []),
             *([comm("eh_proj input", "all_gather", 2.0, overlap=True)] if sp else []),
-            *backward_input[-1:],
+            dgrad,
             comm("eh_proj input grad", reduce, 2.0, overlap=True),
         ]
     weight = ComputeStep(
@@ -364,10 +367,47 @@ def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
         duration_s=mtp.backward_weight_s,
         launch_s=mtp.backward_weight_launch_s,
     )
-    one_f = (*forward, *layer["F"], *head["fwd_post"])
-    one_bi = (*head["bwd_pre"], *rerun, *layer["Bi"], *backward_input)
-    one_b = (*head["bwd_pre"], *rerun, *layer["B"], *backward_input, weight)
-    one_w = (*layer["W"], weight)
+    return MtpParts(
+        forward=tuple(forward),
+        head_forward=tuple(head["fwd_post"]),
+        head_backward=tuple(head["bwd_pre"]),
+        rerun=tuple(rerun),
+        backward_input=tuple(backward_input),
+        backward_weight=(weight,),
+    )
+
+
+def mtp_layer_costs(plan: Plan, costs: StepCosts) -> tuple[Plan, StepCosts]:
+    """The plan and costs a depth's layer runs with: block recompute leaves it alone."""
+    return (kept_plan(plan), costs.kept) if costs.kept is not None else (plan, costs)
+
+
+def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
+    """Forward, backward, Bi and W recipes of the multi-token-prediction depths on the last
+    virtual stage (``schedules.mtp``), each: the embedding looked up again (its output reduced
+    over TP as the first stage's), the projection with its TP collectives (under sequence
+    parallelism the 2h input gathered, the output gathered over the hidden dimension and split
+    back, blocking; in the backward the split's gather, then the input's re-gather beside the
+    input-gradient GEMM and the input gradient's reduction beside the next compute, as
+    Megatron's linears run them), one layer of the last layer's kind, then its LM head and
+    loss. Under full recompute the projection and the layer run again before their backward
+    (Megatron's uniform method; block recompute leaves the depths alone)."""
+    parts = mtp_parts(plan, costs)
+    if parts is None:
+        return {"F": (), "B": (), "Bi": (), "W": ()}
+    depths = mtp_depths(plan.model)
+    layer_plan, layer_costs = mtp_layer_costs(plan, costs)
+    layer = _uniform_recipes(layer_plan, layer_costs, 1, moe=mtp_layer_is_moe(plan.model))
+    one_f = (*parts.forward, *layer["F"], *parts.head_forward)
+    one_bi = (*parts.head_backward, *parts.rerun, *layer["Bi"], *parts.backward_input)
+    one_b = (
+        *parts.head_backward,
+        *parts.rerun,
+        *layer["B"],
+        *parts.backward_input,
+        *parts.backward_weight,
+    )
+    one_w = (*layer["W"], *parts.backward_weight)
     return {"F": one_f * depths, "B": one_b * depths, "Bi": one_bi * depths, "W": one_w * depths}
 
 
