@@ -569,6 +569,10 @@ class ParallelConfig:
     compute (``schedules.pipeline_schedules.a2a_overlap``); one more warmup forward. Without
     pipelining or on the interleaved schedule, alltoall dispatcher, ep > 1, no full recompute
     (megatron stack only)."""
+    delay_wgrad_compute: bool = False
+    """Megatron-Core --delay-wgrad-compute (with ``overlap_moe_expert_parallel_comm`` only): in a
+    combined pass the experts' weight gradients run after their input gradients have been
+    handed to the dispatch's backward all-to-all, so that all-to-all runs beside them too."""
     pp_scatter_gather: bool = True
     """Megatron's scatter-gather pipeline p2p (--scatter-gather-tensors-in-pipeline, default on;
     not applied with SP): each TP rank sends 1/t of the activation, the receiver all-gathers it

@@ -312,6 +312,11 @@ def check_a2a_overlap(plan: Plan) -> None:
     the interleaved schedule with virtual stages, the megatron stack over a data-parallel kind
     that keeps whole layers, no CUDA graphs over the MoE layers."""
     parallel, model = plan.parallel, plan.model
+    if parallel.delay_wgrad_compute and not parallel.overlap_moe_expert_parallel_comm:
+        raise ValueError(
+            "parallel.delay_wgrad_compute needs overlap_moe_expert_parallel_comm (Megatron-Core "
+            "asserts it: the weight gradients are delayed inside its combined passes)"
+        )
     if not parallel.overlap_moe_expert_parallel_comm:
         return
     name = "parallel.overlap_moe_expert_parallel_comm"

@@ -30,10 +30,12 @@ MEGATRON_KNOBS = (
     "loss_as_layer",
     "recompute_modules",
     "overlap_moe_expert_parallel_comm",
+    "delay_wgrad_compute",
 )
 """``parallel`` keys that only Megatron-LM has (``--tp-comm-overlap``,
 ``--overlap-param-gather``, its scatter-gather pipeline p2p, its pipeline-split flags, its
-``--recompute-modules`` and ``--overlap-moe-expert-parallel-comm``): a plan
+``--recompute-modules``, ``--overlap-moe-expert-parallel-comm`` and
+``--delay-wgrad-compute``): a plan
 setting one away from the default describes a Megatron run."""
 MEGATRON_TRAINING_KNOBS = ("cross_entropy_fusion",)
 """``training`` keys that only Megatron-Core has (its cross-entropy implementation), the same

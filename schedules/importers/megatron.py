@@ -636,14 +636,10 @@ def _megatron_moe_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
     for flag, key in (("--moe-permute-fusion", "moe_permute_fusion"),
                       ("--moe-router-fusion", "moe_router_fusion"),
                       ("--overlap-moe-expert-parallel-comm",
-                       "overlap_moe_expert_parallel_comm")):  # fmt: skip
+                       "overlap_moe_expert_parallel_comm"),
+                      ("--delay-wgrad-compute", "delay_wgrad_compute")):  # fmt: skip
         if flags.get(flag):
             parallel[key] = True
-    if flags.get("--delay-wgrad-compute"):
-        notes.append(
-            f"{flags.file}: --delay-wgrad-compute is not modelled: the experts' weight gradients "
-            "are priced before the dispatch's backward all-to-all is issued"
-        )
     return parallel
 
 

@@ -25,7 +25,8 @@ Simplified: each half layer's compute is one step, its tensor-parallel collectiv
 (before its compute those before in the layer's recipe, after it the rest, each keeping whether
 it overlaps); a layer splits at the time share of its kernels
 (``ComputeModel.layer_halves_times``), so a TP collective falls in the half its place in the
-recipe gives.
+recipe gives. With ``delay_wgrad_compute`` an expert half's weight gradients leave it and run
+beside the dispatch's backward all-to-all, joined to the forward's expert half in one step.
 
     steps = combined_recipe(plan, f_costs, b_costs, forward_chunk, backward_chunk)
 """
@@ -204,6 +205,25 @@ def _backward_layer(
     return _named(before, prefix), combine, _named(mlp, prefix), dispatch, _named(pre, prefix)
 
 
+def _delayed_weight(mlp: Pieces, costs: StepCosts) -> tuple[Pieces, Pieces]:
+    """A backward expert half without its weight gradients, and those (``delay_wgrad_compute``):
+    its compute split at the weight gradients' share of the experts' time."""
+    assert costs.moe_halves is not None
+    _, experts = costs.moe_halves
+    whole_s = experts.backward_s + experts.recompute_s
+    share = experts.backward_weight_s / whole_s if whole_s else 0.0
+    index = next(i for i, s in enumerate(mlp) if isinstance(s, ComputeStep))
+    compute = mlp[index]
+    assert isinstance(compute, ComputeStep)
+    dgrad = compute.part(compute.duration_s * (1.0 - share))
+    weight = ComputeStep(
+        name=f"{BACKWARD_PREFIX}mlp dW",
+        duration_s=compute.duration_s - dgrad.duration_s,
+        launch_s=compute.launch_s - dgrad.launch_s,
+    )
+    return (*mlp[:index], dgrad, *mlp[index + 1 :]), (weight,)
+
+
 def _layers(plan: Plan, chunk: ChunkDescription) -> list[_Layer]:
     """A chunk's layers in forward order, with its multi-token-prediction depths last."""
     first = chunk_first_layer(plan.parallel, plan.model.num_layers, chunk.vstage)
@@ -260,6 +280,9 @@ def combined_recipe(
     for i in range(pairs):
         f_pre, f_dispatch, f_mlp, f_combine, f_after = _forward_layer(plan, f_costs, f_layers[i])
         b_before, b_combine, b_mlp, b_dispatch, b_pre = _backward_layer(plan, b_costs, b_layers[i])
+        if plan.parallel.delay_wgrad_compute and b_layers[i].moe:
+            b_mlp, weight = _delayed_weight(b_mlp, b_costs)
+            f_mlp = collapsed((*weight, *f_mlp), "b mlp dW, f mlp")
         steps += [
             *b_before,
             *b_combine,

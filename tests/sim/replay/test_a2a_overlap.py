@@ -194,9 +194,8 @@ def test_megatron_importer_reads_the_flag(tmp_path: Path) -> None:
         "--num-experts 8 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall "
         "--overlap-moe-expert-parallel-comm --delay-wgrad-compute\n"
     )
-    imported = from_megatron_args(args)
-    assert imported.sections["parallel"]["overlap_moe_expert_parallel_comm"] is True
-    assert any("--delay-wgrad-compute" in note for note in imported.warnings)
+    parallel = from_megatron_args(args).sections["parallel"]
+    assert parallel["overlap_moe_expert_parallel_comm"] is parallel["delay_wgrad_compute"] is True
 
 
 def _combined(plan: Any) -> tuple[Any, ...]:
@@ -227,3 +226,26 @@ def test_expert_tensor_parallel_collectives_stay() -> None:
     steps = _combined(plan)
     etp = [s.op for s in steps if isinstance(s, CommStep) and s.group == "etp"]
     assert etp == ["all_gather", "reduce_scatter"] * (2 * 3)  # each MoE layer, both passes
+
+
+def test_delayed_weight_gradients_run_beside_the_dispatch_backward() -> None:
+    """With ``delay_wgrad_compute`` the backward's expert half hands its input gradient to the
+    dispatch's backward all-to-all first; its weight gradients join the forward's expert half,
+    beside that all-to-all. The compute is the same."""
+    plain, delayed = _plan(True), _plan(True, delay_wgrad_compute=True)
+    steps, delayed_steps = _combined(plain), _combined(delayed)
+    assert _compute_s(delayed_steps) == pytest.approx(_compute_s(steps))
+    names = [s.name for s in delayed_steps]
+    i = names.index("moe dispatch bwd", names.index("moe dispatch"))
+    assert names[i + 1] == "b mlp dW, f mlp"
+    costs = step_costs(delayed, ComputeModel(GPUS["h100-sxm"]))
+    assert costs.moe_halves is not None
+    _, experts = costs.moe_halves
+    weight_share = experts.backward_weight_s / (experts.backward_s + experts.recompute_s)
+    before = delayed_steps[i - 1]
+    whole = next(
+        s for s in steps[i - 1 : i + 1] if isinstance(s, ComputeStep) and s.name == "b mlp"
+    )
+    assert before.duration_s == pytest.approx(whole.duration_s * (1 - weight_share))
+    with pytest.raises(ValueError, match="needs overlap_moe_expert_parallel_comm"):
+        _plan(False, delay_wgrad_compute=True)

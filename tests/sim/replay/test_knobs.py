@@ -65,6 +65,16 @@ KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
         {"tp": 2, "sequence_parallel": True, "ep": 4, "data_parallel": "distributed_optimizer"},
         True,
     ),
+    "delay_wgrad_compute": (
+        {
+            "tp": 2,
+            "sequence_parallel": True,
+            "ep": 4,
+            "data_parallel": "distributed_optimizer",
+            "overlap_moe_expert_parallel_comm": True,
+        },
+        True,
+    ),
     "offload_optimizer": ({"data_parallel": "zero2", "tp": 2}, "cpu"),
     "offload_param": ({"data_parallel": "zero3", "tp": 2}, "cpu"),
     "offload_pin_memory": ({"data_parallel": "zero2", "tp": 2, "offload_optimizer": "cpu"}, True),
@@ -94,6 +104,7 @@ FRAMEWORK_KNOBS = {
     "offload_optimizer", "offload_param", "offload_pin_memory", "offload_pipeline_read",
     "offload_pipeline_write", "cp_rotate_method", "recompute_num_layers", "moe_permute_fusion",
     "moe_router_fusion", "recompute_modules", "overlap_moe_expert_parallel_comm",
+    "delay_wgrad_compute",
 }  # fmt: skip
 """``embedding_as_layer`` and ``loss_as_layer`` cannot be toggled alone on a valid plan (they move
 the layer count across a divisibility boundary); tests/schedules/test_stages.py checks the split
@@ -102,7 +113,7 @@ they give."""
 
 MOE_KNOBS = {
     "moe_token_dispatcher", "moe_permute_fusion", "moe_router_fusion",
-    "overlap_moe_expert_parallel_comm",
+    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
 }  # fmt: skip
 """Knobs of expert parallelism: their plans run an MoE version of the model (8 experts)."""
 
