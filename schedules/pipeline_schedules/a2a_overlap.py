@@ -26,6 +26,7 @@ from schedules.pipeline import Pass, RankOrder, check_pipeline_size
 from schedules.pipeline_schedules.interleaved import (
     check_interleaved,
     schedule_table,
+    virtual_passes,
     warmup_interleaved,
 )
 
@@ -49,15 +50,7 @@ def combined_1f1b(p: int, m: int, v: int, group_size: int | None = None) -> tupl
         table = schedule_table(m, v, g)
         warmups = [min(warmup_interleaved(p, r, m, v, g) + EXTRA_WARMUP, m * v) for r in range(p)]
     total = len(table)
-
-    def fwd(k: int) -> Pass:
-        mb, chunk = table[k]
-        return Pass(kind="F", microbatch=mb, chunk=chunk)
-
-    def bwd(k: int) -> Pass:
-        mb, chunk = table[k]
-        return Pass(kind="B", microbatch=mb, chunk=v - 1 - chunk)
-
+    fwd, bwd = virtual_passes(table, v)
     orders = []
     for warmup in warmups:
         order = [fwd(k) for k in range(warmup)]

@@ -12,6 +12,8 @@ holds the warmup chunks plus the first steady one (Korthikanti et al. 2022, Sec.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from schedules.pipeline import Pass, RankOrder, check_pipeline_size
 from schedules.pipeline_schedules.spec import PipelineSchedule, one_microbatch
 
@@ -46,6 +48,23 @@ def schedule_table(m: int, v: int, group_size: int) -> tuple[tuple[int, int], ..
     return tuple(table)
 
 
+def virtual_passes(
+    table: tuple[tuple[int, int], ...], v: int
+) -> tuple[Callable[[int], Pass], Callable[[int], Pass]]:
+    """The forward and the backward of virtual micro-batch ``k``: ``table[k]``, the backward's
+    chunk reversed (``v - 1 - chunk``)."""
+
+    def fwd(k: int) -> Pass:
+        mb, chunk = table[k]
+        return Pass(kind="F", microbatch=mb, chunk=chunk)
+
+    def bwd(k: int) -> Pass:
+        mb, chunk = table[k]
+        return Pass(kind="B", microbatch=mb, chunk=v - 1 - chunk)
+
+    return fwd, bwd
+
+
 def warmup_interleaved(p: int, r: int, m: int, v: int, group_size: int | None = None) -> int:
     """Interleaved warmup forwards on rank ``r``: ``2(p - r - 1) + (v - 1) g``, at most ``m v``."""
     g = p if group_size is None else group_size
@@ -62,15 +81,7 @@ def interleaved(p: int, m: int, v: int, group_size: int | None = None) -> tuple[
     check_interleaved(p, m, v, g)
     table = schedule_table(m, v, g)
     total = m * v
-
-    def fwd(k: int) -> Pass:
-        mb, chunk = table[k]
-        return Pass(kind="F", microbatch=mb, chunk=chunk)
-
-    def bwd(k: int) -> Pass:
-        mb, chunk = table[k]
-        return Pass(kind="B", microbatch=mb, chunk=v - 1 - chunk)
-
+    fwd, bwd = virtual_passes(table, v)
     orders = []
     for r in range(p):
         warmup = warmup_interleaved(p, r, m, v, g)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from schedules.actions import CommStep, ComputeStep, HostStep, Step
 from schedules.moe import count_moe_layers
 from schedules.mtp import mtp_depths, mtp_layer_is_moe
+from schedules.pipeline_program import COMBINED_BACKWARD_PREFIX
 from schedules.plan import Plan
 from schedules.stages import chunk_first_layer
 from schedules.step import ChunkDescription
@@ -52,7 +53,7 @@ from sim.replay.recipes import (
 
 FORWARD_PREFIX = "f "
 """Name prefix of a combined pass's forward compute steps."""
-BACKWARD_PREFIX = "b "
+BACKWARD_PREFIX = COMBINED_BACKWARD_PREFIX
 """Name prefix of its backward compute steps (the gradient-bucket marks follow these)."""
 
 
