@@ -328,7 +328,7 @@ def check_a2a_overlap(plan: Plan) -> None:
     if parallel.moe_token_dispatcher != "alltoall":
         raise ValueError(
             f"{name} with moe_token_dispatcher {parallel.moe_token_dispatcher}: Megatron-Core "
-            "overlaps the alltoall (or flex) dispatcher's"
+            "overlaps the alltoall and flex dispatchers' all-to-alls only"
         )
     if parallel.recompute == "full" or parallel.recompute_num_layers is not None:
         raise ValueError(
