@@ -170,12 +170,15 @@ MODEL_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
                 2048,
                 moe_shared_expert_ffn_hidden_size=2048,
                 moe_first_dense_layers=3,
+                moe_router_num_groups=8,
+                moe_router_group_topk=4,
             ),
             **_mla(q_lora_rank=1536),
         },
         "DeepSeek-V3 technical report, arXiv:2412.19437, Sec. 4.2, and its config.json (671B "
-        "total, 37B active, first 3 layers dense, 1 shared + 256 routed experts, top-8, "
-        "multi-head latent attention); its multi-token-prediction module is left out",
+        "total, 37B active, first 3 layers dense, 1 shared + 256 routed experts, top-8 within 4 "
+        "of 8 groups, multi-head latent attention); its multi-token-prediction module is left "
+        "out",
     ),
     "kimi-k2": (
         {

@@ -184,17 +184,67 @@ def expert_tokens(plan: Plan) -> float:
     return balanced * load_factor(plan)
 
 
-def dispatch_bytes(plan: Plan, *, element_bytes: float = 2.0) -> float:
+def dispatch_bytes(
+    plan: Plan, *, element_bytes: float = 2.0, gpus_per_node: int | None = None
+) -> float:
     """One dispatch (or combine) message per GPU of the plan's dispatcher, nccl-tests sizes.
 
     ``alltoall``: the busiest rank's T_r k copies of h (x load factor); ``allgather``: the output
-    of gathering the T_r tokens of all etp x ep GPUs.
+    of gathering the T_r tokens of all etp x ep GPUs; ``flex`` (DeepEP's normal kernels, as
+    Megatron-Core's flex dispatcher runs them): across servers each token goes once to each
+    destination server, over RDMA, and is forwarded there over NVLink (DeepEP's README and
+    ``internode.cu``), so the all-to-all that stands for it carries ``destination_nodes`` copies
+    of each token where the alltoall dispatcher carries k: the same share of it crosses the
+    network, so the bytes on the network are DeepEP's (its NVLink forwarding, k copies at
+    NVLink's rate, is not the bound there); within one server it is the alltoall's.
     """
     model, parallel = plan.model, plan.parallel
     h = model.hidden_size
     if parallel.moe_token_dispatcher == "allgather":
         return routed_tokens(plan) * h * element_bytes * parallel.ep * parallel.expert_tp
-    return routed_tokens(plan) * model.moe_top_k * h * element_bytes * load_factor(plan)
+    copies: float = model.moe_top_k
+    if parallel.moe_token_dispatcher == "flex":
+        if gpus_per_node is None:
+            raise ValueError("the flex dispatcher's message depends on the GPUs per server")
+        nodes = ep_nodes(parallel, gpus_per_node)
+        if nodes > 1:
+            copies = destination_nodes(model, nodes)
+    return routed_tokens(plan) * copies * h * element_bytes * load_factor(plan)
+
+
+def ep_nodes(parallel: ParallelConfig, gpus_per_node: int) -> int:
+    """Servers one expert-parallel group spans: its etp x ep consecutive ranks (Megatron-Core's
+    expert rank order) over servers of ``gpus_per_node``."""
+    return max(1, math.ceil(parallel.ep * parallel.expert_tp / gpus_per_node))
+
+
+def destination_nodes(model: ModelConfig, nodes: int) -> float:
+    """Expected servers a token's k experts sit on when its expert-parallel group spans
+    ``nodes`` servers, each holding an equal block of the experts. Without group-limited
+    routing the k experts are taken as independent uniform picks: N (1 - (1 - 1/N)^k). With
+    it (``moe_router_num_groups`` G, ``moe_router_group_topk`` T; groups are blocks of
+    consecutive experts): G = N, each group a server, the k experts in T groups reach min(T, k)
+    servers (each chosen group holds at least one of them, as its score is its best experts');
+    G a multiple of N, T of the G groups drawn without replacement cover
+    N (1 - C(G - G/N, T) / C(G, T)) servers; N a multiple of G, the k experts fall uniformly
+    on the T N / G servers of their groups."""
+    k = model.moe_top_k
+    groups, chosen = model.moe_router_num_groups, model.moe_router_group_topk
+
+    def uniform(n: float) -> float:
+        return n * (1.0 - (1.0 - 1.0 / n) ** k)
+
+    if not groups or chosen >= groups:
+        return uniform(nodes)
+    if groups == nodes:
+        return float(min(chosen, k))
+    if groups % nodes == 0:
+        per_node = groups // nodes
+        missed = math.comb(groups - per_node, chosen) / math.comb(groups, chosen)
+        return min(float(k), nodes * (1.0 - missed))
+    if nodes % groups == 0:
+        return uniform(chosen * nodes / groups)
+    return uniform(nodes)
 
 
 def moe_mlp_forward_flops(model: ModelConfig, num_tokens: float) -> float:

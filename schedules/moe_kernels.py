@@ -123,9 +123,10 @@ def megatron_moe(plan: Plan) -> bool:
 
 
 def megatron_alltoall(plan: Plan) -> bool:
-    """Whether the plan runs Megatron-Core's alltoall dispatcher (``MEGATRON_PERMUTE_BYTES``;
-    its allgather dispatcher permutes the gathered tokens, priced with ``PERMUTE_PASSES``)."""
-    return megatron_moe(plan) and plan.parallel.moe_token_dispatcher == "alltoall"
+    """Whether the plan runs Megatron-Core's alltoall dispatcher, or its flex dispatcher, which
+    permutes the tokens DeepEP delivers the same way (``MEGATRON_PERMUTE_BYTES``; its allgather
+    dispatcher permutes the gathered tokens, priced with ``PERMUTE_PASSES``)."""
+    return megatron_moe(plan) and plan.parallel.moe_token_dispatcher in ("alltoall", "flex")
 
 
 def megatron_permute_kernels(plan: Plan) -> tuple[Kernel, Kernel]:

@@ -58,8 +58,9 @@ CROSS_ENTROPY_FUSIONS = ("none", "native", "te", "te_inplace")
 """Megatron-Core's cross-entropy implementations (``training.cross_entropy_fusion``;
 ``schedules.kernels.MEGATRON_CROSS_ENTROPY``)."""
 FSDP_BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
-MOE_DISPATCHERS = ("alltoall", "allgather")
-"""Megatron-Core's token dispatchers (``moe_token_dispatcher_type``)."""
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+"""Megatron-Core's token dispatchers (``moe_token_dispatcher_type``); ``flex`` with DeepEP
+(``schedules.moe.dispatch_bytes``)."""
 CP_ROTATE_METHODS = ("allgather", "alltoall")
 """How torch's context parallel passes K and V around (``context_parallel_rotate_method``)."""
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -157,6 +158,10 @@ def _check_moe(model: ModelConfig) -> None:
             f"{model.moe_layer_freq} and {model.moe_first_dense_layers}"
         )
     if not model.num_experts:
+        if model.moe_router_num_groups or model.moe_router_group_topk:
+            raise ValueError(
+                "model.moe_router_num_groups and moe_router_group_topk need model.num_experts"
+            )
         return
     if not 1 <= model.moe_top_k <= model.num_experts:
         raise ValueError(
@@ -175,6 +180,18 @@ def _check_moe(model: ModelConfig) -> None:
     capacity = model.moe_capacity_factor
     if capacity is not None and not 0.0 < capacity <= model.num_experts:
         raise ValueError(f"model.moe_capacity_factor={capacity} must be in (0, num_experts]")
+    groups, topk = model.moe_router_num_groups, model.moe_router_group_topk
+    if groups or topk:
+        if not (1 <= topk <= groups and model.num_experts % groups == 0):
+            raise ValueError(
+                f"model.moe_router_num_groups={groups} must divide num_experts="
+                f"{model.num_experts} and moe_router_group_topk={topk} be in 1..{groups}"
+            )
+        if model.moe_top_k > topk * (model.num_experts // groups):
+            raise ValueError(
+                f"model.moe_top_k={model.moe_top_k} exceeds the experts of "
+                f"moe_router_group_topk={topk} groups of {model.num_experts // groups}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -238,6 +255,12 @@ class ModelConfig:
     moe_imbalance: float = 1.0
     """Tokens of the busiest expert relative to the mean (1.0: perfectly balanced routing); the
     rank holding it sets the pace of every all-to-all and expert GEMM."""
+    moe_router_num_groups: int = 0
+    """Group-limited routing (DeepSeek-V3; Megatron-Core --moe-router-num-groups, Hugging Face
+    ``n_group``): the experts split into this many groups, of which each token's experts come
+    from ``moe_router_group_topk``; 0: every expert open to every token."""
+    moe_router_group_topk: int = 0
+    """Groups a token's experts come from (--moe-router-group-topk, ``topk_group``)."""
     separate_projections: bool = False
     """The attention's query, key and value projections and a gated MLP's gate and up
     projections are separate linears (torchtitan's Llama ``wq``, ``wk``, ``wv``, ``w1``, ``w3``;
@@ -554,7 +577,8 @@ class ParallelConfig:
     """Expert tensor-parallel degree (--expert-tensor-parallel-size); 0 means tp (Megatron's
     default)."""
     moe_token_dispatcher: str = "alltoall"
-    """How tokens reach their experts (--moe-token-dispatcher-type): alltoall | allgather."""
+    """How tokens reach their experts (--moe-token-dispatcher-type): alltoall | allgather | flex
+    (DeepEP: each token sent once per destination node, ``schedules.moe.dispatch_bytes``)."""
     moe_permute_fusion: bool = False
     """Megatron-Core --moe-permute-fusion: Transformer Engine's fused permutation and
     un-permutation instead of the gather, scatter and sort kernels (megatron stack only,

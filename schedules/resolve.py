@@ -305,6 +305,19 @@ def check_mtp(plan: Plan) -> None:
         )
 
 
+def check_flex_dispatcher(plan: Plan) -> None:
+    """The flex dispatcher (DeepEP) is Megatron-Core's, over expert parallelism (ep > 1)."""
+    parallel = plan.parallel
+    if parallel.moe_token_dispatcher != "flex":
+        return
+    stack = kernel_stack(plan)
+    if stack != "megatron" or parallel.ep < 2:
+        raise ValueError(
+            f"parallel.moe_token_dispatcher flex (DeepEP) is Megatron-Core's over expert "
+            f"parallelism: it needs stack megatron and ep > 1, got stack {stack}, ep={parallel.ep}"
+        )
+
+
 def check_a2a_overlap(plan: Plan) -> None:
     """``overlap_moe_expert_parallel_comm`` where Megatron-Core runs it (``transformer_config.py``
     asserts the same): an MoE model with ep > 1 and the alltoall dispatcher, no full recompute
@@ -325,7 +338,7 @@ def check_a2a_overlap(plan: Plan) -> None:
             f"{name} hides expert-parallel all-to-alls: it needs an MoE model with ep > 1, got "
             f"num_experts={model.num_experts}, ep={parallel.ep}"
         )
-    if parallel.moe_token_dispatcher != "alltoall":
+    if parallel.moe_token_dispatcher not in ("alltoall", "flex"):
         raise ValueError(
             f"{name} with moe_token_dispatcher {parallel.moe_token_dispatcher}: Megatron-Core "
             "overlaps the alltoall and flex dispatchers' all-to-alls only"
@@ -390,6 +403,7 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_latent_attention(plan)
     check_recompute_modules(plan)
     check_mtp(plan)
+    check_flex_dispatcher(plan)
     check_a2a_overlap(plan)
     check_float8(plan)
     check_mixed_precision(plan)

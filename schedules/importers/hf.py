@@ -54,7 +54,7 @@ _HF_NOISE = frozenset({
     "reorder_and_upcast_attn", "classifier_dropout", "output_attentions",
     "output_hidden_states", "return_dict", "is_decoder", "bad_words_ids", "rotary_pct",
     "norm_topk_prob", "router_aux_loss_coef", "output_router_logits",
-    "routed_scaling_factor", "n_group", "topk_group", "topk_method", "scoring_func",
+    "routed_scaling_factor", "topk_method", "scoring_func",
     "aux_loss_alpha", "seq_aux", "ep_size", "quantization_config", "auto_map",
 })  # fmt: skip
 """Keys that change nothing a training step costs: token ids, initialisation, norm epsilons,
@@ -195,6 +195,8 @@ _HF_DEEPSEEK_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
         "n_shared_experts": None,
         "moe_intermediate_size": None,
         "num_experts_per_tok": None,
+        "n_group": None,
+        "topk_group": None,
     },
     "deepseek_v3": {
         "n_routed_experts": 256,
@@ -202,12 +204,14 @@ _HF_DEEPSEEK_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
         "n_shared_experts": 1,
         "moe_intermediate_size": 2048,
         "num_experts_per_tok": 8,
+        "n_group": 8,
+        "topk_group": 4,
     },
 }
 """The experts' defaults of each config class: DeepSeek-V2's remote ``configuration_deepseek.py``
 (no routed experts by default, a dense model; a config with experts must give their width and
 top-k) and transformers' ``DeepseekV3Config`` (256 routed experts of 2,048, top-8, one shared,
-after 3 dense layers)."""
+after 3 dense layers, routed within 4 of 8 groups)."""
 
 
 def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
@@ -216,7 +220,8 @@ def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
     ``qk_rope_head_dim``, ``v_head_dim``), ``first_k_dense_replace`` dense layers of
     ``intermediate_size`` and then MoE layers every ``moe_layer_freq`` of ``n_routed_experts``
     routed experts of ``moe_intermediate_size`` and ``n_shared_experts`` shared ones of the same
-    width; the router's grouping and scaling change no cost. ``num_nextn_predict_layers``
+    width; its group-limited routing (``n_group``, ``topk_group``) as the model's (where DeepEP
+    sends each token), its scaling changes no cost. ``num_nextn_predict_layers``
     (V3's multi-token prediction) is not modelled: a note says it is left out. Keys a config
     leaves out take its class's defaults (``_HF_DEEPSEEK_DEFAULTS``)."""
     family = _hf_family(fields)[0]
@@ -271,6 +276,10 @@ def _hf_deepseek(fields: _Fields, notes: list[str]) -> dict[str, Any]:
             "moe_first_dense_layers": first,
             "moe_layer_freq": freq,
         }
+        groups = fields.get("n_group", (int, type(None)), family_defaults["n_group"]) or 1
+        chosen = fields.get("topk_group", (int, type(None)), family_defaults["topk_group"]) or 1
+        if groups > 1:  # group-limited routing: where DeepEP sends each token
+            moe.update(moe_router_num_groups=groups, moe_router_group_topk=chosen)
     mtp = fields.get("num_nextn_predict_layers", int, 0)
     if mtp:
         notes.append(

@@ -94,6 +94,10 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--moe-grouped-gemm": bool,
     "--moe-pad-expert-input-to-capacity": bool,
     "--moe-permute-fusion": bool,
+    "--moe-router-num-groups": int,
+    "--moe-router-group-topk": int,
+    "--moe-enable-deepep": bool,
+    "--moe-flex-dispatcher-backend": str,
     "--overlap-moe-expert-parallel-comm": bool,
     "--delay-wgrad-compute": bool,
     "--moe-router-fusion": bool,
@@ -512,7 +516,9 @@ def _megatron_moe_model(flags: _Flags, layers: int, notes: list[str]) -> dict[st
     for flag, key in (("--moe-ffn-hidden-size", "moe_ffn_hidden_size"),
                       ("--moe-shared-expert-intermediate-size",
                        "moe_shared_expert_ffn_hidden_size"),
-                      ("--moe-expert-capacity-factor", "moe_capacity_factor")):  # fmt: skip
+                      ("--moe-expert-capacity-factor", "moe_capacity_factor"),
+                      ("--moe-router-num-groups", "moe_router_num_groups"),
+                      ("--moe-router-group-topk", "moe_router_group_topk")):  # fmt: skip
         if flags.get(flag) is not None:
             moe[key] = flags.get(flag)
     freq = flags.get("--moe-layer-freq")
@@ -609,7 +615,8 @@ def _megatron_moe_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
     moe_flags = ("--expert-model-parallel-size", "--expert-tensor-parallel-size",
                  "--moe-token-dispatcher-type", "--moe-permute-fusion",
                  "--moe-router-fusion", "--overlap-moe-expert-parallel-comm",
-                 "--delay-wgrad-compute")  # fmt: skip
+                 "--delay-wgrad-compute", "--moe-enable-deepep",
+                 "--moe-flex-dispatcher-backend")  # fmt: skip
     if not flags.get("--num-experts"):
         if (flags.get("--expert-model-parallel-size") or 1) > 1:
             raise ValueError(
@@ -627,7 +634,15 @@ def _megatron_moe_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
                 raise ValueError(f"{flags.file}: {flag} must be >= 1, got {value}")
             parallel[key] = value
     dispatcher = flags.get("--moe-token-dispatcher-type")
-    if dispatcher in ("alltoall_seq", "flex"):
+    backend = flags.get("--moe-flex-dispatcher-backend")
+    if dispatcher == "flex" and backend == "hybridep":
+        notes.append(f"{flags.file}: the flex dispatcher's HybridEP backend is priced as DeepEP")
+    elif dispatcher == "flex" and not (flags.get("--moe-enable-deepep") or backend == "deepep"):
+        notes.append(
+            f"{flags.file}: --moe-token-dispatcher-type flex without a backend "
+            "(--moe-enable-deepep, --moe-flex-dispatcher-backend) is priced as DeepEP"
+        )
+    if dispatcher == "alltoall_seq":
         notes.append(
             f"{flags.file}: --moe-token-dispatcher-type {dispatcher} is priced as alltoall"
         )

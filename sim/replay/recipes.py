@@ -100,8 +100,9 @@ class StepCosts:
     """One MoE layer before and after its token dispatch, the same way (else None)."""
 
 
-def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
-    """Times from the compute model and sizes from ``schedules`` for one micro-batch."""
+def step_costs(plan: Plan, compute: ComputeModel, *, gpus_per_node: int | None = None) -> StepCosts:
+    """Times from the compute model and sizes from ``schedules`` for one micro-batch
+    (``gpus_per_node``: the servers' size, which the flex dispatcher's message needs)."""
     model, parallel, b = plan.model, plan.parallel, plan.training.micro_batch_size
     dtype = "fp8" if plan.training.precision == "fp8" else "bf16"
     linears = linear_gemm_shapes(plan)  # each fused GEMM as the GEMMs that run it
@@ -121,7 +122,8 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
     combined = is_moe(model) and parallel.overlap_moe_expert_parallel_comm
     moe_layer, dispatch, expert_tp, sync = None, 0.0, 0.0, 0.0
     if is_moe(model):
-        moe_layer, dispatch = compute.moe_layer_times(plan), dispatch_bytes(plan)
+        moe_layer = compute.moe_layer_times(plan)
+        dispatch = dispatch_bytes(plan, gpus_per_node=gpus_per_node)
         if parallel.expert_tp > 1:
             expert_tp = expert_tokens(plan) * model.hidden_size * ACTIVATION_BYTES
         sync = moe_sync_s(plan, compute)
@@ -154,7 +156,7 @@ def step_costs(plan: Plan, compute: ComputeModel) -> StepCosts:
         moe_sync_s=sync,
         kept=None
         if parallel.recompute_num_layers is None
-        else step_costs(kept_plan(plan), compute),
+        else step_costs(kept_plan(plan), compute, gpus_per_node=gpus_per_node),
         mtp=compute.mtp_times(plan) if mtp_depths(model) else None,
         dense_halves=compute.layer_halves_times(plan, moe=False) if combined else None,
         moe_halves=compute.layer_halves_times(plan, moe=True) if combined else None,
@@ -524,7 +526,9 @@ def _ep_steps(
             ),
         ]
     counts: list[Step] = []
-    if sync and megatron_moe(plan):
+    if sync and megatron_moe(plan) and parallel.moe_token_dispatcher == "flex":
+        counts = list(sync)  # DeepEP lays the tokens out on the GPU; the host waits for counts
+    elif sync and megatron_moe(plan):
         counts_bytes = MOE_COUNT_BYTES * plan.model.num_experts * parallel.expert_tp * parallel.ep
         counts = [
             CommStep(

@@ -111,7 +111,9 @@ def pipeline_programs(
             return costs
         if chunk.moe_hottest not in priced:
             variant = with_hottest(step.plan, chunk.moe_hottest)
-            priced[chunk.moe_hottest] = step_costs(variant, compute)
+            priced[chunk.moe_hottest] = step_costs(
+                variant, compute, gpus_per_node=step.gpus_per_node
+            )
         return priced[chunk.moe_hottest]
 
     works = {
@@ -169,7 +171,7 @@ def build_programs(
     ranks: tuple[int, ...] | None = None,
 ) -> list[Program]:
     """Programs of the simulated ranks of a described step (``ranks``: these instead)."""
-    costs = step_costs(step.plan, compute)
+    costs = step_costs(step.plan, compute, gpus_per_node=step.gpus_per_node)
     ranks = simulated_ranks(step.layout, fold=fold) if ranks is None else ranks
     par = step.plan.parallel
     program = step.kind.program if par.pp == 1 else "pipeline"

@@ -59,6 +59,8 @@ MOE_MODEL_KEYS = (
     "moe_layer_freq",
     "moe_first_dense_layers",
     "moe_capacity_factor",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
 )
 """Model keys of an MoE run, spelled as in a plan."""
 LATENT_MODEL_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
@@ -577,13 +579,16 @@ def _parallel_section(
     section.update(_layout_section(parallel, missing))
     section.update({k: parallel[k] for k in MOE_PARALLEL_KEYS if k in parallel})
     dispatcher = parallel.get("moe_token_dispatcher", "alltoall")
-    if dispatcher not in MOE_DISPATCHERS:  # DeepEP / HybridEP (Megatron's flex dispatcher)
+    if isinstance(dispatcher, str) and dispatcher.startswith("flex (DeepEP)"):
+        section["moe_token_dispatcher"] = "flex"  # Megatron's flex dispatcher with DeepEP
+    elif dispatcher not in MOE_DISPATCHERS:  # HybridEP, ...
         missing.append(f"moe_token_dispatcher ({shorten(dispatcher)}: not modelled)")
-    overlap = parallel.get("overlap_moe_expert_parallel_comm")
-    if isinstance(overlap, bool):  # Megatron-Core's combined 1F1B
-        section["overlap_moe_expert_parallel_comm"] = overlap
-    elif overlap is not None:
-        missing.append(f"overlap_moe_expert_parallel_comm ({shorten(overlap)}; a bool)")
+    for key in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):  # combined 1F1B
+        value = parallel.get(key)
+        if isinstance(value, bool):
+            section[key] = value
+        elif value is not None:
+            missing.append(f"{key} ({shorten(value)}; a bool)")
     return section
 
 

@@ -402,7 +402,6 @@ def test_korthikanti_selective_keeps_sequence_parallel_and_reported_time() -> No
         ("mtnlg530B_2240gpu", "micro_batch_size"),
         ("fsdp_vldb23_gpt175B_bs1", "num_gpus"),
         ("opt175B_992xA100", "micro_batch_size"),
-        ("mbridge_2509_h100_fp8_DEEPSEEKV3_1024gpu", "moe_token_dispatcher ('flex (DeepEP)'"),
     ],
 )
 def test_unfaithful_cases_name_the_missing_knob(case_id: str, knob: str) -> None:
@@ -412,17 +411,18 @@ def test_unfaithful_cases_name_the_missing_knob(case_id: str, knob: str) -> None
 
 
 @needs_cases
-def test_deepseek_v3_without_its_unmodelled_mechanisms_is_a_valid_latent_plan() -> None:
+def test_deepseek_v3_maps_with_every_mechanism_it_runs() -> None:
     """The DeepSeek-V3 row carries its latent attention, its multi-token-prediction depth, its
-    layout with an empty last virtual stage, its recompute modules and its all-to-all overlap:
-    with the alltoall dispatcher for its DeepEP it maps to a plan."""
-    case = copy.deepcopy(_cases()["mbridge_2509_h100_fp8_DEEPSEEKV3_1024gpu"])
-    case["parallel"]["moe_token_dispatcher"] = "alltoall"
-    mapping = map_case(case)
+    layout with an empty last virtual stage, its recompute modules, its DeepEP dispatcher with
+    the group-limited routing it sends by, and its all-to-all overlap with delayed weight
+    gradients."""
+    mapping = map_case(_cases()["mbridge_2509_h100_fp8_DEEPSEEKV3_1024gpu"])
     assert mapping.missing == () and mapping.plan is not None
     plan = resolve_plan(load_plan(mapping.plan), 1024)
     assert (plan.model.kv_lora_rank, plan.parallel.pipeline_layers[-1]) == (512, 0)
     assert plan.model.mtp_num_layers == 1 and plan.parallel.overlap_moe_expert_parallel_comm
+    assert plan.parallel.delay_wgrad_compute and plan.parallel.moe_token_dispatcher == "flex"
+    assert (plan.model.moe_router_num_groups, plan.model.moe_router_group_topk) == (8, 4)
     assert plan.parallel.recompute_modules == ("mla_up_proj", "mlp")
 
 
@@ -447,14 +447,14 @@ def test_simulable_case_count_per_source() -> None:
     # Mixtral 8x7B, 8x22B and Qwen3-235B-A22B (3); torchtitan 2024-12 Tables 1-6 (18: Tables
     # 1-4's 9, Table 2's three CP rows, Table 5's two PP schedules, Table 6's four rows at
     # 405B), asynchronous TP (8), H200 (2);
-    # Megatron-Bridge Llama 3 70B and 3.1 405B (2)
+    # Megatron-Bridge Llama 3 70B, 3.1 405B and DeepSeek-V3 (3)
     assert counts == {
         "narayanan21": 16,
         "korthikanti22": 10,
         "nemo2407": 12,
         "mcoremoe": 3,
         "torchtitan": 28,
-        "mbridge": 2,
+        "mbridge": 3,
     }
 
 
