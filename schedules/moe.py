@@ -196,7 +196,9 @@ def dispatch_bytes(
     ``internode.cu``), so the all-to-all that stands for it carries ``destination_nodes`` copies
     of each token where the alltoall dispatcher carries k: the same share of it crosses the
     network, so the bytes on the network are DeepEP's (its NVLink forwarding, k copies at
-    NVLink's rate, is not the bound there); within one server it is the alltoall's.
+    NVLink's rate, is not the bound there); within one server once to each destination GPU
+    (``layout.cu`` counts a token once per rank it reaches), the expected distinct ones of ep
+    for k uniform picks.
     """
     model, parallel = plan.model, plan.parallel
     h = model.hidden_size
@@ -207,8 +209,8 @@ def dispatch_bytes(
         if gpus_per_node is None:
             raise ValueError("the flex dispatcher's message depends on the GPUs per server")
         nodes = ep_nodes(parallel, gpus_per_node)
-        if nodes > 1:
-            copies = destination_nodes(model, nodes)
+        # across servers one copy per destination server; within one, per destination GPU
+        copies = destination_nodes(model, nodes) if nodes > 1 else _distinct(parallel.ep, copies)
     return routed_tokens(plan) * copies * h * element_bytes * load_factor(plan)
 
 
@@ -226,25 +228,26 @@ def destination_nodes(model: ModelConfig, nodes: int) -> float:
     consecutive experts): G = N, each group a server, the k experts in T groups reach min(T, k)
     servers (each chosen group holds at least one of them, as its score is its best experts');
     G a multiple of N, T of the G groups drawn without replacement cover
-    N (1 - C(G - G/N, T) / C(G, T)) servers; N a multiple of G, the k experts fall uniformly
-    on the T N / G servers of their groups."""
+    N (1 - C(G - G/N, T) / C(G, T)) servers; N a multiple of G, each chosen group's k / T
+    experts fall uniformly on its N / G servers."""
     k = model.moe_top_k
     groups, chosen = model.moe_router_num_groups, model.moe_router_group_topk
-
-    def uniform(n: float) -> float:
-        return n * (1.0 - (1.0 - 1.0 / n) ** k)
-
     if not groups or chosen >= groups:
-        return uniform(nodes)
+        return _distinct(nodes, k)
     if groups == nodes:
         return float(min(chosen, k))
     if groups % nodes == 0:
         per_node = groups // nodes
         missed = math.comb(groups - per_node, chosen) / math.comb(groups, chosen)
         return min(float(k), nodes * (1.0 - missed))
-    if nodes % groups == 0:
-        return uniform(chosen * nodes / groups)
-    return uniform(nodes)
+    if nodes % groups == 0:  # k / T experts in each chosen group, over its N / G servers
+        return chosen * _distinct(nodes // groups, k / chosen)
+    return _distinct(nodes, k)
+
+
+def _distinct(bins: float, picks: float) -> float:
+    """Expected distinct bins ``picks`` uniform independent picks land in."""
+    return bins * (1.0 - (1.0 - 1.0 / bins) ** picks)
 
 
 def moe_mlp_forward_flops(model: ModelConfig, num_tokens: float) -> float:

@@ -316,6 +316,15 @@ def check_flex_dispatcher(plan: Plan) -> None:
             f"parallel.moe_token_dispatcher flex (DeepEP) is Megatron-Core's over expert "
             f"parallelism: it needs stack megatron and ep > 1, got stack {stack}, ep={parallel.ep}"
         )
+    kind = data_parallel_kind(parallel)
+    refused = (
+        (parallel.expert_tp > 1, f"etp={parallel.expert_tp} (its dispatch spans TP x EP)"),
+        (plan.model.moe_capacity_factor is not None, "a capacity factor (Megatron refuses it)"),
+        (kind.gathers_units, f"data_parallel {kind.name}"),
+    )
+    for hit, what in refused:
+        if hit:
+            raise ValueError(f"parallel.moe_token_dispatcher flex with {what} is not modelled")
 
 
 def check_a2a_overlap(plan: Plan) -> None:

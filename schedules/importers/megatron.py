@@ -635,13 +635,8 @@ def _megatron_moe_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
             parallel[key] = value
     dispatcher = flags.get("--moe-token-dispatcher-type")
     backend = flags.get("--moe-flex-dispatcher-backend")
-    if dispatcher == "flex" and backend == "hybridep":
-        notes.append(f"{flags.file}: the flex dispatcher's HybridEP backend is priced as DeepEP")
-    elif dispatcher == "flex" and not (flags.get("--moe-enable-deepep") or backend == "deepep"):
-        notes.append(
-            f"{flags.file}: --moe-token-dispatcher-type flex without a backend "
-            "(--moe-enable-deepep, --moe-flex-dispatcher-backend) is priced as DeepEP"
-        )
+    if dispatcher == "flex" and backend not in (None, "deepep"):  # DeepEP is the default
+        notes.append(f"{flags.file}: the flex dispatcher's {backend} backend is priced as DeepEP")
     if dispatcher == "alltoall_seq":
         notes.append(
             f"{flags.file}: --moe-token-dispatcher-type {dispatcher} is priced as alltoall"

@@ -49,8 +49,8 @@ def test_destination_servers_by_hand() -> None:
     assert destination_nodes(model, 8) == 4.0  # a group per server: its 4 groups
     # two groups per server: 4 of 8 groups miss a server with probability C(6,4)/C(8,4)
     assert destination_nodes(model, 4) == pytest.approx(4 * (1 - 15 / 70))
-    # a group over two servers: 8 experts uniform over the 8 servers of its 4 groups
-    assert destination_nodes(model, 16) == pytest.approx(8 * (1 - (7 / 8) ** 8))
+    # a group over two servers: each chosen group's 2 experts over its 2 servers
+    assert destination_nodes(model, 16) == pytest.approx(4 * 2 * (1 - (1 / 2) ** 2))
     free = ModelConfig(**MOE)
     assert destination_nodes(free, 4) == pytest.approx(4 * (1 - 0.75**8))
 
@@ -64,11 +64,12 @@ def test_the_message_carries_one_copy_per_destination_server() -> None:
     assert copies == pytest.approx(4 * (1 - (6 * 5 / 2) / (8 * 7 / 2)))
     ratio = dispatch_bytes(flex, gpus_per_node=8) / dispatch_bytes(alltoall)
     assert ratio == pytest.approx(copies / 8)
-    # within one server DeepEP moves every copy over NVLink, as the alltoall dispatcher does
+    # within one server DeepEP sends a token once to each GPU its experts sit on
     one_server = _plan(grouped, "flex", 8, 1)
-    assert dispatch_bytes(one_server, gpus_per_node=8) == pytest.approx(
-        dispatch_bytes(_plan(grouped, "alltoall", 8, 1))
+    ratio = dispatch_bytes(one_server, gpus_per_node=8) / dispatch_bytes(
+        _plan(grouped, "alltoall", 8, 1)
     )
+    assert ratio == pytest.approx(8 * (1 - (7 / 8) ** 8) / 8)
     assert routed_tokens(flex) == 4096
     with pytest.raises(ValueError, match="GPUs per server"):
         dispatch_bytes(flex)
@@ -80,6 +81,7 @@ def test_the_message_carries_one_copy_per_destination_server() -> None:
         (MOE, {"training": {"stack": "eager"}}, "stack megatron"),
         ({**MOE, "moe_router_num_groups": 6, "moe_router_group_topk": 2}, {}, "divide"),
         ({**MOE, "moe_router_num_groups": 16, "moe_router_group_topk": 1}, {}, "exceeds"),
+        ({**MOE, "moe_capacity_factor": 1.0}, {}, "capacity factor"),
     ],
 )
 def test_refusals(model: dict[str, Any], over: dict[str, Any], message: str) -> None:

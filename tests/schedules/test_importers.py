@@ -1020,8 +1020,9 @@ def test_megatron_moe_flags(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "warning"),
     [
-        ("--moe-token-dispatcher-type flex --moe-grouped-gemm",
-         "m.sh: --moe-token-dispatcher-type flex is priced as alltoall"),
+        ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
+         "--moe-grouped-gemm",
+         "m.sh: the flex dispatcher's hybridep backend is priced as DeepEP"),
         ("", "m.sh: no --moe-grouped-gemm: Megatron runs the local experts one after another "
          "(SequentialMLP); priced as a grouped GEMM"),
     ],
