@@ -285,6 +285,18 @@ def eager_saved_bytes(
 def _per_layer_bytes(plan: Plan, stage: int) -> float:
     """What one layer of ``stage`` stores per micro-batch under the plan's recompute, its MoE
     layers averaged in."""
+    per_layer = _layer_bytes(plan)
+    layers = layers_per_stage(plan, stage)
+    num_moe = stage_moe_layers(plan, stage)
+    dense = per_layer + module_saved_delta(plan, moe_layer=False)
+    if num_moe:
+        return ((layers - num_moe) * dense + num_moe * _moe_layer_bytes(plan, per_layer)) / layers
+    return dense
+
+
+def _layer_bytes(plan: Plan) -> float:
+    """What a dense layer stores per micro-batch under the plan's recompute, before its
+    recompute modules' delta."""
     model, parallel, training = plan.model, plan.parallel, plan.training
     per_layer = layer_activation_bytes(
         model,
@@ -300,12 +312,7 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
     if autocast_weights(plan):
         saved = 1 if parallel.recompute == "full" else model.norms_per_layer
         per_layer += saved * FP32_RESIDUAL_EXTRA_BYTES * residual_stream_elements(plan)
-    layers = layers_per_stage(plan, stage)
-    num_moe = stage_moe_layers(plan, stage)
-    dense = per_layer + module_saved_delta(plan, moe_layer=False)
-    if num_moe:
-        return ((layers - num_moe) * dense + num_moe * _moe_layer_bytes(plan, per_layer)) / layers
-    return dense
+    return per_layer
 
 
 def _moe_layer_bytes(plan: Plan, per_layer: float) -> float:
@@ -334,19 +341,8 @@ def mtp_activation_bytes(plan: Plan) -> float:
     if parallel.recompute_num_layers is not None:
         unrecomputed = dataclasses.replace(parallel, recompute="none", recompute_num_layers=None)
         kept = dataclasses.replace(plan, parallel=unrecomputed)
-    model, training = kept.model, kept.training
-    per_layer = layer_activation_bytes(
-        model,
-        training.micro_batch_size,
-        tp=kept.parallel.tp,
-        cp=kept.parallel.cp,
-        sequence_parallel=kept.parallel.sequence_parallel,
-        recompute=kept.parallel.recompute,
-        flash_attention=training.flash_attention,
-        latent_split=latent_split(kept.parallel, kernel_stack(kept)),
-    )
-    per_layer += eager_saved_bytes(kept)
-    if mtp_layer_is_moe(model):
+    per_layer = _layer_bytes(kept)
+    if mtp_layer_is_moe(plan.model):
         layer = _moe_layer_bytes(kept, per_layer)
     else:
         layer = per_layer + module_saved_delta(kept, moe_layer=False)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PASS_KINDS = ("F", "B", "Bi", "W", "FB")
-"""Forward, full backward, input-gradient backward, weight-gradient backward, and a forward
-combined with a backward."""
+SINGLE_PASS_KINDS = ("F", "B", "Bi", "W")
+"""Forward, full backward, input-gradient backward, weight-gradient backward."""
+PASS_KINDS = (*SINGLE_PASS_KINDS, "FB")
+"""The single kinds and ``FB``, a forward combined with a backward."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,7 +74,7 @@ def check_pipeline_size(p: int, m: int) -> None:
 def passes_per_kind(order: RankOrder) -> dict[str, int]:
     """How many passes of each kind an order holds (a quick consistency check); a combined
     ``FB`` pass counts as its forward and its backward."""
-    counts = dict.fromkeys(PASS_KINDS[:4], 0)
+    counts = dict.fromkeys(SINGLE_PASS_KINDS, 0)
     for step in order:
         for half in (step.forward, step.backward):
             if half is not None:

@@ -44,11 +44,11 @@ from schedules.stages import chunk_first_layer
 from schedules.step import ChunkDescription
 from sim.replay.recipes import (
     StepCosts,
-    _ep_steps,
-    _uniform_recipes,
+    dispatch_counts,
     mtp_layer_costs,
     mtp_parts,
     pass_extras,
+    uniform_recipes,
 )
 
 FORWARD_PREFIX = "f "
@@ -119,7 +119,7 @@ def _halves(
 ) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
     """One layer's recipe without its all-to-alls, as the two halves the combined pass runs:
     forward (attention side, MLP or experts); backward (MLP or experts, attention side)."""
-    recipe = _uniform_recipes(plan, costs, 1, moe=moe, expert_comm=False)["B" if backward else "F"]
+    recipe = uniform_recipes(plan, costs, 1, moe=moe, expert_comm=False)["B" if backward else "F"]
     prefix = BACKWARD_PREFIX if backward else FORWARD_PREFIX
     halves = costs.moe_halves if moe else costs.dense_halves
     if halves is None:
@@ -149,8 +149,8 @@ def _expert_comms(
 
     if backward:
         return (a2a("moe combine bwd"),), (a2a("moe dispatch bwd"),)
-    plain = _ep_steps(plan, costs, 1, recompute=False, backward=False)
-    counts = tuple(s for s in plain if isinstance(s, CommStep) and "counts" in s.name)
+    # the counts' gather, not the host's wait on them (it waits with the other pass queued)
+    counts = tuple(s for s in dispatch_counts(plan, costs, 1) if isinstance(s, CommStep))
     return (*counts, a2a("moe dispatch")), (a2a("moe combine"),)
 
 

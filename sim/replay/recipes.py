@@ -399,7 +399,7 @@ def mtp_recipes(plan: Plan, costs: StepCosts) -> dict[str, tuple[Step, ...]]:
         return {"F": (), "B": (), "Bi": (), "W": ()}
     depths = mtp_depths(plan.model)
     layer_plan, layer_costs = mtp_layer_costs(plan, costs)
-    layer = _uniform_recipes(layer_plan, layer_costs, 1, moe=mtp_layer_is_moe(plan.model))
+    layer = uniform_recipes(layer_plan, layer_costs, 1, moe=mtp_layer_is_moe(plan.model))
     one_f = (*parts.forward, *layer["F"], *parts.head_forward)
     one_bi = (*parts.head_backward, *parts.rerun, *layer["Bi"], *parts.backward_input)
     one_b = (
@@ -455,10 +455,10 @@ def layer_recipes(
 def _recipes(
     plan: Plan, costs: StepCosts, num_layers: int, num_moe: int
 ) -> dict[str, tuple[Step, ...]]:
-    dense = _uniform_recipes(plan, costs, num_layers - num_moe)
+    dense = uniform_recipes(plan, costs, num_layers - num_moe)
     if not num_moe:
         return dense
-    moe = _uniform_recipes(plan, costs, num_moe, moe=True)
+    moe = uniform_recipes(plan, costs, num_moe, moe=True)
     return {key: dense[key] + moe[key] for key in dense}
 
 
@@ -495,7 +495,46 @@ TORCH_MOE_COUNT_BYTES = 4
 over EP before each dispatch (``torch.histc``'s float32)."""
 
 
-def _ep_steps(
+def dispatch_counts(plan: Plan, costs: StepCosts, forwards: int) -> list[Step]:
+    """What precedes ``forwards`` forward token dispatches: Megatron-Core's alltoall dispatcher
+    gathers the token counts over expert-TP x EP, torchtitan exchanges them by all-to-all over
+    EP, then the host synchronises on them (``moe_sync_s``); under the flex dispatcher DeepEP
+    lays the tokens out on the GPU and the host only waits for the counts. Empty where the
+    dispatcher does not synchronise."""
+    parallel = plan.parallel
+    sync: list[Step] = []
+    if costs.moe_sync_s and forwards:
+        sync = [HostStep(name="moe sync", duration_s=forwards * costs.moe_sync_s)]
+    counts: list[Step] = []
+    if sync and megatron_moe(plan) and parallel.moe_token_dispatcher == "flex":
+        counts = list(sync)  # DeepEP lays the tokens out on the GPU; the host waits for counts
+    elif sync and megatron_moe(plan):
+        counts_bytes = MOE_COUNT_BYTES * plan.model.num_experts * parallel.expert_tp * parallel.ep
+        counts = [
+            CommStep(
+                name="moe counts all_gather",
+                group="tpep",
+                op="all_gather",
+                size_bytes=counts_bytes,
+                repeat=forwards,
+            ),
+            *sync,
+        ]
+    elif sync:  # torchtitan: the counts by all-to-all over EP, then ``.tolist()``
+        counts = [
+            CommStep(
+                name="moe counts all_to_all",
+                group="ep",
+                op="all_to_all",
+                size_bytes=TORCH_MOE_COUNT_BYTES * plan.model.num_experts,
+                repeat=forwards,
+            ),
+            *sync,
+        ]
+    return counts
+
+
+def expert_steps(
     plan: Plan, costs: StepCosts, num_layers: int, *, recompute: bool, backward: bool
 ) -> list[Step]:
     """The token dispatch and combine of ``num_layers`` MoE layers in one pass (blocking, as
@@ -525,32 +564,7 @@ def _ep_steps(
                 repeat=n,
             ),
         ]
-    counts: list[Step] = []
-    if sync and megatron_moe(plan) and parallel.moe_token_dispatcher == "flex":
-        counts = list(sync)  # DeepEP lays the tokens out on the GPU; the host waits for counts
-    elif sync and megatron_moe(plan):
-        counts_bytes = MOE_COUNT_BYTES * plan.model.num_experts * parallel.expert_tp * parallel.ep
-        counts = [
-            CommStep(
-                name="moe counts all_gather",
-                group="tpep",
-                op="all_gather",
-                size_bytes=counts_bytes,
-                repeat=forwards,
-            ),
-            *sync,
-        ]
-    elif sync:  # torchtitan: the counts by all-to-all over EP, then ``.tolist()``
-        counts = [
-            CommStep(
-                name="moe counts all_to_all",
-                group="ep",
-                op="all_to_all",
-                size_bytes=TORCH_MOE_COUNT_BYTES * plan.model.num_experts,
-                repeat=forwards,
-            ),
-            *sync,
-        ]
+    counts = dispatch_counts(plan, costs, forwards)
     steps: list[Step] = [
         *counts,
         CommStep(name="moe dispatch", group="ep", op="all_to_all", size_bytes=size, repeat=n),
@@ -575,7 +589,7 @@ def _ep_steps(
     return steps
 
 
-def _uniform_recipes(
+def uniform_recipes(
     plan: Plan, costs: StepCosts, num_layers: int, *, moe: bool = False, expert_comm: bool = True
 ) -> dict[str, tuple[Step, ...]]:
     """Recipes of ``num_layers`` identical layers (dense, or MoE with their dispatch unless
@@ -675,9 +689,9 @@ def _uniform_recipes(
     ep_fwd: tuple[Step, ...] = ()
     ep_bwd: tuple[Step, ...] = ()
     if moe and expert_comm:
-        ep_fwd = tuple(_ep_steps(plan, costs, num_layers, recompute=False, backward=False))
+        ep_fwd = tuple(expert_steps(plan, costs, num_layers, recompute=False, backward=False))
         full = parallel.recompute == "full"
-        ep_bwd = tuple(_ep_steps(plan, costs, num_layers, recompute=full, backward=True))
+        ep_bwd = tuple(expert_steps(plan, costs, num_layers, recompute=full, backward=True))
     rec, dgrad, wgrad = layer.recompute_s, layer.backward_input_s, layer.backward_weight_s
     rec_l, dgrad_l = layer.recompute_launch_s, layer.backward_input_launch_s
     wgrad_l = layer.backward_weight_launch_s

@@ -226,7 +226,7 @@ def test_a_rerun_mlp_repeats_its_tp_collectives() -> None:
     """Megatron-Core checkpoints the MLP with its forward: under sequence parallelism the rerun
     gathers the MLP's input and reduce-scatters its output again, once per dense layer."""
     from sim.compute.compute_model import ComputeModel
-    from sim.replay.recipes import _uniform_recipes, step_costs
+    from sim.replay.recipes import step_costs, uniform_recipes
     from topologies.hardware import GPUS
 
     dense = {k: v for k, v in LATENT_MOE.items() if not k.startswith(("moe_", "num_experts"))}
@@ -234,7 +234,7 @@ def test_a_rerun_mlp_repeats_its_tp_collectives() -> None:
     def backward_collectives(modules: list[str]) -> list[str]:
         plan = plan_of(modules, dense, ep=1, etp=0)
         costs = step_costs(plan, ComputeModel(GPUS["h100-sxm"]))
-        steps = _uniform_recipes(plan, costs, 2)["B"]
+        steps = uniform_recipes(plan, costs, 2)["B"]
         return [s.op for s in steps if hasattr(s, "op") for _ in range(s.repeat)]
 
     base, rerun = backward_collectives(["core_attn"]), backward_collectives(["core_attn", "mlp"])
