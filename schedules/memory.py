@@ -61,26 +61,27 @@ from schedules.kernels import (
     torch_ddp_step,
 )
 from schedules.messages import PARAM_BYTES
-from schedules.mla import latent_split
+from schedules.mla import latent_norm_elements, latent_split
 from schedules.moe import expert_data_parallel, expert_tokens, expert_width, moe_activation_bytes
 from schedules.mtp import MTP_SAVED_WIDTHS, mtp_depths, mtp_layer_is_moe, mtp_projection_params
 from schedules.offload import gpu_offload_buffer_bytes, gpu_state_bytes_per_param
+from schedules.optimizer_states import fp8_params, optimizer_bytes_per_param
 from schedules.params import (
     layer_params_per_gpu,
     layers_per_stage,
     stage_expert_params_per_gpu,
+    stage_layer_params_per_gpu,
     stage_moe_layers,
     stage_params_per_gpu,
 )
 from schedules.pipeline_schedules import pipeline_schedule
 from schedules.pipeline_schedules.a2a_overlap import COMBINED_EXTRA_LAYERS
 from schedules.plan import Plan, num_microbatches
-from schedules.recompute_modules import module_saved_delta
+from schedules.recompute_modules import module_saved_delta, selective_modules
 from schedules.stacks import loss_compiled, megatron_cross_entropy
 from schedules.stages import chunk_layers, recomputed_fraction
+from schedules.transformer_engine import te_recipe
 
-OPTIMIZER_BYTES_PER_PARAM = 12
-"""Adam: fp32 master weights, momentum and variance (ZeRO paper, Sec. 3.1: K = 12)."""
 COMPONENTS = (
     "weights",
     "gradients",
@@ -118,8 +119,8 @@ def state_bytes_per_param(
         shards = replica_group_size(plan, gpus_per_node=gpus_per_node)
     full = {
         "weights": PARAM_BYTES,
-        "gradients": kind.grad_bytes_per_param,
-        "optimizer": OPTIMIZER_BYTES_PER_PARAM,
+        "gradients": kind.grad_bytes(plan.parallel),
+        "optimizer": optimizer_bytes_per_param(plan),
     }
     if autocast_weights(plan):
         full = dict(AUTOCAST_STATE_BYTES)
@@ -288,10 +289,50 @@ def _per_layer_bytes(plan: Plan, stage: int) -> float:
     per_layer = _layer_bytes(plan)
     layers = layers_per_stage(plan, stage)
     num_moe = stage_moe_layers(plan, stage)
-    dense = per_layer + module_saved_delta(plan, moe_layer=False)
+    dense = per_layer + module_saved_delta(plan, moe_layer=False) - te_fp8_saved_bytes(plan)
     if num_moe:
-        return ((layers - num_moe) * dense + num_moe * _moe_layer_bytes(plan, per_layer)) / layers
+        moe = _moe_layer_bytes(plan, per_layer) - te_fp8_saved_bytes(plan, moe_layer=True)
+        return ((layers - num_moe) * dense + num_moe * moe) / layers
     return dense
+
+
+FP8_SAVED_BYTES = 1
+"""Bytes per element of an input Transformer Engine saves in FP8 for its weight gradient."""
+
+
+def te_fp8_saved_bytes(plan: Plan, *, moe_layer: bool = False) -> float:
+    """Bytes one layer's stored activations shrink by per micro-batch on one GPU where
+    Transformer Engine runs its linears in FP8: each TE linear saves its input for the weight
+    gradient as the FP8 tensor it cast, not the bf16 one (``linear.py``: ``saved_inputmat =
+    inputmat`` after ``update_usage(rowwise_usage=False, columnwise_usage=True)``;
+    ``layernorm_linear.py`` saves ``ln_out`` as the norm wrote it in FP8), 1 byte where the
+    count (``schedules.activations``) has 2. The inputs: the fused norm's output into qkv and
+    fc1 (split over TP under sequence parallelism), the activation's output into fc2 (a dense
+    layer's MLP), and latent attention's latent norm outputs into its up projections. Not
+    where the plan's recompute modules drop them already (``mlp``, ``mla_up_proj``), nor latent
+    attention's hidden input, which its two down projections each cast and save (two FP8
+    copies, the bytes of one bf16 one). The attention output into proj is the exception: the
+    fused attention saves it in bf16 for its own backward (``FusedAttnFunc``: ``q, k, v,
+    out``), so proj's FP8 copy adds 1 byte, unless ``core_attn`` is recomputed (the checkpoint
+    keeps only q, k and v) and the FP8 copy is all that remains. An MoE layer's experts,
+    router and shared experts keep their count (not modelled in FP8). 0 without Transformer
+    Engine FP8 or under full recompute (only the layer input is kept)."""
+    parallel = plan.parallel
+    if te_recipe(plan) is None or parallel.recompute not in ("none", "selective"):
+        return 0.0
+    model, modules = plan.model, selective_modules(parallel)
+    t, sp = parallel.tp, parallel.tp if parallel.sequence_parallel else 1
+    tokens = plan.training.micro_batch_size * model.seq_len / parallel.cp
+    h = model.hidden_size
+    attention_out = model.attention_out_size if model.multi_latent else model.q_size
+    elements = tokens * attention_out / t * (1 if "core_attn" in modules else -1)
+    if model.multi_latent and "mla_up_proj" not in modules:
+        elements += latent_norm_elements(model, tokens, latent_split(parallel, kernel_stack(plan)))
+    if not model.multi_latent:
+        elements += tokens * h / sp
+    if not moe_layer and "mlp" not in modules:
+        elements += tokens * (h / sp + model.ffn_hidden_size / t)
+    return elements * (ACTIVATION_BYTES - FP8_SAVED_BYTES)
 
 
 def _layer_bytes(plan: Plan) -> float:
@@ -502,8 +543,10 @@ def stage_memory_bytes(
     def states(key: str) -> float:
         return (params - experts) * per_param[key] + experts * per_expert[key]
 
+    # FP8 weights (fp8_param_gather) keep no bf16 copy: only the fp8_weights component
+    bf16_free = stage_layer_params_per_gpu(plan, stage) * PARAM_BYTES if fp8_params(plan) else 0.0
     memory = {
-        "weights": states("weights"),
+        "weights": states("weights") - bf16_free,
         "gradients": states("gradients"),
         "optimizer": states("optimizer"),
         "activations": activation_bytes(plan, stage),

@@ -98,9 +98,8 @@ def dp_grad_bytes(plan: Plan, stage: int = 0) -> float:
     The all-reduce buffer (ddp, zero1/2: DeepSpeed all-reduces whole buckets) or the
     reduce-scatter input (fsdp, zero3, distributed_optimizer) of all its parameters.
     """
-    return (
-        stage_params_per_gpu(plan, stage) * data_parallel_kind(plan.parallel).grad_bytes_per_param
-    )
+    per_param = data_parallel_kind(plan.parallel).grad_bytes(plan.parallel)
+    return stage_params_per_gpu(plan, stage) * per_param
 
 
 def dp_param_bytes(plan: Plan, stage: int = 0) -> float:
@@ -115,5 +114,5 @@ def fsdp_unit_param_bytes(plan: Plan) -> float:
 
 def fsdp_unit_grad_bytes(plan: Plan) -> float:
     """Reduce-scatter input of one FSDP/ZeRO-3 unit, one layer's gradient in the reduce dtype."""
-    per_param = data_parallel_kind(plan.parallel).grad_bytes_per_param
+    per_param = data_parallel_kind(plan.parallel).grad_bytes(plan.parallel)
     return layer_params_per_gpu(plan.model, plan.parallel.tp) * per_param

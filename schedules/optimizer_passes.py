@@ -5,8 +5,8 @@ extra_bytes = megatron_step_bytes(plan, optimizer_params=p, params=q, grad_bytes
 
 from __future__ import annotations
 
-from schedules.data_parallel.distributed_optimizer import FP32_GRAD_BYTES
 from schedules.data_parallel.registry import data_parallel_kind
+from schedules.optimizer_states import FP32_GRAD_BYTES, te_master_weights
 from schedules.plan import Plan
 from schedules.stacks import kernel_stack
 
@@ -23,7 +23,9 @@ parameter). Where the buffer holds 16-bit gradients, ``_copy_model_grads_to_main
 casts them to fp32 (``main_grad.float()``: read the buffer's bytes, write 4), and Adam reads
 those 4 bytes, not the buffer's. The first passes run over the parameters this GPU's optimizer
 updates. Megatron's two optimizers only (``data_parallel: ddp`` and ``distributed_optimizer``):
-ZeRO and FSDP run their framework's step."""
+ZeRO and FSDP run their framework's step. Where Transformer Engine's Adam holds the master
+weights (the precision-aware optimizer, ``schedules.optimizer_states.te_master_weights``) it
+reads the buffer's gradients and writes the weights itself: the norm and the zeroing remain."""
 
 
 def megatron_step_bytes(
@@ -35,6 +37,12 @@ def megatron_step_bytes(
     if kernel_stack(plan) != "megatron" or not megatron_optimizer:
         return 0.0
     passes, main = MEGATRON_STEP_PASSES, FP32_GRAD_BYTES
+    if te_master_weights(plan):
+        # Transformer Engine's Adam reads the buffer's gradients (``use_decoupled_grad``) and
+        # writes the 16-bit weights itself: no fp32 copy, no master read
+        return passes["grad_norm"] * grad_bytes * optimizer_params + (
+            passes["zero_grads"] * grad_bytes * params
+        )
     per_param: float = passes["grad_norm"] * main + passes["master_read"]
     if grad_bytes < main:  # the fp32 copy of 16-bit gradients, and Adam reads it
         per_param += grad_bytes + main + (main - grad_bytes)

@@ -229,6 +229,16 @@ def embedding_params_per_gpu(model: ModelConfig, tp: int) -> float:
     return vocab / tp + embedding_params(model) - vocab
 
 
+def stage_layer_params_per_gpu(plan: Plan, stage: int) -> float:
+    """Parameters of the transformer layers one GPU of pipeline rank ``stage`` holds (its
+    MoE layers with their routed experts): ``stage_params_per_gpu`` less the embedding, the
+    final norm, the head and the multi-token-prediction depths."""
+    model, parallel = plan.model, plan.parallel
+    per_layer = layer_params_per_gpu(model, parallel.tp)
+    moe_extra = moe_layer_params_per_gpu(model, parallel) - per_layer
+    return layers_per_stage(plan, stage) * per_layer + stage_moe_layers(plan, stage) * moe_extra
+
+
 def stage_params_per_gpu(plan: Plan, stage: int) -> float:
     """Parameters held by one GPU of pipeline rank ``stage`` (TP-sharded, before DP sharding).
 
@@ -242,9 +252,7 @@ def stage_params_per_gpu(plan: Plan, stage: int) -> float:
     if not 0 <= stage < p:
         raise ValueError(f"pipeline stage {stage} is outside 0..{p - 1} (pp={p})")
     vocab_shard = model.vocab_size * model.hidden_size / t
-    count = layers_per_stage(plan, stage) * layer_params_per_gpu(model, t)
-    moe_extra = moe_layer_params_per_gpu(model, parallel) - layer_params_per_gpu(model, t)
-    count += stage_moe_layers(plan, stage) * moe_extra
+    count = stage_layer_params_per_gpu(plan, stage)
     if stage == 0:
         count += embedding_params_per_gpu(model, t)
     if stage == p - 1:

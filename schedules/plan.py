@@ -66,6 +66,11 @@ CP_ROTATE_METHODS = ("allgather", "alltoall")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 """Where ``offload_optimizer`` / ``offload_param`` put their state (DeepSpeed's
 ``OffloadDeviceEnum``); the rest of the offload checks are ``schedules.offload.check_offload``."""
+OPTIMIZER_STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+"""Megatron's ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` choices (Adam's moments under
+``--use-precision-aware-optimizer``)."""
+MAIN_PARAMS_DTYPES = ("fp32", "fp16")
+"""Megatron's ``--main-params-dtype`` choices (the optimizer's master weights)."""
 MIXED_PRECISIONS = ("autocast", "bf16_weights")
 """How a torch DDP (or one-GPU) step keeps its weights: ``training.mixed_precision``."""
 
@@ -554,6 +559,27 @@ class ParallelConfig:
     """Megatron --overlap-grad-reduce (DP reduction overlapped with the last backward)."""
     overlap_param_gather: bool = False
     """Megatron --overlap-param-gather (distributed optimizer only)."""
+    grad_reduce_in_fp32: bool = True
+    """Megatron-Core's ``DistributedDataParallelConfig.grad_reduce_in_fp32`` (distributed
+    optimizer only): the gradient buffer, and the reduce-scatter over data parallelism, in fp32.
+    Megatron-LM sets it for bf16 unless ``--grad-reduce-in-bf16`` or ``--main-grads-dtype bf16``
+    is given; Megatron-Bridge's mixed-precision configs set it (``bf16_mixed``) and its
+    performance recipes clear it. False: bf16, 2 bytes per gradient (``schedules.optimizer``)."""
+    use_precision_aware_optimizer: bool = False
+    """Megatron --use-precision-aware-optimizer (distributed optimizer only): Transformer
+    Engine's FusedAdam keeps the optimizer state in the dtypes below, and on bf16 weights trained
+    in bf16 or with delayed-scaling FP8 also the master weights, as the 16 bits an fp32 master
+    weight adds to its bf16 weight (``store_param_remainders``): 2 bytes where Megatron's own
+    fp32 copy takes 4 (``schedules.optimizer``)."""
+    main_params_dtype: str = "fp32"
+    """Megatron --main-params-dtype: fp32 | fp16 master weights (needs
+    ``use_precision_aware_optimizer``)."""
+    exp_avg_dtype: str = "fp32"
+    """Megatron --exp-avg-dtype: fp32 | fp16 | bf16 | fp8, Adam's first moment as stored (needs
+    ``use_precision_aware_optimizer``)."""
+    exp_avg_sq_dtype: str = "fp32"
+    """Megatron --exp-avg-sq-dtype: fp32 | fp16 | bf16 | fp8, Adam's second moment as stored
+    (needs ``use_precision_aware_optimizer``)."""
     tp_comm_overlap: bool = False
     """Megatron/TE --tp-comm-overlap (userbuffer AG/RS overlapped with GEMMs; needs SP)."""
     pipeline_layers: tuple[int, ...] | None = None
@@ -681,6 +707,20 @@ class ParallelConfig:
         _check_choice("parallel.offload_param", self.offload_param, OFFLOAD_DEVICES)
         if self.cp_rotate_method is not None:
             _check_choice("parallel.cp_rotate_method", self.cp_rotate_method, CP_ROTATE_METHODS)
+        self._check_optimizer_dtypes()
+
+    def _check_optimizer_dtypes(self) -> None:
+        _check_choice("parallel.main_params_dtype", self.main_params_dtype, MAIN_PARAMS_DTYPES)
+        for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+            _check_choice(f"parallel.{key}", getattr(self, key), OPTIMIZER_STATE_DTYPES)
+        if self.use_precision_aware_optimizer:
+            return
+        for key in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            if getattr(self, key) != "fp32":
+                raise ValueError(
+                    f"parallel.{key}={getattr(self, key)} needs "
+                    "parallel.use_precision_aware_optimizer=true (Megatron keeps fp32 without it)"
+                )
 
     @property
     def fsdp2(self) -> bool:
@@ -738,6 +778,13 @@ class TrainingConfig:
     """Transformer Engine's FP8 recipe on the megatron stack: ``delayed`` (``DelayedScaling``) or
     ``current`` (``Float8CurrentScaling``); unset means ``delayed`` for FP8 megatron plans
     (``schedules.transformer_engine``). Needs ``precision: fp8``."""
+    fp8_param_gather: bool = False
+    """Megatron --fp8-param-gather (Megatron-Bridge's ``fp8_param_gather``, on in its current-
+    scaling recipes): the layers' linear weights are Transformer Engine FP8 tensors, with no bf16
+    copy; the distributed optimizer all-gathers them at 1 byte each, casts its fp32 shard to FP8
+    after the step, and each weight is transposed once per step instead of cast on the first
+    micro-batch (``schedules.transformer_engine``). Needs ``precision: fp8``, the megatron stack
+    and the distributed optimizer."""
     mixed_precision: str | None = None
     """How a torch DDP (or one-GPU) step keeps its weights for 16-bit training: ``autocast``
     (fp32 weights and gradients; ``torch.autocast`` casts every weight to bf16 in each forward
@@ -832,6 +879,7 @@ class TrainingConfig:
             "float8_recipe": recipe is not None,
             "float8_all_gather": self.float8_all_gather,
             "te_fp8_recipe": self.te_fp8_recipe is not None,
+            "fp8_param_gather": self.fp8_param_gather,
         }
         key = next((key for key, is_set in keys.items() if is_set), None)
         if key is not None and self.precision != "fp8":
@@ -927,6 +975,9 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
         "parallel.offload_param": OFFLOAD_DEVICES,
         "parallel.moe_token_dispatcher": MOE_DISPATCHERS,
         "parallel.cp_rotate_method": CP_ROTATE_METHODS,
+        "parallel.main_params_dtype": MAIN_PARAMS_DTYPES,
+        "parallel.exp_avg_dtype": OPTIMIZER_STATE_DTYPES,
+        "parallel.exp_avg_sq_dtype": OPTIMIZER_STATE_DTYPES,
         "training.precision": PRECISIONS,
         "training.stack": STACKS,
         "training.attention_backend": ATTENTION_BACKENDS,

@@ -387,6 +387,20 @@ def check_mixed_precision(plan: Plan) -> None:
         )
 
 
+def check_fp8_param_gather(plan: Plan) -> None:
+    """``training.fp8_param_gather`` is Megatron's FP8 weights, which its distributed optimizer
+    gathers and updates (``--fp8-param-gather only supported with distributed optimizer``, of
+    the kinds modelled here), on the megatron stack."""
+    if not plan.training.fp8_param_gather:
+        return
+    stack, kind = kernel_stack(plan), data_parallel_kind(plan.parallel)
+    if stack != "megatron" or kind.name != "distributed_optimizer":
+        raise ValueError(
+            f"training.fp8_param_gather needs data_parallel distributed_optimizer on stack "
+            f"megatron (Megatron's FP8 weights), got data_parallel {kind.name} on stack {stack}"
+        )
+
+
 def resolve_plan(plan: Plan, world_size: int) -> Plan:
     """The plan with ``dp`` filled in, after checking every constraint against ``world_size``."""
     if world_size <= 0:
@@ -415,5 +429,6 @@ def resolve_plan(plan: Plan, world_size: int) -> Plan:
     check_flex_dispatcher(plan)
     check_a2a_overlap(plan)
     check_float8(plan)
+    check_fp8_param_gather(plan)
     check_mixed_precision(plan)
     return dataclasses.replace(plan, parallel=dataclasses.replace(parallel, dp=dp))

@@ -21,13 +21,13 @@ from schedules.layout import Layout, layout_of
 from schedules.memory import stage_memory_bytes
 from schedules.moe import expert_data_parallel, expert_params_per_gpu, mean_hottest, with_hottest
 from schedules.offload import Offload, RankOffload, rank_offload
+from schedules.optimizer_states import gather_bytes
 from schedules.params import (
     layer_params_per_gpu,
-    layers_per_stage,
     moe_layer_params_per_gpu,
     mtp_moe_layers,
     stage_expert_params_per_gpu,
-    stage_moe_layers,
+    stage_layer_params_per_gpu,
     stage_params_per_gpu,
     vstage_moe_layers,
 )
@@ -58,6 +58,11 @@ class ChunkDescription:
     """Parameters on one GPU (embedding on the first, head on the last)."""
     expert_params: float
     """Of which routed-expert parameters."""
+    gather_bytes: float
+    """Bytes of its parameter all-gather (``schedules.optimizer_states.gather_bytes``: bf16,
+    the layers' weights FP8 with ``fp8_param_gather``)."""
+    expert_gather_bytes: float
+    """Of which routed experts' (gathered over ``edp``)."""
     grad_buckets: tuple[tuple[float, str], ...]
     """(bytes, group) of its gradient buckets in ready order: dense ones reduce over ``dp``,
     routed experts' over ``edp``."""
@@ -118,19 +123,22 @@ class StepDescription:
         return dict(max((s.memory for s in self.stages), key=lambda memory: memory["total"]))
 
 
-def chunk_params(plan: Plan, stage: int, chunk: int) -> float:
-    """Parameters of one model chunk on one GPU (embedding on the first, head on the last)."""
-    p, v = plan.parallel.pp, plan.parallel.vpp
+def chunk_layer_params(plan: Plan, stage: int, chunk: int) -> float:
+    """Parameters of one model chunk's transformer layers on one GPU."""
+    p = plan.parallel.pp
     per_layer = layer_params_per_gpu(plan.model, plan.parallel.tp)
     moe_extra = moe_layer_params_per_gpu(plan.model, plan.parallel) - per_layer
     layers = chunk_layers(plan.parallel, plan.model.num_layers)[chunk * p + stage]
-    in_layers = per_layer * layers_per_stage(plan, stage) + moe_extra * stage_moe_layers(
-        plan, stage
-    )
-    extra = stage_params_per_gpu(plan, stage) - in_layers
-    owns_extra = (stage == 0 and chunk == 0) or (stage == p - 1 and chunk == v - 1)
     moe = moe_extra * vstage_moe_layers(plan, chunk * p + stage) if plan.model.num_experts else 0.0
-    return layers * per_layer + moe + (extra if owns_extra else 0.0)
+    return layers * per_layer + moe
+
+
+def chunk_params(plan: Plan, stage: int, chunk: int) -> float:
+    """Parameters of one model chunk on one GPU (embedding on the first, head on the last)."""
+    p, v = plan.parallel.pp, plan.parallel.vpp
+    extra = stage_params_per_gpu(plan, stage) - stage_layer_params_per_gpu(plan, stage)
+    owns_extra = (stage == 0 and chunk == 0) or (stage == p - 1 and chunk == v - 1)
+    return chunk_layer_params(plan, stage, chunk) + (extra if owns_extra else 0.0)
 
 
 def chunk_expert_params(plan: Plan, stage: int, chunk: int) -> float:
@@ -148,7 +156,7 @@ def grouped_grad_buckets(plan: Plan, stage: int, chunk: int) -> tuple[tuple[floa
     ``dp`` and, for MoE models, the routed experts' on ``edp`` (Megatron keeps them in separate
     buffers, each bucketed, both filling as the backward runs: merged by their fill fraction)."""
     kind = data_parallel_kind(plan.parallel)
-    per_param = kind.grad_bytes_per_param
+    per_param = kind.grad_bytes(plan.parallel)
     expert = chunk_expert_params(plan, stage, chunk) * per_param
     dense = chunk_params(plan, stage, chunk) * per_param - expert
     parts = [(_kind_buckets(plan, stage, chunk, dense), "dp")]
@@ -177,7 +185,7 @@ def tied_embedding_grad_bytes(plan: Plan, stage: int) -> float:
     if not shared or parallel.pp == 1 or stage not in (0, parallel.pp - 1):
         return 0.0
     params = model.vocab_size * model.hidden_size / parallel.tp
-    return params * data_parallel_kind(parallel).grad_bytes_per_param
+    return params * data_parallel_kind(parallel).grad_bytes(parallel)
 
 
 def optimizer_params(plan: Plan, stage: int, replica_group_size: int) -> float:
@@ -205,6 +213,7 @@ def grad_norm_group(plan: Plan) -> str:
 def _chunk(plan: Plan, stage: int, chunk: int) -> ChunkDescription:
     p, v = plan.parallel.pp, plan.parallel.vpp
     vstage = chunk * p + stage
+    params, experts = chunk_params(plan, stage, chunk), chunk_expert_params(plan, stage, chunk)
     return ChunkDescription(
         chunk=chunk,
         vstage=vstage,
@@ -213,8 +222,10 @@ def _chunk(plan: Plan, stage: int, chunk: int) -> ChunkDescription:
         moe_hottest=mean_hottest(plan, _chunk_layer_indices(plan, vstage)),
         first=vstage == 0,
         last=vstage == p * v - 1,
-        params=chunk_params(plan, stage, chunk),
-        expert_params=chunk_expert_params(plan, stage, chunk),
+        params=params,
+        expert_params=experts,
+        gather_bytes=gather_bytes(plan, params, chunk_layer_params(plan, stage, chunk)),
+        expert_gather_bytes=gather_bytes(plan, experts, experts),
         grad_buckets=grouped_grad_buckets(plan, stage, chunk),
     )
 

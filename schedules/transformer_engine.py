@@ -55,6 +55,9 @@ CAST_TRANSPOSE_BYTES = 4
 """Cast from bf16 to both FP8 layouts: read 2, write 1 + 1."""
 TRANSPOSE_BYTES = 2
 """Transposed copy of an FP8 tensor: read 1, write 1."""
+FP32_AMAX_BYTES = 4
+"""The amax pass over an fp32 master shard before its cast to FP8 (``fp8_param_gather`` under
+current scaling)."""
 AMAX_BYTES = {"delayed": 0, "current": 2}
 """Per element cast from bf16, the pass that finds its amax first: none under delayed scaling
 (recorded by the cast), a read of the bf16 tensor under current scaling (``compute_amax``)."""
@@ -95,12 +98,18 @@ def _norm_input_bytes(recipe: str, size: float, tp: int, gathered: bool) -> tupl
     return (CAST_TRANSPOSE_BYTES if recipe == "current" else TRANSPOSE_BYTES) * size, 0.0
 
 
-def weight_cast_bytes_per_step(plan: Plan, num_layers: int) -> float:
+def weight_cast_bytes_per_step(plan: Plan, num_layers: int, optimizer_params: float = 0.0) -> float:
     """Bytes the weight casts of ``num_layers`` layers move on one GPU per step: each linear
     weight (bf16) cast-transposed once, on the first micro-batch, with its amax pass under
-    current scaling."""
+    current scaling. With FP8 weights (``fp8_param_gather``) each gathered weight is only
+    transposed, and the optimizer casts its own ``optimizer_params`` shard after the step
+    (reading the fp32 master is Megatron's step pass, ``schedules.optimizer_passes``; current
+    scaling reads it once more for the amax)."""
     recipe = te_recipe(plan)
     if recipe is None:
         return 0.0
     weights = num_layers * layer_linear_params_per_gpu(plan.model, plan.parallel.tp)
+    if plan.training.fp8_param_gather:
+        amax = FP32_AMAX_BYTES if recipe == "current" else 0.0
+        return TRANSPOSE_BYTES * weights + amax * optimizer_params
     return (AMAX_BYTES[recipe] + CAST_TRANSPOSE_BYTES) * weights

@@ -8,5 +8,5 @@ replays it. ``registry`` maps the plan's ``parallel.data_parallel`` names to the
 outside this package compares that name. docs/data-parallel-kinds.md walks through adding one.
 
     from schedules.data_parallel.registry import data_parallel_kind
-    data_parallel_kind(plan.parallel).grad_bytes_per_param
+    data_parallel_kind(plan.parallel).grad_bytes(plan.parallel)
 """

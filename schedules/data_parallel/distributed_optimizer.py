@@ -3,7 +3,9 @@ parallelism, the optimizer state sharded, the updated parameters all-gathered af
 (or, with ``overlap_param_gather``, with the next forward).
 
 Buckets (``distributed_data_parallel_config.py``): max(40M, 1M * dp) elements, on the first
-model chunk of the first stage only when ``overlap_grad_reduce``; one bucket otherwise.
+model chunk of the first stage only when ``overlap_grad_reduce``; one bucket otherwise. The
+gradients are fp32 unless ``grad_reduce_in_fp32`` is off; the optimizer's state and the FP8
+weights are ``schedules.optimizer_states``'.
 
     DISTRIBUTED_OPTIMIZER.grad_sync(plan.parallel)
 """
@@ -13,12 +15,11 @@ from __future__ import annotations
 from schedules.buckets import split_buckets
 from schedules.data_parallel.spec import DataParallelKind
 from schedules.grad_sync import GradSync
+from schedules.optimizer_states import FP32_GRAD_BYTES, grad_bytes
 from schedules.plan import ParallelConfig
 
 MEGATRON_MIN_BUCKET_ELEMS = 40_000_000
 """Megatron's bucket size: max(40M, 1M * dp) elements (distributed_data_parallel_config.py)."""
-FP32_GRAD_BYTES = 4
-"""fp32 main grads, reduced in fp32 (Megatron forces accumulate_allreduce_grads_in_fp32)."""
 
 
 def _buckets(parallel: ParallelConfig, stage: int, chunk: int, total: float) -> tuple[float, ...]:
@@ -26,7 +27,7 @@ def _buckets(parallel: ParallelConfig, stage: int, chunk: int, total: float) -> 
         return (total,)
     elems = max(MEGATRON_MIN_BUCKET_ELEMS, 1_000_000 * parallel.dp)
     return split_buckets(
-        total, elems * FP32_GRAD_BYTES, knob=f"Megatron's bucket of {elems} elements"
+        total, elems * grad_bytes(parallel), knob=f"Megatron's bucket of {elems} elements"
     )
 
 
@@ -45,10 +46,19 @@ DISTRIBUTED_OPTIMIZER = DataParallelKind(
     framework="Megatron-LM distributed optimizer",
     sharded_states=("optimizer",),
     grad_bytes_per_param=FP32_GRAD_BYTES,
-    knobs=("overlap_param_gather",),
+    grad_dtype_bytes=grad_bytes,
+    knobs=(
+        "overlap_param_gather",
+        "grad_reduce_in_fp32",
+        "use_precision_aware_optimizer",
+        "main_params_dtype",
+        "exp_avg_dtype",
+        "exp_avg_sq_dtype",
+    ),
     moe=True,
     default_stack="megatron",
     grad_sync=_grad_sync,
     buckets=_buckets,
 )
-"""Megatron's distributed optimizer: fp32 gradients reduce-scattered, optimizer sharded."""
+"""Megatron's distributed optimizer: gradients reduce-scattered (fp32 by default), optimizer
+sharded."""

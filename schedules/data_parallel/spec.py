@@ -50,7 +50,10 @@ class DataParallelKind:
     sharded_states: tuple[str, ...]
     """Which of ``STATES`` it shards over its replica group (empty: every rank holds all)."""
     grad_bytes_per_param: int
-    """Bytes of one gradient element as stored and reduced."""
+    """Bytes of one gradient element as stored and reduced (by default: ``grad_bytes``)."""
+    grad_dtype_bytes: Callable[[ParallelConfig], int] | None = None
+    """(parallel) -> bytes of one gradient element where a knob sets the dtype (the
+    distributed optimizer's ``grad_reduce_in_fp32``); None: ``grad_bytes_per_param``."""
     knobs: tuple[str, ...] = ()
     """``parallel.*`` fields it owns: set away from their default, they need this kind."""
     gathers_units: bool = False
@@ -95,12 +98,18 @@ class DataParallelKind:
         """Its ranks hold different shards: a gradient norm needs every rank's part."""
         return bool(self.sharded_states)
 
+    def grad_bytes(self, parallel: ParallelConfig) -> int:
+        """Bytes of one gradient element as ``parallel`` stores and reduces it."""
+        if self.grad_dtype_bytes is None:
+            return self.grad_bytes_per_param
+        return self.grad_dtype_bytes(parallel)
+
     def reduce_bytes_per_param(self, parallel: ParallelConfig) -> float:
         """Bytes per element of its gradient reduction: FSDP's ``reduce_dtype``, else the
         gradient dtype."""
         if self.torch_fsdp:
             return float(parallel.reduce_dtype_bytes)
-        return float(self.grad_bytes_per_param)
+        return float(self.grad_bytes(parallel))
 
     def short_name(self, parallel: ParallelConfig) -> str:
         """Its name in layout labels (``fsdp2`` for FSDP run as ``fully_shard``)."""

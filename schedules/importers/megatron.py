@@ -103,6 +103,14 @@ _MEGATRON_FLAGS: dict[str, type] = {
     "--moe-router-fusion": bool,
     "--cross-entropy-loss-fusion": bool,
     "--cross-entropy-fusion-impl": str,
+    "--accumulate-allreduce-grads-in-fp32": bool,
+    "--grad-reduce-in-bf16": bool,
+    "--use-precision-aware-optimizer": bool,
+    "--main-grads-dtype": str,
+    "--main-params-dtype": str,
+    "--exp-avg-dtype": str,
+    "--exp-avg-sq-dtype": str,
+    "--fp8-param-gather": bool,
 }
 """The flags read (arguments.py, core_v0.15.0) and their argparse types; bool: store_true."""
 _MEGATRON_NOISE = frozenset({
@@ -143,6 +151,10 @@ _MEGATRON_CHOICES = {
     "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
     "--moe-token-dispatcher-type": ("allgather", "alltoall", "alltoall_seq", "flex"),
     "--cross-entropy-fusion-impl": ("native", "te"),
+    "--main-grads-dtype": ("fp32", "bf16"),
+    "--main-params-dtype": ("fp32", "fp16"),
+    "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
+    "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8"),
 }
 
 
@@ -273,6 +285,8 @@ def _megatron_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
             "the gradient buffer in buckets) is priced as data_parallel ddp"
         )
     parallel["overlap_grad_reduce"] = bool(flags.get("--overlap-grad-reduce"))
+    if parallel["data_parallel"] == "distributed_optimizer":
+        parallel.update(_megatron_optimizer_states(flags))
     for flag, key in (("--overlap-param-gather", "overlap_param_gather"),
                       ("--tp-comm-overlap", "tp_comm_overlap")):  # fmt: skip
         if flags.get(flag):
@@ -280,6 +294,40 @@ def _megatron_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
     if pp > 1 and tp > 1 and not parallel.get("sequence_parallel"):
         parallel["pp_scatter_gather"] = False  # Megatron-Core has no scatter-gather p2p path
     parallel.update(_megatron_moe_parallel(flags, notes))
+    return parallel
+
+
+def _megatron_optimizer_states(flags: _Flags) -> dict[str, Any]:
+    """The distributed optimizer's dtypes (``schedules.optimizer_states``): the gradient buffer
+    is bf16 when bf16 training gives ``--grad-reduce-in-bf16`` or ``--main-grads-dtype bf16``
+    without ``--accumulate-allreduce-grads-in-fp32`` (``validate_args``); the precision-aware
+    optimizer's state dtypes as given."""
+    parallel: dict[str, Any] = {}
+    main_grads = flags.get("--main-grads-dtype") or "fp32"
+    accumulate = flags.get("--accumulate-allreduce-grads-in-fp32")
+    if accumulate and main_grads != "fp32":
+        raise ValueError(
+            f"{flags.file}: --main-grads-dtype {main_grads} with "
+            "--accumulate-allreduce-grads-in-fp32 (Megatron refuses the pair)"
+        )
+    bf16_grads = flags.get("--grad-reduce-in-bf16") or main_grads == "bf16"
+    if flags.get("--bf16") and bf16_grads:
+        parallel["grad_reduce_in_fp32"] = False
+    aware = bool(flags.get("--use-precision-aware-optimizer"))
+    dtypes = {
+        key: flags.get(flag) or "fp32"
+        for flag, key in (("--main-params-dtype", "main_params_dtype"),
+                          ("--exp-avg-dtype", "exp_avg_dtype"),
+                          ("--exp-avg-sq-dtype", "exp_avg_sq_dtype"))
+    }  # fmt: skip
+    if not aware and (main_grads != "fp32" or set(dtypes.values()) != {"fp32"}):
+        raise ValueError(
+            f"{flags.file}: --main-grads-dtype, --main-params-dtype, --exp-avg-dtype and "
+            "--exp-avg-sq-dtype other than fp32 need --use-precision-aware-optimizer"
+        )
+    if aware:
+        parallel["use_precision_aware_optimizer"] = True
+        parallel.update({key: value for key, value in dtypes.items() if value != "fp32"})
     return parallel
 
 
@@ -710,6 +758,8 @@ def _megatron_training(flags: _Flags, has_model: bool, notes: list[str]) -> dict
     if flags.get("--fp8-format"):
         training["precision"] = "fp8"
         training.update(_megatron_fp8_recipe(flags, notes))
+        if flags.get("--fp8-param-gather"):
+            training["fp8_param_gather"] = True
     elif flags.get("--bf16") or flags.get("--fp16"):
         training["precision"] = "bf16" if flags.get("--bf16") else "fp16"
     elif has_model or micro is not None:

@@ -392,6 +392,18 @@ def format_report(report: ValidationReport) -> str:
             for r in memory
         )
         lines.extend(_summary_lines(report.memory_summary()))
+    fits = report.fits_summary()
+    if fits["num_cases"]:
+        lines.append(
+            f"Runs that ran, predicted to fit their GPUs' memory (reserved <= HBM): "
+            f"{fits['num_fit']} of {fits['num_cases']}"
+        )
+        lines.extend(
+            f"  over: {r.case_id:<48} predicted {r.predicted_memory_gib:7.2f} of "
+            f"{r.hbm_gib:.0f} GiB"
+            for r in report.results
+            if r.fits is False
+        )
     for case_id, message in report.failed:
         lines.append(f"FAILED {case_id}: {message}")
     if report.skipped:

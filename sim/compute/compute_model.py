@@ -677,12 +677,19 @@ class ComputeModel:
         (``schedules.kernels.mtp_kernels``); its layer and head are priced as the others."""
         return self.piece_times(mtp_kernels(plan), launch_loop(plan))
 
-    def optimizer_step_s(self, num_params: float, *, grad_bytes_per_param: float = 2.0) -> float:
-        """Fused Adam over ``num_params`` local parameters: memory-bound, 26 + grad bytes each
-        (or the calibration's measured ``optimizer_bytes_per_param``)."""
+    def optimizer_step_s(
+        self,
+        num_params: float,
+        *,
+        grad_bytes_per_param: float = 2.0,
+        adam_bytes_per_param: float = ADAM_BYTES_PER_PARAM,
+    ) -> float:
+        """Fused Adam over ``num_params`` local parameters: memory-bound, ``adam_bytes_per_param``
+        (26 for fp32 state) + grad bytes each (or the calibration's measured
+        ``optimizer_bytes_per_param``)."""
         if num_params < 0:
             raise ValueError(f"num_params must be >= 0, got {num_params}")
         per_param = self.calibration.optimizer_bytes_per_param
         if per_param is None:
-            per_param = ADAM_BYTES_PER_PARAM + grad_bytes_per_param
+            per_param = adam_bytes_per_param + grad_bytes_per_param
         return self.kernel_time_s(memory("adam", num_params * per_param, "optimizer"))

@@ -38,6 +38,7 @@ from schedules.moe import dispatch_bytes, expert_tokens, is_moe
 from schedules.moe_kernels import megatron_moe
 from schedules.mtp import mtp_depths, mtp_layer_is_moe
 from schedules.optimizer_passes import megatron_step_bytes
+from schedules.optimizer_states import adam_traffic_bytes
 from schedules.plan import Plan
 from schedules.recompute_modules import selective_modules
 from schedules.stages import recomputed_layers
@@ -728,7 +729,9 @@ def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -
     Megatron stack its optimizer's other passes (``schedules.optimizer_passes``)."""
     desc = step.stages[stage]
     adam_s = compute.optimizer_step_s(
-        desc.optimizer_params, grad_bytes_per_param=step.kind.grad_bytes_per_param
+        desc.optimizer_params,
+        grad_bytes_per_param=step.kind.grad_bytes(step.plan.parallel),
+        adam_bytes_per_param=adam_traffic_bytes(step.plan),
     )
     num_layers = sum(chunk.num_layers for chunk in desc.chunks)
     precompute = scale_precompute_bytes(
@@ -737,13 +740,13 @@ def optimizer_time_s(step: StepDescription, compute: ComputeModel, stage: int) -
         params=desc.params,
         optimizer_params=desc.optimizer_params,
     )
-    copies = weight_cast_bytes_per_step(step.plan, num_layers)
+    copies = weight_cast_bytes_per_step(step.plan, num_layers, desc.optimizer_params)
     copies += master_copy_bytes(step.plan, desc.optimizer_params)
     passes = megatron_step_bytes(
         step.plan,
         optimizer_params=desc.optimizer_params,
         params=desc.params,
-        grad_bytes=step.kind.grad_bytes_per_param,
+        grad_bytes=step.kind.grad_bytes(step.plan.parallel),
     )
     extra_s = compute.memory_time_s(precompute + passes) if precompute + passes else 0.0
     if copies:

@@ -83,7 +83,7 @@ def modelled_classes_s(plan: Any, compute: ComputeModel, microbatches: int) -> d
         if kernel.kind == "memory" and kernel.memory_class in PASS_CLASSES:
             classes[f"memory_{kernel.memory_class}"] += seconds
     params = stage_params_per_gpu(plan, 0)
-    grad = data_parallel_kind(plan.parallel).grad_bytes_per_param
+    grad = data_parallel_kind(plan.parallel).grad_bytes(plan.parallel)
     classes["optimizer"] += compute.optimizer_step_s(params, grad_bytes_per_param=grad)
     # bf16_weights: the copies to and from the fp32 master weights are copy kernels in a profile
     master_s = compute.memory_time_s(master_copy_bytes(plan, params), "copy")

@@ -62,8 +62,8 @@ def _chunk_work(step: StepDescription, costs: StepCosts, chunk: ChunkDescription
         backward_weight=(*mtp["W"], *recipes["W"]),
         grad_buckets_bytes=tuple(size for size, _ in chunk.grad_buckets),
         grad_bucket_groups=tuple(group for _, group in chunk.grad_buckets),
-        param_bytes=chunk.params * 2.0,
-        expert_param_bytes=chunk.expert_params * 2.0,
+        param_bytes=chunk.gather_bytes,
+        expert_param_bytes=chunk.expert_gather_bytes,
     )
 
 

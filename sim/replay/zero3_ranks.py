@@ -120,7 +120,7 @@ def zero3_programs(
             num_microbatches=step.num_microbatches,
             submodules=submodules,
             groups=groups,
-            grad_bytes=float(step.kind.grad_bytes_per_param),
+            grad_bytes=float(step.kind.grad_bytes(step.plan.parallel)),
             prefetch_bucket_elems=par.zero_prefetch_bucket_elems,
             max_live_parameters=par.zero_max_live_parameters,
             persistence_threshold=par.zero_param_persistence_threshold,

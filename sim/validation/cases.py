@@ -65,6 +65,12 @@ MOE_MODEL_KEYS = (
 """Model keys of an MoE run, spelled as in a plan."""
 LATENT_MODEL_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 """Multi-head latent attention's model keys, spelled as in a plan."""
+OPTIMIZER_STATE_KEYS = (
+    "grad_reduce_in_fp32", "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype",
+    "exp_avg_sq_dtype",
+)  # fmt: skip
+"""``parallel`` keys of a case carried to the plan as they are (``schedules.optimizer_states``:
+Megatron's gradient buffer dtype and precision-aware optimizer)."""
 MOE_PARALLEL_KEYS = ("ep", "etp", "moe_token_dispatcher", "moe_permute_fusion", "moe_router_fusion")
 """Expert-parallel keys of an MoE run, spelled as in a plan."""
 _MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len")
@@ -589,6 +595,8 @@ def _parallel_section(
             section[key] = value
         elif value is not None:
             missing.append(f"{key} ({shorten(value)}; a bool)")
+    # Megatron's distributed optimizer: gradient buffer and Adam's state dtypes, as the plan's
+    section.update({k: parallel[k] for k in OPTIMIZER_STATE_KEYS if k in parallel})
     return section
 
 
@@ -663,6 +671,8 @@ def map_case(case: dict[str, Any]) -> CaseMapping:
     if training["precision"] == "fp8":
         parse = parse_te_fp8 if training["stack"] == "megatron" else parse_float8
         training.update(parse(parallel.get("precision")))
+        if parallel.get("fp8_param_gather") is True:  # Megatron's FP8 weights
+            training["fp8_param_gather"] = True
     if source_key(str(case["id"])) in SEPARATE_PROJECTION_SOURCES:
         model_section["separate_projections"] = True
     pipelined_fsdp = parallel_section["pp"] > 1 and parallel_section["data_parallel"] == "fsdp"

@@ -56,6 +56,8 @@ class Prediction:
     """The fitted in-step slowdown's part of ``compute_s`` (``Breakdown.in_step_slowdown_s``)."""
     memory_gib: float | None = None
     """Predicted peak memory per GPU (GiB, the worst rank)."""
+    hbm_gib: float | None = None
+    """The GPU's memory (GiB, the catalogue's)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +96,8 @@ class CaseResult:
     """Peak memory per GPU the source reports (GiB), or ``None``."""
     predicted_memory_gib: float | None = None
     """Predicted peak memory per GPU (GiB)."""
+    hbm_gib: float | None = None
+    """The GPU's memory (GiB): a run that was measured ran, so its prediction should fit."""
     stack: str = ""
     """Kernel stack the run's plan names (``training.stack``: eager, compile, megatron)."""
 
@@ -103,6 +107,14 @@ class CaseResult:
         if self.measured_memory_gib is None or self.predicted_memory_gib is None:
             return None
         return self.predicted_memory_gib / self.measured_memory_gib - 1.0
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the predicted peak (the caching allocator's reserve included) fits the GPU's
+        memory, as the measured run did; None where either is unknown."""
+        if self.predicted_memory_gib is None or self.hbm_gib is None:
+            return None
+        return self.predicted_memory_gib <= self.hbm_gib
 
     @property
     def group(self) -> str:
@@ -135,6 +147,8 @@ class CaseResult:
             "measured_memory_gib": self.measured_memory_gib,
             "predicted_memory_gib": self.predicted_memory_gib,
             "memory_error": self.memory_error,
+            "hbm_gib": self.hbm_gib,
+            "fits": self.fits,
             "stack": self.stack,
         }
 
@@ -176,6 +190,16 @@ class ValidationReport:
         nothing is fitted to memory, so calibration cases count too."""
         return summarize_memory(self.results)
 
+    def fits_summary(self) -> dict[str, Any]:
+        """Every simulated run ran on its GPUs, so each should be predicted to fit: how many
+        are (``num_fit`` of ``num_cases``) and the ids of those that are not."""
+        known = [r for r in self.results if r.fits is not None]
+        return {
+            "num_cases": len(known),
+            "num_fit": sum(1 for r in known if r.fits),
+            "over": [r.case_id for r in known if not r.fits],
+        }
+
     def to_json(self) -> dict[str, Any]:
         """The validation JSON (schema ``commsim-validation/1``)."""
         return {
@@ -189,6 +213,7 @@ class ValidationReport:
             "summary_by_table": self.summary_by_table(),
             "summary_by_stack": self.summary_by_stack(),
             "memory_summary": self.memory_summary(),
+            "fits_summary": self.fits_summary(),
             "cases": [result.to_json() for result in self.results],
             "failed": [{"id": case_id, "error": message} for case_id, message in self.failed],
             "not_simulated": [
@@ -273,6 +298,7 @@ def simulate_case(
     from schedules.plan import load_plan
     from schedules.resolve import resolve_plan
     from sim.replay.simulate import simulate_plan
+    from topologies.hardware import GPUS
 
     if mapping.plan is None or mapping.num_gpus is None:
         raise ValueError(
@@ -298,6 +324,7 @@ def simulate_case(
         breakdown=breakdown,
         in_step_slowdown_s=result.breakdown.in_step_slowdown_s,
         memory_gib=result.memory_gib.get("reserved", result.memory_gib.get("total")),
+        hbm_gib=GPUS[mapping.gpu].hbm_bytes / 2**30 if mapping.gpu in GPUS else None,
     )
 
 
@@ -476,6 +503,7 @@ def _case_result(
         in_step_slowdown_s=prediction.in_step_slowdown_s,
         measured_memory_gib=mapping.measured_memory_gib,
         predicted_memory_gib=prediction.memory_gib,
+        hbm_gib=prediction.hbm_gib,
         stack=str(((mapping.plan or {}).get("training") or {}).get("stack", "")),
     )
 

@@ -21,6 +21,9 @@ MODEL = {
     "ffn_hidden_size": 2816, "vocab_size": 32000, "seq_len": 2048,
 }  # fmt: skip
 
+_AWARE = {"data_parallel": "distributed_optimizer", "tp": 2, "use_precision_aware_optimizer": True}
+"""A plan whose optimizer state dtypes can be set (Megatron's precision-aware optimizer)."""
+
 KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
     "ddp_bucket_mb": ({"data_parallel": "ddp", "tp": 2}, 5.0),
     "ddp_first_bucket_mb": ({"data_parallel": "ddp", "tp": 2}, 10.0),
@@ -41,6 +44,11 @@ KNOBS: dict[str, tuple[dict[str, Any], Any]] = {
     "zero_fetch": ({"data_parallel": "zero3", "tp": 2}, "sync_per_weight"),
     "overlap_grad_reduce": ({"data_parallel": "distributed_optimizer", "tp": 2}, False),
     "overlap_param_gather": ({"data_parallel": "distributed_optimizer", "tp": 2}, True),
+    "grad_reduce_in_fp32": ({"data_parallel": "distributed_optimizer", "tp": 2}, False),
+    "use_precision_aware_optimizer": ({"data_parallel": "distributed_optimizer", "tp": 2}, True),
+    "main_params_dtype": (_AWARE, "fp16"),
+    "exp_avg_dtype": (_AWARE, "bf16"),
+    "exp_avg_sq_dtype": (_AWARE, "fp8"),
     "tp_comm_overlap": ({"tp": 4, "sequence_parallel": True}, True),
     "pp_scatter_gather": ({"tp": 2, "pp": 2}, False),
     "cp_rotate_method": ({"cp": 2}, "alltoall"),
@@ -99,7 +107,9 @@ FRAMEWORK_KNOBS = {
     "hsdp_shard_size",
     "zero_bucket_elems", "zero_overlap_comm", "zero_prefetch_bucket_elems",
     "zero_max_live_parameters", "zero_param_persistence_threshold", "zero_fetch",
-    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "pp_scatter_gather",
+    "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32",
+    "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
+    "tp_comm_overlap", "pp_scatter_gather",
     "pipeline_layers", "first_stage_layers", "last_stage_layers", "moe_token_dispatcher",
     "offload_optimizer", "offload_param", "offload_pin_memory", "offload_pipeline_read",
     "offload_pipeline_write", "cp_rotate_method", "recompute_num_layers", "moe_permute_fusion",

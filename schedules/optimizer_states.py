@@ -1,0 +1,116 @@
+"""What Megatron's distributed optimizer keeps and moves per parameter: gradient buffer, master
+weights, Adam's moments, and the weights it all-gathers.
+
+Read in Megatron-Core (``optimizer/__init__.py``, ``optimizer/distrib_optimizer.py``,
+``optimizer/optimizer_config.py``, ``training/arguments.py``) and Transformer Engine's
+``FusedAdam``:
+
+- **Gradients** (``parallel.grad_reduce_in_fp32``): the DDP gradient buffer, which the
+  distributed optimizer reduce-scatters, is fp32 (4 bytes) when ``grad_reduce_in_fp32`` is set,
+  else the weights' bf16 (2). Megatron-LM sets it for bf16 training unless
+  ``--grad-reduce-in-bf16`` or ``--main-grads-dtype bf16``; Megatron-Bridge's ``bf16_mixed``
+  sets it and its performance recipes of 2026 clear it.
+- **Adam's state** (``parallel.use_precision_aware_optimizer``): without the flag, an fp32
+  master copy and two fp32 moments (12 bytes, the ZeRO paper's K). With it the moments are
+  stored in ``exp_avg_dtype`` and ``exp_avg_sq_dtype`` (fp32 4, fp16 or bf16 2, fp8 1), and the
+  master weights are Transformer Engine's (``master_weights=True``) unless the weights are FP8
+  with a per-tensor current-scaling recipe and ``main_params_dtype`` is fp32
+  (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``: then Megatron keeps its own fp32 copy,
+  4 bytes). Transformer Engine stores an fp32 master of a bf16 weight as the 16 bits it adds
+  (``store_param_remainders``, on by default from TE 2.1: an int16 shard), an fp16 master in 2.
+- **FP8 weights** (``training.fp8_param_gather``): the transformer layers' weights are FP8
+  tensors (1 byte, their transpose another, ``schedules.memory.FP8_CACHE_BYTES_PER_PARAM``)
+  with no bf16 copy; the parameter all-gather moves them at 1 byte. The embedding, the final
+  norm, the LM head and the multi-token-prediction depths' embedding and projections stay
+  bf16 (counted with the rest of a chunk's non-layer parameters; the depths' own layer too,
+  a simplification).
+
+    grad_bytes(plan.parallel); optimizer_bytes_per_param(plan); adam_traffic_bytes(plan)
+"""
+
+from __future__ import annotations
+
+from schedules.plan import ParallelConfig, Plan
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+"""Bytes per element of the optimizer dtypes Megatron accepts."""
+FP32_GRAD_BYTES = 4
+"""fp32 gradient buffer (``grad_reduce_in_fp32``)."""
+BF16_GRAD_BYTES = 2
+"""bf16 gradient buffer (``grad_reduce_in_fp32`` off)."""
+PARAM_REMAINDER_BYTES = 2
+"""Transformer Engine's fp32 master weight of a bf16 weight, stored as its low 16 bits
+(``store_param_remainders``; Megatron's checkpoint code allocates it as int16)."""
+WEIGHT_WRITE_BYTES = 2
+"""Adam writes the updated bf16 weight (the distributed optimizer's shard of the buffer)."""
+FP8_GATHER_BYTES = 1
+"""An FP8 weight in the parameter all-gather."""
+BF16_PARAM_BYTES = 2
+"""A bf16 weight in the parameter all-gather."""
+
+
+def grad_bytes(parallel: ParallelConfig) -> int:
+    """Bytes of one element of the distributed optimizer's gradient buffer."""
+    return FP32_GRAD_BYTES if parallel.grad_reduce_in_fp32 else BF16_GRAD_BYTES
+
+
+def te_master_weights(plan: Plan) -> bool:
+    """Whether Transformer Engine's FusedAdam holds the master weights (Megatron-Core's
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``): the precision-aware optimizer, with
+    fp16 masters, or over weights that are not FP8 under current scaling."""
+    parallel = plan.parallel
+    if not parallel.use_precision_aware_optimizer:
+        return False
+    if parallel.main_params_dtype != "fp32":
+        return True
+    current_fp8 = plan.training.precision == "fp8" and plan.training.te_fp8_recipe == "current"
+    return not current_fp8
+
+
+def master_bytes_per_param(plan: Plan) -> int:
+    """Bytes of one master weight: Megatron's fp32 copy, or Transformer Engine's (the 16-bit
+    remainder of an fp32 master of a bf16 weight, an fp16 master)."""
+    if not te_master_weights(plan):
+        return DTYPE_BYTES["fp32"]
+    if stores_remainders(plan):
+        return PARAM_REMAINDER_BYTES
+    return DTYPE_BYTES[plan.parallel.main_params_dtype]
+
+
+def optimizer_bytes_per_param(plan: Plan) -> int:
+    """Adam's state per parameter: master weight plus the two moments as stored (without the
+    precision-aware optimizer fp32 master weights, momentum and variance: the ZeRO paper's
+    K = 12, Sec. 3.1)."""
+    parallel = plan.parallel
+    moments = DTYPE_BYTES[parallel.exp_avg_dtype] + DTYPE_BYTES[parallel.exp_avg_sq_dtype]
+    return master_bytes_per_param(plan) + moments
+
+
+def adam_traffic_bytes(plan: Plan) -> int:
+    """Bytes the fused Adam moves per parameter besides the gradient: its state read and
+    written, the updated bf16 weight written, and that weight read too where the master is its
+    remainder (26 without the precision-aware optimizer, as
+    ``sim.compute.compute_model.ADAM_BYTES_PER_PARAM``)."""
+    return (
+        2 * optimizer_bytes_per_param(plan)
+        + WEIGHT_WRITE_BYTES
+        + (BF16_PARAM_BYTES if stores_remainders(plan) else 0)
+    )
+
+
+def stores_remainders(plan: Plan) -> bool:
+    """Whether the master weights are Transformer Engine's fp32 remainders of bf16 weights."""
+    return te_master_weights(plan) and plan.parallel.main_params_dtype == "fp32"
+
+
+def fp8_params(plan: Plan) -> bool:
+    """Whether the layers' weights are FP8 tensors (``training.fp8_param_gather``)."""
+    return plan.training.fp8_param_gather and plan.training.precision == "fp8"
+
+
+def gather_bytes(plan: Plan, params: float, layer_params: float) -> float:
+    """Bytes of the parameter all-gather of ``params`` parameters of which ``layer_params`` are
+    the transformer layers': FP8 at 1 byte with ``fp8_param_gather``, bf16 at 2 otherwise."""
+    if not fp8_params(plan):
+        return params * BF16_PARAM_BYTES
+    return layer_params * FP8_GATHER_BYTES + (params - layer_params) * BF16_PARAM_BYTES

@@ -1,0 +1,237 @@
+"""Megatron's distributed optimizer: gradient buffer dtype, the precision-aware optimizer's state,
+FP8 weights; bytes per parameter by hand from Megatron-Core's rules (schedules.optimizer_states)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import simpy
+
+from schedules import memory, optimizer_states
+from schedules.float8 import layer_linear_params_per_gpu
+from schedules.importers.megatron import from_megatron_args
+from schedules.params import stage_layer_params_per_gpu, stage_params_per_gpu
+from schedules.plan import ClusterConfig, ModelConfig, ParallelConfig, Plan, TrainingConfig
+from schedules.resolve import resolve_plan
+from schedules.step import describe_step
+from schedules.transformer_engine import weight_cast_bytes_per_step
+from sim.network.comm_model import CommModel
+from sim.replay.simulate import plan_topology, simulate_plan
+
+MODEL = ModelConfig(
+    name="m", num_layers=8, hidden_size=1024, num_heads=16, num_kv_heads=4,
+    ffn_hidden_size=4096, vocab_size=32000, seq_len=2048,
+)  # fmt: skip
+WORLD = 16
+"""Two DGX H100: tp 2, dp 8."""
+
+
+def make_plan(
+    *, precision: str = "bf16", training: dict[str, Any] | None = None, **par: Any
+) -> Plan:
+    plan = Plan(
+        model=MODEL,
+        cluster=ClusterConfig(node="dgx-h100", num_nodes=2),
+        parallel=ParallelConfig(data_parallel="distributed_optimizer", tp=2, **par),
+        training=TrainingConfig(
+            micro_batch_size=1, global_batch_size=64, precision=precision, **(training or {})
+        ),
+    )
+    return resolve_plan(plan, WORLD)
+
+
+AWARE = {"use_precision_aware_optimizer": True}
+CURRENT = {"te_fp8_recipe": "current"}
+
+
+@pytest.mark.parametrize(
+    ("precision", "training", "parallel", "state", "traffic"),
+    [
+        # Megatron's own fp32 master and fp32 moments: 4 + 4 + 4; Adam reads and writes them and
+        # writes the bf16 weight: 24 + 2
+        ("bf16", {}, {}, 12, 26),
+        # Transformer Engine's master as the 16-bit remainder: 2 + 4 + 4; the bf16 weight is
+        # read and written beside it
+        ("bf16", {}, AWARE, 10, 20 + 2 + 2),
+        ("bf16", {}, {**AWARE, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}, 6, 16),
+        ("bf16", {}, {**AWARE, "exp_avg_dtype": "fp8", "exp_avg_sq_dtype": "fp16"}, 5, 14),
+        ("bf16", {}, {**AWARE, "main_params_dtype": "fp16"}, 10, 22),
+        # delayed-scaling FP8 keeps Transformer Engine's master (Megatron's exception)
+        ("fp8", {}, AWARE, 10, 24),
+        # current scaling: Megatron's own fp32 master, the moments as set
+        ("fp8", CURRENT, {**AWARE, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}, 8, 18),
+        ("fp8", CURRENT, {**AWARE, "main_params_dtype": "fp16"}, 10, 22),
+    ],
+)
+def test_adam_state_bytes(
+    precision: str, training: dict[str, Any], parallel: dict[str, Any], state: int, traffic: int
+) -> None:
+    plan = make_plan(precision=precision, training=training, **parallel)
+    assert optimizer_states.optimizer_bytes_per_param(plan) == state
+    assert optimizer_states.adam_traffic_bytes(plan) == traffic
+
+
+def test_memory_shards_the_smaller_state_and_halves_bf16_gradients() -> None:
+    base = make_plan()
+    lean = make_plan(
+        grad_reduce_in_fp32=False, **AWARE, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"
+    )
+    params = stage_params_per_gpu(base, 0)
+    before, after = memory.stage_memory_bytes(base, 0), memory.stage_memory_bytes(lean, 0)
+    assert before["gradients"] == pytest.approx(params * 4)
+    assert after["gradients"] == pytest.approx(params * 2)
+    assert before["optimizer"] == pytest.approx(params * 12 / 8)  # sharded over dp = 8
+    assert after["optimizer"] == pytest.approx(params * 6 / 8)
+    assert after["weights"] == before["weights"]
+
+
+def test_bf16_gradients_halve_the_reduce_scatter_and_megatrons_buckets() -> None:
+    base, lean = make_plan(), make_plan(grad_reduce_in_fp32=False)
+    params = stage_params_per_gpu(base, 0)
+    for plan, per_param in ((base, 4), (lean, 2)):
+        (chunk,) = describe_step(plan, gpus_per_node=8).stages[0].chunks
+        assert sum(size for size, _ in chunk.grad_buckets) == pytest.approx(params * per_param)
+    # Megatron's bucket is 40M elements: 160 MB of fp32 or 80 MB of bf16 gradients, so the
+    # larger model's chunk splits into as many buckets of half the bytes
+    big = dataclasses.replace(MODEL, hidden_size=4096, num_heads=32, num_kv_heads=8)
+    buckets = []
+    for fp32 in (True, False):
+        plan = resolve_plan(dataclasses.replace(make_plan(grad_reduce_in_fp32=fp32), model=big), 16)
+        (chunk,) = describe_step(plan, gpus_per_node=8).stages[0].chunks
+        buckets.append([size for size, _ in chunk.grad_buckets])
+    assert len(buckets[0]) == len(buckets[1]) > 2
+    assert max(buckets[0]) == pytest.approx(40e6 * 4)
+    assert buckets[1] == pytest.approx([size / 2 for size in buckets[0]])
+
+
+def test_fp8_weights_gather_at_one_byte_and_keep_no_bf16_copy() -> None:
+    plain = make_plan(precision="fp8", training=CURRENT)
+    fp8 = make_plan(precision="fp8", training={**CURRENT, "fp8_param_gather": True})
+    layers = stage_layer_params_per_gpu(fp8, 0)
+    params = stage_params_per_gpu(fp8, 0)
+    (chunk,) = describe_step(fp8, gpus_per_node=8).stages[0].chunks
+    (plain_chunk,) = describe_step(plain, gpus_per_node=8).stages[0].chunks
+    assert plain_chunk.gather_bytes == pytest.approx(params * 2)
+    assert chunk.gather_bytes == pytest.approx(layers * 1 + (params - layers) * 2)
+    before, after = memory.stage_memory_bytes(plain, 0), memory.stage_memory_bytes(fp8, 0)
+    assert before["weights"] - after["weights"] == pytest.approx(layers * 2)
+    assert after["fp8_weights"] == before["fp8_weights"] > 0
+
+
+def test_fp8_weights_are_transposed_not_cast_and_the_shard_cast_reads_its_amax() -> None:
+    fp8 = make_plan(precision="fp8", training={**CURRENT, "fp8_param_gather": True})
+    delayed = make_plan(precision="fp8", training={"fp8_param_gather": True})
+    linear = 8 * layer_linear_params_per_gpu(MODEL, 2)
+    shard = 1e6
+    # cast-transpose (4) and the amax read (2) per weight without FP8 weights
+    assert weight_cast_bytes_per_step(make_plan(precision="fp8", training=CURRENT), 8, shard) == (
+        pytest.approx(6 * linear)
+    )
+    assert weight_cast_bytes_per_step(fp8, 8, shard) == pytest.approx(2 * linear + 4 * shard)
+    assert weight_cast_bytes_per_step(delayed, 8, shard) == pytest.approx(2 * linear)
+
+
+@pytest.mark.parametrize(
+    ("parallel", "training", "message"),
+    [
+        ({"exp_avg_dtype": "bf16"}, {}, "needs parallel.use_precision_aware_optimizer=true"),
+        ({"main_params_dtype": "bf16"}, {}, "main_params_dtype='bf16' is not one of fp32, fp16"),
+        ({"data_parallel": "zero1", "grad_reduce_in_fp32": False}, {}, "distributed_optimizer"),
+        ({}, {"fp8_param_gather": True}, "needs training.precision=fp8"),
+        (
+            {"data_parallel": "zero2"},
+            {"precision": "fp8", "fp8_param_gather": True},
+            "needs data_parallel distributed_optimizer on stack megatron",
+        ),
+    ],
+)
+def test_refused_in_one_line(
+    parallel: dict[str, Any], training: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan = Plan(
+            model=MODEL,
+            cluster=ClusterConfig(node="dgx-h100", num_nodes=2),
+            parallel=ParallelConfig(**{"data_parallel": "distributed_optimizer", **parallel}),
+            training=TrainingConfig(micro_batch_size=1, global_batch_size=64, **training),
+        )
+        resolve_plan(plan, WORLD)
+
+
+FLAGS = (
+    "--tensor-model-parallel-size 2 --num-layers 8 --hidden-size 1024 --num-attention-heads 16 "
+    "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 "
+    "--ffn-hidden-size 4096 --vocab-size 32000 --use-distributed-optimizer --bf16 "
+)
+
+
+def _imported(tmp_path: Any, extra: str) -> dict[str, Any]:
+    path = tmp_path / "args.txt"
+    path.write_text(FLAGS + extra)
+    return from_megatron_args(path).sections
+
+
+def test_megatron_importer_reads_the_optimizer_dtypes(tmp_path: Any) -> None:
+    plan = _imported(
+        tmp_path,
+        "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather "
+        "--use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 "
+        "--exp-avg-sq-dtype bf16",
+    )
+    parallel, training = plan["parallel"], plan["training"]
+    assert parallel["grad_reduce_in_fp32"] is False
+    assert parallel["use_precision_aware_optimizer"] is True
+    assert (parallel["exp_avg_dtype"], parallel["exp_avg_sq_dtype"]) == ("bf16", "bf16")
+    assert "main_params_dtype" not in parallel
+    assert training["fp8_param_gather"] is True
+    assert _imported(tmp_path, "--grad-reduce-in-bf16")["parallel"]["grad_reduce_in_fp32"] is False
+    assert "grad_reduce_in_fp32" not in _imported(tmp_path, "")["parallel"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("--exp-avg-dtype bf16", "need --use-precision-aware-optimizer"),
+        (
+            "--use-precision-aware-optimizer --main-grads-dtype bf16 "
+            "--accumulate-allreduce-grads-in-fp32",
+            "Megatron refuses the pair",
+        ),
+    ],
+)
+def test_megatron_importer_refuses_what_megatron_refuses(
+    tmp_path: Any, extra: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        _imported(tmp_path, extra)
+
+
+def test_bf16_gradients_shorten_the_exposed_reduce_scatter_by_the_network_models() -> None:
+    """Without ``overlap_grad_reduce`` the step ends with one reduce-scatter of every gradient
+    over dp (ranks 0, 2, ..., 14) and the parameter all-gather: the exposed dp time differs by
+    the reduce-scatter of 4 against 2 bytes per parameter, as the network model prices them."""
+    exposed, plans = [], []
+    for fp32 in (True, False):
+        plan = Plan(
+            model=MODEL,
+            cluster=ClusterConfig(node="dgx-h100", num_nodes=2),
+            parallel=ParallelConfig(
+                data_parallel="distributed_optimizer",
+                tp=2,
+                overlap_grad_reduce=False,
+                grad_reduce_in_fp32=fp32,
+            ),
+            training=TrainingConfig(micro_batch_size=1, global_batch_size=64),
+        )
+        exposed.append(simulate_plan(plan).breakdown.exposed_comm_s["dp"])
+        plans.append(plan)
+    estimate = CommModel(simpy.Environment(), plan_topology(plans[0])).estimate_s
+    params = stage_params_per_gpu(resolve_plan(plans[0], WORLD), 0)
+    dp_group = tuple(range(0, 16, 2))
+    expected = estimate("reduce_scatter", dp_group, params * 4) - estimate(
+        "reduce_scatter", dp_group, params * 2
+    )
+    assert expected > 0
+    assert exposed[0] - exposed[1] == pytest.approx(expected, rel=1e-6)
