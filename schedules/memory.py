@@ -305,33 +305,57 @@ def te_fp8_saved_bytes(plan: Plan, *, moe_layer: bool = False) -> float:
     Transformer Engine runs its linears in FP8: each TE linear saves its input for the weight
     gradient as the FP8 tensor it cast, not the bf16 one (``linear.py``: ``saved_inputmat =
     inputmat`` after ``update_usage(rowwise_usage=False, columnwise_usage=True)``;
-    ``layernorm_linear.py`` saves ``ln_out`` as the norm wrote it in FP8), 1 byte where the
-    count (``schedules.activations``) has 2. The inputs: the fused norm's output into qkv and
-    fc1 (split over TP under sequence parallelism), the activation's output into fc2 (a dense
-    layer's MLP), and latent attention's latent norm outputs into its up projections. Not
-    where the plan's recompute modules drop them already (``mlp``, ``mla_up_proj``), nor latent
-    attention's hidden input, which its two down projections each cast and save (two FP8
-    copies, the bytes of one bf16 one). The attention output into proj is the exception: the
-    fused attention saves it in bf16 for its own backward (``FusedAttnFunc``: ``q, k, v,
-    out``), so proj's FP8 copy adds 1 byte, unless ``core_attn`` is recomputed (the checkpoint
-    keeps only q, k and v) and the FP8 copy is all that remains. An MoE layer's experts,
-    router and shared experts keep their count (not modelled in FP8). 0 without Transformer
-    Engine FP8 or under full recompute (only the layer input is kept)."""
+    ``layernorm_linear.py`` saves ``ln_out`` as the norm wrote it in FP8; ``grouped_linear.py``
+    the experts' split FP8 inputs), 1 byte where the count (``schedules.activations``) has 2:
+
+    - the fused norm's output into qkv and fc1 (split over TP under sequence parallelism) and the
+      activation's output into fc2, in a dense layer; latent attention's latent-norm outputs
+      into its up projections; not latent attention's hidden input, which its two down
+      projections each cast and save (two FP8 copies, one bf16 copy's bytes);
+    - an MoE layer's experts: the permuted tokens into fc1 and the activation's output into fc2;
+      its shared experts' activation output into their fc2, while their fc1 saves an FP8 copy of
+      the pre-MLP norm's output, which the router keeps in bf16 (+1 byte);
+    - the attention output into proj: the fused attention keeps it in bf16 for its own backward
+      (``FusedAttnFunc`` saves ``q, k, v, out``), so under delayed scaling proj's FP8 copy adds a
+      byte, unless ``core_attn`` is recomputed and the FP8 copy is all that remains; under
+      current scaling Megatron-Core has proj save the original tensor instead
+      (``set_save_original_input(self.linear_proj)`` in ``attention.py``, from 781e765, August
+      2025, with TE 2.6): no change.
+
+    Not where the plan's recompute modules drop an input already (``mlp``, ``mla_up_proj``,
+    ``moe_act``: Megatron has fc2 save the original input there, which the output-discarding
+    checkpoint frees; ``shared_experts``; ``layernorm``, under which Megatron has the shared
+    experts' fc1 save the original norm output). 0 without Transformer Engine FP8 or under full
+    recompute (only the layer input is kept)."""
     parallel = plan.parallel
-    if te_recipe(plan) is None or parallel.recompute not in ("none", "selective"):
+    recipe = te_recipe(plan)
+    if recipe is None or parallel.recompute not in ("none", "selective"):
         return 0.0
     model, modules = plan.model, selective_modules(parallel)
     t, sp = parallel.tp, parallel.tp if parallel.sequence_parallel else 1
     tokens = plan.training.micro_batch_size * model.seq_len / parallel.cp
     h = model.hidden_size
-    attention_out = model.attention_out_size if model.multi_latent else model.q_size
-    elements = tokens * attention_out / t * (1 if "core_attn" in modules else -1)
+    elements = 0.0
+    if recipe == "delayed":
+        attention_out = model.attention_out_size if model.multi_latent else model.q_size
+        elements += tokens * attention_out / t * (1 if "core_attn" in modules else -1)
     if model.multi_latent and "mla_up_proj" not in modules:
         elements += latent_norm_elements(model, tokens, latent_split(parallel, kernel_stack(plan)))
     if not model.multi_latent:
         elements += tokens * h / sp
-    if not moe_layer and "mlp" not in modules:
-        elements += tokens * (h / sp + model.ffn_hidden_size / t)
+    if not moe_layer:
+        if "mlp" not in modules:
+            elements += tokens * (h / sp + model.ffn_hidden_size / t)
+        return elements * (ACTIVATION_BYTES - FP8_SAVED_BYTES)
+    copies = expert_tokens(plan)
+    elements += copies * h
+    if "moe_act" not in modules:
+        elements += copies * expert_width(model) / parallel.expert_tp
+    shared = model.moe_shared_expert_ffn_hidden_size
+    if shared and "shared_experts" not in modules:
+        elements += tokens * shared / t
+        if "layernorm" not in modules:
+            elements -= tokens * h / sp
     return elements * (ACTIVATION_BYTES - FP8_SAVED_BYTES)
 
 

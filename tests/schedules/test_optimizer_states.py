@@ -12,6 +12,7 @@ import simpy
 from schedules import memory, optimizer_states
 from schedules.float8 import layer_linear_params_per_gpu
 from schedules.importers.megatron import from_megatron_args
+from schedules.moe import expert_tokens
 from schedules.params import stage_layer_params_per_gpu, stage_params_per_gpu
 from schedules.plan import ClusterConfig, ModelConfig, ParallelConfig, Plan, TrainingConfig
 from schedules.resolve import resolve_plan
@@ -235,3 +236,62 @@ def test_bf16_gradients_shorten_the_exposed_reduce_scatter_by_the_network_models
     )
     assert expected > 0
     assert exposed[0] - exposed[1] == pytest.approx(expected, rel=1e-6)
+
+
+def _te_plan(recipe: str | None, recompute: str = "selective", **model: Any) -> Plan:
+    training = {"te_fp8_recipe": recipe} if recipe else {}
+    plan = Plan(
+        model=dataclasses.replace(MODEL, **model),
+        cluster=ClusterConfig(node="dgx-h100", num_nodes=2),
+        parallel=ParallelConfig(
+            data_parallel="distributed_optimizer",
+            tp=2,
+            recompute=recompute,
+            **({"ep": 4, "sequence_parallel": True} if model.get("num_experts") else {}),
+        ),
+        training=TrainingConfig(
+            micro_batch_size=1,
+            global_batch_size=64,
+            precision="fp8" if recipe else "bf16",
+            **training,
+        ),
+    )
+    return resolve_plan(plan, WORLD)
+
+
+def test_transformer_engine_saves_linear_inputs_in_fp8() -> None:
+    """One dense layer of 2,048 tokens, h = 1024, f = 4096, tp 2 without SP: the qkv and fc1
+    inputs (h each) and fc2's (f / 2) are kept at 1 byte instead of 2; the attention output
+    (q / 2 = 512) into proj is an extra FP8 copy beside the fused attention's bf16 one under
+    delayed scaling, the only copy when the core is recomputed, and Megatron-Core has proj keep
+    the original under current scaling."""
+    tokens, h, f, q = 2048, 1024, 4096, 1024
+    base = tokens * (h + h + f / 2)
+    assert memory.te_fp8_saved_bytes(_te_plan("current")) == base
+    assert memory.te_fp8_saved_bytes(_te_plan("current", "none")) == base
+    assert memory.te_fp8_saved_bytes(_te_plan("delayed")) == base + tokens * q / 2
+    assert memory.te_fp8_saved_bytes(_te_plan("delayed", "none")) == base - tokens * q / 2
+    assert memory.te_fp8_saved_bytes(_te_plan("delayed", "full")) == 0
+    assert memory.te_fp8_saved_bytes(_te_plan(None)) == 0
+    # the whole stage: 8 layers of one in-flight micro-batch (pp 1)
+    fp8, bf16 = _te_plan("current"), _te_plan(None)
+    assert memory.activation_bytes(bf16, 0) - memory.activation_bytes(fp8, 0) == (
+        pytest.approx(8 * base)
+    )
+
+
+def test_transformer_engine_saves_the_experts_inputs_in_fp8() -> None:
+    """An MoE layer (tp 2 with SP): the attention's qkv input as in a dense layer (h / 2 per
+    token), the experts' permuted tokens (h each) and activation outputs (f_e / etp each) at 1 byte,
+    the shared experts' activation output too (f_s / tp per token), and their fc1's FP8 copy of
+    the norm output the router keeps in bf16 (+h / 2 per token)."""
+    plan = _te_plan(
+        "current", num_experts=8, moe_top_k=2, moe_ffn_hidden_size=512,
+        moe_shared_expert_ffn_hidden_size=1024,
+    )  # fmt: skip
+    tokens, h = 2048, 1024
+    copies = expert_tokens(plan)
+    # the experts split over expert TP (etp unset: tp = 2), f_e / 2 each
+    expected = tokens * h / 2 + copies * (h + 512 / 2) + tokens * 1024 / 2 - tokens * h / 2
+    assert memory.te_fp8_saved_bytes(plan, moe_layer=True) == pytest.approx(expected)
+    assert copies > 0

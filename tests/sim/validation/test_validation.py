@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -13,6 +14,7 @@ from sim.validation.measured import Measurement
 from sim.validation.runner import (
     CaseResult,
     Prediction,
+    ValidationReport,
     calibration_simulations,
     map_cases,
     mape,
@@ -74,6 +76,16 @@ def test_summary_excludes_calibration_cases_and_groups_by_source() -> None:
     assert summary["alpha"]["mean_error"] == pytest.approx(-0.1)
     assert summary["all"]["num_cases"] == 3
     assert summary["all"]["mape"] == pytest.approx((0.1 + 0.3 + 0.05) / 3)
+
+
+def test_runs_that_ran_are_checked_against_their_gpus_memory() -> None:
+    fits = dataclasses.replace(_result("a", "s", 1.0, 1.0), predicted_memory_gib=79.9, hbm_gib=80.0)
+    over = dataclasses.replace(_result("b", "s", 1.0, 1.0), predicted_memory_gib=80.1, hbm_gib=80.0)
+    unknown = _result("c", "s", 1.0, 1.0)
+    assert (fits.fits, over.fits, unknown.fits) == (True, False, None)
+    report = ValidationReport(results=(fits, over, unknown), skipped=())
+    assert report.fits_summary() == {"num_cases": 2, "num_fit": 1, "over": ["b"]}
+    assert report.to_json()["cases"][1]["fits"] is False
 
 
 def test_calibration_rule_picks_fewest_gpus_per_source_and_gpu_first_on_ties() -> None:
