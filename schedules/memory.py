@@ -407,10 +407,12 @@ def mtp_activation_bytes(plan: Plan) -> float:
         unrecomputed = dataclasses.replace(parallel, recompute="none", recompute_num_layers=None)
         kept = dataclasses.replace(plan, parallel=unrecomputed)
     per_layer = _layer_bytes(kept)
-    if mtp_layer_is_moe(plan.model):
+    moe = mtp_layer_is_moe(plan.model)
+    if moe:
         layer = _moe_layer_bytes(kept, per_layer)
     else:
         layer = per_layer + module_saved_delta(kept, moe_layer=False)
+    layer -= te_fp8_saved_bytes(kept, moe_layer=moe)  # the depth's layer runs in FP8 too
     return depths * (layer + MTP_SAVED_WIDTHS * stream)
 
 

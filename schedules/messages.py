@@ -14,7 +14,13 @@ gradients).
 from __future__ import annotations
 
 from schedules.data_parallel.registry import data_parallel_kind
-from schedules.params import PARAM_BYTES, layer_params_per_gpu, stage_params_per_gpu
+from schedules.optimizer_states import gather_bytes
+from schedules.params import (
+    PARAM_BYTES,
+    layer_params_per_gpu,
+    stage_layer_params_per_gpu,
+    stage_params_per_gpu,
+)
 from schedules.plan import ModelConfig, Plan
 
 ACTIVATION_COMM_BYTES = 2
@@ -103,8 +109,10 @@ def dp_grad_bytes(plan: Plan, stage: int = 0) -> float:
 
 
 def dp_param_bytes(plan: Plan, stage: int = 0) -> float:
-    """Parameter bytes one GPU of pipeline rank ``stage`` all-gathers (output buffer size)."""
-    return stage_params_per_gpu(plan, stage) * PARAM_BYTES
+    """Parameter bytes one GPU of pipeline rank ``stage`` all-gathers (output buffer size):
+    bf16, the layers' weights FP8 with ``fp8_param_gather`` (``schedules.optimizer_states``)."""
+    params = stage_params_per_gpu(plan, stage)
+    return gather_bytes(plan, params, stage_layer_params_per_gpu(plan, stage))
 
 
 def fsdp_unit_param_bytes(plan: Plan) -> float:

@@ -57,7 +57,10 @@ def grad_bytes(parallel: ParallelConfig) -> int:
 def te_master_weights(plan: Plan) -> bool:
     """Whether Transformer Engine's FusedAdam holds the master weights (Megatron-Core's
     ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``): the precision-aware optimizer, with
-    fp16 masters, or over weights that are not FP8 under current scaling."""
+    fp16 masters, or over weights that are not FP8 under current scaling. Not for
+    Megatron-Bridge's bf16 runs: Bridge copies its mixed-precision config's ``fp8_recipe``
+    ("tensorwise" by default) into the optimizer config even without FP8, so there Megatron
+    keeps its own fp32 master (4 bytes, where this rule gives a bf16 plan 2)."""
     parallel = plan.parallel
     if not parallel.use_precision_aware_optimizer:
         return False
@@ -74,7 +77,8 @@ def master_bytes_per_param(plan: Plan) -> int:
         return DTYPE_BYTES["fp32"]
     if stores_remainders(plan):
         return PARAM_REMAINDER_BYTES
-    return DTYPE_BYTES[plan.parallel.main_params_dtype]
+    master = plan.parallel.main_params_dtype
+    return DTYPE_BYTES[master]
 
 
 def optimizer_bytes_per_param(plan: Plan) -> int:
@@ -86,21 +90,46 @@ def optimizer_bytes_per_param(plan: Plan) -> int:
     return master_bytes_per_param(plan) + moments
 
 
+STATE_TRAFFIC_BYTES = {"fp32": 8, "bf16": 20, "fp16": 40, "fp8": 22}
+"""Bytes Transformer Engine's FusedAdam moves per parameter for one state of each dtype
+(``fused_adam.py``): fp32 read and written by the kernel; a lower-precision state is first
+unscaled into an fp32 temporary (``get_unscaled_state``: read it, write 4; fp16 then multiplies
+by its scale, 4 + 4), the kernel reads and writes the temporary (8), and ``_apply_scale`` writes
+it back (bf16: a conversion, 4 + 2; fp16: ``aminmax`` 4, the rescale 4 + 4, the copy 4 + 2; fp8:
+``aminmax`` 4, the cast 4 + 1)."""
+FUSED_BF16_STATE_BYTES = 4
+"""A bf16 moment when both are bf16 (``fuse_unscale``): the kernel reads and writes it."""
+REMAINDER_TRAFFIC_BYTES = 8
+"""Transformer Engine's master as a remainder: the kernel reads and writes the bf16 weight and
+its int16 remainder (and so writes the updated weight itself)."""
+
+
 def adam_traffic_bytes(plan: Plan) -> int:
-    """Bytes the fused Adam moves per parameter besides the gradient: its state read and
-    written, the updated bf16 weight written, and that weight read too where the master is its
-    remainder (26 without the precision-aware optimizer, as
-    ``sim.compute.compute_model.ADAM_BYTES_PER_PARAM``)."""
-    return (
-        2 * optimizer_bytes_per_param(plan)
-        + WEIGHT_WRITE_BYTES
-        + (BF16_PARAM_BYTES if stores_remainders(plan) else 0)
+    """Bytes the fused Adam moves per parameter besides the gradient: each state as
+    ``STATE_TRAFFIC_BYTES`` (the moments ``FUSED_BF16_STATE_BYTES`` each when both are bf16),
+    the master as its own, and the updated 16-bit weight written (26 without the
+    precision-aware optimizer, as ``sim.compute.compute_model.ADAM_BYTES_PER_PARAM``). Not
+    priced: the fp32 temporaries' memory during the step (4 bytes a parameter for each
+    unfused lower-precision state), which comes after the backward has freed the activations."""
+    parallel = plan.parallel
+    fused = parallel.exp_avg_dtype == parallel.exp_avg_sq_dtype == "bf16"
+    moments = sum(
+        FUSED_BF16_STATE_BYTES if fused else STATE_TRAFFIC_BYTES[dtype]
+        for dtype in (parallel.exp_avg_dtype, parallel.exp_avg_sq_dtype)
     )
+    if stores_remainders(plan):
+        return moments + REMAINDER_TRAFFIC_BYTES
+    master = parallel.main_params_dtype if te_master_weights(plan) else "fp32"
+    return moments + STATE_TRAFFIC_BYTES[master] + WEIGHT_WRITE_BYTES
 
 
 def stores_remainders(plan: Plan) -> bool:
-    """Whether the master weights are Transformer Engine's fp32 remainders of bf16 weights."""
-    return te_master_weights(plan) and plan.parallel.main_params_dtype == "fp32"
+    """Whether the master weights are Transformer Engine's fp32 remainders of bf16 weights
+    (``store_param_remainders and p.dtype == torch.bfloat16`` in ``fused_adam.py``: bf16
+    training, FP8 over bf16 weights; not fp16)."""
+    bf16_weights = plan.training.precision in ("bf16", "fp8")
+    fp32_masters = plan.parallel.main_params_dtype == "fp32"
+    return te_master_weights(plan) and fp32_masters and bf16_weights
 
 
 def fp8_params(plan: Plan) -> bool:

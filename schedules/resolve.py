@@ -399,6 +399,14 @@ def check_fp8_param_gather(plan: Plan) -> None:
             f"training.fp8_param_gather needs data_parallel distributed_optimizer on stack "
             f"megatron (Megatron's FP8 weights), got data_parallel {kind.name} on stack {stack}"
         )
+    delayed = (plan.training.te_fp8_recipe or "delayed") == "delayed"
+    if delayed and plan.parallel.use_precision_aware_optimizer:
+        raise ValueError(
+            "training.fp8_param_gather under delayed scaling with "
+            "parallel.use_precision_aware_optimizer: Transformer Engine's Adam over FP8 weights "
+            "(multi_tensor_adam_fp8) takes fp32 moments and fp32 master weights only, where "
+            "the precision-aware optimizer keeps 16-bit remainders"
+        )
 
 
 def resolve_plan(plan: Plan, world_size: int) -> Plan:

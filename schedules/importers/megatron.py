@@ -285,8 +285,7 @@ def _megatron_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
             "the gradient buffer in buckets) is priced as data_parallel ddp"
         )
     parallel["overlap_grad_reduce"] = bool(flags.get("--overlap-grad-reduce"))
-    if parallel["data_parallel"] == "distributed_optimizer":
-        parallel.update(_megatron_optimizer_states(flags))
+    parallel.update(_megatron_optimizer_states(flags, parallel["data_parallel"], notes))
     for flag, key in (("--overlap-param-gather", "overlap_param_gather"),
                       ("--tp-comm-overlap", "tp_comm_overlap")):  # fmt: skip
         if flags.get(flag):
@@ -297,11 +296,13 @@ def _megatron_parallel(flags: _Flags, notes: list[str]) -> dict[str, Any]:
     return parallel
 
 
-def _megatron_optimizer_states(flags: _Flags) -> dict[str, Any]:
-    """The distributed optimizer's dtypes (``schedules.optimizer_states``): the gradient buffer
-    is bf16 when bf16 training gives ``--grad-reduce-in-bf16`` or ``--main-grads-dtype bf16``
-    without ``--accumulate-allreduce-grads-in-fp32`` (``validate_args``); the precision-aware
-    optimizer's state dtypes as given."""
+def _megatron_optimizer_states(flags: _Flags, kind: str, notes: list[str]) -> dict[str, Any]:
+    """The distributed optimizer's dtypes (``schedules.optimizer_states``) as ``validate_args``
+    sets them: the gradient buffer is bf16 when bf16 training gives ``--grad-reduce-in-bf16``
+    or ``--main-grads-dtype bf16``, and fp16 for fp16 training without
+    ``--accumulate-allreduce-grads-in-fp32`` (only bf16 turns it on by itself); the
+    precision-aware optimizer's state dtypes as given, with the distributed optimizer only
+    (``optimizer/__init__.py``: "only supported with distributed optimizer")."""
     parallel: dict[str, Any] = {}
     main_grads = flags.get("--main-grads-dtype") or "fp32"
     accumulate = flags.get("--accumulate-allreduce-grads-in-fp32")
@@ -310,10 +311,12 @@ def _megatron_optimizer_states(flags: _Flags) -> dict[str, Any]:
             f"{flags.file}: --main-grads-dtype {main_grads} with "
             "--accumulate-allreduce-grads-in-fp32 (Megatron refuses the pair)"
         )
-    bf16_grads = flags.get("--grad-reduce-in-bf16") or main_grads == "bf16"
-    if flags.get("--bf16") and bf16_grads:
-        parallel["grad_reduce_in_fp32"] = False
     aware = bool(flags.get("--use-precision-aware-optimizer"))
+    if aware and kind != "distributed_optimizer":
+        raise ValueError(
+            f"{flags.file}: --use-precision-aware-optimizer without --use-distributed-optimizer "
+            "(Megatron refuses it)"
+        )
     dtypes = {
         key: flags.get(flag) or "fp32"
         for flag, key in (("--main-params-dtype", "main_params_dtype"),
@@ -325,6 +328,19 @@ def _megatron_optimizer_states(flags: _Flags) -> dict[str, Any]:
             f"{flags.file}: --main-grads-dtype, --main-params-dtype, --exp-avg-dtype and "
             "--exp-avg-sq-dtype other than fp32 need --use-precision-aware-optimizer"
         )
+    if flags.get("--bf16"):
+        fp32_grads = not (flags.get("--grad-reduce-in-bf16") or main_grads == "bf16")
+    else:
+        fp32_grads = bool(accumulate)
+    if kind != "distributed_optimizer":
+        if flags.get("--grad-reduce-in-bf16") or accumulate:
+            notes.append(
+                f"{flags.file}: the gradient dtype flags describe Megatron's DDP buffer, priced "
+                "as data_parallel ddp's bf16 gradients"
+            )
+        return parallel
+    if not fp32_grads:
+        parallel["grad_reduce_in_fp32"] = False
     if aware:
         parallel["use_precision_aware_optimizer"] = True
         parallel.update({key: value for key, value in dtypes.items() if value != "fp32"})
@@ -761,6 +777,8 @@ def _megatron_training(flags: _Flags, has_model: bool, notes: list[str]) -> dict
         if flags.get("--fp8-param-gather"):
             training["fp8_param_gather"] = True
     elif flags.get("--bf16") or flags.get("--fp16"):
+        if flags.get("--fp8-param-gather"):
+            notes.append(f"{flags.file}: --fp8-param-gather without --fp8-format: no FP8 weights")
         training["precision"] = "bf16" if flags.get("--bf16") else "fp16"
     elif has_model or micro is not None:
         notes.append(f"{flags.file}: no --bf16 or --fp16: fp32 training is not modelled")

@@ -35,6 +35,7 @@ from schedules.kernels import (
     layer_kernels,
     master_copy_bytes,
 )
+from schedules.optimizer_states import adam_traffic_bytes
 from schedules.plan import Plan, load_plan
 from schedules.resolve import resolve_plan
 from sim.compute.compute_model import (
@@ -84,7 +85,9 @@ def modelled_classes_s(plan: Any, compute: ComputeModel, microbatches: int) -> d
             classes[f"memory_{kernel.memory_class}"] += seconds
     params = stage_params_per_gpu(plan, 0)
     grad = data_parallel_kind(plan.parallel).grad_bytes(plan.parallel)
-    classes["optimizer"] += compute.optimizer_step_s(params, grad_bytes_per_param=grad)
+    classes["optimizer"] += compute.optimizer_step_s(
+        params, grad_bytes_per_param=grad, adam_bytes_per_param=adam_traffic_bytes(plan)
+    )
     # bf16_weights: the copies to and from the fp32 master weights are copy kernels in a profile
     master_s = compute.memory_time_s(master_copy_bytes(plan, params), "copy")
     classes["memory"] += master_s

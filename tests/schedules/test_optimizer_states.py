@@ -57,13 +57,18 @@ CURRENT = {"te_fp8_recipe": "current"}
         # read and written beside it
         ("bf16", {}, AWARE, 10, 20 + 2 + 2),
         ("bf16", {}, {**AWARE, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}, 6, 16),
-        ("bf16", {}, {**AWARE, "exp_avg_dtype": "fp8", "exp_avg_sq_dtype": "fp16"}, 5, 14),
-        ("bf16", {}, {**AWARE, "main_params_dtype": "fp16"}, 10, 22),
+        # moments other than a bf16 pair are unscaled into fp32 temporaries and scaled back:
+        # fp8 1 + 4 + 8 + 4 + 4 + 1 = 22, fp16 2 + 4 + 8 (its scale) + 8 + 4 + 8 + 6 = 40
+        ("bf16", {}, {**AWARE, "exp_avg_dtype": "fp8", "exp_avg_sq_dtype": "fp16"}, 5, 22 + 40 + 8),
+        # an fp16 master (Transformer Engine's) the same way, then the bf16 weight written
+        ("bf16", {}, {**AWARE, "main_params_dtype": "fp16"}, 10, 8 + 8 + 40 + 2),
+        # fp16 weights: no remainders (bf16 only), Transformer Engine's fp32 master
+        ("fp16", {}, AWARE, 12, 26),
         # delayed-scaling FP8 keeps Transformer Engine's master (Megatron's exception)
         ("fp8", {}, AWARE, 10, 24),
         # current scaling: Megatron's own fp32 master, the moments as set
         ("fp8", CURRENT, {**AWARE, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}, 8, 18),
-        ("fp8", CURRENT, {**AWARE, "main_params_dtype": "fp16"}, 10, 22),
+        ("fp8", CURRENT, {**AWARE, "main_params_dtype": "fp16"}, 10, 58),
     ],
 )
 def test_adam_state_bytes(
@@ -142,6 +147,11 @@ def test_fp8_weights_are_transposed_not_cast_and_the_shard_cast_reads_its_amax()
         ({"data_parallel": "zero1", "grad_reduce_in_fp32": False}, {}, "distributed_optimizer"),
         ({}, {"fp8_param_gather": True}, "needs training.precision=fp8"),
         (
+            {"use_precision_aware_optimizer": True},
+            {"precision": "fp8", "fp8_param_gather": True},
+            "multi_tensor_adam_fp8",
+        ),
+        (
             {"data_parallel": "zero2"},
             {"precision": "fp8", "fp8_param_gather": True},
             "needs data_parallel distributed_optimizer on stack megatron",
@@ -189,6 +199,12 @@ def test_megatron_importer_reads_the_optimizer_dtypes(tmp_path: Any) -> None:
     assert training["fp8_param_gather"] is True
     assert _imported(tmp_path, "--grad-reduce-in-bf16")["parallel"]["grad_reduce_in_fp32"] is False
     assert "grad_reduce_in_fp32" not in _imported(tmp_path, "")["parallel"]
+    # fp16 keeps its 16-bit buffer unless asked (only bf16 turns fp32 accumulation on itself)
+    fp16 = FLAGS.replace("--bf16", "--fp16")
+    for extra, fp32 in (("", False), ("--accumulate-allreduce-grads-in-fp32", True)):
+        (tmp_path / "fp16.txt").write_text(fp16 + extra)
+        parallel = from_megatron_args(tmp_path / "fp16.txt").sections["parallel"]
+        assert parallel.get("grad_reduce_in_fp32", True) is fp32
 
 
 @pytest.mark.parametrize(
@@ -295,3 +311,12 @@ def test_transformer_engine_saves_the_experts_inputs_in_fp8() -> None:
     expected = tokens * h / 2 + copies * (h + 512 / 2) + tokens * 1024 / 2 - tokens * h / 2
     assert memory.te_fp8_saved_bytes(plan, moe_layer=True) == pytest.approx(expected)
     assert copies > 0
+
+
+def test_the_precision_aware_optimizer_needs_the_distributed_optimizer(tmp_path: Any) -> None:
+    path = tmp_path / "ddp.txt"
+    path.write_text(
+        FLAGS.replace("--use-distributed-optimizer ", "") + "--use-precision-aware-optimizer"
+    )
+    with pytest.raises(ValueError, match="without --use-distributed-optimizer"):
+        from_megatron_args(path)
