@@ -90,13 +90,13 @@ def optimizer_bytes_per_param(plan: Plan) -> int:
     return master_bytes_per_param(plan) + moments
 
 
-STATE_TRAFFIC_BYTES = {"fp32": 8, "bf16": 20, "fp16": 40, "fp8": 22}
+STATE_TRAFFIC_BYTES = {"fp32": 8, "bf16": 24, "fp16": 40, "fp8": 22}
 """Bytes Transformer Engine's FusedAdam moves per parameter for one state of each dtype
 (``fused_adam.py``): fp32 read and written by the kernel; a lower-precision state is first
 unscaled into an fp32 temporary (``get_unscaled_state``: read it, write 4; fp16 then multiplies
 by its scale, 4 + 4), the kernel reads and writes the temporary (8), and ``_apply_scale`` writes
-it back (bf16: a conversion, 4 + 2; fp16: ``aminmax`` 4, the rescale 4 + 4, the copy 4 + 2; fp8:
-``aminmax`` 4, the cast 4 + 1)."""
+it back (bf16: ``copy_(unscaled.bfloat16())``, a conversion 4 + 2 and the copy 2 + 2; fp16:
+``aminmax`` 4, the rescale 4 + 4, the copy 4 + 2; fp8: ``aminmax`` 4, the cast 4 + 1)."""
 FUSED_BF16_STATE_BYTES = 4
 """A bf16 moment when both are bf16 (``fuse_unscale``): the kernel reads and writes it."""
 REMAINDER_TRAFFIC_BYTES = 8

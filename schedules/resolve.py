@@ -399,13 +399,24 @@ def check_fp8_param_gather(plan: Plan) -> None:
             f"training.fp8_param_gather needs data_parallel distributed_optimizer on stack "
             f"megatron (Megatron's FP8 weights), got data_parallel {kind.name} on stack {stack}"
         )
+    parallel = plan.parallel
+    if not parallel.use_precision_aware_optimizer:
+        return
     delayed = (plan.training.te_fp8_recipe or "delayed") == "delayed"
-    if delayed and plan.parallel.use_precision_aware_optimizer:
+    fused = parallel.exp_avg_dtype == parallel.exp_avg_sq_dtype == "bf16"
+    if delayed and (parallel.main_params_dtype == "fp32" or fused):
         raise ValueError(
             "training.fp8_param_gather under delayed scaling with "
-            "parallel.use_precision_aware_optimizer: Transformer Engine's Adam over FP8 weights "
-            "(multi_tensor_adam_fp8) takes fp32 moments and fp32 master weights only, where "
-            "the precision-aware optimizer keeps 16-bit remainders"
+            "parallel.use_precision_aware_optimizer and fp32 masters or a bf16 pair of moments: "
+            "Transformer Engine's Adam over FP8 weights (multi_tensor_adam_fp8) takes fp32 "
+            "moments and masters, where these keep a 16-bit remainder or bf16 moments unscaled"
+        )
+    if not delayed and parallel.main_params_dtype != "fp32":
+        raise ValueError(
+            "training.fp8_param_gather under current scaling with "
+            f"parallel.main_params_dtype={parallel.main_params_dtype}: Megatron's distributed "
+            "optimizer makes no shards of such FP8 weights for Transformer Engine's Adam "
+            "(shard_model_param is None), only fp32 masters of its own"
         )
 
 

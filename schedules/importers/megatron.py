@@ -328,9 +328,10 @@ def _megatron_optimizer_states(flags: _Flags, kind: str, notes: list[str]) -> di
             f"{flags.file}: --main-grads-dtype, --main-params-dtype, --exp-avg-dtype and "
             "--exp-avg-sq-dtype other than fp32 need --use-precision-aware-optimizer"
         )
+    fp32_grads = True  # fp32 training (no --bf16 or --fp16): the buffer is the weights' fp32
     if flags.get("--bf16"):
         fp32_grads = not (flags.get("--grad-reduce-in-bf16") or main_grads == "bf16")
-    else:
+    elif flags.get("--fp16"):
         fp32_grads = bool(accumulate)
     if kind != "distributed_optimizer":
         if flags.get("--grad-reduce-in-bf16") or accumulate:

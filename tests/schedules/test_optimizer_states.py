@@ -12,14 +12,18 @@ import simpy
 from schedules import memory, optimizer_states
 from schedules.float8 import layer_linear_params_per_gpu
 from schedules.importers.megatron import from_megatron_args
+from schedules.messages import dp_param_bytes
 from schedules.moe import expert_tokens
 from schedules.params import stage_layer_params_per_gpu, stage_params_per_gpu
 from schedules.plan import ClusterConfig, ModelConfig, ParallelConfig, Plan, TrainingConfig
 from schedules.resolve import resolve_plan
 from schedules.step import describe_step
 from schedules.transformer_engine import weight_cast_bytes_per_step
+from sim.compute.compute_model import ComputeModel
 from sim.network.comm_model import CommModel
 from sim.replay.simulate import plan_topology, simulate_plan
+from sim.replay.step_fit import modelled_classes_s
+from topologies.hardware import GPUS
 
 MODEL = ModelConfig(
     name="m", num_layers=8, hidden_size=1024, num_heads=16, num_kv_heads=4,
@@ -60,6 +64,8 @@ CURRENT = {"te_fp8_recipe": "current"}
         # moments other than a bf16 pair are unscaled into fp32 temporaries and scaled back:
         # fp8 1 + 4 + 8 + 4 + 4 + 1 = 22, fp16 2 + 4 + 8 (its scale) + 8 + 4 + 8 + 6 = 40
         ("bf16", {}, {**AWARE, "exp_avg_dtype": "fp8", "exp_avg_sq_dtype": "fp16"}, 5, 22 + 40 + 8),
+        # a bf16 moment beside an fp32 one is not fused: 2 + 4, 8, then 4 + 2 and 2 + 2
+        ("bf16", {}, {**AWARE, "exp_avg_dtype": "bf16"}, 8, 24 + 8 + 8),
         # an fp16 master (Transformer Engine's) the same way, then the bf16 weight written
         ("bf16", {}, {**AWARE, "main_params_dtype": "fp16"}, 10, 8 + 8 + 40 + 2),
         # fp16 weights: no remainders (bf16 only), Transformer Engine's fp32 master
@@ -150,6 +156,21 @@ def test_fp8_weights_are_transposed_not_cast_and_the_shard_cast_reads_its_amax()
             {"use_precision_aware_optimizer": True},
             {"precision": "fp8", "fp8_param_gather": True},
             "multi_tensor_adam_fp8",
+        ),
+        (
+            {
+                **AWARE,
+                "exp_avg_dtype": "bf16",
+                "exp_avg_sq_dtype": "bf16",
+                "main_params_dtype": "fp16",
+            },
+            {"precision": "fp8", "fp8_param_gather": True},
+            "multi_tensor_adam_fp8",
+        ),
+        (
+            {**AWARE, "main_params_dtype": "fp16"},
+            {"precision": "fp8", "te_fp8_recipe": "current", "fp8_param_gather": True},
+            "shard_model_param is None",
         ),
         (
             {"data_parallel": "zero2"},
@@ -320,3 +341,44 @@ def test_the_precision_aware_optimizer_needs_the_distributed_optimizer(tmp_path:
     )
     with pytest.raises(ValueError, match="without --use-distributed-optimizer"):
         from_megatron_args(path)
+
+
+def test_delayed_fp8_weights_run_with_fp16_masters_and_fp32_moments() -> None:
+    """Transformer Engine's FP8 Adam gets fp32 temporaries of an fp16 master and fp32 moments."""
+    plan = make_plan(
+        precision="fp8", training={"fp8_param_gather": True}, **AWARE, main_params_dtype="fp16"
+    )
+    assert optimizer_states.optimizer_bytes_per_param(plan) == 2 + 4 + 4
+
+
+def test_fp32_training_keeps_an_fp32_buffer(tmp_path: Any) -> None:
+    path = tmp_path / "fp32.txt"
+    path.write_text(FLAGS.replace("--bf16 ", "") + "--fp8-format hybrid")
+    assert "grad_reduce_in_fp32" not in from_megatron_args(path).sections["parallel"]
+
+
+def test_the_prediction_depth_saves_its_inputs_in_fp8_too() -> None:
+    """A multi-token-prediction depth runs its layer under FP8 as well: its activations shrink
+    by one layer's FP8-saved inputs."""
+    fp8 = _te_plan("current", mtp_num_layers=1)
+    bf16 = _te_plan(None, mtp_num_layers=1)
+    saved = memory.te_fp8_saved_bytes(fp8)
+    assert saved > 0
+    assert memory.mtp_activation_bytes(bf16) - memory.mtp_activation_bytes(fp8) == (
+        pytest.approx(saved)
+    )
+
+
+def test_the_parameter_gather_and_the_step_fit_follow_the_dtypes() -> None:
+    fp8 = make_plan(precision="fp8", training={**CURRENT, "fp8_param_gather": True})
+    layers, params = stage_layer_params_per_gpu(fp8, 0), stage_params_per_gpu(fp8, 0)
+    assert dp_param_bytes(fp8, 0) == pytest.approx(layers + (params - layers) * 2)
+    assert dp_param_bytes(make_plan(), 0) == pytest.approx(params * 2)
+    lean = make_plan(**AWARE, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
+    compute = ComputeModel(GPUS["h100-sxm"])
+    optimizer_s = modelled_classes_s(lean, compute, 1)["optimizer"]
+    expected = compute.optimizer_step_s(
+        stage_params_per_gpu(lean, 0), grad_bytes_per_param=4, adam_bytes_per_param=16
+    )
+    assert optimizer_s == pytest.approx(expected)
+    assert optimizer_s < modelled_classes_s(make_plan(), compute, 1)["optimizer"]
