@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from schedules.memory import ALLOCATOR_RESERVE
 from schedules.moe import chance_load
 from schedules.moe_kernels import megatron_moe
+from schedules.optimizer_states import fp8_params, master_bytes_per_param, optimizer_bytes_per_param
 from schedules.params import active_params, total_params
 from sim.output.offload_report import offload_lines
 from sim.replay.result import PlanResult
@@ -71,7 +72,7 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
         _row(
             "  parallel",
             f"tp={par.tp} pp={par.pp} cp={par.cp} dp={par.dp} vpp={par.vpp}, "
-            f"data_parallel {par.data_parallel}",
+            f"data_parallel {par.data_parallel}{_optimizer_state(plan)}",
         ),
         _row(
             "  schedule",
@@ -82,7 +83,8 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
         _row(
             "  batch",
             f"{num_microbatches} micro-batches of {train.micro_batch_size} per step, "
-            f"global batch {train.global_batch_size} ({tokens:,} tokens), {train.precision}",
+            f"global batch {train.global_batch_size} ({tokens:,} tokens), {train.precision}"
+            f"{', FP8 weights' if fp8_params(plan) else ''}",
         ),
         *experts_lines(plan),
         _row(
@@ -91,6 +93,21 @@ def plan_echo_lines(result: PlanResult, plan: Plan, *, gpu: GPUSpec, fidelity: s
             f"{fidelity} network",
         ),
     ]
+
+
+def _optimizer_state(plan: Plan) -> str:
+    """What Megatron's distributed optimizer keeps where a knob moves it from fp32 gradients and
+    12 bytes of Adam state per parameter (``schedules.optimizer_states``); "" otherwise."""
+    par = plan.parallel
+    parts = []
+    if not par.grad_reduce_in_fp32:
+        parts.append("bf16 gradients")
+    if par.use_precision_aware_optimizer:
+        parts.append(
+            f"Adam state {optimizer_bytes_per_param(plan)} B per parameter: moments "
+            f"{par.exp_avg_dtype}/{par.exp_avg_sq_dtype}, master {master_bytes_per_param(plan)} B"
+        )
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _hottest(plan: Plan) -> str:

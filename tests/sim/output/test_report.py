@@ -97,6 +97,34 @@ def test_report_echoes_the_plan() -> None:
     assert "2 of 16 ranks (folded), flow network" in text
 
 
+def test_report_says_what_megatrons_optimizer_keeps() -> None:
+    """bf16 gradients and the precision-aware optimizer's state (2-byte remainder master of a
+    bf16 weight + bf16 moments = 6 bytes) on the parallel line; FP8 weights on the batch line."""
+    sections = {
+        **PLAN_MAPPING,
+        "parallel": {
+            **PLAN_MAPPING["parallel"], "data_parallel": "distributed_optimizer",
+            "grad_reduce_in_fp32": False, "use_precision_aware_optimizer": True,
+            "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16",
+        },
+    }  # fmt: skip
+    text = format_report(_result(), load_plan(sections), gpu=_gpu(), fidelity="analytical")
+    assert (
+        "data_parallel distributed_optimizer (bf16 gradients; Adam state 6 B per parameter: "
+        "moments bf16/bf16, master 2 B)"
+    ) in text
+    fp8 = {
+        **sections,
+        "training": {
+            **PLAN_MAPPING["training"], "precision": "fp8", "te_fp8_recipe": "current",
+            "fp8_param_gather": True,
+        },
+    }  # fmt: skip
+    text = format_report(_result(), load_plan(fp8), gpu=_gpu(), fidelity="analytical")
+    assert "Adam state 8 B per parameter: moments bf16/bf16, master 4 B" in text
+    assert "(131,072 tokens), fp8, FP8 weights" in text
+
+
 def test_cluster_line_forms() -> None:
     assert cluster_line(_plan().cluster) == "2 x dgx-h100, ib-ndr"
     sections = {
