@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from schedules.data_parallel.registry import data_parallel_kind
 from schedules.mla import latent_duplicated_params, latent_input_params
-from schedules.params import PARAM_BYTES, layer_params_per_gpu
+from schedules.params import PARAM_BYTES, layer_params_per_gpu, mixed_gather_bytes
 from schedules.plan import ModelConfig, Plan
 from schedules.stacks import kernel_stack
 
@@ -84,8 +84,6 @@ CAST_BYTES: dict[str, dict[str, dict[str, Bytes]]] = {
 GATHERED_WEIGHT_BYTES: Bytes = (0, 2, 0)
 """Tensorwise with float8 all-gather: the gathered float8 weight is row-major, so the input
 gradient's GEMM copies it transposed (read 1, write 1); the forward uses it as gathered."""
-FLOAT8_GATHER_BYTES = 1
-"""Bytes per parameter of a float8 linear weight in the FSDP2 all-gather (float8 all-gather)."""
 TP_SHARD_CASTS = {"input": ("qkv", "fc1", "k", "fc1_up"), "grad_output": ("proj", "fc2")}
 """The operands tensor parallelism gathers over the sequence, cast before their all-gather under
 tensorwise (torchtitan's float8 TP plan, torchao ``float8_tensor_parallel.py``):
@@ -187,7 +185,7 @@ def layer_gather_bytes(plan: Plan) -> float:
     if not plan.training.float8_all_gather:
         return params * PARAM_BYTES
     linear = layer_linear_params_per_gpu(plan.model, plan.parallel.tp)
-    return linear * FLOAT8_GATHER_BYTES + (params - linear) * PARAM_BYTES
+    return mixed_gather_bytes(params, linear)
 
 
 def scale_precompute_bytes(

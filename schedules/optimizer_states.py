@@ -30,6 +30,7 @@ Read in Megatron-Core (``optimizer/__init__.py``, ``optimizer/distrib_optimizer.
 
 from __future__ import annotations
 
+from schedules.params import mixed_gather_bytes
 from schedules.plan import ParallelConfig, Plan
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -43,10 +44,6 @@ PARAM_REMAINDER_BYTES = 2
 (``store_param_remainders``; Megatron's checkpoint code allocates it as int16)."""
 WEIGHT_WRITE_BYTES = 2
 """Adam writes the updated bf16 weight (the distributed optimizer's shard of the buffer)."""
-FP8_GATHER_BYTES = 1
-"""An FP8 weight in the parameter all-gather."""
-BF16_PARAM_BYTES = 2
-"""A bf16 weight in the parameter all-gather."""
 
 
 def grad_bytes(parallel: ParallelConfig) -> int:
@@ -140,6 +137,4 @@ def fp8_params(plan: Plan) -> bool:
 def gather_bytes(plan: Plan, params: float, layer_params: float) -> float:
     """Bytes of the parameter all-gather of ``params`` parameters of which ``layer_params`` are
     the transformer layers': FP8 at 1 byte with ``fp8_param_gather``, bf16 at 2 otherwise."""
-    if not fp8_params(plan):
-        return params * BF16_PARAM_BYTES
-    return layer_params * FP8_GATHER_BYTES + (params - layer_params) * BF16_PARAM_BYTES
+    return mixed_gather_bytes(params, layer_params if fp8_params(plan) else 0.0)

@@ -28,6 +28,15 @@ from schedules.stages import chunk_first_layer, chunk_layers, rank_layers
 
 PARAM_BYTES = 2
 """Bytes per parameter in the training dtype (bf16/fp16; FP8 runs keep bf16 master weights)."""
+FP8_PARAM_BYTES = 1
+"""Bytes per parameter of a weight gathered in FP8 (torchao's float8 all-gather, Megatron's
+``fp8_param_gather``)."""
+
+
+def mixed_gather_bytes(params: float, fp8_params: float) -> float:
+    """Bytes of an all-gather of ``params`` parameters of which ``fp8_params`` go in FP8 and the
+    rest in the training dtype."""
+    return fp8_params * FP8_PARAM_BYTES + (params - fp8_params) * PARAM_BYTES
 
 
 def attention_params(model: ModelConfig) -> int:
